@@ -1,0 +1,54 @@
+// Env: the seam between fullburn and the operating system's files and clocks.
+//
+// Contract: telemetry reads /proc and /sys only through an Env, so tests can
+// run the same parsers on recorded files (RootedEnv) or inject faults (a
+// subclass that fails chosen paths). Env::Default() is a process-wide object
+// that lives forever; all methods are safe to call from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fullburn/status.h"
+
+namespace fullburn {
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // Reads a whole (small) file such as /proc/stat.
+  virtual Result<std::string> ReadFile(const std::string& path) const;
+  // Names of the entries of a directory, without "." and "..".
+  virtual Result<std::vector<std::string>> ListDir(const std::string& path) const;
+  // Seconds on a clock that never goes backwards.
+  virtual double MonotonicSeconds() const;
+  // Seconds since the Unix epoch.
+  virtual double UnixSeconds() const;
+  // Clock ticks per second of /proc/<pid>/stat times, and the page size.
+  virtual long ClockTicksPerSecond() const;
+  virtual long PageSize() const;
+
+  static const Env* Default();
+};
+
+// Serves every path from below `root`: "/proc/stat" reads root + "/proc/stat".
+// Used by tests to replay /proc recordings; ticks and page size are those of
+// the machine the recording was made on.
+class RootedEnv : public Env {
+ public:
+  explicit RootedEnv(std::string root, long ticks = 100, long page_size = 4096)
+      : root_(std::move(root)), ticks_(ticks), page_size_(page_size) {}
+  Result<std::string> ReadFile(const std::string& path) const override;
+  Result<std::vector<std::string>> ListDir(const std::string& path) const override;
+  long ClockTicksPerSecond() const override { return ticks_; }
+  long PageSize() const override { return page_size_; }
+
+ private:
+  std::string root_;
+  long ticks_;
+  long page_size_;
+};
+
+}  // namespace fullburn

@@ -1,0 +1,68 @@
+// Report: turns snapshots and stored runs into text for people and programs.
+//
+// Contract: pure functions of their inputs (no I/O, no clocks), so the
+// terminal view, JSON, CSV and Prometheus all render the same structs and can
+// be tested on hand-made data. Absent metrics are shown as "-" or left out,
+// never as 0. Safe to call from any thread.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fullburn/store.h"
+#include "fullburn/telemetry.h"
+
+namespace fullburn {
+
+struct MetricStats {
+  std::string name, unit;
+  size_t count = 0;
+  double min = 0, median = 0, p95 = 0, max = 0, mean = 0;
+};
+
+// Nearest-rank percentile of an unsorted series, p in [0, 100].
+double Percentile(std::vector<double> values, double p);
+std::map<std::string, MetricStats> ComputeStats(const std::map<std::string, Series>& samples);
+
+struct GpuRunSummary {
+  int index = 0;
+  std::optional<double> low_util_share;  // share of samples with util < 50 %
+  std::optional<double> peak_mem_bytes, mem_total_bytes, peak_proc_mem_bytes;
+  std::optional<double> throttled_share;  // share of samples with a slowdown reason
+  std::vector<std::string> throttle_reasons_seen;
+};
+
+struct RunSummary {
+  double wall_s = 0;
+  std::map<std::string, MetricStats> stats;
+  std::vector<GpuRunSummary> gpus;
+};
+
+RunSummary Summarize(const RunInfo& run, const std::map<std::string, Series>& samples);
+
+// One screen of text shown when `fullburn run` ends.
+std::string RenderSummary(const RunInfo& run, const RunSummary& summary,
+                          const std::string& gpu_note);
+// The one-line live status of `fullburn run` (no newline).
+std::string RenderLiveLine(const Snapshot& s, double elapsed_s);
+// A full frame of `fullburn watch`, `width` columns wide.
+std::string RenderWatchFrame(const Snapshot& s, const std::vector<GpuInfo>& gpus,
+                             const std::string& gpu_note, int width);
+// Prometheus text exposition (version 0.0.4) of one snapshot.
+std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus,
+                             const std::string& hostname);
+
+nlohmann::json SnapshotJson(const Snapshot& s, const std::vector<GpuInfo>& gpus,
+                            const std::string& gpu_note);
+nlohmann::json RunJson(const RunInfo& run);
+nlohmann::json RunShowJson(const RunInfo& run, const RunSummary& summary);
+// Wide CSV: one row per sample time, one column per metric; blank = absent.
+std::string SamplesCsv(const std::map<std::string, Series>& samples);
+nlohmann::json SamplesJson(const RunInfo& run, const std::map<std::string, Series>& samples);
+
+std::string FormatBytes(double bytes);
+std::string FormatDuration(double seconds);
+
+}  // namespace fullburn

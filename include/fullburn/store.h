@@ -1,0 +1,118 @@
+// Store: the run store, one SQLite file (WAL mode) holding every run.
+//
+// Contract
+// - RunStore::Open never creates a missing directory and never overwrites a
+//   file that is not a fullburn store: such cases come back as a Status with
+//   a one-line message naming the path and the fix. A store written by a newer
+//   fullburn (higher schema version) is refused rather than misread.
+// - Samples are appended in one transaction per AppendSamples call; the caller
+//   batches (about once a second), so a recorder killed with SIGKILL loses at
+//   most the last batch and the file stays consistent (WAL, synchronous=NORMAL).
+// - A RunStore may be used from several threads; calls are serialized by an
+//   internal mutex. Several processes may use the same file (busy timeout 5 s).
+// - The schema is written down in docs/store.md; kSchemaVersion counts it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fullburn/status.h"
+#include "fullburn/telemetry.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace fullburn {
+
+constexpr int kSchemaVersion = 1;
+
+struct RunInfo {
+  int64_t id = 0;
+  std::string name;
+  std::vector<std::string> command;
+  std::string cwd, host;
+  double start_time = 0;  // Unix seconds
+  std::optional<double> end_time;
+  std::optional<int> exit_code;
+  // running | finished | failed_to_start; reads report "interrupted" for a
+  // run whose recorder on this host died without finishing it.
+  std::string status = "running";
+  int recorder_pid = 0;
+  double interval_s = 1.0;
+  std::string config_json = "{}";  // effective configuration, JSON object
+  std::string gpus_json = "[]";    // [{index, name, uuid}], JSON array
+  int64_t sample_count = 0;        // filled by reads
+};
+
+struct SeriesPoint {
+  double t;  // seconds since the run's start_time
+  double v;
+};
+using Series = std::vector<SeriesPoint>;
+
+class RunStore {
+ public:
+  // $FULLBURN_STORE, else $XDG_DATA_HOME/fullburn/runs.db, else
+  // ~/.local/share/fullburn/runs.db.
+  static std::string DefaultPath();
+  static Result<std::unique_ptr<RunStore>> Open(const std::string& path);
+  ~RunStore();
+
+  const std::string& path() const { return path_; }
+
+  Result<int64_t> BeginRun(const RunInfo& run);
+  Status AppendSamples(int64_t run_id, double run_start, const std::vector<Snapshot>& batch);
+  Status FinishRun(int64_t run_id, double end_time, std::optional<int> exit_code,
+                   const std::string& status);
+
+  Result<std::vector<RunInfo>> ListRuns();
+  // `ref` is a run id or "last".
+  Result<RunInfo> GetRun(const std::string& ref);
+  // Every metric of a run, by name, in time order.
+  Result<std::map<std::string, Series>> LoadSamples(int64_t run_id);
+  Status DeleteRun(int64_t run_id);
+  // "ok" for a healthy file, else SQLite's report.
+  Result<std::string> IntegrityCheck();
+
+ private:
+  RunStore() = default;
+  Status Exec(const char* sql);
+  Status Migrate();
+  Result<int64_t> MetricId(const std::string& name);
+  Result<std::vector<RunInfo>> QueryRuns(const std::string& where, int64_t id);
+  Status SqlError(const std::string& what);
+
+  std::mutex mu_;
+  sqlite3* db_ = nullptr;
+  std::string path_;
+  std::map<std::string, int64_t> metric_ids_;
+  sqlite3_stmt* insert_sample_ = nullptr;
+};
+
+// Buffers snapshots of one run and appends them in one transaction once
+// `flush_every_s` has passed since the last write, so a killed recorder loses
+// at most about that much.
+// Used from one thread at a time. The first write error is kept and returned
+// by every later call; samples are dropped after it rather than piling up.
+class BatchWriter {
+ public:
+  BatchWriter(RunStore* store, int64_t run_id, double run_start, double flush_every_s = 1.0)
+      : store_(store), run_id_(run_id), run_start_(run_start), flush_every_s_(flush_every_s) {}
+  Status Add(const Snapshot& s);
+  Status Flush();
+
+ private:
+  RunStore* store_;
+  int64_t run_id_;
+  double run_start_, flush_every_s_;
+  double last_flush_ = -1e300;
+  std::vector<Snapshot> pending_;
+  Status error_;
+};
+
+}  // namespace fullburn

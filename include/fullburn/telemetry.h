@@ -1,0 +1,248 @@
+// Telemetry: what the machine and the monitored job are doing, sample by sample.
+//
+// Contract
+// - Collectors fill plain structs (HostSample, ProcTreeSample, GpuSample);
+//   renderers (report.h) and the store only read them. Every reading is a
+//   Value (std::optional<double>): an unsupported or failed metric is absent,
+//   never a silent 0. Rates (bytes/s, CPU %) need two readings, so the first
+//   sample of a collector has them absent.
+// - HostCollector and ProcTreeCollector read /proc through an Env (env.h), so
+//   tests replay recorded /proc files. They keep the previous counters and are
+//   not thread-safe: one thread calls Collect.
+// - GpuSource loads NVML with dlopen at run time (no link-time dependency) and
+//   keeps device handles open between samples. No NVML or no GPU makes it
+//   unavailable with a one-line reason; host metrics go on regardless. A
+//   library named explicitly (FULLBURN_NVML_LIBRARY) that cannot be used is an
+//   error, because the user asked for it.
+// - Sampler runs the collectors on its own thread every `interval_s` and hands
+//   each Snapshot to a callback on that thread. Stop() joins the thread.
+// - Metric names ("gpu0.util", "host.cpu_util", ...) are defined once, in the
+//   catalog below; docs/metrics.md lists them.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "fullburn/env.h"
+#include "fullburn/status.h"
+
+namespace fullburn {
+
+using Value = std::optional<double>;
+
+// Shares of CPU time in percent of the time of the CPUs concerned (0-100).
+struct CpuShare {
+  Value util, user, system, iowait, steal;
+};
+
+struct HostSample {
+  CpuShare cpu;                // all cores together
+  std::vector<CpuShare> cores; // cpu0, cpu1, ...
+  Value mem_total_bytes, mem_used_bytes, mem_available_bytes;
+  Value swap_in_per_s, swap_out_per_s;  // pages per second
+  Value disk_read_bytes_per_s, disk_write_bytes_per_s;
+  Value net_rx_bytes_per_s, net_tx_bytes_per_s;
+  Value load1, load5, load15;
+};
+
+// The monitored process and all its descendants (e.g. data-loader workers).
+struct ProcTreeSample {
+  Value cpu_util;  // percent of one core: 100 = one core busy
+  Value rss_bytes, threads, processes;
+  std::vector<int> pids;
+};
+
+struct GpuProcess {
+  int pid = 0;
+  Value used_memory_bytes;
+  std::string name;
+};
+
+struct GpuInfo {
+  int index = 0;
+  std::string name, uuid;
+};
+
+struct GpuSample {
+  int index = 0;
+  Value util, mem_util;                  // percent
+  Value mem_used_bytes, mem_total_bytes; // bytes
+  Value power_w, power_limit_w, temp_c;
+  Value sm_clock_mhz, max_sm_clock_mhz;
+  Value throttle_reasons;                // NVML clock-event bitmask
+  Value pcie_tx_bytes_per_s, pcie_rx_bytes_per_s;
+  Value proc_mem_used_bytes;             // memory of the monitored process tree
+  Value sm_active, tensor_active;        // percent, from GPM (Hopper and newer)
+  std::vector<GpuProcess> processes;
+};
+
+struct Snapshot {
+  double unix_time = 0;
+  double mono_time = 0;
+  HostSample host;
+  std::optional<ProcTreeSample> proc;
+  std::vector<GpuSample> gpus;
+};
+
+// ---- Metric catalog -------------------------------------------------------
+
+enum class MetricScope { kHost, kHostCpu, kCore, kProc, kGpu };
+
+struct MetricDef {
+  MetricScope scope;
+  const char* suffix;      // "util" -> gpuN.util / host.cpu_util etc.
+  const char* unit;
+  const char* help;
+  const char* prom_name;   // DCGM field name for GPU metrics where one exists
+  double prom_scale;       // value * prom_scale is exported
+};
+
+const std::vector<MetricDef>& MetricCatalog();
+// The stored name of a definition for a given GPU or core index.
+std::string MetricName(const MetricDef& def, int index);
+// Finds the definition of a stored name ("gpu3.util" -> the gpuN.util entry),
+// and its index (3); nullptr for unknown names.
+const MetricDef* FindMetric(const std::string& name, int* index = nullptr);
+// Every valid reading of a snapshot as (name, value).
+std::vector<std::pair<std::string, double>> Flatten(const Snapshot& s);
+
+// ---- Clock-event (throttle) reasons ---------------------------------------
+
+struct ThrottleFlag {
+  uint64_t bit;
+  const char* name;
+  bool slows_down;  // counts as throttling (idle and app clocks do not)
+};
+const std::vector<ThrottleFlag>& ThrottleFlags();
+std::vector<std::string> DecodeThrottleReasons(uint64_t mask);
+bool IsThrottled(uint64_t mask);
+bool IsPowerThrottled(uint64_t mask);
+bool IsThermalThrottled(uint64_t mask);
+
+// ---- Collectors -------------------------------------------------------------
+
+class HostCollector {
+ public:
+  explicit HostCollector(const Env* env) : env_(env) {}
+  // Fills what can be read; a file that cannot be read leaves its metrics absent.
+  void Collect(HostSample* out);
+
+ private:
+  struct CpuTicks {
+    uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  };
+  struct Counters {
+    double time = 0;
+    std::vector<CpuTicks> cpus;  // [0] = all, [1..] = cores
+    std::optional<uint64_t> swap_in, swap_out, disk_read_sectors, disk_write_sectors, net_rx, net_tx;
+  };
+  void ReadCpu(Counters* c);
+  void ReadCounters(Counters* c);
+  void ReadMemory(HostSample* out);
+  void ReadLoad(HostSample* out);
+  const Env* env_;
+  std::optional<Counters> last_;
+  std::vector<std::string> whole_disks_;
+  bool disks_listed_ = false;
+};
+
+class ProcTreeCollector {
+ public:
+  ProcTreeCollector(const Env* env, int root_pid) : env_(env), root_pid_(root_pid) {}
+  void Collect(ProcTreeSample* out);
+
+ private:
+  struct Key {
+    int pid;
+    uint64_t start_ticks;  // tells a reused pid apart
+    bool operator==(const Key& o) const { return pid == o.pid && start_ticks == o.start_ticks; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<uint64_t>()(k.start_ticks * 4194304u + k.pid); }
+  };
+  const Env* env_;
+  int root_pid_;
+  double last_time_ = -1;
+  std::unordered_map<Key, uint64_t, KeyHash> last_ticks_;
+};
+
+class NvmlLibrary;  // src/telemetry/nvml_library.h
+
+class GpuSource {
+ public:
+  // `library` empty: $FULLBURN_NVML_LIBRARY if set, else the system NVML.
+  static Result<std::unique_ptr<GpuSource>> Open(std::string library = "");
+  ~GpuSource();
+
+  bool available() const { return !gpus_.empty(); }
+  const std::string& unavailable_reason() const { return reason_; }
+  const std::string& library_path() const { return library_path_; }
+  const std::string& driver_version() const { return driver_version_; }
+  const std::vector<GpuInfo>& gpus() const { return gpus_; }
+  // Reads every GPU. `tree_pids` select the processes whose memory forms
+  // proc_mem_used_bytes (empty: that metric is absent).
+  std::vector<GpuSample> Collect(const std::vector<int>& tree_pids, double mono_now);
+
+ private:
+  struct Device;
+  struct PcieReader;
+  GpuSource() = default;
+  void CollectOne(Device& d, const std::vector<int>& tree_pids, double mono_now, GpuSample* out);
+  std::unique_ptr<NvmlLibrary> lib_;
+  std::vector<Device> devices_;
+  std::unique_ptr<PcieReader> pcie_;
+  std::vector<GpuInfo> gpus_;
+  std::string reason_, library_path_, driver_version_;
+};
+
+// ---- Sampler ----------------------------------------------------------------
+
+struct SamplerOptions {
+  double interval_s = 1.0;
+  int root_pid = -1;  // < 0: no process tree
+};
+
+class Sampler {
+ public:
+  // `gpus` may be null or unavailable. Both pointers must outlive the Sampler.
+  Sampler(const Env* env, GpuSource* gpus, SamplerOptions options);
+  ~Sampler();
+
+  // Takes one sample now, on the calling thread (not while the thread runs).
+  Snapshot SampleOnce();
+  // Samples every interval on a new thread; `on_sample` runs on that thread.
+  void Start(std::function<void(const Snapshot&)> on_sample);
+  void Stop();
+  // The most recent snapshot, if any (any thread).
+  std::optional<Snapshot> Latest() const;
+  // CPU seconds the sampling thread spent collecting, and samples taken.
+  double collect_cpu_seconds() const { return collect_cpu_ns_.load() * 1e-9; }
+  uint64_t samples_taken() const { return samples_.load(); }
+
+ private:
+  void Loop(std::function<void(const Snapshot&)> on_sample);
+  const Env* env_;
+  GpuSource* gpus_;
+  SamplerOptions options_;
+  HostCollector host_;
+  std::unique_ptr<ProcTreeCollector> tree_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> collect_cpu_ns_{0}, samples_{0};
+  mutable std::mutex mu_;
+  std::optional<Snapshot> latest_;
+  std::mutex wake_mu_;
+  std::condition_variable wake_;
+};
+
+}  // namespace fullburn

@@ -1,0 +1,102 @@
+#include "child.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace fullburn::cli {
+namespace {
+
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_pending = 0;
+const int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+void Forward(int sig, siginfo_t* info, void*) {
+  // SI_KERNEL: the terminal sent it to the whole process group, child included.
+  if (info && info->si_code == SI_KERNEL) return;
+  if (g_child > 0)
+    ::kill(g_child, sig);
+  else
+    g_pending = sig;
+}
+
+}  // namespace
+
+void InstallSignalForwarding() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = Forward;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kForwarded) ::sigaction(sig, &sa, nullptr);
+}
+
+Result<pid_t> SpawnChild(const std::vector<std::string>& argv,
+                         const std::vector<std::string>& extra_env) {
+  if (argv.empty()) return Status::InvalidArgument("no command given: use fullburn run -- CMD ARGS...");
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return Status::IoError(std::string("cannot create a pipe: ") + std::strerror(errno));
+  pid_t parent = ::getpid();
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  // Built before fork: between fork and exec only async-signal-safe calls.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  for (const std::string& kv : extra_env) env_strings.push_back(kv);
+  std::vector<char*> envp;
+  for (const std::string& kv : env_strings) envp.push_back(const_cast<char*>(kv.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Status::IoError(std::string("cannot fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(128 + SIGTERM);  // fullburn died before prctl
+    ::execvpe(args[0], args.data(), envp.data());
+    int err = errno;
+    ssize_t ignored = ::write(fds[1], &err, sizeof err);
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  int err = 0;
+  ssize_t n;
+  do {
+    n = ::read(fds[0], &err, sizeof err);
+  } while (n < 0 && errno == EINTR);
+  ::close(fds[0]);
+  if (n == sizeof err) {
+    ::waitpid(pid, nullptr, 0);
+    std::string hint = err == ENOENT ? "check the command name and PATH"
+                       : err == EACCES ? "check that the file is executable"
+                                       : "check the command";
+    return Status::NotFound("cannot start '" + argv[0] + "': " + std::strerror(err) + "; " + hint);
+  }
+  g_child = pid;
+  if (g_pending) ::kill(pid, g_pending);
+  return pid;
+}
+
+int WaitChild(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return 1;
+  }
+  g_child = 0;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace fullburn::cli

@@ -1,0 +1,45 @@
+// Internal to the fullburn command: the subcommands and what they share.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "fullburn/store.h"
+#include "fullburn/telemetry.h"
+
+namespace fullburn::cli {
+
+// Exit codes of fullburn's own failures (a wrapped command's code passes through).
+constexpr int kExitUsage = 2;         // bad flag, bad input, unusable store
+constexpr int kExitCannotStart = 127; // `run`: the command could not be started
+
+// Options shared by several subcommands: each is defined once, here, with
+// its default, help text and environment variable.
+struct CommonOptions {
+  std::string store;      // empty: RunStore::DefaultPath()
+  double interval_s = 1.0;
+};
+void AddStoreOption(CLI::App* app, CommonOptions* opts);
+void AddIntervalOption(CLI::App* app, CommonOptions* opts, double default_s);
+
+// The process exit code, set by the subcommand that ran.
+int& ExitCode();
+
+// Prints "fullburn: <message>" as one line on stderr and returns `code`.
+int Fail(const std::string& message, int code = kExitUsage);
+
+// Opens the store named by the options; the default location's directory is
+// created on first use, an explicit path's directory never is.
+Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts);
+
+// GPU source for a command: an explicitly named NVML that cannot be used is
+// an error; otherwise prints one line when GPU metrics are unavailable.
+Result<std::unique_ptr<GpuSource>> OpenGpus(bool quiet);
+
+void SetupRun(CLI::App& app);
+void SetupWatch(CLI::App& app);
+void SetupRuns(CLI::App& app);
+void SetupServe(CLI::App& app);
+
+}  // namespace fullburn::cli

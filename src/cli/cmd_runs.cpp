@@ -1,0 +1,138 @@
+// fullburn runs list|show|export|rm: what the store holds.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <ctime>
+
+#include "cli.h"
+#include "fullburn/report.h"
+
+namespace fullburn::cli {
+namespace {
+
+struct RunsOptions {
+  CommonOptions common;
+  std::string run = "last";
+  bool json = false;
+  std::string format = "csv";
+};
+
+std::string LocalTime(double unix_time) {
+  std::time_t t = static_cast<std::time_t>(unix_time);
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string Joined(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const std::string& a : argv) out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+int List(const RunsOptions& o) {
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  auto runs = (*store)->ListRuns();
+  if (!runs.ok()) return Fail(runs.status().message());
+  if (o.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const RunInfo& r : *runs) j.push_back(RunJson(r));
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  if (runs->empty()) {
+    std::printf("no runs in %s yet: record one with 'fullburn run -- CMD'\n", (*store)->path().c_str());
+    return 0;
+  }
+  std::printf("%-5s %-20s %-12s %-5s %-19s %10s %8s  %s\n", "id", "name", "status", "exit", "started",
+              "duration", "samples", "command");
+  for (const RunInfo& r : *runs) {
+    std::string dur = r.end_time ? FormatDuration(*r.end_time - r.start_time) : "-";
+    std::string code = r.exit_code ? std::to_string(*r.exit_code) : "-";
+    std::printf("%-5lld %-20.20s %-12s %-5s %-19s %10s %8lld  %.60s\n", static_cast<long long>(r.id),
+                r.name.c_str(), r.status.c_str(), code.c_str(), LocalTime(r.start_time).c_str(),
+                dur.c_str(), static_cast<long long>(r.sample_count), Joined(r.command).c_str());
+  }
+  return 0;
+}
+
+int Show(const RunsOptions& o) {
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  auto run = (*store)->GetRun(o.run);
+  if (!run.ok()) return Fail(run.status().message());
+  auto samples = (*store)->LoadSamples(run->id);
+  if (!samples.ok()) return Fail(samples.status().message());
+  RunSummary sum = Summarize(*run, *samples);
+  if (o.json) {
+    std::printf("%s\n", RunShowJson(*run, sum).dump(2).c_str());
+    return 0;
+  }
+  std::printf("run %lld \"%s\"\n  command: %s\n  cwd:     %s\n  host:    %s\n  started: %s\n",
+              static_cast<long long>(run->id), run->name.c_str(), Joined(run->command).c_str(),
+              run->cwd.c_str(), run->host.c_str(), LocalTime(run->start_time).c_str());
+  std::printf("  samples: %lld every %gs\n", static_cast<long long>(run->sample_count), run->interval_s);
+  if (run->sample_count == 0) std::printf("  (no samples were recorded)\n");
+  std::fputs(RenderSummary(*run, sum, "").c_str(), stdout);
+  return 0;
+}
+
+int Export(const RunsOptions& o) {
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  auto run = (*store)->GetRun(o.run);
+  if (!run.ok()) return Fail(run.status().message());
+  auto samples = (*store)->LoadSamples(run->id);
+  if (!samples.ok()) return Fail(samples.status().message());
+  if (o.format == "json")
+    std::printf("%s\n", SamplesJson(*run, *samples).dump().c_str());
+  else
+    std::fputs(SamplesCsv(*samples).c_str(), stdout);
+  return 0;
+}
+
+int Remove(const RunsOptions& o) {
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  auto run = (*store)->GetRun(o.run);
+  if (!run.ok()) return Fail(run.status().message());
+  if (Status s = (*store)->DeleteRun(run->id); !s.ok()) return Fail(s.message());
+  std::printf("deleted run %lld \"%s\"\n", static_cast<long long>(run->id), run->name.c_str());
+  return 0;
+}
+
+CLI::App* AddRunArg(CLI::App* sub, RunsOptions* o) {
+  sub->add_option("RUN", o->run, "Run id, or 'last'")->required();
+  AddStoreOption(sub, &o->common);
+  return sub;
+}
+
+}  // namespace
+
+void SetupRuns(CLI::App& app) {
+  CLI::App* runs = app.add_subcommand("runs", "List, show, export and delete stored runs");
+  runs->require_subcommand(1);
+  auto o = std::make_shared<RunsOptions>();
+  CLI::App* list = runs->add_subcommand("list", "List the stored runs");
+  list->add_flag("--json", o->json, "JSON array of runs");
+  AddStoreOption(list, &o->common);
+  list->callback([o] { ExitCode() = List(*o); });
+
+  CLI::App* show = AddRunArg(runs->add_subcommand("show", "A run's metadata and per-metric statistics"), o.get());
+  show->add_flag("--json", o->json, "JSON: metadata and, per metric, min/median/p95/max, unit, count");
+  show->callback([o] { ExitCode() = Show(*o); });
+
+  CLI::App* exp = AddRunArg(runs->add_subcommand("export", "Every sample of a run, to stdout"), o.get());
+  exp->add_option("--format", o->format, "csv (one column per metric) or json")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"csv", "json"}));
+  exp->callback([o] { ExitCode() = Export(*o); });
+
+  CLI::App* rm = AddRunArg(runs->add_subcommand("rm", "Delete a run and its samples"), o.get());
+  rm->callback([o] { ExitCode() = Remove(*o); });
+}
+
+}  // namespace fullburn::cli

@@ -1,0 +1,105 @@
+// fullburn serve: Prometheus exposition of the latest sample at /metrics.
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "cli.h"
+#include "fullburn/report.h"
+
+namespace fullburn::cli {
+namespace {
+
+struct ServeOptions {
+  CommonOptions common;
+  std::string listen = "127.0.0.1:9400";
+};
+
+bool SplitHostPort(const std::string& s, std::string* host, int* port) {
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = s.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  char* end = nullptr;
+  long p = std::strtol(s.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || end == s.c_str() + colon + 1 || p < 0 || p > 65535) return false;
+  *port = static_cast<int>(p);
+  return true;
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+int Serve(const ServeOptions& opts) {
+  std::string host;
+  int port = 0;
+  if (!SplitHostPort(opts.listen, &host, &port))
+    return Fail("--listen '" + opts.listen + "' is not HOST:PORT, e.g. 127.0.0.1:9400");
+  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus(false);
+  if (!gpus.ok()) return Fail(gpus.status().message());
+  // Signals go to a dedicated thread that stops the server cleanly.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  Sampler sampler(Env::Default(), gpus->get(), SamplerOptions{opts.common.interval_s, -1});
+  sampler.SampleOnce();
+  sampler.Start(nullptr);
+  const std::string hostname = HostName();
+  const std::vector<GpuInfo> gpu_info = (*gpus)->gpus();
+
+  httplib::Server server;
+  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    std::optional<Snapshot> s = sampler.Latest();
+    res.set_content(s ? RenderPrometheus(*s, gpu_info, hostname) : "",
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  if (!server.bind_to_port(host.c_str(), port))
+    return Fail("cannot listen on " + opts.listen + " (address in use or not local): choose another --listen");
+  int bound = port == 0 ? -1 : port;
+  if (port == 0) {
+    // bind_to_port with 0 does not tell the port; rebind to an OS-chosen one.
+    server.stop();
+    bound = server.bind_to_any_port(host.c_str());
+    if (bound < 0) return Fail("cannot listen on " + host + ": choose another --listen");
+  }
+  if (host != "127.0.0.1" && host != "localhost" && host != "::1")
+    std::fprintf(stderr, "fullburn: warning: listening on %s, reachable from other machines\n", host.c_str());
+  std::fprintf(stderr, "fullburn: serving http://%s:%d/metrics (Ctrl-C to stop)\n", host.c_str(), bound);
+  std::thread stopper([&server, stop_signals] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    server.stop();
+  });
+  server.listen_after_bind();
+  // listen_after_bind returned without a signal only on a server error.
+  pthread_kill(stopper.native_handle(), SIGTERM);
+  stopper.join();
+  sampler.Stop();
+  return 0;
+}
+
+}  // namespace
+
+void SetupServe(CLI::App& app) {
+  auto opts = std::make_shared<ServeOptions>();
+  CLI::App* serve = app.add_subcommand("serve", "Prometheus exporter: /metrics and /healthz");
+  serve->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any free port)")
+      ->envname("FULLBURN_LISTEN")
+      ->capture_default_str();
+  AddIntervalOption(serve, &opts->common, 1.0);
+  serve->callback([opts] { ExitCode() = Serve(*opts); });
+}
+
+}  // namespace fullburn::cli

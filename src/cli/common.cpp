@@ -1,0 +1,74 @@
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "cli.h"
+
+namespace fullburn::cli {
+
+void AddStoreOption(CLI::App* app, CommonOptions* opts) {
+  app->add_option("--store", opts->store,
+                  "Run store file (default: $XDG_DATA_HOME/fullburn/runs.db, "
+                  "else ~/.local/share/fullburn/runs.db)")
+      ->envname("FULLBURN_STORE")
+      ->type_name("PATH");
+}
+
+void AddIntervalOption(CLI::App* app, CommonOptions* opts, double default_s) {
+  opts->interval_s = default_s;
+  app->add_option("--interval", opts->interval_s, "Seconds between samples (0.05 to 3600)")
+      ->envname("FULLBURN_INTERVAL")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0))
+      ->type_name("S");
+}
+
+int& ExitCode() {
+  static int code = 0;
+  return code;
+}
+
+int Fail(const std::string& message, int code) {
+  std::fprintf(stderr, "fullburn: %s\n", message.c_str());
+  return code;
+}
+
+namespace {
+
+// mkdir -p for the default store location only.
+bool MakeDirs(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      partial = dir.substr(0, i);
+      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts) {
+  std::string path = opts.store.empty() ? RunStore::DefaultPath() : opts.store;
+  bool is_default = opts.store.empty() && !std::getenv("FULLBURN_STORE");
+  if (is_default) {
+    std::string dir = path.substr(0, path.rfind('/'));
+    if (!MakeDirs(dir))
+      return Status::IoError("cannot create the store directory " + dir + ": " +
+                             std::strerror(errno) + "; pass --store with a writable path");
+  }
+  return RunStore::Open(path);
+}
+
+Result<std::unique_ptr<GpuSource>> OpenGpus(bool quiet) {
+  Result<std::unique_ptr<GpuSource>> gpus = GpuSource::Open();
+  if (gpus.ok() && !(*gpus)->available() && !quiet)
+    std::fprintf(stderr, "fullburn: GPU metrics unavailable: %s; recording host metrics only\n",
+                 (*gpus)->unavailable_reason().c_str());
+  return gpus;
+}
+
+}  // namespace fullburn::cli

@@ -1,0 +1,82 @@
+// Prometheus text exposition. GPU metrics use dcgm-exporter's DCGM field names
+// and units where one exists, with the labels dashboards built for
+// dcgm-exporter expect (gpu, UUID, modelName, Hostname); everything else is
+// under fullburn_.
+#include <fmt/format.h>
+
+#include "fullburn/report.h"
+
+namespace fullburn {
+namespace {
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string PromName(const MetricDef& def) {
+  if (*def.prom_name) return def.prom_name;
+  std::string scope;
+  switch (def.scope) {
+    case MetricScope::kGpu: scope = "gpu_"; break;
+    case MetricScope::kCore: scope = "host_core_cpu_"; break;
+    case MetricScope::kHostCpu: scope = "host_cpu_"; break;
+    case MetricScope::kHost: scope = "host_"; break;
+    case MetricScope::kProc: scope = "proc_"; break;
+  }
+  return "fullburn_" + scope + def.suffix;
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus,
+                             const std::string& hostname) {
+  std::map<std::string, std::pair<const MetricDef*, std::vector<std::string>>> families;
+  std::vector<std::string> order;
+  for (const auto& [name, value] : Flatten(s)) {
+    int index = 0;
+    const MetricDef* def = FindMetric(name, &index);
+    if (!def) continue;
+    std::string labels;
+    if (def->scope == MetricScope::kGpu) {
+      std::string model, uuid;
+      for (const GpuInfo& g : gpus)
+        if (g.index == index) {
+          model = g.name;
+          uuid = g.uuid;
+        }
+      labels = fmt::format("gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",Hostname=\"{}\"", index,
+                           Escape(uuid), Escape(model), Escape(hostname));
+    } else if (def->scope == MetricScope::kCore) {
+      labels = fmt::format("cpu=\"{}\",Hostname=\"{}\"", index, Escape(hostname));
+    } else {
+      labels = fmt::format("Hostname=\"{}\"", Escape(hostname));
+    }
+    std::string prom = PromName(*def);
+    auto& fam = families[prom];
+    if (!fam.first) {
+      fam.first = def;
+      order.push_back(prom);
+    }
+    fam.second.push_back(fmt::format("{}{{{}}} {}", prom, labels, value * def->prom_scale));
+  }
+  std::string out;
+  for (const std::string& prom : order) {
+    const auto& fam = families[prom];
+    const MetricDef& d = *fam.first;
+    std::string unit = d.prom_scale == 1.0 && *d.unit ? fmt::format(" ({})", d.unit) : "";
+    out += fmt::format("# HELP {} {}{}.\n# TYPE {} gauge\n", prom, d.help, unit, prom);
+    for (const std::string& line : fam.second) out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace fullburn

@@ -1,0 +1,158 @@
+// Terminal renderings: the end-of-run summary, the live status line of
+// `fullburn run`, and the frames of `fullburn watch`.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "fullburn/report.h"
+
+namespace fullburn {
+
+std::string FormatBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string FormatDuration(double s) {
+  if (s < 60) return fmt::format("{:.1f}s", s);
+  long t = std::lround(s);
+  if (t < 3600) return fmt::format("{}m {:02}s", t / 60, t % 60);
+  return fmt::format("{}h {:02}m {:02}s", t / 3600, (t % 3600) / 60, t % 60);
+}
+
+namespace {
+
+std::string FormatValue(double v, const std::string& unit) {
+  if (unit == "bytes") return FormatBytes(v);
+  if (unit == "bytes/s") return FormatBytes(v) + "/s";
+  if (unit == "%") return fmt::format("{:.0f} %", v);
+  if (unit.empty()) return v == std::floor(v) ? fmt::format("{:.0f}", v) : fmt::format("{:.2f}", v);
+  return fmt::format("{:.0f} {}", v, unit);
+}
+
+std::string Opt(const Value& v, const std::string& unit) { return v ? FormatValue(*v, unit) : "-"; }
+
+bool InSummary(const std::string& name) {
+  static const char* skip[] = {"throttle_reasons", "max_sm_clock_mhz", "mem_total_bytes",
+                               "host.cpu_user", "host.cpu_system", "host.cpu_steal",
+                               "host.mem_available_bytes", "host.load5", "host.load15"};
+  if (name.rfind("host.cpu", 0) == 0 && name.size() > 8 && std::isdigit(name[8])) return false;
+  for (const char* s : skip)
+    if (name.find(s) != std::string::npos) return false;
+  return true;
+}
+
+// A bar of `width` cells filled to `pct` percent.
+std::string Bar(const Value& pct, int width) {
+  if (!pct) return "[" + std::string(width, '?') + "]";
+  int fill = static_cast<int>(std::lround(std::clamp(*pct, 0.0, 100.0) / 100.0 * width));
+  return "[" + std::string(fill, '|') + std::string(width - fill, ' ') + "]";
+}
+
+std::string Percent(const std::optional<double>& share) {
+  return share ? fmt::format("{:.0f}%", *share * 100.0) : "-";
+}
+
+}  // namespace
+
+std::string RenderSummary(const RunInfo& run, const RunSummary& sum, const std::string& gpu_note) {
+  std::string out = fmt::format("\nfullburn: run {} \"{}\" {} after {}", run.id, run.name, run.status,
+                                FormatDuration(sum.wall_s));
+  if (run.exit_code) out += fmt::format(", exit code {}", *run.exit_code);
+  out += "\n";
+  out += fmt::format("  {:<30} {:>12} {:>12} {:>12}\n", "metric", "median", "p95", "max");
+  for (const auto& [name, s] : sum.stats) {
+    if (!InSummary(name)) continue;
+    out += fmt::format("  {:<30} {:>12} {:>12} {:>12}\n", name, FormatValue(s.median, s.unit),
+                       FormatValue(s.p95, s.unit), FormatValue(s.max, s.unit));
+  }
+  for (const GpuRunSummary& g : sum.gpus) {
+    out += fmt::format("  GPU {}: utilization under 50% for {} of the time", g.index,
+                       Percent(g.low_util_share));
+    if (g.peak_mem_bytes) {
+      out += "; peak memory " + FormatBytes(*g.peak_mem_bytes);
+      if (g.mem_total_bytes) out += " of " + FormatBytes(*g.mem_total_bytes);
+    }
+    if (g.peak_proc_mem_bytes) out += " (this job: " + FormatBytes(*g.peak_proc_mem_bytes) + ")";
+    if (g.throttled_share) {
+      out += fmt::format("; throttled {} of the time ({})", Percent(g.throttled_share),
+                         FormatDuration(*g.throttled_share * sum.wall_s));
+      if (!g.throttle_reasons_seen.empty())
+        out += ": " + fmt::format("{}", fmt::join(g.throttle_reasons_seen, ", "));
+    }
+    out += "\n";
+  }
+  if (sum.gpus.empty()) out += "  GPU: no readings" + (gpu_note.empty() ? "" : " (" + gpu_note + ")") + "\n";
+  return out;
+}
+
+std::string RenderLiveLine(const Snapshot& s, double elapsed) {
+  std::string line = fmt::format("fullburn {:>7}", FormatDuration(elapsed));
+  for (const GpuSample& g : s.gpus) {
+    line += fmt::format(" | gpu{} {}", g.index, Opt(g.util, "%"));
+    if (g.mem_used_bytes) line += " " + FormatBytes(*g.mem_used_bytes);
+    if (g.power_w) line += fmt::format(" {:.0f}W", *g.power_w);
+  }
+  if (s.gpus.empty()) line += " | gpu n/a";
+  line += " | cpu " + Opt(s.host.cpu.util, "%");
+  if (s.proc)
+    line += fmt::format(" | job {} {} {}p/{}t", Opt(s.proc->cpu_util, "%"),
+                        Opt(s.proc->rss_bytes, "bytes"), s.proc->processes.value_or(0),
+                        s.proc->threads.value_or(0));
+  return line;
+}
+
+std::string RenderWatchFrame(const Snapshot& s, const std::vector<GpuInfo>& gpus,
+                             const std::string& gpu_note, int width) {
+  int bar = std::max(10, std::min(50, width - 40));
+  std::string out;
+  for (const GpuSample& g : s.gpus) {
+    std::string name;
+    for (const GpuInfo& i : gpus)
+      if (i.index == g.index) name = i.name;
+    out += fmt::format("GPU {} {}  {}  {}  {} / {} W  clock {} / {}\n", g.index, name,
+                       Opt(g.temp_c, "C"), g.throttle_reasons && IsThrottled(static_cast<uint64_t>(*g.throttle_reasons))
+                           ? "THROTTLED: " + fmt::format("{}", fmt::join(DecodeThrottleReasons(static_cast<uint64_t>(*g.throttle_reasons)), ","))
+                           : std::string("not throttled"),
+                       Opt(g.power_w, ""), Opt(g.power_limit_w, ""), Opt(g.sm_clock_mhz, "MHz"),
+                       Opt(g.max_sm_clock_mhz, "MHz"));
+    out += fmt::format("  util {} {:>5}", Bar(g.util, bar), Opt(g.util, "%"));
+    if (g.sm_active) out += fmt::format("  SM active {}", Opt(g.sm_active, "%"));
+    out += "\n";
+    Value mem_pct;
+    if (g.mem_used_bytes && g.mem_total_bytes && *g.mem_total_bytes > 0)
+      mem_pct = 100.0 * *g.mem_used_bytes / *g.mem_total_bytes;
+    out += fmt::format("  mem  {} {} / {}\n", Bar(mem_pct, bar), Opt(g.mem_used_bytes, "bytes"),
+                       Opt(g.mem_total_bytes, "bytes"));
+    out += fmt::format("  PCIe tx {}  rx {}  mem-ctrl {}\n", Opt(g.pcie_tx_bytes_per_s, "bytes/s"),
+                       Opt(g.pcie_rx_bytes_per_s, "bytes/s"), Opt(g.mem_util, "%"));
+    for (const GpuProcess& p : g.processes)
+      out += fmt::format("    pid {:>7}  {:<20} {}\n", p.pid, p.name, Opt(p.used_memory_bytes, "bytes"));
+  }
+  if (s.gpus.empty()) out += "GPU: unavailable" + (gpu_note.empty() ? "" : " (" + gpu_note + ")") + "\n";
+  const HostSample& h = s.host;
+  out += fmt::format("CPU  {} {:>5}  user {} sys {} iowait {} steal {}  load {}\n", Bar(h.cpu.util, bar),
+                     Opt(h.cpu.util, "%"), Opt(h.cpu.user, "%"), Opt(h.cpu.system, "%"),
+                     Opt(h.cpu.iowait, "%"), Opt(h.cpu.steal, "%"), Opt(h.load1, ""));
+  for (size_t i = 0; i < h.cores.size(); ++i)
+    out += fmt::format("  cpu{:<3} {} {:>5}\n", i, Bar(h.cores[i].util, bar / 2),
+                       Opt(h.cores[i].util, "%"));
+  Value mem_pct;
+  if (h.mem_used_bytes && h.mem_total_bytes && *h.mem_total_bytes > 0)
+    mem_pct = 100.0 * *h.mem_used_bytes / *h.mem_total_bytes;
+  out += fmt::format("MEM  {} {} / {}  swap in {} out {}\n", Bar(mem_pct, bar),
+                     Opt(h.mem_used_bytes, "bytes"), Opt(h.mem_total_bytes, "bytes"),
+                     Opt(h.swap_in_per_s, "pages/s"), Opt(h.swap_out_per_s, "pages/s"));
+  out += fmt::format("DISK read {}  write {}   NET rx {}  tx {}\n", Opt(h.disk_read_bytes_per_s, "bytes/s"),
+                     Opt(h.disk_write_bytes_per_s, "bytes/s"), Opt(h.net_rx_bytes_per_s, "bytes/s"),
+                     Opt(h.net_tx_bytes_per_s, "bytes/s"));
+  return out;
+}
+
+}  // namespace fullburn

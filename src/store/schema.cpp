@@ -1,0 +1,80 @@
+// Schema creation and migration. Each version is one SQL script applied in a
+// transaction; PRAGMA user_version records the version reached, and
+// application_id marks the file as a fullburn store.
+#include <sqlite3.h>
+
+#include "fullburn/store.h"
+
+namespace fullburn {
+namespace {
+
+constexpr int kApplicationId = 0x46426E31;  // "FBn1"
+
+const char* const kSchemaV1 = R"sql(
+CREATE TABLE runs (
+  id           INTEGER PRIMARY KEY AUTOINCREMENT,
+  name         TEXT NOT NULL,
+  command      TEXT NOT NULL,           -- JSON array of argv
+  cwd          TEXT NOT NULL DEFAULT '',
+  host         TEXT NOT NULL DEFAULT '',
+  start_time   REAL NOT NULL,           -- Unix seconds
+  end_time     REAL,
+  exit_code    INTEGER,
+  status       TEXT NOT NULL,           -- running | finished | failed_to_start
+  recorder_pid INTEGER NOT NULL DEFAULT 0,
+  interval_s   REAL NOT NULL DEFAULT 1.0,
+  config       TEXT NOT NULL DEFAULT '{}',
+  gpus         TEXT NOT NULL DEFAULT '[]',
+  samples      INTEGER NOT NULL DEFAULT 0   -- snapshots stored
+);
+CREATE TABLE metrics (
+  id   INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  unit TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE samples (
+  run_id    INTEGER NOT NULL,
+  metric_id INTEGER NOT NULL,
+  t         REAL NOT NULL,               -- seconds since runs.start_time
+  value     REAL NOT NULL,
+  PRIMARY KEY (run_id, metric_id, t)
+) WITHOUT ROWID;
+)sql";
+
+}  // namespace
+
+Status RunStore::Migrate() {
+  sqlite3_stmt* st = nullptr;
+  int version = 0, app_id = 0, tables = 0;
+  auto scalar = [&](const char* sql, int* out) -> bool {
+    if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return false;
+    bool ok = sqlite3_step(st) == SQLITE_ROW;
+    if (ok) *out = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return ok;
+  };
+  if (!scalar("PRAGMA user_version", &version) || !scalar("PRAGMA application_id", &app_id) ||
+      !scalar("SELECT count(*) FROM sqlite_master", &tables))
+    return SqlError("cannot read");
+  if (app_id != kApplicationId && tables > 0)
+    return Status::Corruption(path_ +
+                              " is an SQLite file but not a fullburn run store: pass --store with "
+                              "another path (the file was left untouched)");
+  if (version > kSchemaVersion)
+    return Status::InvalidArgument(path_ + " has store schema v" + std::to_string(version) +
+                                   ", newer than this fullburn (v" +
+                                   std::to_string(kSchemaVersion) + "): upgrade fullburn");
+  if (version == kSchemaVersion) return Status::Ok();
+  // Later versions add their scripts here, each run once in order.
+  if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  Status s = Exec(kSchemaV1);
+  if (s.ok()) s = Exec(("PRAGMA application_id = " + std::to_string(kApplicationId)).c_str());
+  if (s.ok()) s = Exec(("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str());
+  if (!s.ok()) {
+    Exec("ROLLBACK");
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+}  // namespace fullburn

@@ -1,0 +1,334 @@
+#include "fullburn/store.h"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+namespace fullburn {
+namespace {
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string Text(sqlite3_stmt* st, int col) {
+  const unsigned char* t = sqlite3_column_text(st, col);
+  return t ? reinterpret_cast<const char*>(t) : "";
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// A run left "running" by a recorder on this host that no longer exists was
+// interrupted (the recorder was killed); report it so.
+void FixStatus(RunInfo* r) {
+  if (r->status != "running" || r->recorder_pid <= 0 || r->host != HostName()) return;
+  if (::kill(r->recorder_pid, 0) != 0 && errno == ESRCH) r->status = "interrupted";
+}
+
+}  // namespace
+
+std::string RunStore::DefaultPath() {
+  if (const char* p = std::getenv("FULLBURN_STORE"); p && *p) return p;
+  std::string base;
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) {
+    base = x;
+  } else {
+    const char* home = std::getenv("HOME");
+    base = std::string(home && *home ? home : ".") + "/.local/share";
+  }
+  return base + "/fullburn/runs.db";
+}
+
+Result<std::unique_ptr<RunStore>> RunStore::Open(const std::string& path) {
+  std::string dir = DirName(path);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Status::NotFound("store directory " + dir +
+                            " does not exist: create it or pass --store with another path");
+  std::unique_ptr<RunStore> store(new RunStore());
+  store->path_ = path;
+  int rc = sqlite3_open_v2(path.c_str(), &store->db_,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK)
+    return Status::IoError("cannot open the run store " + path + ": " +
+                           (store->db_ ? sqlite3_errmsg(store->db_) : sqlite3_errstr(rc)) +
+                           "; check that the directory is writable or pass --store");
+  sqlite3_busy_timeout(store->db_, 5000);
+  // journal_mode is the first statement that reads the file: a corrupt or
+  // foreign file fails here, before anything is written to it.
+  if (Status s = store->Exec("PRAGMA journal_mode=WAL"); !s.ok()) {
+    if (sqlite3_errcode(store->db_) == SQLITE_NOTADB || sqlite3_errcode(store->db_) == SQLITE_CORRUPT)
+      return Status::Corruption(path + " is not a fullburn run store or is corrupt (" +
+                                sqlite3_errmsg(store->db_) +
+                                "): move it aside or pass --store with another path; it was left "
+                                "untouched");
+    return s;
+  }
+  if (Status s = store->Exec("PRAGMA synchronous=NORMAL"); !s.ok()) return s;
+  if (Status s = store->Migrate(); !s.ok()) return s;
+  return store;
+}
+
+RunStore::~RunStore() {
+  if (insert_sample_) sqlite3_finalize(insert_sample_);
+  if (db_) sqlite3_close_v2(db_);
+}
+
+Status RunStore::SqlError(const std::string& what) {
+  int code = sqlite3_errcode(db_);
+  std::string msg = "run store " + path_ + ": " + what + ": " + sqlite3_errmsg(db_);
+  if (code == SQLITE_READONLY || code == SQLITE_CANTOPEN || code == SQLITE_PERM)
+    return Status::IoError(msg + "; check that the file and its directory are writable or pass --store");
+  if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)
+    return Status::Corruption(msg + "; move the file aside or pass --store with another path");
+  if (code == SQLITE_FULL) return Status::IoError(msg + "; free disk space");
+  return Status::IoError(msg);
+}
+
+Status RunStore::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) == SQLITE_OK) return Status::Ok();
+  sqlite3_free(err);
+  return SqlError("cannot write");
+}
+
+Result<int64_t> RunStore::BeginRun(const RunInfo& run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sqlite3_stmt* st = nullptr;
+  const char* sql =
+      "INSERT INTO runs (name, command, cwd, host, start_time, status, recorder_pid, interval_s, "
+      "config, gpus) VALUES (?,?,?,?,?,?,?,?,?,?)";
+  if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return SqlError("cannot add a run");
+  std::string cmd = nlohmann::json(run.command).dump();
+  std::string host = run.host.empty() ? HostName() : run.host;
+  sqlite3_bind_text(st, 1, run.name.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 2, cmd.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 3, run.cwd.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 4, host.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_double(st, 5, run.start_time);
+  sqlite3_bind_text(st, 6, run.status.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int(st, 7, run.recorder_pid);
+  sqlite3_bind_double(st, 8, run.interval_s);
+  sqlite3_bind_text(st, 9, run.config_json.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 10, run.gpus_json.c_str(), -1, SQLITE_TRANSIENT);
+  int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return SqlError("cannot add a run");
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+Result<int64_t> RunStore::MetricId(const std::string& name) {
+  auto it = metric_ids_.find(name);
+  if (it != metric_ids_.end()) return it->second;
+  const MetricDef* def = FindMetric(name);
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(db_, "INSERT OR IGNORE INTO metrics (name, unit) VALUES (?, ?)", -1, &st, nullptr);
+  sqlite3_bind_text(st, 1, name.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 2, def ? def->unit : "", -1, SQLITE_STATIC);
+  int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return SqlError("cannot add a metric");
+  sqlite3_prepare_v2(db_, "SELECT id FROM metrics WHERE name = ?", -1, &st, nullptr);
+  sqlite3_bind_text(st, 1, name.c_str(), -1, SQLITE_TRANSIENT);
+  int64_t id = -1;
+  if (sqlite3_step(st) == SQLITE_ROW) id = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  if (id < 0) return SqlError("cannot read a metric");
+  metric_ids_[name] = id;
+  return id;
+}
+
+Status RunStore::AppendSamples(int64_t run_id, double run_start, const std::vector<Snapshot>& batch) {
+  if (batch.empty()) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  if (!insert_sample_ &&
+      sqlite3_prepare_v2(db_,
+                         "INSERT OR REPLACE INTO samples (run_id, metric_id, t, value) VALUES (?,?,?,?)",
+                         -1, &insert_sample_, nullptr) != SQLITE_OK) {
+    Status s = SqlError("cannot write samples");
+    Exec("ROLLBACK");
+    return s;
+  }
+  for (const Snapshot& snap : batch) {
+    double t = snap.unix_time - run_start;
+    for (const auto& [name, value] : Flatten(snap)) {
+      Result<int64_t> id = MetricId(name);
+      if (!id.ok()) {
+        Exec("ROLLBACK");
+        return id.status();
+      }
+      sqlite3_reset(insert_sample_);
+      sqlite3_bind_int64(insert_sample_, 1, run_id);
+      sqlite3_bind_int64(insert_sample_, 2, *id);
+      sqlite3_bind_double(insert_sample_, 3, t);
+      sqlite3_bind_double(insert_sample_, 4, value);
+      if (sqlite3_step(insert_sample_) != SQLITE_DONE) {
+        Status s = SqlError("cannot write samples");
+        Exec("ROLLBACK");
+        return s;
+      }
+    }
+  }
+  std::string count = "UPDATE runs SET samples = samples + " + std::to_string(batch.size()) +
+                      " WHERE id = " + std::to_string(run_id);
+  Status s = Exec(count.c_str());
+  if (s.ok()) s = Exec("COMMIT");
+  if (!s.ok()) {
+    Exec("ROLLBACK");
+    metric_ids_.clear();  // ids added in the rolled-back transaction are gone
+  }
+  return s;
+}
+
+Status RunStore::FinishRun(int64_t run_id, double end_time, std::optional<int> exit_code,
+                           const std::string& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(db_, "UPDATE runs SET end_time = ?, exit_code = ?, status = ? WHERE id = ?", -1,
+                     &st, nullptr);
+  sqlite3_bind_double(st, 1, end_time);
+  if (exit_code)
+    sqlite3_bind_int(st, 2, *exit_code);
+  else
+    sqlite3_bind_null(st, 2);
+  sqlite3_bind_text(st, 3, status.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(st, 4, run_id);
+  int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? Status::Ok() : SqlError("cannot finish the run");
+}
+
+Result<std::vector<RunInfo>> RunStore::QueryRuns(const std::string& where, int64_t id) {
+  std::string sql =
+      "SELECT id, name, command, cwd, host, start_time, end_time, exit_code, status, recorder_pid, "
+      "interval_s, config, gpus, samples "
+      "FROM runs " + where;
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK)
+    return SqlError("cannot read runs");
+  if (id >= 0) sqlite3_bind_int64(st, 1, id);
+  std::vector<RunInfo> runs;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    RunInfo r;
+    r.id = sqlite3_column_int64(st, 0);
+    r.name = Text(st, 1);
+    auto cmd = nlohmann::json::parse(Text(st, 2), nullptr, false);
+    if (cmd.is_array())
+      for (const auto& a : cmd)
+        if (a.is_string()) r.command.push_back(a.get<std::string>());
+    r.cwd = Text(st, 3);
+    r.host = Text(st, 4);
+    r.start_time = sqlite3_column_double(st, 5);
+    if (sqlite3_column_type(st, 6) != SQLITE_NULL) r.end_time = sqlite3_column_double(st, 6);
+    if (sqlite3_column_type(st, 7) != SQLITE_NULL) r.exit_code = sqlite3_column_int(st, 7);
+    r.status = Text(st, 8);
+    r.recorder_pid = sqlite3_column_int(st, 9);
+    r.interval_s = sqlite3_column_double(st, 10);
+    r.config_json = Text(st, 11);
+    r.gpus_json = Text(st, 12);
+    r.sample_count = sqlite3_column_int64(st, 13);
+    FixStatus(&r);
+    runs.push_back(std::move(r));
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return SqlError("cannot read runs");
+  return runs;
+}
+
+Result<std::vector<RunInfo>> RunStore::ListRuns() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return QueryRuns("ORDER BY id", -1);
+}
+
+Result<RunInfo> RunStore::GetRun(const std::string& ref) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::vector<RunInfo>> runs = Status::NotFound("");
+  if (ref == "last") {
+    runs = QueryRuns("ORDER BY id DESC LIMIT 1", -1);
+  } else {
+    char* end = nullptr;
+    long long id = std::strtoll(ref.c_str(), &end, 10);
+    if (ref.empty() || *end != '\0' || id < 0)
+      return Status::InvalidArgument("'" + ref + "' is not a run id: give a number from 'fullburn runs list' or 'last'");
+    runs = QueryRuns("WHERE id = ?", id);
+  }
+  if (!runs.ok()) return runs.status();
+  if (runs->empty())
+    return Status::NotFound(ref == "last" ? "the store " + path_ + " has no runs yet"
+                                          : "no run " + ref + " in " + path_ + ": see 'fullburn runs list'");
+  return runs->front();
+}
+
+Result<std::map<std::string, Series>> RunStore::LoadSamples(int64_t run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sqlite3_stmt* st = nullptr;
+  const char* sql =
+      "SELECT m.name, s.t, s.value FROM samples s JOIN metrics m ON m.id = s.metric_id "
+      "WHERE s.run_id = ? ORDER BY m.name, s.t";
+  if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return SqlError("cannot read samples");
+  sqlite3_bind_int64(st, 1, run_id);
+  std::map<std::string, Series> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    out[Text(st, 0)].push_back({sqlite3_column_double(st, 1), sqlite3_column_double(st, 2)});
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return SqlError("cannot read samples");
+  return out;
+}
+
+Status RunStore::DeleteRun(int64_t run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string id = std::to_string(run_id);
+  if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  Status s = Exec(("DELETE FROM samples WHERE run_id = " + id).c_str());
+  if (s.ok()) s = Exec(("DELETE FROM runs WHERE id = " + id).c_str());
+  if (!s.ok()) {
+    Exec("ROLLBACK");
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+Result<std::string> RunStore::IntegrityCheck() {
+  std::lock_guard<std::mutex> lock(mu_);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db_, "PRAGMA integrity_check", -1, &st, nullptr) != SQLITE_OK)
+    return SqlError("cannot check");
+  std::string out;
+  while (sqlite3_step(st) == SQLITE_ROW) out += (out.empty() ? "" : "; ") + Text(st, 0);
+  sqlite3_finalize(st);
+  return out;
+}
+
+Status BatchWriter::Add(const Snapshot& s) {
+  if (!error_.ok()) return error_;
+  pending_.push_back(s);
+  if (s.mono_time - last_flush_ >= flush_every_s_ - 1e-6) {
+    last_flush_ = s.mono_time;
+    return Flush();
+  }
+  return Status::Ok();
+}
+
+Status BatchWriter::Flush() {
+  if (!error_.ok()) return error_;
+  error_ = store_->AppendSamples(run_id_, run_start_, pending_);
+  pending_.clear();
+  return error_;
+}
+
+}  // namespace fullburn

@@ -1,0 +1,275 @@
+// GPU readings from NVML. Handles are opened once and kept; each Collect()
+// reads every metric separately so one unsupported call leaves just its
+// metric absent. PCIe throughput calls block for NVML's 20 ms window each, so
+// on GPUs without GPM they run on their own thread (as nvtop does) and the
+// sampler takes the latest reading.
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <thread>
+
+#include "fullburn/telemetry.h"
+#include "nvml_library.h"
+
+namespace fullburn {
+
+struct GpuSource::Device {
+  nvml::Device handle = nullptr;
+  Value max_sm_clock_mhz;
+  bool gpm = false;
+  nvml::GpmSample gpm_prev = nullptr, gpm_next = nullptr;
+  double gpm_prev_time = -1;
+};
+
+struct GpuSource::PcieReader {
+  struct Reading {
+    Value tx, rx;
+    double time = -1;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::vector<Reading> readings;
+  std::thread thread;
+};
+
+namespace {
+
+constexpr double kGpmMinInterval = 0.1;  // NVML: GPM samples must be > 100 ms apart
+constexpr double kPcieMaxAge = 2.0;      // older PCIe readings are not reported
+constexpr int kClockSm = 1;
+
+Value FromUnsigned(nvml::Return (*fn)(nvml::Device, unsigned*), nvml::Device d, double scale) {
+  unsigned v = 0;
+  if (!fn || fn(d, &v) != nvml::kSuccess) return std::nullopt;
+  return v * scale;
+}
+
+// Sums the memory of the monitored tree's processes on this GPU.
+void CollectProcesses(const nvml::Api& api, nvml::Device h, const std::vector<int>& tree_pids,
+                      GpuSample* g) {
+  std::vector<GpuProcess> procs;
+  bool ok = false;
+  for (unsigned capacity = 64; capacity <= 64 * 1024 && !ok; capacity *= 4) {
+    unsigned count = capacity;
+    nvml::Return r = nvml::kNotSupported;
+    if (api.DeviceGetProcessesV2) {
+      std::vector<nvml::ProcessInfoV2> buf(capacity);
+      r = api.DeviceGetProcessesV2(h, &count, buf.data());
+      for (unsigned i = 0; r == nvml::kSuccess && i < count; ++i)
+        procs.push_back({static_cast<int>(buf[i].pid),
+                         buf[i].used_gpu_memory == nvml::kUnavailableMemory
+                             ? Value()
+                             : Value(static_cast<double>(buf[i].used_gpu_memory)),
+                         ""});
+    } else if (api.DeviceGetProcessesV1) {
+      std::vector<nvml::ProcessInfoV1> buf(capacity);
+      r = api.DeviceGetProcessesV1(h, &count, buf.data());
+      for (unsigned i = 0; r == nvml::kSuccess && i < count; ++i)
+        procs.push_back({static_cast<int>(buf[i].pid),
+                         buf[i].used_gpu_memory == nvml::kUnavailableMemory
+                             ? Value()
+                             : Value(static_cast<double>(buf[i].used_gpu_memory)),
+                         ""});
+    }
+    if (r == nvml::kSuccess) ok = true;
+    else if (r != nvml::kInsufficientSize) break;
+  }
+  if (!ok) return;
+  if (!tree_pids.empty()) {
+    double sum = 0;
+    for (const GpuProcess& p : procs)
+      for (int pid : tree_pids)
+        if (p.pid == pid && p.used_memory_bytes) sum += *p.used_memory_bytes;
+    g->proc_mem_used_bytes = sum;
+  }
+  g->processes = std::move(procs);
+}
+
+// SM and tensor activity over the window since the previous GPM sample.
+void CollectGpm(const nvml::Api& api, nvml::Device h, nvml::GpmSample* prev,
+                nvml::GpmSample* next, double* prev_time, double now, GpuSample* g) {
+  if (api.GpmSampleGet(h, *next) != nvml::kSuccess) return;
+  bool have_window = *prev_time >= 0;
+  if (have_window) {
+    static nvml::GpmMetricsGet req;  // ~10 KB; only the sampler thread gets here
+    req = nvml::GpmMetricsGet{};
+    req.version = nvml::kGpmMetricsGetVersion;
+    req.num_metrics = 4;
+    req.sample1 = *prev;
+    req.sample2 = *next;
+    req.metrics[0].metric_id = nvml::kGpmSmUtil;
+    req.metrics[1].metric_id = nvml::kGpmAnyTensorUtil;
+    req.metrics[2].metric_id = nvml::kGpmPcieTx;
+    req.metrics[3].metric_id = nvml::kGpmPcieRx;
+    if (api.GpmMetricsGet(&req) == nvml::kSuccess) {
+      auto get = [&](int i) {
+        return req.metrics[i].nvml_return == nvml::kSuccess ? Value(req.metrics[i].value) : Value();
+      };
+      g->sm_active = get(0);
+      g->tensor_active = get(1);
+      constexpr double kMiB = 1024.0 * 1024.0;  // GPM reports PCIe in MiB/s
+      if (Value tx = get(2)) g->pcie_tx_bytes_per_s = *tx * kMiB;
+      if (Value rx = get(3)) g->pcie_rx_bytes_per_s = *rx * kMiB;
+    }
+  }
+  std::swap(*prev, *next);
+  *prev_time = now;
+}
+
+double MonotonicNow() { return Env::Default()->MonotonicSeconds(); }
+
+}  // namespace
+
+Result<std::unique_ptr<GpuSource>> GpuSource::Open(std::string library) {
+  bool explicit_library = !library.empty();
+  if (!explicit_library) {
+    if (const char* env = std::getenv("FULLBURN_NVML_LIBRARY"); env && *env) {
+      library = env;
+      explicit_library = true;
+    }
+  }
+  std::unique_ptr<GpuSource> src(new GpuSource());
+  std::string error;
+  src->lib_.reset(NvmlLibrary::Load(library, &error));
+  if (!src->lib_) {
+    if (explicit_library) return Status::InvalidArgument(error);
+    src->reason_ = error;
+    return src;
+  }
+  src->library_path_ = src->lib_->path();
+  const nvml::Api& api = src->lib_->api();
+  if (nvml::Return r = api.Init(); r != nvml::kSuccess) {
+    src->reason_ = "nvmlInit failed: " + src->lib_->ErrorString(r);
+    src->lib_.reset();
+    return src;
+  }
+  char driver[96] = {0};
+  if (api.SystemGetDriverVersion && api.SystemGetDriverVersion(driver, sizeof driver) == 0)
+    src->driver_version_ = driver;
+  unsigned count = 0;
+  if (nvml::Return r = api.DeviceGetCount(&count); r != nvml::kSuccess) {
+    src->reason_ = "nvmlDeviceGetCount failed: " + src->lib_->ErrorString(r);
+    return src;
+  }
+  for (unsigned i = 0; i < count; ++i) {
+    Device d;
+    if (api.DeviceGetHandleByIndex(i, &d.handle) != nvml::kSuccess) continue;
+    GpuInfo info;
+    info.index = static_cast<int>(i);
+    char buf[96] = {0};
+    if (api.DeviceGetName && api.DeviceGetName(d.handle, buf, sizeof buf) == 0) info.name = buf;
+    buf[0] = 0;
+    if (api.DeviceGetUUID && api.DeviceGetUUID(d.handle, buf, sizeof buf) == 0) info.uuid = buf;
+    unsigned mhz = 0;
+    if (api.DeviceGetMaxClockInfo && api.DeviceGetMaxClockInfo(d.handle, kClockSm, &mhz) == 0)
+      d.max_sm_clock_mhz = mhz;
+    nvml::GpmSupport support{nvml::kGpmSupportVersion, 0};
+    if (api.GpmQueryDeviceSupport && api.GpmQueryDeviceSupport(d.handle, &support) == 0 &&
+        support.is_supported_device && api.GpmSampleAlloc(&d.gpm_prev) == 0 &&
+        api.GpmSampleAlloc(&d.gpm_next) == 0) {
+      d.gpm = true;
+    }
+    src->devices_.push_back(d);
+    src->gpus_.push_back(info);
+  }
+  if (src->gpus_.empty()) {
+    src->reason_ = "NVML found no NVIDIA GPU";
+    return src;
+  }
+  bool need_pcie_thread = false;
+  for (const Device& d : src->devices_) need_pcie_thread |= !d.gpm;
+  if (api.DeviceGetPcieThroughput && need_pcie_thread) {
+    src->pcie_.reset(new PcieReader());
+    src->pcie_->readings.resize(src->devices_.size());
+    GpuSource* self = src.get();
+    src->pcie_->thread = std::thread([self] {
+      PcieReader& p = *self->pcie_;
+      const nvml::Api& a = self->lib_->api();
+      std::unique_lock<std::mutex> lock(p.mu);
+      while (!p.stop) {
+        for (size_t i = 0; i < self->devices_.size(); ++i) {
+          if (self->devices_[i].gpm) continue;
+          lock.unlock();
+          unsigned t = 0, r = 0;
+          nvml::Device h = self->devices_[i].handle;
+          bool tx_ok = a.DeviceGetPcieThroughput(h, 0, &t) == nvml::kSuccess;
+          bool rx_ok = a.DeviceGetPcieThroughput(h, 1, &r) == nvml::kSuccess;
+          double now = MonotonicNow();
+          lock.lock();
+          PcieReader::Reading& out = p.readings[i];
+          out.tx = tx_ok ? Value(t * 1024.0) : std::nullopt;  // NVML reports KB/s
+          out.rx = rx_ok ? Value(r * 1024.0) : std::nullopt;
+          out.time = now;
+        }
+        p.cv.wait_for(lock, std::chrono::milliseconds(50), [&p] { return p.stop; });
+      }
+    });
+  }
+  return src;
+}
+
+GpuSource::~GpuSource() {
+  if (pcie_) {
+    {
+      std::lock_guard<std::mutex> lock(pcie_->mu);
+      pcie_->stop = true;
+    }
+    pcie_->cv.notify_all();
+    pcie_->thread.join();
+  }
+  if (!lib_) return;
+  const nvml::Api& api = lib_->api();
+  for (Device& d : devices_) {
+    if (d.gpm_prev) api.GpmSampleFree(d.gpm_prev);
+    if (d.gpm_next) api.GpmSampleFree(d.gpm_next);
+  }
+  if (api.Shutdown) api.Shutdown();
+}
+
+std::vector<GpuSample> GpuSource::Collect(const std::vector<int>& tree_pids, double mono_now) {
+  std::vector<GpuSample> out(devices_.size());
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    out[i].index = gpus_[i].index;
+    CollectOne(devices_[i], tree_pids, mono_now, &out[i]);
+    if (pcie_ && !devices_[i].gpm) {
+      std::lock_guard<std::mutex> lock(pcie_->mu);
+      const PcieReader::Reading& r = pcie_->readings[i];
+      if (r.time >= 0 && MonotonicNow() - r.time < kPcieMaxAge) {
+        out[i].pcie_tx_bytes_per_s = r.tx;
+        out[i].pcie_rx_bytes_per_s = r.rx;
+      }
+    }
+  }
+  return out;
+}
+
+void GpuSource::CollectOne(Device& d, const std::vector<int>& tree_pids, double mono_now,
+                           GpuSample* g) {
+  const nvml::Api& api = lib_->api();
+  nvml::Device h = d.handle;
+  nvml::Utilization u{};
+  if (api.DeviceGetUtilizationRates && api.DeviceGetUtilizationRates(h, &u) == 0) {
+    g->util = u.gpu;
+    g->mem_util = u.memory;
+  }
+  nvml::Memory m{};
+  if (api.DeviceGetMemoryInfo && api.DeviceGetMemoryInfo(h, &m) == 0) {
+    g->mem_used_bytes = static_cast<double>(m.used);
+    g->mem_total_bytes = static_cast<double>(m.total);
+  }
+  g->power_w = FromUnsigned(api.DeviceGetPowerUsage, h, 1e-3);  // mW
+  g->power_limit_w = FromUnsigned(api.DeviceGetEnforcedPowerLimit, h, 1e-3);
+  unsigned v = 0;
+  if (api.DeviceGetTemperature && api.DeviceGetTemperature(h, 0, &v) == 0) g->temp_c = v;
+  if (api.DeviceGetClockInfo && api.DeviceGetClockInfo(h, kClockSm, &v) == 0) g->sm_clock_mhz = v;
+  g->max_sm_clock_mhz = d.max_sm_clock_mhz;
+  unsigned long long reasons = 0;
+  if (api.DeviceGetClocksEventReasons && api.DeviceGetClocksEventReasons(h, &reasons) == 0)
+    g->throttle_reasons = static_cast<double>(reasons);
+  CollectProcesses(api, h, tree_pids, g);
+  if (d.gpm && (d.gpm_prev_time < 0 || mono_now - d.gpm_prev_time >= kGpmMinInterval))
+    CollectGpm(api, h, &d.gpm_prev, &d.gpm_next, &d.gpm_prev_time, mono_now, g);
+}
+
+}  // namespace fullburn

@@ -1,0 +1,197 @@
+// Host metrics from /proc: CPU shares from /proc/stat, memory from
+// /proc/meminfo, swap from /proc/vmstat, disks from /proc/diskstats, network
+// from /proc/net/dev, load from /proc/loadavg. Rates come from the difference
+// of two readings, so the first Collect() has them absent.
+#include <sstream>
+
+#include "fullburn/telemetry.h"
+
+namespace fullburn {
+namespace {
+
+bool StartsWith(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Value of "Key:   123 kB" in /proc/meminfo, in bytes.
+std::optional<double> MeminfoBytes(const std::string& text, const char* key) {
+  std::string needle = std::string("\n") + key + ":";
+  size_t pos = text.rfind(key, 0) == 0 ? 0 : text.find(needle);
+  if (pos == std::string::npos) return std::nullopt;
+  pos = text.find(':', pos);
+  std::istringstream in(text.substr(pos + 1, 40));
+  double kb = 0;
+  if (!(in >> kb)) return std::nullopt;
+  return kb * 1024.0;
+}
+
+std::optional<uint64_t> VmstatValue(const std::string& text, const char* key) {
+  std::istringstream in(text);
+  std::string name;
+  uint64_t v = 0;
+  while (in >> name >> v)
+    if (name == key) return v;
+  return std::nullopt;
+}
+
+bool IsWholeDiskName(const std::string& name) {
+  return !(StartsWith(name, "loop") || StartsWith(name, "ram") || StartsWith(name, "dm-") ||
+           StartsWith(name, "md") || StartsWith(name, "zram") || StartsWith(name, "sr"));
+}
+
+Value Rate(const std::optional<uint64_t>& now, const std::optional<uint64_t>& before, double dt,
+           double scale) {
+  if (!now || !before || dt <= 0 || *now < *before) return std::nullopt;
+  return static_cast<double>(*now - *before) * scale / dt;
+}
+
+CpuShare Share(uint64_t user, uint64_t system,
+                      uint64_t iowait, uint64_t steal, uint64_t idle) {
+  CpuShare s;
+  double total = static_cast<double>(user + system + iowait + steal + idle);
+  if (total <= 0) return s;
+  s.user = 100.0 * user / total;
+  s.system = 100.0 * system / total;
+  s.iowait = 100.0 * iowait / total;
+  s.steal = 100.0 * steal / total;
+  s.util = 100.0 * (user + system + steal) / total;
+  return s;
+}
+
+}  // namespace
+
+void HostCollector::ReadCpu(Counters* c) {
+  Result<std::string> stat = env_->ReadFile("/proc/stat");
+  if (!stat.ok()) return;
+  std::istringstream in(*stat);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!StartsWith(line, "cpu")) break;  // cpu lines come first
+    std::istringstream fields(line);
+    std::string name;
+    CpuTicks t;
+    fields >> name >> t.user >> t.nice >> t.system >> t.idle >> t.iowait >> t.irq >> t.softirq >>
+        t.steal;
+    if (!fields) continue;
+    c->cpus.push_back(t);
+  }
+}
+
+void HostCollector::ReadCounters(Counters* c) {
+  if (Result<std::string> vm = env_->ReadFile("/proc/vmstat"); vm.ok()) {
+    c->swap_in = VmstatValue(*vm, "pswpin");
+    c->swap_out = VmstatValue(*vm, "pswpout");
+  }
+  if (!disks_listed_) {
+    disks_listed_ = true;
+    if (auto names = env_->ListDir("/sys/block"); names.ok())
+      for (const std::string& n : *names)
+        if (IsWholeDiskName(n)) whole_disks_.push_back(n);
+  }
+  if (Result<std::string> disk = env_->ReadFile("/proc/diskstats"); disk.ok()) {
+    std::istringstream in(*disk);
+    std::string line;
+    uint64_t rd = 0, wr = 0;
+    std::vector<std::string> seen;
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      unsigned major = 0, minor = 0;
+      std::string name;
+      uint64_t v[7] = {0};
+      if (!(f >> major >> minor >> name >> v[0] >> v[1] >> v[2] >> v[3] >> v[4] >> v[5] >> v[6]))
+        continue;
+      bool whole = false;
+      if (!whole_disks_.empty()) {
+        for (const std::string& d : whole_disks_) whole |= (d == name);
+      } else if (IsWholeDiskName(name)) {
+        // No /sys/block: a name that extends an earlier one is its partition.
+        whole = true;
+        for (const std::string& d : seen) whole &= !StartsWith(name, d.c_str());
+        if (whole) seen.push_back(name);
+      }
+      if (!whole) continue;
+      rd += v[2];  // sectors read
+      wr += v[6];  // sectors written
+    }
+    c->disk_read_sectors = rd;
+    c->disk_write_sectors = wr;
+  }
+  if (Result<std::string> net = env_->ReadFile("/proc/net/dev"); net.ok()) {
+    std::istringstream in(*net);
+    std::string line;
+    uint64_t rx = 0, tx = 0;
+    bool any = false;
+    while (std::getline(in, line)) {
+      size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon);
+      name.erase(0, name.find_first_not_of(' '));
+      if (name == "lo" || name.find('|') != std::string::npos) continue;
+      std::istringstream f(line.substr(colon + 1));
+      uint64_t v[9] = {0};
+      for (uint64_t& x : v) f >> x;
+      if (!f) continue;
+      rx += v[0];
+      tx += v[8];
+      any = true;
+    }
+    if (any) {
+      c->net_rx = rx;
+      c->net_tx = tx;
+    }
+  }
+}
+
+void HostCollector::ReadMemory(HostSample* out) {
+  Result<std::string> mem = env_->ReadFile("/proc/meminfo");
+  if (!mem.ok()) return;
+  out->mem_total_bytes = MeminfoBytes(*mem, "MemTotal");
+  out->mem_available_bytes = MeminfoBytes(*mem, "MemAvailable");
+  if (out->mem_total_bytes && out->mem_available_bytes)
+    out->mem_used_bytes = *out->mem_total_bytes - *out->mem_available_bytes;
+}
+
+void HostCollector::ReadLoad(HostSample* out) {
+  Result<std::string> load = env_->ReadFile("/proc/loadavg");
+  if (!load.ok()) return;
+  std::istringstream in(*load);
+  double a = 0, b = 0, c = 0;
+  if (in >> a >> b >> c) {
+    out->load1 = a;
+    out->load5 = b;
+    out->load15 = c;
+  }
+}
+
+void HostCollector::Collect(HostSample* out) {
+  Counters now;
+  now.time = env_->MonotonicSeconds();
+  ReadCpu(&now);
+  ReadCounters(&now);
+  ReadMemory(out);
+  ReadLoad(out);
+  if (last_) {
+    const Counters& was = *last_;
+    double dt = now.time - was.time;
+    size_t n = std::min(now.cpus.size(), was.cpus.size());
+    for (size_t i = 0; i < n; ++i) {
+      const CpuTicks& a = now.cpus[i];
+      const CpuTicks& b = was.cpus[i];
+      auto d = [](uint64_t x, uint64_t y) { return x >= y ? x - y : 0; };
+      CpuShare s = Share(d(a.user + a.nice, b.user + b.nice),
+                         d(a.system + a.irq + a.softirq, b.system + b.irq + b.softirq),
+                         d(a.iowait, b.iowait), d(a.steal, b.steal), d(a.idle, b.idle));
+      if (i == 0)
+        out->cpu = s;
+      else
+        out->cores.push_back(s);
+    }
+    out->swap_in_per_s = Rate(now.swap_in, was.swap_in, dt, 1.0);
+    out->swap_out_per_s = Rate(now.swap_out, was.swap_out, dt, 1.0);
+    out->disk_read_bytes_per_s = Rate(now.disk_read_sectors, was.disk_read_sectors, dt, 512.0);
+    out->disk_write_bytes_per_s = Rate(now.disk_write_sectors, was.disk_write_sectors, dt, 512.0);
+    out->net_rx_bytes_per_s = Rate(now.net_rx, was.net_rx, dt, 1.0);
+    out->net_tx_bytes_per_s = Rate(now.net_tx, was.net_tx, dt, 1.0);
+  }
+  last_ = std::move(now);
+}
+
+}  // namespace fullburn

@@ -1,0 +1,102 @@
+// The monitored process tree: the root and every descendant, found by walking
+// /proc/<pid>/stat parent links on each sample (so data-loader workers forked
+// by any thread are seen). CPU % sums per-process utime+stime deltas, keyed by
+// (pid, start time) so a reused pid is not mistaken for an old process.
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <unordered_map>
+
+#include "fullburn/telemetry.h"
+
+namespace fullburn {
+namespace {
+
+struct ProcStat {
+  int pid = 0, ppid = 0;
+  uint64_t utime = 0, stime = 0, start = 0, threads = 0, rss_pages = 0;
+};
+
+// Parses /proc/<pid>/stat. The command name may hold spaces and parentheses,
+// so fields are counted from the last ')'.
+bool ParseStat(const std::string& text, ProcStat* out) {
+  size_t close = text.rfind(')');
+  if (close == std::string::npos) return false;
+  out->pid = std::atoi(text.c_str());
+  std::istringstream in(text.substr(close + 1));
+  std::string tok;
+  // Field numbers as in proc(5): state is field 3.
+  for (int field = 3; in >> tok && field <= 24; ++field) {
+    uint64_t v = std::strtoull(tok.c_str(), nullptr, 10);
+    switch (field) {
+      case 4: out->ppid = static_cast<int>(v); break;
+      case 14: out->utime = v; break;
+      case 15: out->stime = v; break;
+      case 20: out->threads = v; break;
+      case 22: out->start = v; break;
+      case 24: out->rss_pages = v; return true;
+      default: break;
+    }
+  }
+  return false;
+}
+
+bool IsPid(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+}  // namespace
+
+void ProcTreeCollector::Collect(ProcTreeSample* out) {
+  Result<std::vector<std::string>> names = env_->ListDir("/proc");
+  if (!names.ok()) return;
+  std::unordered_map<int, ProcStat> stats;
+  std::unordered_multimap<int, int> children;
+  for (const std::string& name : *names) {
+    if (!IsPid(name)) continue;
+    Result<std::string> text = env_->ReadFile("/proc/" + name + "/stat");
+    ProcStat st;
+    if (!text.ok() || !ParseStat(*text, &st)) continue;  // exited meanwhile
+    stats[st.pid] = st;
+    children.emplace(st.ppid, st.pid);
+  }
+  if (!stats.count(root_pid_)) {
+    out->processes = 0;  // the root has exited: the tree is empty, a true 0
+    out->threads = 0;
+    out->rss_bytes = 0;
+    return;
+  }
+  std::vector<int> todo = {root_pid_};
+  std::unordered_map<Key, uint64_t, KeyHash> ticks_now;
+  uint64_t threads = 0, rss_pages = 0, delta = 0;
+  while (!todo.empty()) {
+    int pid = todo.back();
+    todo.pop_back();
+    const ProcStat& st = stats[pid];
+    out->pids.push_back(pid);
+    threads += st.threads;
+    rss_pages += st.rss_pages;
+    Key key{pid, st.start};
+    uint64_t ticks = st.utime + st.stime;
+    ticks_now[key] = ticks;
+    auto was = last_ticks_.find(key);
+    uint64_t before = was == last_ticks_.end() ? 0 : was->second;
+    delta += ticks >= before ? ticks - before : 0;
+    auto range = children.equal_range(pid);
+    for (auto it = range.first; it != range.second; ++it)
+      if (it->second != pid) todo.push_back(it->second);
+  }
+  double now = env_->MonotonicSeconds();
+  out->processes = static_cast<double>(out->pids.size());
+  out->threads = static_cast<double>(threads);
+  out->rss_bytes = static_cast<double>(rss_pages) * env_->PageSize();
+  if (last_time_ >= 0 && now > last_time_)
+    out->cpu_util = 100.0 * delta / env_->ClockTicksPerSecond() / (now - last_time_);
+  last_time_ = now;
+  last_ticks_ = std::move(ticks_now);
+}
+
+}  // namespace fullburn

@@ -1,0 +1,86 @@
+// The sampling thread. Deadlines advance by a fixed interval from the start,
+// so time spent collecting or in the callback does not make samples drift.
+#include <time.h>
+
+#include <chrono>
+
+#include "fullburn/telemetry.h"
+
+namespace fullburn {
+namespace {
+
+uint64_t ThreadCpuNanos() {
+  timespec ts;
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+}  // namespace
+
+Sampler::Sampler(const Env* env, GpuSource* gpus, SamplerOptions options)
+    : env_(env), gpus_(gpus), options_(options), host_(env) {
+  if (options_.root_pid > 0) tree_.reset(new ProcTreeCollector(env, options_.root_pid));
+}
+
+Sampler::~Sampler() { Stop(); }
+
+Snapshot Sampler::SampleOnce() {
+  uint64_t cpu_start = ThreadCpuNanos();
+  Snapshot s;
+  s.unix_time = env_->UnixSeconds();
+  s.mono_time = env_->MonotonicSeconds();
+  host_.Collect(&s.host);
+  std::vector<int> pids;
+  if (tree_) {
+    ProcTreeSample p;
+    tree_->Collect(&p);
+    pids = p.pids;
+    s.proc = std::move(p);
+  }
+  if (gpus_ && gpus_->available()) s.gpus = gpus_->Collect(pids, s.mono_time);
+  collect_cpu_ns_ += ThreadCpuNanos() - cpu_start;
+  ++samples_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    latest_ = s;
+  }
+  return s;
+}
+
+void Sampler::Start(std::function<void(const Snapshot&)> on_sample) {
+  FB_CHECK(!thread_.joinable());
+  stop_ = false;
+  thread_ = std::thread(&Sampler::Loop, this, std::move(on_sample));
+}
+
+void Sampler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<Snapshot> Sampler::Latest() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latest_;
+}
+
+void Sampler::Loop(std::function<void(const Snapshot&)> on_sample) {
+  using Clock = std::chrono::steady_clock;
+  auto interval = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.interval_s));
+  auto deadline = Clock::now();
+  for (;;) {
+    Snapshot s = SampleOnce();
+    if (on_sample) on_sample(s);
+    deadline += interval;
+    auto now = Clock::now();
+    if (deadline < now) deadline = now;  // fell behind: skip, do not burst
+    std::unique_lock<std::mutex> lock(wake_mu_);
+    if (wake_.wait_until(lock, deadline, [this] { return stop_.load(); })) return;
+  }
+}
+
+}  // namespace fullburn
