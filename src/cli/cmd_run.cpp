@@ -33,10 +33,16 @@ std::string GpusJson(const GpuSource& gpus) {
 
 int Run(const RunOptions& opts) {
   if (opts.command.empty()) return Fail("no command given: use fullburn run [options] -- CMD ARGS...");
+  // First, so a signal that comes while we start up is passed on, not lost.
+  InstallSignalForwarding();
+  // GPUs before the store: a bad NVML library must not leave an empty run behind.
+  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus(/*quiet=*/true);
+  if (!gpus.ok()) return Fail(gpus.status().message());
   Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
   if (!store.ok()) return Fail(store.status().message());
-  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus(opts.quiet);
-  if (!gpus.ok()) return Fail(gpus.status().message());
+  if (!(*gpus)->available() && !opts.quiet)
+    std::fprintf(stderr, "fullburn: GPU metrics unavailable: %s; recording host metrics only\n",
+                 (*gpus)->unavailable_reason().c_str());
   const Env* env = Env::Default();
 
   RunInfo info;
@@ -53,7 +59,6 @@ int Run(const RunOptions& opts) {
   if (!run_id.ok()) return Fail(run_id.status().message());
   info.id = *run_id;
 
-  InstallSignalForwarding();
   std::vector<std::string> child_env = {"FULLBURN_RUN_ID=" + std::to_string(info.id),
                                         "FULLBURN_STORE=" + (*store)->path()};
   Result<pid_t> child = SpawnChild(opts.command, child_env);

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "cli.h"
@@ -41,22 +43,31 @@ int Serve(const ServeOptions& opts) {
   int port = 0;
   if (!SplitHostPort(opts.listen, &host, &port))
     return Fail("--listen '" + opts.listen + "' is not HOST:PORT, e.g. 127.0.0.1:9400");
-  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus(false);
-  if (!gpus.ok()) return Fail(gpus.status().message());
-  // Signals go to a dedicated thread that stops the server cleanly.
+  // Signals go to a dedicated thread that stops the server cleanly. Blocked
+  // before any thread starts (NVML's PCIe reader too), so all inherit the mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus(false);
+  if (!gpus.ok()) return Fail(gpus.status().message());
 
   Sampler sampler(Env::Default(), gpus->get(), SamplerOptions{opts.common.interval_s, -1});
+  // Rates need two readings: give the first scrape a real interval.
   sampler.SampleOnce();
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(opts.common.interval_s, 0.25)));
   sampler.Start(nullptr);
   const std::string hostname = HostName();
   const std::vector<GpuInfo> gpu_info = (*gpus)->gpus();
 
   httplib::Server server;
+  // httplib's default also sets SO_REUSEPORT, which would let a second
+  // exporter bind the same port silently; a port in use must be an error.
+  server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     std::optional<Snapshot> s = sampler.Latest();
     res.set_content(s ? RenderPrometheus(*s, gpu_info, hostname) : "",

@@ -3,22 +3,36 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 #include "cli.h"
-#ifdef FULLBURN_HAVE_TORCH
-#include "fullburn/train.h"
-#endif
 
 namespace {
 
 const char* const kCommands[] = {"run", "watch", "runs", "serve", "version"};
 
+// The training half lives in fullburn-train beside this executable.
+std::string TrainingHalf() {
+  char self[4096] = {0};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return "";
+  std::string path = std::string(self);
+  path = path.substr(0, path.rfind('/') + 1) + "fullburn-train";
+  if (::access(path.c_str(), X_OK) != 0) return "";
+  std::string out;
+  if (FILE* p = ::popen((path + " --version 2>&1").c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    ::pclose(p);
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
 int Version() {
   std::printf("fullburn 0.1.0\n");
-#ifdef FULLBURN_HAVE_TORCH
-  std::printf("training half: %s\n", fullburn::TorchDescription().c_str());
-#else
-  std::printf("training half: not built (libtorch was not found at build time)\n");
-#endif
+  std::string train = TrainingHalf();
+  std::printf("training half: %s\n",
+              train.empty() ? "not built (libtorch was not found at build time)" : train.c_str());
   auto gpus = fullburn::GpuSource::Open();
   if (!gpus.ok()) {
     std::printf("GPU telemetry: %s\n", gpus.status().message().c_str());

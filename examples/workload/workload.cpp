@@ -1,0 +1,175 @@
+// fullburn-example-workload: small programs that behave like parts of a
+// training job, for the README demo and the end-to-end tests.
+//
+//   train   --seconds S --workers N   worker processes "decode" batches (CPU
+//                                     work) and send them through pipes to a
+//                                     trainer that does matrix products, like a
+//                                     data loader feeding a model
+//   burn    --seconds S               keep one core busy
+//   fork    --workers N --seconds S   N child processes, each keeping a core busy
+//   exit    --code N                  exit with code N
+//   signal  --marker FILE --seconds S on SIGTERM or SIGINT write the signal's
+//                                     name to FILE and exit 42
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Arg(int argc, char** argv, const char* name, double fallback) {
+  for (int i = 2; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::atof(argv[i + 1]);
+  return fallback;
+}
+
+std::string StrArg(int argc, char** argv, const char* name) {
+  for (int i = 2; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return "";
+}
+
+volatile double g_sink = 0;
+
+void Burn(double seconds) {
+  double end = Now() + seconds;
+  double x = 1.0;
+  while (Now() < end)
+    for (int i = 0; i < 100000; ++i) x = std::sin(x) + 1.0;
+  g_sink = x;
+}
+
+// A "decoded image": smooth noise, about as much work as a small JPEG decode.
+void MakeBatch(std::vector<float>* batch, unsigned seed) {
+  for (size_t i = 0; i < batch->size(); ++i) {
+    seed = seed * 1103515245u + 12345u;
+    (*batch)[i] = std::sin(i * 0.001f + (seed >> 16) * 1e-5f);
+  }
+}
+
+int Train(double seconds, int workers) {
+  const size_t kBatch = 256 * 1024;  // floats per batch
+  std::vector<int> read_fds;
+  std::vector<pid_t> pids;
+  for (int w = 0; w < workers; ++w) {
+    int fds[2];
+    if (::pipe(fds) != 0) return 1;
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      std::vector<float> batch(kBatch);
+      for (unsigned k = 0;; ++k) {
+        MakeBatch(&batch, k * 31 + w);
+        const char* p = reinterpret_cast<const char*>(batch.data());
+        size_t left = batch.size() * sizeof(float);
+        while (left > 0) {
+          ssize_t n = ::write(fds[1], p, left);
+          if (n <= 0) ::_exit(0);  // the trainer is gone
+          p += n;
+          left -= static_cast<size_t>(n);
+        }
+      }
+    }
+    ::close(fds[1]);
+    read_fds.push_back(fds[0]);
+    pids.push_back(pid);
+  }
+  const int n = 128;
+  std::vector<float> a(n * n, 0.5f), b(n * n), c(n * n);
+  std::vector<float> batch(kBatch);
+  double start = Now(), last_print = start, wait = 0;
+  long steps = 0;
+  while (Now() - start < seconds) {
+    double t0 = Now();
+    char* p = reinterpret_cast<char*>(batch.data());
+    size_t left = batch.size() * sizeof(float);
+    int fd = read_fds[steps % read_fds.size()];
+    while (left > 0) {
+      ssize_t got = ::read(fd, p, left);
+      if (got <= 0) return 1;
+      p += got;
+      left -= static_cast<size_t>(got);
+    }
+    wait += Now() - t0;
+    for (int i = 0; i < n * n; ++i) b[i] = batch[i];
+    for (int rep = 0; rep < 6; ++rep)  // the "model": a few matrix products
+      for (int i = 0; i < n; ++i)
+        for (int k = 0; k < n; ++k) {
+          float aik = a[i * n + k];
+          for (int j = 0; j < n; ++j) c[i * n + j] += aik * b[k * n + j];
+        }
+    ++steps;
+    if (Now() - last_print >= 2.0) {
+      double el = Now() - start;
+      std::printf("step %ld  %.1f steps/s  data wait %.0f%%\n", steps, steps / el, 100.0 * wait / el);
+      std::fflush(stdout);
+      last_print = Now();
+    }
+  }
+  for (int fd : read_fds) ::close(fd);
+  for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+  double el = Now() - start;
+  std::printf("done: %ld steps in %.1fs, data wait %.0f%% of the time\n", steps, el, 100.0 * wait / el);
+  g_sink = c[0];
+  return 0;
+}
+
+int Fork(int workers, double seconds) {
+  std::vector<pid_t> pids;
+  for (int w = 0; w < workers; ++w) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      Burn(seconds);
+      ::_exit(0);
+    }
+    pids.push_back(pid);
+  }
+  ::usleep(static_cast<useconds_t>(seconds * 1e6));
+  for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+  return 0;
+}
+
+std::string g_marker;
+void OnSignal(int sig) {
+  FILE* f = std::fopen(g_marker.c_str(), "w");
+  if (f) {
+    std::fputs(sig == SIGTERM ? "SIGTERM" : "SIGINT", f);
+    std::fclose(f);
+  }
+  ::_exit(42);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "train")
+    return Train(Arg(argc, argv, "--seconds", 15), static_cast<int>(Arg(argc, argv, "--workers", 1)));
+  if (mode == "burn") {
+    Burn(Arg(argc, argv, "--seconds", 2));
+    return 0;
+  }
+  if (mode == "fork")
+    return Fork(static_cast<int>(Arg(argc, argv, "--workers", 2)), Arg(argc, argv, "--seconds", 2));
+  if (mode == "exit") return static_cast<int>(Arg(argc, argv, "--code", 0));
+  if (mode == "signal") {
+    g_marker = StrArg(argc, argv, "--marker");
+    ::signal(SIGTERM, OnSignal);
+    ::signal(SIGINT, OnSignal);
+    ::usleep(static_cast<useconds_t>(Arg(argc, argv, "--seconds", 10) * 1e6));
+    return 0;
+  }
+  std::fprintf(stderr, "usage: %s train|burn|fork|exit|signal [options]\n", argv[0]);
+  return 2;
+}

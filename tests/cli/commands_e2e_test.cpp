@@ -1,0 +1,282 @@
+// End to end: watch, runs, serve and the bad inputs of every command.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "fullburn/store.h"
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::Background;
+using testing::ReadText;
+using testing::RunToEnd;
+
+class CommandsE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/fb_cmd_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    store_ = dir_ + "/runs.db";
+    ::unsetenv("FULLBURN_NVML_LIBRARY");
+    ::unsetenv("FULLBURN_STORE");
+  }
+  void FakeGpu(double util) {
+    std::string script = dir_ + "/nvml.json";
+    std::ofstream(script) << R"({"driver": "550.1", "gpus": [{"name": "Fake A100", "uuid": "GPU-cmd",
+      "util": [)" << util << R"(], "mem_util": [3], "mem_used": [2147483648], "mem_total": 4294967296,
+      "power_mw": [123000], "temp": [55], "throttle": [68],
+      "processes": [[{"pid": 1, "mem": 1048576}]]}]})";
+    ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
+    ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML, 1);
+  }
+  testing::Outcome Fb(std::vector<std::string> args) {
+    args.insert(args.begin(), FULLBURN_BIN);
+    return RunToEnd(args);
+  }
+  void RecordRun(const std::string& name) {
+    auto o = Fb({"run", "-q", "--name", name, "--interval", "0.1", "--store", store_, "--",
+                 WORKLOAD_BIN, "burn", "--seconds", "0.5"});
+    ASSERT_EQ(o.code, 0) << o.err;
+  }
+  std::string dir_, store_;
+};
+
+size_t Lines(const std::string& s) { return std::count(s.begin(), s.end(), '\n'); }
+
+TEST_F(CommandsE2E, WatchOnceJsonWithoutGpus) {
+  auto o = Fb({"watch", "--once", "--json"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  json j = json::parse(o.out);
+  EXPECT_TRUE(j["metrics"].contains("host.cpu_util"));
+  EXPECT_TRUE(j["metrics"].contains("host.mem_used_bytes"));
+  EXPECT_TRUE(j["metrics"].contains("host.cpu0.util"));
+  EXPECT_FALSE(j["metrics"].contains("gpu0.util"));  // absent, not 0
+  EXPECT_NE(j["gpu_unavailable"].get<std::string>().find("libnvidia-ml.so.1"), std::string::npos);
+}
+
+TEST_F(CommandsE2E, WatchOnceJsonWithFakeGpu) {
+  FakeGpu(77);
+  auto o = Fb({"watch", "--once", "--json"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  json j = json::parse(o.out);
+  EXPECT_EQ(j["metrics"]["gpu0.util"], 77);
+  EXPECT_EQ(j["metrics"]["gpu0.power_w"], 123);
+  EXPECT_EQ(j["metrics"]["gpu0.mem_total_bytes"], 4294967296.0);
+  EXPECT_EQ(j["gpus"][0]["name"], "Fake A100");
+  EXPECT_EQ(j["gpus"][0]["throttle_reasons"], json({"sw_power_cap", "hw_thermal_slowdown"}));
+  EXPECT_EQ(j["gpus"][0]["processes"][0]["pid"], 1);
+}
+
+TEST_F(CommandsE2E, WatchOnceTextFrame) {
+  FakeGpu(50);
+  auto o = Fb({"watch", "--once"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("GPU 0 Fake A100"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("THROTTLED: sw_power_cap,hw_thermal_slowdown"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("CPU  ["), std::string::npos);
+  EXPECT_NE(o.out.find("pid       1"), std::string::npos) << o.out;
+}
+
+TEST_F(CommandsE2E, RunsListShowExportRemove) {
+  RecordRun("first");
+  RecordRun("second");
+  auto list = Fb({"runs", "list", "--json", "--store", store_});
+  ASSERT_EQ(list.code, 0) << list.err;
+  json runs = json::parse(list.out);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0]["name"], "first");
+  EXPECT_EQ(runs[1]["status"], "finished");
+  EXPECT_GE(runs[1]["samples"].get<int>(), 3);
+
+  auto text = Fb({"runs", "list", "--store", store_});
+  EXPECT_NE(text.out.find("second"), std::string::npos);
+
+  auto show = Fb({"runs", "show", "last", "--json", "--store", store_});
+  ASSERT_EQ(show.code, 0) << show.err;
+  json s = json::parse(show.out);
+  EXPECT_EQ(s["name"], "second");
+  const json& cpu = s["metrics"]["proc.cpu_util"];
+  EXPECT_EQ(cpu["unit"], "%");
+  EXPECT_GE(cpu["count"].get<int>(), 2);
+  EXPECT_LE(cpu["min"].get<double>(), cpu["median"].get<double>());
+  EXPECT_LE(cpu["median"].get<double>(), cpu["p95"].get<double>());
+  EXPECT_LE(cpu["p95"].get<double>(), cpu["max"].get<double>());
+
+  auto csv = Fb({"runs", "export", "1", "--format", "csv", "--store", store_});
+  ASSERT_EQ(csv.code, 0) << csv.err;
+  EXPECT_EQ(csv.out.rfind("t,", 0), 0u);
+  EXPECT_NE(csv.out.find("proc.cpu_util"), std::string::npos);
+  EXPECT_EQ(Lines(csv.out), 1 + runs[0]["samples"].get<size_t>());
+
+  auto js = Fb({"runs", "export", "1", "--format", "json", "--store", store_});
+  json e = json::parse(js.out);
+  EXPECT_EQ(e["run"]["id"], 1);
+  EXPECT_EQ(e["metrics"]["proc.rss_bytes"]["unit"], "bytes");
+  EXPECT_EQ(e["metrics"]["proc.rss_bytes"]["t"].size(), e["metrics"]["proc.rss_bytes"]["v"].size());
+
+  auto rm = Fb({"runs", "rm", "1", "--store", store_});
+  EXPECT_EQ(rm.code, 0) << rm.err;
+  runs = json::parse(Fb({"runs", "list", "--json", "--store", store_}).out);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0]["name"], "second");
+}
+
+TEST_F(CommandsE2E, StoreFromEnvironmentAndXdg) {
+  ::setenv("FULLBURN_STORE", store_.c_str(), 1);
+  auto o = Fb({"run", "-q", "--", "/bin/true"});
+  ::unsetenv("FULLBURN_STORE");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(fs::exists(store_));
+  std::string xdg = dir_ + "/xdg";
+  fs::create_directories(xdg);
+  ::setenv("XDG_DATA_HOME", xdg.c_str(), 1);
+  o = Fb({"run", "-q", "--", "/bin/true"});
+  ::unsetenv("XDG_DATA_HOME");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(fs::exists(xdg + "/fullburn/runs.db"));  // default directory created on first use
+}
+
+// ---- bad input: one line naming the problem and the fix, non-zero exit ----
+
+void ExpectOneLineError(const testing::Outcome& o, const std::string& needle, int code = 2) {
+  EXPECT_EQ(o.code, code) << o.err;
+  EXPECT_EQ(Lines(o.err), 1u) << o.err;
+  EXPECT_EQ(o.err.rfind("fullburn: ", 0), 0u) << o.err;
+  EXPECT_NE(o.err.find(needle), std::string::npos) << o.err;
+}
+
+TEST_F(CommandsE2E, UnknownSubcommandAndFlag) {
+  ExpectOneLineError(Fb({"frobnicate"}), "unknown command 'frobnicate'");
+  ExpectOneLineError(Fb({"run", "--bogus", "--", "true"}), "--bogus");
+  ExpectOneLineError(Fb({"watch", "--interval", "0"}), "--interval");
+  ExpectOneLineError(Fb({"runs", "export", "1", "--format", "xml"}), "--format");
+  ExpectOneLineError(Fb({"runs", "show", "nope", "--store", store_}), "not a run id");
+  ExpectOneLineError(Fb({"runs", "show", "7", "--store", store_}), "no run 7");
+}
+
+TEST_F(CommandsE2E, StoreInAMissingDirectory) {
+  auto o = Fb({"run", "--store", dir_ + "/missing/runs.db", "--", "/bin/true"});
+  ExpectOneLineError(o, "does not exist: create it or pass --store");
+  EXPECT_FALSE(fs::exists(dir_ + "/missing"));
+}
+
+TEST_F(CommandsE2E, StoreInAReadOnlyPlace) {
+  ExpectOneLineError(Fb({"runs", "list", "--store", "/proc/runs.db"}), "--store");
+}
+
+TEST_F(CommandsE2E, CorruptStoreIsLeftAlone) {
+  RecordRun("kept");
+  std::string before = ReadText(store_);
+  std::ofstream(dir_ + "/corrupt.db") << std::string(10000, 'x');
+  ExpectOneLineError(Fb({"run", "--store", dir_ + "/corrupt.db", "--", "/bin/true"}),
+                     "not a fullburn run store or is corrupt");
+  EXPECT_EQ(ReadText(dir_ + "/corrupt.db"), std::string(10000, 'x'));
+  EXPECT_EQ(ReadText(store_), before);  // the good store is untouched too
+}
+
+TEST_F(CommandsE2E, NvmlLibraryMissingSymbols) {
+  ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML_BROKEN, 1);
+  ExpectOneLineError(Fb({"run", "--store", store_, "--", "/bin/true"}), "lacks nvmlInit");
+  ExpectOneLineError(Fb({"watch", "--once"}), "FULLBURN_NVML_LIBRARY");
+  EXPECT_FALSE(fs::exists(store_));  // nothing started, nothing recorded
+}
+
+// ---- serve ----
+
+int PortFrom(const std::string& err) {
+  std::smatch m;
+  std::regex re("http://127\\.0\\.0\\.1:(\\d+)/metrics");
+  return std::regex_search(err, m, re) ? std::stoi(m[1]) : -1;
+}
+
+std::string RawRequest(int port, const std::string& bytes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return "";
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  // The connection stays open (keep-alive): read until the headers are in.
+  std::string reply;
+  char buf[4096];
+  ssize_t n;
+  while (reply.find("\r\n\r\n") == std::string::npos &&
+         (n = ::recv(fd, buf, sizeof buf, 0)) > 0)
+    reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return reply;
+}
+
+TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
+  FakeGpu(91);
+  Background b;
+  testing::Start(&b, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.2"}, "serve");
+  int port = -1;
+  for (int i = 0; i < 250 && port < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    port = PortFrom(b.Err());
+  }
+  ASSERT_GT(port, 0) << b.Err();
+  httplib::Client client("127.0.0.1", port);
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->get_header_value("Content-Type").find("version=0.0.4"), std::string::npos);
+  EXPECT_NE(res->body.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-cmd\",modelName=\"Fake A100\""),
+            std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("} 91\n"), std::string::npos);
+  EXPECT_NE(res->body.find("DCGM_FI_DEV_FB_USED{"), std::string::npos);
+  EXPECT_NE(res->body.find("# TYPE fullburn_host_cpu_util gauge"), std::string::npos);
+  auto health = client.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->body, "ok\n");
+  EXPECT_EQ(client.Get("/nope")->status, 404);
+  // Malformed requests get a 4xx and the server lives on.
+  std::string reply = RawRequest(port, "GARBAGE\r\n\r\n");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+  reply = RawRequest(port, "GET\r\n\r\n");
+  EXPECT_EQ(reply.substr(0, 10), "HTTP/1.1 4") << reply;
+  reply = RawRequest(port, "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(reply.substr(0, 10), "HTTP/1.1 4") << reply;
+  reply = RawRequest(port, std::string(100000, 'A') + "\r\n\r\n");
+  EXPECT_EQ(reply.substr(0, 10), "HTTP/1.1 4") << reply;
+  EXPECT_EQ(client.Get("/healthz")->status, 200);
+  ::kill(b.pid, SIGTERM);
+  EXPECT_EQ(b.Wait(10), 0) << b.Err();
+}
+
+TEST_F(CommandsE2E, ServeRejectsBadListen) {
+  ExpectOneLineError(Fb({"serve", "--listen", "localhost"}), "is not HOST:PORT");
+  Background first;
+  testing::Start(&first, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0"}, "serve_a");
+  int port = -1;
+  for (int i = 0; i < 250 && port < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    port = PortFrom(first.Err());
+  }
+  ASSERT_GT(port, 0);
+  auto second = Fb({"serve", "--listen", "127.0.0.1:" + std::to_string(port)});
+  EXPECT_EQ(second.code, 2);
+  EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:"), std::string::npos) << second.err;
+}
+
+}  // namespace
+}  // namespace fullburn

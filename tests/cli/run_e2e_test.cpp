@@ -1,0 +1,171 @@
+// End to end: the real fullburn binary records real programs into a real
+// SQLite store. Only NVML is faked (tests/helpers/fake_nvml.cpp).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "fullburn/report.h"
+#include "fullburn/store.h"
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Background;
+using testing::ReadText;
+using testing::RunToEnd;
+
+class RunE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/fb_e2e_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    store_ = dir_ + "/runs.db";
+    ::unsetenv("FULLBURN_NVML_LIBRARY");
+    ::unsetenv("FULLBURN_STORE");
+  }
+  std::vector<std::string> Run(std::vector<std::string> cmd, const std::string& interval = "0.2") {
+    std::vector<std::string> argv = {FULLBURN_BIN, "run", "--interval", interval, "--store", store_, "--"};
+    argv.insert(argv.end(), cmd.begin(), cmd.end());
+    return argv;
+  }
+  std::map<std::string, Series> Samples(const std::string& run = "last") {
+    auto store = RunStore::Open(store_);
+    EXPECT_TRUE(store.ok());
+    auto info = (*store)->GetRun(run);
+    EXPECT_TRUE(info.ok()) << info.status().message();
+    return *(*store)->LoadSamples(info->id);
+  }
+  std::string dir_, store_;
+};
+
+double Median(const Series& s) {
+  std::vector<double> v;
+  for (const SeriesPoint& p : s) v.push_back(p.v);
+  return Percentile(v, 50);
+}
+double Max(const Series& s) {
+  double m = -1;
+  for (const SeriesPoint& p : s) m = std::max(m, p.v);
+  return m;
+}
+
+TEST_F(RunE2E, OneBusyCoreReadsNear100Percent) {
+  auto o = RunToEnd(Run({WORKLOAD_BIN, "burn", "--seconds", "2"}));
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto samples = Samples();
+  const Series& cpu = samples.at("proc.cpu_util");
+  ASSERT_GE(cpu.size(), 6u);
+  EXPECT_GT(Median(cpu), 80.0);
+  EXPECT_LT(Median(cpu), 115.0);
+  EXPECT_NE(o.err.find("proc.cpu_util"), std::string::npos) << o.err;  // the summary
+  EXPECT_NE(o.err.find("stored as run 1"), std::string::npos);
+}
+
+TEST_F(RunE2E, ForkedWorkersAreOneTree) {
+  auto o = RunToEnd(Run({WORKLOAD_BIN, "fork", "--workers", "3", "--seconds", "2"}));
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto samples = Samples();
+  EXPECT_EQ(Max(samples.at("proc.processes")), 4);  // the parent and its 3 workers
+  EXPECT_GE(Max(samples.at("proc.threads")), 4);
+  EXPECT_GT(Median(samples.at("proc.cpu_util")), 130.0);  // more than one core (2 cores here)
+}
+
+TEST_F(RunE2E, ExitCodePassesThrough) {
+  EXPECT_EQ(RunToEnd(Run({WORKLOAD_BIN, "exit", "--code", "7"})).code, 7);
+  EXPECT_EQ(RunToEnd(Run({"/bin/sh", "-c", "kill -TERM $$"})).code, 128 + SIGTERM);
+  auto store = RunStore::Open(store_);
+  auto runs = (*store)->ListRuns();
+  ASSERT_EQ(runs->size(), 2u);
+  EXPECT_EQ(*(*runs)[0].exit_code, 7);
+  EXPECT_EQ((*runs)[0].status, "finished");
+  EXPECT_EQ(*(*runs)[1].exit_code, 143);
+}
+
+TEST_F(RunE2E, SigtermIsForwardedToTheCommand) {
+  std::string marker = dir_ + "/marker";
+  Background b;
+  testing::Start(&b, Run({WORKLOAD_BIN, "signal", "--marker", marker, "--seconds", "20"}), "fwd");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::kill(b.pid, SIGTERM);
+  EXPECT_EQ(b.Wait(10), 42) << b.Err();  // the command's own exit code
+  EXPECT_EQ(ReadText(marker), "SIGTERM");
+}
+
+TEST_F(RunE2E, SigintFromKillIsForwarded) {
+  std::string marker = dir_ + "/marker";
+  Background b;
+  testing::Start(&b, Run({WORKLOAD_BIN, "signal", "--marker", marker, "--seconds", "20"}), "int");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::kill(b.pid, SIGINT);
+  EXPECT_EQ(b.Wait(10), 42) << b.Err();
+  EXPECT_EQ(ReadText(marker), "SIGINT");
+}
+
+TEST_F(RunE2E, CommandThatCannotStart) {
+  auto o = RunToEnd(Run({"no-such-command-fullburn"}));
+  EXPECT_EQ(o.code, 127);
+  EXPECT_NE(o.err.find("cannot start 'no-such-command-fullburn': No such file or directory"),
+            std::string::npos)
+      << o.err;
+  auto store = RunStore::Open(store_);
+  EXPECT_EQ((*store)->GetRun("last")->status, "failed_to_start");
+  std::ofstream(dir_ + "/not-exec") << "#!/bin/sh\n";
+  o = RunToEnd(Run({dir_ + "/not-exec"}));
+  EXPECT_EQ(o.code, 127);
+  EXPECT_NE(o.err.find("Permission denied; check that the file is executable"), std::string::npos)
+      << o.err;
+}
+
+TEST_F(RunE2E, SigkillLeavesAConsistentStoreAndNoOrphan) {
+  std::string marker = dir_ + "/marker";
+  Background b;
+  testing::Start(&b, Run({WORKLOAD_BIN, "signal", "--marker", marker, "--seconds", "30"}, "0.1"),
+                 "kill9");
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  ::kill(b.pid, SIGKILL);
+  EXPECT_EQ(b.Wait(5), 128 + SIGKILL);
+  // The command got SIGTERM when its recorder died: not orphaned.
+  for (int i = 0; i < 100 && ReadText(marker).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(ReadText(marker), "SIGTERM");
+  auto store = RunStore::Open(store_);
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  EXPECT_EQ(*(*store)->IntegrityCheck(), "ok");
+  auto run = (*store)->GetRun("last");
+  EXPECT_EQ(run->status, "interrupted");
+  auto samples = (*store)->LoadSamples(run->id);
+  const Series& load = samples->at("host.load1");
+  // Everything up to about a second before the kill was committed.
+  EXPECT_GE(load.back().t, 1.5);
+  EXPECT_GE(load.size(), 12u);
+}
+
+TEST_F(RunE2E, RecordsFakeGpus) {
+  std::string script = dir_ + "/nvml.json";
+  std::ofstream(script) << R"({"gpus": [{"name": "Fake H100", "uuid": "GPU-e2e",
+    "util": [30, 30, 95], "mem_util": [5], "mem_used": [1073741824], "mem_total": 8589934592,
+    "power_mw": [300000], "temp": [70], "throttle": [4, 0]}]})";
+  ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
+  ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML, 1);
+  auto o = RunToEnd(Run({WORKLOAD_BIN, "burn", "--seconds", "1"}));
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto samples = Samples();
+  EXPECT_DOUBLE_EQ(samples.at("gpu0.util").front().v, 30);
+  EXPECT_DOUBLE_EQ(samples.at("gpu0.util").back().v, 95);
+  EXPECT_DOUBLE_EQ(samples.at("gpu0.power_w").front().v, 300);
+  EXPECT_NE(o.err.find("GPU 0: utilization under 50%"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("peak memory 1.0 GiB of 8.0 GiB"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("sw_power_cap"), std::string::npos) << o.err;
+  auto store = RunStore::Open(store_);
+  EXPECT_NE((*store)->GetRun("last")->gpus_json.find("GPU-e2e"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fullburn

@@ -1,0 +1,81 @@
+// Running fullburn and helper programs from end-to-end tests.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "replay_env.h"
+
+namespace fullburn::testing {
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+// A started process whose stdout and stderr go to files.
+struct Background {
+  pid_t pid = -1;
+  std::string out_path, err_path;
+  std::string Err() const { return ReadText(err_path); }
+  std::string Out() const { return ReadText(out_path); }
+  // Waits up to `timeout_s`; returns the shell-style exit code, or -1 on timeout.
+  int Wait(double timeout_s = 60) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    int status = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  ~Background() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+inline void Start(Background* b, const std::vector<std::string>& argv, const std::string& tag) {
+  b->out_path = ::testing::TempDir() + "/" + tag + ".out";
+  b->err_path = ::testing::TempDir() + "/" + tag + ".err";
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  b->pid = ::fork();
+  if (b->pid == 0) {
+    int out = ::open(b->out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = ::open(b->err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = ::open("/dev/null", O_RDONLY);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    ::execv(args[0], args.data());
+    ::_exit(126);
+  }
+}
+
+inline Outcome RunToEnd(const std::vector<std::string>& argv, double timeout_s = 120) {
+  static int n = 0;
+  Background b;
+  Start(&b, argv, "proc" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+  Outcome o;
+  o.code = b.Wait(timeout_s);
+  o.out = b.Out();
+  o.err = b.Err();
+  return o;
+}
+
+}  // namespace fullburn::testing

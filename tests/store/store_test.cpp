@@ -1,0 +1,200 @@
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fullburn/store.h"
+#include "replay_env.h"
+
+namespace fullburn {
+namespace {
+
+namespace fs = std::filesystem;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/fb_store_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = dir_ + "/runs.db";
+  }
+  std::unique_ptr<RunStore> OpenOk() {
+    auto r = RunStore::Open(path_);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? std::move(r.value()) : nullptr;
+  }
+  static Snapshot Snap(double t, double util) {
+    Snapshot s;
+    s.unix_time = 1000 + t;
+    s.mono_time = t;
+    s.host.cpu.util = util;
+    GpuSample g;
+    g.util = util / 2;
+    s.gpus.push_back(g);
+    return s;
+  }
+  std::string dir_, path_;
+};
+
+TEST_F(StoreTest, RoundTripsRunsAndSamples) {
+  auto store = OpenOk();
+  ASSERT_TRUE(store);
+  RunInfo info;
+  info.name = "train";
+  info.command = {"python3", "train.py", "--lr", "3e-4"};
+  info.cwd = "/work";
+  info.start_time = 1000;
+  info.recorder_pid = ::getpid();
+  info.config_json = R"({"interval_s":0.5})";
+  auto id = store->BeginRun(info);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(store->AppendSamples(*id, 1000, {Snap(0, 10), Snap(0.5, 20)}).ok());
+  ASSERT_TRUE(store->AppendSamples(*id, 1000, {Snap(1.0, 30)}).ok());
+  ASSERT_TRUE(store->FinishRun(*id, 1001.5, 3, "finished").ok());
+
+  auto run = store->GetRun("last");
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->id, *id);
+  EXPECT_EQ(run->command, info.command);
+  EXPECT_EQ(run->status, "finished");
+  EXPECT_EQ(*run->exit_code, 3);
+  EXPECT_DOUBLE_EQ(*run->end_time, 1001.5);
+  EXPECT_EQ(run->sample_count, 3);
+  EXPECT_EQ(run->config_json, info.config_json);
+  auto samples = store->LoadSamples(*id);
+  ASSERT_TRUE(samples.ok());
+  ASSERT_EQ(samples->size(), 2u);
+  const Series& cpu = samples->at("host.cpu_util");
+  ASSERT_EQ(cpu.size(), 3u);
+  EXPECT_DOUBLE_EQ(cpu[1].t, 0.5);
+  EXPECT_DOUBLE_EQ(cpu[2].v, 30);
+  EXPECT_DOUBLE_EQ(samples->at("gpu0.util")[2].v, 15);
+  EXPECT_EQ(*store->IntegrityCheck(), "ok");
+}
+
+TEST_F(StoreTest, ReopenKeepsRunsAndListsThemInOrder) {
+  {
+    auto store = OpenOk();
+    RunInfo a, b;
+    a.name = "a";
+    b.name = "b";
+    ASSERT_TRUE(store->BeginRun(a).ok());
+    ASSERT_TRUE(store->BeginRun(b).ok());
+  }
+  auto store = OpenOk();
+  auto runs = store->ListRuns();
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 2u);
+  EXPECT_EQ((*runs)[0].name, "a");
+  EXPECT_EQ((*runs)[1].name, "b");
+  EXPECT_EQ(store->GetRun("1")->name, "a");
+}
+
+TEST_F(StoreTest, DeleteRemovesRunAndSamples) {
+  auto store = OpenOk();
+  RunInfo a;
+  a.name = "a";
+  auto id = store->BeginRun(a);
+  ASSERT_TRUE(store->AppendSamples(*id, 1000, {Snap(0, 1)}).ok());
+  ASSERT_TRUE(store->DeleteRun(*id).ok());
+  EXPECT_FALSE(store->GetRun(std::to_string(*id)).ok());
+  EXPECT_TRUE(store->LoadSamples(*id)->empty());
+}
+
+TEST_F(StoreTest, UnknownRunsGiveClearErrors) {
+  auto store = OpenOk();
+  auto last = store->GetRun("last");
+  ASSERT_FALSE(last.ok());
+  EXPECT_NE(last.status().message().find("has no runs yet"), std::string::npos);
+  auto missing = store->GetRun("42");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no run 42"), std::string::npos);
+  auto bad = store->GetRun("abc");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not a run id"), std::string::npos);
+}
+
+TEST_F(StoreTest, MissingDirectoryIsRefused) {
+  auto r = RunStore::Open(dir_ + "/nope/runs.db");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("does not exist: create it or pass --store"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ + "/nope"));
+}
+
+TEST_F(StoreTest, DirectoryThatCannotHoldFilesIsRefused) {
+  // /proc exists but no file can be created in it, even by root.
+  auto r = RunStore::Open("/proc/fullburn-test.db");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--store"), std::string::npos) << r.status().message();
+}
+
+TEST_F(StoreTest, CorruptFileIsRefusedAndLeftUntouched) {
+  std::string junk(64 * 1024, '\0');
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>((i * 7919) % 251);
+  std::ofstream(path_, std::ios::binary) << junk;
+  auto r = RunStore::Open(path_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kCorruption);
+  EXPECT_NE(r.status().message().find("not a fullburn run store or is corrupt"), std::string::npos);
+  EXPECT_EQ(testing::ReadText(path_), junk);
+}
+
+TEST_F(StoreTest, ForeignSqliteFileIsRefused) {
+  sqlite3* db = nullptr;
+  sqlite3_open(path_.c_str(), &db);
+  sqlite3_exec(db, "CREATE TABLE other(x); INSERT INTO other VALUES (1);", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  auto r = RunStore::Open(path_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not a fullburn run store"), std::string::npos);
+}
+
+TEST_F(StoreTest, NewerSchemaIsRefused) {
+  OpenOk().reset();
+  sqlite3* db = nullptr;
+  sqlite3_open(path_.c_str(), &db);
+  sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  auto r = RunStore::Open(path_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("newer than this fullburn"), std::string::npos);
+}
+
+TEST_F(StoreTest, RunOfADeadRecorderReadsInterrupted) {
+  pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);  // now a pid that no longer exists
+  auto store = OpenOk();
+  RunInfo info;
+  info.name = "killed";
+  info.recorder_pid = child;
+  auto id = store->BeginRun(info);
+  EXPECT_EQ(store->GetRun(std::to_string(*id))->status, "interrupted");
+  info.recorder_pid = ::getpid();
+  auto live = store->BeginRun(info);
+  EXPECT_EQ(store->GetRun(std::to_string(*live))->status, "running");
+}
+
+TEST_F(StoreTest, BatchWriterCommitsAboutOnceASecond) {
+  auto store = OpenOk();
+  RunInfo info;
+  auto id = store->BeginRun(info);
+  BatchWriter w(store.get(), *id, 1000, 1.0);
+  ASSERT_TRUE(w.Add(Snap(0.0, 1)).ok());  // the first sample is written at once
+  EXPECT_EQ(store->GetRun("last")->sample_count, 1);
+  for (double t = 0.1; t < 0.95; t += 0.1) ASSERT_TRUE(w.Add(Snap(t, 1)).ok());
+  EXPECT_EQ(store->GetRun("last")->sample_count, 1);  // still pending
+  ASSERT_TRUE(w.Add(Snap(1.0, 1)).ok());
+  EXPECT_EQ(store->GetRun("last")->sample_count, 11);
+  ASSERT_TRUE(w.Add(Snap(1.1, 1)).ok());
+  ASSERT_TRUE(w.Flush().ok());
+  EXPECT_EQ(store->GetRun("last")->sample_count, 12);
+}
+
+}  // namespace
+}  // namespace fullburn

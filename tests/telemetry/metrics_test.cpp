@@ -1,0 +1,69 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "fullburn/telemetry.h"
+
+namespace fullburn {
+namespace {
+
+TEST(Metrics, NamesRoundTripThroughTheCatalog) {
+  std::set<std::string> names;
+  for (const MetricDef& d : MetricCatalog()) {
+    std::string name = MetricName(d, 3);
+    EXPECT_TRUE(names.insert(name).second) << "duplicate " << name;
+    int index = -1;
+    const MetricDef* found = FindMetric(name, &index);
+    ASSERT_EQ(found, &d) << name;
+    if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore) {
+      EXPECT_EQ(index, 3);
+    }
+  }
+  EXPECT_EQ(FindMetric("gpu.util"), nullptr);
+  EXPECT_EQ(FindMetric("gpux.util"), nullptr);
+  EXPECT_EQ(FindMetric("nonsense"), nullptr);
+}
+
+TEST(Metrics, IssueNamesExist) {
+  for (const char* n :
+       {"gpu0.util", "gpu0.mem_util", "gpu0.mem_used_bytes", "gpu0.mem_total_bytes", "gpu0.power_w",
+        "gpu0.power_limit_w", "gpu0.temp_c", "gpu0.sm_clock_mhz", "gpu0.throttle_reasons",
+        "gpu0.pcie_tx_bytes_per_s", "gpu0.pcie_rx_bytes_per_s", "host.cpu_util",
+        "host.mem_used_bytes", "host.swap_in_per_s", "host.disk_read_bytes_per_s",
+        "host.net_rx_bytes_per_s", "proc.cpu_util", "proc.rss_bytes", "proc.threads",
+        "proc.processes", "host.cpu1.iowait"})
+    EXPECT_NE(FindMetric(n), nullptr) << n;
+}
+
+TEST(Metrics, FlattenSkipsAbsentValues) {
+  Snapshot s;
+  s.host.cpu.util = 12.5;
+  s.host.cores.push_back(CpuShare{50.0, {}, {}, {}, {}});
+  GpuSample g;
+  g.index = 1;
+  g.util = 0.0;  // a real zero is kept
+  s.gpus.push_back(g);
+  auto flat = Flatten(s);
+  std::map<std::string, double> m(flat.begin(), flat.end());
+  EXPECT_EQ(m.size(), 3u);
+  EXPECT_DOUBLE_EQ(m.at("host.cpu_util"), 12.5);
+  EXPECT_DOUBLE_EQ(m.at("host.cpu0.util"), 50.0);
+  EXPECT_DOUBLE_EQ(m.at("gpu1.util"), 0.0);
+  EXPECT_FALSE(m.count("proc.cpu_util"));
+}
+
+TEST(Metrics, ThrottleReasonsDecode) {
+  EXPECT_EQ(DecodeThrottleReasons(0x4 | 0x40),
+            (std::vector<std::string>{"sw_power_cap", "hw_thermal_slowdown"}));
+  EXPECT_TRUE(DecodeThrottleReasons(0).empty());
+  EXPECT_EQ(DecodeThrottleReasons(0x10000), (std::vector<std::string>{"other"}));
+  EXPECT_FALSE(IsThrottled(0x1));  // idle is not throttling
+  EXPECT_FALSE(IsThrottled(0x2));
+  EXPECT_TRUE(IsThrottled(0x8));
+  EXPECT_TRUE(IsPowerThrottled(0x80));
+  EXPECT_FALSE(IsPowerThrottled(0x20));
+  EXPECT_TRUE(IsThermalThrottled(0x20));
+}
+
+}  // namespace
+}  // namespace fullburn

@@ -1,0 +1,82 @@
+// The monitored process tree, from the same recordings: the root `sh`
+// (root_pid) had two `yes` children, a nested `sh` with a `sleep`, and a
+// `sleep`; an unrelated `yes` (pid 5741, parent 1) ran beside it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "fullburn/telemetry.h"
+#include "replay_env.h"
+
+namespace fullburn {
+namespace {
+
+using testing::ReadText;
+using testing::ReplayEnv;
+const std::string kT0 = std::string(FIXTURES_DIR) + "/t0";
+const std::string kT1 = std::string(FIXTURES_DIR) + "/t1";
+int RootPid() { return std::atoi(ReadText(kT0 + "/root_pid").c_str()); }
+
+// utime + stime of a recorded process, parsed here independently.
+double Ticks(const std::string& root, int pid) {
+  std::string text = ReadText(root + "/proc/" + std::to_string(pid) + "/stat");
+  std::istringstream in(text.substr(text.rfind(')') + 2));
+  std::vector<std::string> f;
+  std::string tok;
+  while (in >> tok) f.push_back(tok);
+  return std::stod(f[11]) + std::stod(f[12]);  // fields 14 and 15 of proc(5)
+}
+
+TEST(ProcTree, FindsEveryDescendantAndNothingElse) {
+  ReplayEnv env(kT0);
+  ProcTreeCollector c(&env, RootPid());
+  ProcTreeSample s;
+  c.Collect(&s);
+  std::vector<int> pids = s.pids;
+  std::sort(pids.begin(), pids.end());
+  EXPECT_EQ(pids, (std::vector<int>{5836, 5838, 5839, 5840, 5841, 5845}));
+  EXPECT_DOUBLE_EQ(*s.processes, 6);
+  EXPECT_DOUBLE_EQ(*s.threads, 6);
+  // rss (field 24) in pages: 400 + 377 + 363 + 388 + 356 + 394.
+  EXPECT_DOUBLE_EQ(*s.rss_bytes, 2278.0 * 4096);
+  EXPECT_FALSE(s.cpu_util.has_value());  // needs two readings
+}
+
+TEST(ProcTree, CpuIsTheSumOfDescendantTicks) {
+  ReplayEnv env(kT0);
+  ProcTreeCollector c(&env, RootPid());
+  ProcTreeSample first, s;
+  c.Collect(&first);
+  env.SetRoot(kT1);
+  env.SetTime(2.0);
+  c.Collect(&s);
+  double ticks = 0;
+  for (int pid : {5836, 5838, 5839, 5840, 5841, 5845}) ticks += Ticks(kT1, pid) - Ticks(kT0, pid);
+  ASSERT_TRUE(s.cpu_util.has_value());
+  EXPECT_NEAR(*s.cpu_util, ticks / 100.0 / 2.0 * 100.0, 1e-9);
+  EXPECT_GT(*s.cpu_util, 100.0);  // two busy `yes`: more than one core
+}
+
+TEST(ProcTree, ExitedRootGivesAnEmptyTree) {
+  ReplayEnv env(kT0);
+  ProcTreeCollector c(&env, 999999);
+  ProcTreeSample s;
+  c.Collect(&s);
+  EXPECT_TRUE(s.pids.empty());
+  EXPECT_DOUBLE_EQ(*s.processes, 0);
+  EXPECT_FALSE(s.cpu_util.has_value());
+}
+
+TEST(ProcTree, LiveTreeOfThisProcess) {
+  ProcTreeCollector c(Env::Default(), static_cast<int>(::getpid()));
+  ProcTreeSample s;
+  c.Collect(&s);
+  ASSERT_FALSE(s.pids.empty());
+  EXPECT_EQ(s.pids.front(), static_cast<int>(::getpid()));
+  EXPECT_GE(*s.threads, 1);
+  EXPECT_GT(*s.rss_bytes, 1024 * 1024);
+}
+
+}  // namespace
+}  // namespace fullburn
