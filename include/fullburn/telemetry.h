@@ -30,6 +30,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -173,6 +174,8 @@ class ProcTreeCollector {
   const Env* env_;
   int root_pid_;
   double last_time_ = -1;
+  double last_full_scan_ = -1;
+  std::unordered_set<int> outside_;  // pids seen outside the tree
   std::unordered_map<Key, uint64_t, KeyHash> last_ticks_;
 };
 

@@ -2,9 +2,11 @@
 // /proc/meminfo, swap from /proc/vmstat, disks from /proc/diskstats, network
 // from /proc/net/dev, load from /proc/loadavg. Rates come from the difference
 // of two readings, so the first Collect() has them absent.
-#include <sstream>
+#include <algorithm>
+#include <cstdio>
 
 #include "fullburn/telemetry.h"
+#include "parse.h"
 
 namespace fullburn {
 namespace {
@@ -13,22 +15,20 @@ bool StartsWith(const std::string& s, const char* prefix) { return s.rfind(prefi
 
 // Value of "Key:   123 kB" in /proc/meminfo, in bytes.
 std::optional<double> MeminfoBytes(const std::string& text, const char* key) {
-  std::string needle = std::string("\n") + key + ":";
-  size_t pos = text.rfind(key, 0) == 0 ? 0 : text.find(needle);
+  std::string needle = std::string(key) + ":";
+  size_t pos = 0;
+  while ((pos = text.find(needle, pos)) != std::string::npos && pos > 0 && text[pos - 1] != '\n')
+    pos += needle.size();
   if (pos == std::string::npos) return std::nullopt;
-  pos = text.find(':', pos);
-  std::istringstream in(text.substr(pos + 1, 40));
-  double kb = 0;
-  if (!(in >> kb)) return std::nullopt;
+  const char* p = text.data() + pos + needle.size();
+  uint64_t kb = 0;
+  if (!parse::U64(&p, text.data() + text.size(), &kb)) return std::nullopt;
   return kb * 1024.0;
 }
 
 std::optional<uint64_t> VmstatValue(const std::string& text, const char* key) {
-  std::istringstream in(text);
-  std::string name;
   uint64_t v = 0;
-  while (in >> name >> v)
-    if (name == key) return v;
+  if (parse::KeyValue(text, key, &v)) return v;
   return std::nullopt;
 }
 
@@ -61,17 +61,18 @@ CpuShare Share(uint64_t user, uint64_t system,
 void HostCollector::ReadCpu(Counters* c) {
   Result<std::string> stat = env_->ReadFile("/proc/stat");
   if (!stat.ok()) return;
-  std::istringstream in(*stat);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!StartsWith(line, "cpu")) break;  // cpu lines come first
-    std::istringstream fields(line);
-    std::string name;
-    CpuTicks t;
-    fields >> name >> t.user >> t.nice >> t.system >> t.idle >> t.iowait >> t.irq >> t.softirq >>
-        t.steal;
-    if (!fields) continue;
-    c->cpus.push_back(t);
+  const char* p = stat->data();
+  const char* end = p + stat->size();
+  for (; p < end && std::strncmp(p, "cpu", 3) == 0; p = parse::NextLine(p, end)) {
+    const char* q = p;
+    const char* word;
+    size_t len;
+    parse::Word(&q, end, &word, &len);
+    uint64_t v[8];
+    bool ok = true;
+    for (uint64_t& x : v) ok = ok && parse::U64(&q, end, &x);
+    if (!ok) continue;
+    c->cpus.push_back(CpuTicks{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]});
   }
 }
 
@@ -87,17 +88,21 @@ void HostCollector::ReadCounters(Counters* c) {
         if (IsWholeDiskName(n)) whole_disks_.push_back(n);
   }
   if (Result<std::string> disk = env_->ReadFile("/proc/diskstats"); disk.ok()) {
-    std::istringstream in(*disk);
-    std::string line;
     uint64_t rd = 0, wr = 0;
     std::vector<std::string> seen;
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      unsigned major = 0, minor = 0;
-      std::string name;
-      uint64_t v[7] = {0};
-      if (!(f >> major >> minor >> name >> v[0] >> v[1] >> v[2] >> v[3] >> v[4] >> v[5] >> v[6]))
+    const char* end = disk->data() + disk->size();
+    for (const char* p = disk->data(); p < end; p = parse::NextLine(p, end)) {
+      const char* q = p;
+      uint64_t major, minor, v[7];
+      const char* word;
+      size_t len;
+      if (!parse::U64(&q, end, &major) || !parse::U64(&q, end, &minor) ||
+          !parse::Word(&q, end, &word, &len))
         continue;
+      bool ok = true;
+      for (uint64_t& x : v) ok = ok && parse::U64(&q, end, &x);
+      if (!ok) continue;
+      std::string name(word, len);
       bool whole = false;
       if (!whole_disks_.empty()) {
         for (const std::string& d : whole_disks_) whole |= (d == name);
@@ -115,20 +120,20 @@ void HostCollector::ReadCounters(Counters* c) {
     c->disk_write_sectors = wr;
   }
   if (Result<std::string> net = env_->ReadFile("/proc/net/dev"); net.ok()) {
-    std::istringstream in(*net);
-    std::string line;
     uint64_t rx = 0, tx = 0;
     bool any = false;
-    while (std::getline(in, line)) {
-      size_t colon = line.find(':');
-      if (colon == std::string::npos) continue;
-      std::string name = line.substr(0, colon);
-      name.erase(0, name.find_first_not_of(' '));
-      if (name == "lo" || name.find('|') != std::string::npos) continue;
-      std::istringstream f(line.substr(colon + 1));
-      uint64_t v[9] = {0};
-      for (uint64_t& x : v) f >> x;
-      if (!f) continue;
+    const char* end = net->data() + net->size();
+    for (const char* p = net->data(); p < end; p = parse::NextLine(p, end)) {
+      const char* line_end = parse::NextLine(p, end);
+      const char* colon = static_cast<const char*>(std::memchr(p, ':', static_cast<size_t>(line_end - p)));
+      if (!colon) continue;  // the two header lines
+      const char* name = parse::SkipSpaces(p, colon);
+      if (colon - name == 2 && std::strncmp(name, "lo", 2) == 0) continue;
+      const char* q = colon + 1;
+      uint64_t v[9];
+      bool ok = true;
+      for (uint64_t& x : v) ok = ok && parse::U64(&q, line_end, &x);
+      if (!ok) continue;
       rx += v[0];
       tx += v[8];
       any = true;
@@ -152,9 +157,8 @@ void HostCollector::ReadMemory(HostSample* out) {
 void HostCollector::ReadLoad(HostSample* out) {
   Result<std::string> load = env_->ReadFile("/proc/loadavg");
   if (!load.ok()) return;
-  std::istringstream in(*load);
   double a = 0, b = 0, c = 0;
-  if (in >> a >> b >> c) {
+  if (std::sscanf(load->c_str(), "%lf %lf %lf", &a, &b, &c) == 3) {
     out->load1 = a;
     out->load5 = b;
     out->load15 = c;

@@ -2,12 +2,16 @@
 // /proc/<pid>/stat parent links on each sample (so data-loader workers forked
 // by any thread are seen). CPU % sums per-process utime+stime deltas, keyed by
 // (pid, start time) so a reused pid is not mistaken for an old process.
+//
+// Cost: a process outside the tree never joins it (a new child is a new pid),
+// so pids known to be outside are not read again until the next full scan,
+// once a second; a pid reused within that second is picked up by it.
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <unordered_map>
 
 #include "fullburn/telemetry.h"
+#include "parse.h"
 
 namespace fullburn {
 namespace {
@@ -23,11 +27,18 @@ bool ParseStat(const std::string& text, ProcStat* out) {
   size_t close = text.rfind(')');
   if (close == std::string::npos) return false;
   out->pid = std::atoi(text.c_str());
-  std::istringstream in(text.substr(close + 1));
-  std::string tok;
-  // Field numbers as in proc(5): state is field 3.
-  for (int field = 3; in >> tok && field <= 24; ++field) {
-    uint64_t v = std::strtoull(tok.c_str(), nullptr, 10);
+  const char* p = text.data() + close + 1;
+  const char* end = text.data() + text.size();
+  const char* word;
+  size_t len;
+  if (!parse::Word(&p, end, &word, &len)) return false;  // field 3, the state
+  // Field numbers as in proc(5).
+  for (int field = 4; field <= 24; ++field) {
+    uint64_t v = 0;
+    if (!parse::U64(&p, end, &v)) {
+      if (!parse::Word(&p, end, &word, &len)) return false;  // a signed field
+      continue;
+    }
     switch (field) {
       case 4: out->ppid = static_cast<int>(v); break;
       case 14: out->utime = v; break;
@@ -53,10 +64,19 @@ bool IsPid(const std::string& name) {
 void ProcTreeCollector::Collect(ProcTreeSample* out) {
   Result<std::vector<std::string>> names = env_->ListDir("/proc");
   if (!names.ok()) return;
+  double now = env_->MonotonicSeconds();
+  bool full_scan = last_full_scan_ < 0 || now - last_full_scan_ >= 1.0;
+  if (full_scan) last_full_scan_ = now;
   std::unordered_map<int, ProcStat> stats;
   std::unordered_multimap<int, int> children;
+  std::unordered_set<int> outside;
   for (const std::string& name : *names) {
     if (!IsPid(name)) continue;
+    int pid = std::atoi(name.c_str());
+    if (!full_scan && outside_.count(pid)) {
+      outside.insert(pid);
+      continue;
+    }
     Result<std::string> text = env_->ReadFile("/proc/" + name + "/stat");
     ProcStat st;
     if (!text.ok() || !ParseStat(*text, &st)) continue;  // exited meanwhile
@@ -64,6 +84,7 @@ void ProcTreeCollector::Collect(ProcTreeSample* out) {
     children.emplace(st.ppid, st.pid);
   }
   if (!stats.count(root_pid_)) {
+    outside_.clear();
     out->processes = 0;  // the root has exited: the tree is empty, a true 0
     out->threads = 0;
     out->rss_bytes = 0;
@@ -89,7 +110,9 @@ void ProcTreeCollector::Collect(ProcTreeSample* out) {
     for (auto it = range.first; it != range.second; ++it)
       if (it->second != pid) todo.push_back(it->second);
   }
-  double now = env_->MonotonicSeconds();
+  for (const auto& kv : stats)
+    if (!ticks_now.count(Key{kv.first, kv.second.start})) outside.insert(kv.first);
+  outside_ = std::move(outside);
   out->processes = static_cast<double>(out->pids.size());
   out->threads = static_cast<double>(threads);
   out->rss_bytes = static_cast<double>(rss_pages) * env_->PageSize();
