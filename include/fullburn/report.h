@@ -50,6 +50,8 @@ std::string RenderLiveLine(const Snapshot& s, double elapsed_s);
 // A full frame of `fullburn watch`, `width` columns wide.
 std::string RenderWatchFrame(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                              const std::string& gpu_note, int width);
+// The exported name: the DCGM field name where one exists, else fullburn_*.
+std::string PrometheusName(const MetricDef& def);
 // Prometheus text exposition (version 0.0.4) of one snapshot.
 std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                              const std::string& hostname);

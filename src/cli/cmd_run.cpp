@@ -8,6 +8,7 @@
 
 #include "child.h"
 #include "cli.h"
+#include "live_status.h"
 #include "fullburn/report.h"
 
 namespace fullburn::cli {
@@ -72,7 +73,8 @@ int Run(const RunOptions& opts) {
   so.root_pid = *child;
   Sampler sampler(env, gpus->get(), so);
   BatchWriter writer(store->get(), info.id, info.start_time);
-  bool live = !opts.quiet && ::isatty(STDERR_FILENO);
+  std::unique_ptr<LiveStatus> live;
+  if (!opts.quiet) live.reset(new LiveStatus(STDERR_FILENO));
   std::atomic<bool> write_failed{false};
   double t0 = env->MonotonicSeconds();
   sampler.Start([&](const Snapshot& s) {
@@ -80,11 +82,11 @@ int Run(const RunOptions& opts) {
     if (!st.ok() && !write_failed.exchange(true))
       std::fprintf(stderr, "\nfullburn: %s; the command keeps running, later samples are lost\n",
                    st.message().c_str());
-    if (live) std::fprintf(stderr, "\r\033[K%s", RenderLiveLine(s, s.mono_time - t0).c_str());
+    if (live) live->Draw(RenderLiveLine(s, s.mono_time - t0));
   });
   int code = WaitChild(*child);
   sampler.Stop();
-  if (live) std::fprintf(stderr, "\r\033[K");
+  live.reset();
   writer.Flush();
   double end = env->UnixSeconds();
   (*store)->FinishRun(info.id, end, code, "finished");

@@ -1,15 +1,17 @@
 // fullburn: observe, diagnose and fix GPU training jobs.
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include <unistd.h>
 
 #include "cli.h"
+#include "fullburn/report.h"
 
 namespace {
 
-const char* const kCommands[] = {"run", "watch", "runs", "serve", "version"};
+const char* const kCommands[] = {"run", "watch", "runs", "serve", "metrics", "version"};
 
 // The training half lives in fullburn-train beside this executable.
 std::string TrainingHalf() {
@@ -45,6 +47,27 @@ int Version() {
   return 0;
 }
 
+// The metric catalog, as a table (docs/metrics.md is this output).
+int Metrics(bool markdown) {
+  using fullburn::MetricScope;
+  if (markdown) {
+    std::printf("| metric | unit | Prometheus name | meaning |\n|---|---|---|---|\n");
+  } else {
+    std::printf("%-28s %-8s %-34s %s\n", "metric", "unit", "prometheus", "meaning");
+  }
+  for (const fullburn::MetricDef& d : fullburn::MetricCatalog()) {
+    std::string name = fullburn::MetricName(d, 0);
+    if (d.scope == MetricScope::kGpu) name = "gpuN." + std::string(d.suffix);
+    if (d.scope == MetricScope::kCore) name = "host.cpuN." + std::string(d.suffix);
+    std::string prom = fullburn::PrometheusName(d);
+    if (markdown)
+      std::printf("| `%s` | %s | `%s` | %s |\n", name.c_str(), d.unit, prom.c_str(), d.help);
+    else
+      std::printf("%-28s %-8s %-34s %s\n", name.c_str(), d.unit, prom.c_str(), d.help);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,7 +77,7 @@ int main(int argc, char** argv) {
     for (const char* c : kCommands) known |= std::strcmp(argv[1], c) == 0;
     if (!known)
       return Fail(std::string("unknown command '") + argv[1] +
-                  "': use run, watch, runs, serve or version (see 'fullburn --help')");
+                  "': use run, watch, runs, serve, metrics or version (see 'fullburn --help')");
   }
   CLI::App app{"fullburn: keep GPUs busy while deep-learning models train"};
   app.require_subcommand(1);
@@ -63,6 +86,10 @@ int main(int argc, char** argv) {
   SetupWatch(app);
   SetupRuns(app);
   SetupServe(app);
+  auto markdown = std::make_shared<bool>(false);
+  CLI::App* metrics = app.add_subcommand("metrics", "List every metric: name, unit, Prometheus name");
+  metrics->add_flag("--markdown", *markdown, "As a markdown table");
+  metrics->callback([markdown] { ExitCode() = Metrics(*markdown); });
   app.add_subcommand("version", "Print versions of fullburn, libtorch and NVML")
       ->callback([] { ExitCode() = Version(); });
   try {

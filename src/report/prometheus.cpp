@@ -22,7 +22,9 @@ std::string Escape(const std::string& s) {
   return out;
 }
 
-std::string PromName(const MetricDef& def) {
+}  // namespace
+
+std::string PrometheusName(const MetricDef& def) {
   if (*def.prom_name) return def.prom_name;
   std::string scope;
   switch (def.scope) {
@@ -34,8 +36,6 @@ std::string PromName(const MetricDef& def) {
   }
   return "fullburn_" + scope + def.suffix;
 }
-
-}  // namespace
 
 std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                              const std::string& hostname) {
@@ -60,7 +60,7 @@ std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus
     } else {
       labels = fmt::format("Hostname=\"{}\"", Escape(hostname));
     }
-    std::string prom = PromName(*def);
+    std::string prom = PrometheusName(*def);
     auto& fam = families[prom];
     if (!fam.first) {
       fam.first = def;

@@ -110,7 +110,7 @@ std::string RenderLiveLine(const Snapshot& s, double elapsed) {
 
 std::string RenderWatchFrame(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                              const std::string& gpu_note, int width) {
-  int bar = std::max(10, std::min(50, width - 40));
+  int bar = std::max(10, std::min(40, width - 70));
   std::string out;
   for (const GpuSample& g : s.gpus) {
     std::string name;

@@ -150,6 +150,13 @@ TEST_F(CommandsE2E, StoreFromEnvironmentAndXdg) {
   EXPECT_TRUE(fs::exists(xdg + "/fullburn/runs.db"));  // default directory created on first use
 }
 
+TEST_F(CommandsE2E, MetricsDocMatchesTheCatalog) {
+  auto o = Fb({"metrics", "--markdown"});
+  ASSERT_EQ(o.code, 0);
+  EXPECT_NE(ReadText(std::string(SOURCE_DIR) + "/docs/metrics.md").find(o.out), std::string::npos)
+      << "docs/metrics.md is out of date: paste the output of 'fullburn metrics --markdown'";
+}
+
 // ---- bad input: one line naming the problem and the fix, non-zero exit ----
 
 void ExpectOneLineError(const testing::Outcome& o, const std::string& needle, int code = 2) {
