@@ -22,10 +22,7 @@ using testing::RunToEnd;
 class RunE2E : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/fb_e2e_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = testing::FreshTestDir("fb_e2e");
     store_ = dir_ + "/runs.db";
     ::unsetenv("FULLBURN_NVML_LIBRARY");
     ::unsetenv("FULLBURN_STORE");

@@ -2,6 +2,9 @@
 // test sets, and can make chosen paths fail.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -35,6 +38,18 @@ class ReplayEnv : public Env {
   double now_ = 0;
   std::set<std::string> failing_;
 };
+
+// A fresh, empty directory named after the running test.
+inline std::string FreshTestDir(const std::string& prefix) {
+  std::string dir = ::testing::TempDir() + "/" + prefix + "_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The two /proc recordings made one second apart (tests/telemetry/fixtures).
+inline std::string Recording(int i) { return std::string(FIXTURES_DIR) + "/t" + std::to_string(i); }
 
 inline std::string ReadText(const std::string& path) {
   std::ifstream in(path);

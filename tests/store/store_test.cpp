@@ -17,10 +17,7 @@ namespace fs = std::filesystem;
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/fb_store_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = testing::FreshTestDir("fb_store");
     path_ = dir_ + "/runs.db";
   }
   std::unique_ptr<RunStore> OpenOk() {

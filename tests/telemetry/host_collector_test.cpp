@@ -15,8 +15,22 @@ namespace {
 
 using testing::ReadText;
 using testing::ReplayEnv;
-const std::string kT0 = std::string(FIXTURES_DIR) + "/t0";
-const std::string kT1 = std::string(FIXTURES_DIR) + "/t1";
+const std::string kT0 = testing::Recording(0);
+const std::string kT1 = testing::Recording(1);
+
+// Reads `first`, then `second` `dt` seconds later, and returns the second sample.
+HostSample TwoReadings(ReplayEnv* env, const std::string& first, const std::string& second,
+                       double dt) {
+  HostCollector c(env);
+  HostSample a, b;
+  env->SetRoot(first);
+  env->SetTime(0);
+  c.Collect(&a);
+  env->SetRoot(second);
+  env->SetTime(dt);
+  c.Collect(&b);
+  return b;
+}
 
 // Sum of the /proc/stat "cpu" line's fields, parsed here independently.
 std::vector<uint64_t> CpuFields(const std::string& root, const std::string& label) {
@@ -52,12 +66,7 @@ TEST(HostCollector, FirstSampleHasNoRates) {
 
 TEST(HostCollector, CpuSharesFromTwoRecordings) {
   ReplayEnv env(kT0);
-  HostCollector c(&env);
-  HostSample first, s;
-  c.Collect(&first);
-  env.SetRoot(kT1);
-  env.SetTime(1.0);
-  c.Collect(&s);
+  HostSample s = TwoReadings(&env, kT0, kT1, 1.0);
   std::vector<uint64_t> a = CpuFields(kT0, "cpu"), b = CpuFields(kT1, "cpu");
   ASSERT_GE(a.size(), 8u);
   auto d = [&](size_t i) { return static_cast<double>(b[i] - a[i]); };
@@ -77,12 +86,7 @@ TEST(HostCollector, CpuSharesFromTwoRecordings) {
 
 TEST(HostCollector, DiskCountsWholeDisksOnly) {
   ReplayEnv env(kT0);
-  HostCollector c(&env);
-  HostSample first, s;
-  c.Collect(&first);
-  env.SetRoot(kT1);
-  env.SetTime(2.0);
-  c.Collect(&s);
+  HostSample s = TwoReadings(&env, kT0, kT1, 2.0);
   // vda: sectors read 3813098 -> 3813378, written 2834072 -> 2834072; loop*
   // and zram0 are not counted; over 2 s.
   ASSERT_TRUE(s.disk_read_bytes_per_s.has_value());
@@ -96,9 +100,7 @@ TEST(HostCollector, DiskCountsWholeDisksOnly) {
 // Copies a recording and edits counters, to test rates the recording did not move.
 TEST(HostCollector, SwapAndNetworkRates) {
   namespace fs = std::filesystem;
-  std::string dir = ::testing::TempDir() + "/fb_host_edit";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  std::string dir = testing::FreshTestDir("fb_host");
   fs::copy(kT1, dir + "/t2", fs::copy_options::recursive);
   auto replace = [](const std::string& path, const std::string& from, const std::string& to) {
     std::string text = ReadText(path);
@@ -115,12 +117,7 @@ TEST(HostCollector, SwapAndNetworkRates) {
   // lo traffic must not count.
   replace(dir + "/t2/proc/net/dev", "lo:    3267", "lo: 9993267");
   ReplayEnv env(kT1);
-  HostCollector c(&env);
-  HostSample first, s;
-  c.Collect(&first);
-  env.SetRoot(dir + "/t2");
-  env.SetTime(0.5);
-  c.Collect(&s);
+  HostSample s = TwoReadings(&env, kT1, dir + "/t2", 0.5);
   EXPECT_DOUBLE_EQ(*s.swap_in_per_s, 1000.0);
   EXPECT_DOUBLE_EQ(*s.swap_out_per_s, 500.0);
   EXPECT_DOUBLE_EQ(*s.net_rx_bytes_per_s, 2000000.0);
@@ -131,12 +128,7 @@ TEST(HostCollector, UnreadableFilesLeaveMetricsAbsent) {
   ReplayEnv env(kT0);
   env.FailPath("/proc/meminfo");
   env.FailPath("/proc/diskstats");
-  HostCollector c(&env);
-  HostSample first, s;
-  c.Collect(&first);
-  env.SetRoot(kT1);
-  env.SetTime(1.0);
-  c.Collect(&s);
+  HostSample s = TwoReadings(&env, kT0, kT1, 1.0);
   EXPECT_FALSE(s.mem_total_bytes.has_value());
   EXPECT_FALSE(s.mem_used_bytes.has_value());
   EXPECT_FALSE(s.disk_read_bytes_per_s.has_value());

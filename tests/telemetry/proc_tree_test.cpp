@@ -14,8 +14,8 @@ namespace {
 
 using testing::ReadText;
 using testing::ReplayEnv;
-const std::string kT0 = std::string(FIXTURES_DIR) + "/t0";
-const std::string kT1 = std::string(FIXTURES_DIR) + "/t1";
+const std::string kT0 = testing::Recording(0);
+const std::string kT1 = testing::Recording(1);
 int RootPid() { return std::atoi(ReadText(kT0 + "/root_pid").c_str()); }
 
 // utime + stime of a recorded process, parsed here independently.
