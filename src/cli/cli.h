@@ -41,5 +41,6 @@ void SetupRun(CLI::App& app);
 void SetupWatch(CLI::App& app);
 void SetupRuns(CLI::App& app);
 void SetupServe(CLI::App& app);
+void SetupData(CLI::App& app);  // make-dataset, bench
 
 }  // namespace fullburn::cli

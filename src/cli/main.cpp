@@ -11,7 +11,8 @@
 
 namespace {
 
-const char* const kCommands[] = {"run", "watch", "runs", "serve", "metrics", "version"};
+const char* const kCommands[] = {"run",     "watch", "runs",         "serve",
+                                 "metrics", "bench", "make-dataset", "version"};
 
 // The training half lives in fullburn-train beside this executable.
 std::string TrainingHalf() {
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
     for (const char* c : kCommands) known |= std::strcmp(argv[1], c) == 0;
     if (!known)
       return Fail(std::string("unknown command '") + argv[1] +
-                  "': use run, watch, runs, serve, metrics or version (see 'fullburn --help')");
+                  "': use run, watch, runs, serve, metrics, bench, make-dataset or version (see 'fullburn --help')");
   }
   CLI::App app{"fullburn: keep GPUs busy while deep-learning models train"};
   app.require_subcommand(1);
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
   SetupWatch(app);
   SetupRuns(app);
   SetupServe(app);
+  SetupData(app);
   auto markdown = std::make_shared<bool>(false);
   CLI::App* metrics = app.add_subcommand("metrics", "List every metric: name, unit, Prometheus name");
   metrics->add_flag("--markdown", *markdown, "As a markdown table");

@@ -1,0 +1,201 @@
+// Pipeline: the input pipeline's stages, from JPEG files to uint8 batches.
+//
+// Contract
+// - This core is libtorch-free: it produces uint8 batches (NHWC or NCHW) plus
+//   int32 labels in pre-allocated slots. Normalization and the cast to float
+//   happen later, on the device (the libtorch adapter, in the training half).
+// - Stages are plain functions (decode, crop geometry, resize) so each is
+//   tested alone; ImageLoader runs them on its own worker threads.
+// - ImageLoader's batch slots cycle free -> filling -> ready -> in use -> free.
+//   Next() hands out ready slots in batch order; Release() frees one. A slot is
+//   never written while the consumer holds it. One error (on_bad_sample=fail,
+//   or an unreadable dataset) wakes every waiting thread and is returned by
+//   Next() through status(). Next()/Release() are for one consumer thread.
+// - The batch sequence is a function of (seed, epoch) only: the same whatever
+//   the thread count.
+// - Bad samples (corrupt, truncated, empty, not JPEG) with on_bad_sample=skip
+//   are replaced by the next good sample of the permutation, counted, and named
+//   once on stderr: a batch always has batch_size samples.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fullburn/status.h"
+
+namespace fullburn {
+
+// ---- JPEG ----------------------------------------------------------------
+
+struct JpegHeader {
+  int width = 0, height = 0, components = 0;
+};
+// A decoded region: rgb holds width x height x 3 bytes. Pixel (0, 0) is the
+// source point (origin_x, origin_y); one decoded pixel spans 1/scale source
+// pixels (scale = DCT scaling factor, 1/8 to 1).
+struct DecodedRegion {
+  int width = 0, height = 0;
+  double scale = 1, origin_x = 0, origin_y = 0;
+  std::vector<uint8_t> rgb;
+};
+struct BoxF {
+  double x = 0, y = 0, w = 0, h = 0;  // in source pixels
+};
+
+Result<JpegHeader> ReadJpegHeader(const uint8_t* data, size_t size);
+// Decodes the part of the image under `crop`, downscaled in the DCT domain by
+// the largest factor that keeps the crop at least min_w x min_h decoded pixels.
+// Rows above and below the crop are skipped, columns outside it are cropped.
+Status DecodeJpegRegion(const uint8_t* data, size_t size, const BoxF& crop, int min_w, int min_h,
+                        DecodedRegion* out);
+// Full decode at scale 1 (the decode-only baseline).
+Status DecodeJpeg(const uint8_t* data, size_t size, DecodedRegion* out);
+// Encodes RGB pixels as a baseline JPEG (4:2:0) of the given quality.
+Result<std::vector<uint8_t>> EncodeJpeg(const uint8_t* rgb, int width, int height, int quality);
+
+// ---- Crop geometry (torchvision's definitions) -----------------------------
+
+struct CropParams {
+  double scale_min = 0.08, scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+};
+// torchvision.transforms.RandomResizedCrop.get_params with `uniform` standing
+// in for torch.rand: up to 10 tries of (area, log-ratio, top, left) draws, then
+// the whole image clamped to the ratio range, centered. Integer box.
+BoxF RandomResizedCropBox(int width, int height, const CropParams& p,
+                          const std::function<double()>& uniform);
+// Resize(shorter side = resize) then CenterCrop(crop), as one box in source pixels.
+BoxF ResizeCenterCropBox(int width, int height, int resize, int crop);
+
+enum class Layout { kNHWC, kNCHW };
+// Bilinear resize (pixel centers, align_corners=False) of the source box of a
+// decoded region into an out_w x out_h image at `dst`, optionally mirrored.
+// Each output pixel is written exactly once.
+void ResizeInto(const DecodedRegion& src, const BoxF& box, int out_w, int out_h, bool flip,
+                Layout layout, uint8_t* dst);
+
+// ---- Datasets ----------------------------------------------------------------
+
+struct ImageFolder {
+  std::vector<std::string> classes;  // sorted subfolder names
+  std::vector<std::string> files;    // sorted by class, then name
+  std::vector<int32_t> labels;
+};
+// Scans root/<class>/*.{jpg,jpeg,JPG,JPEG}. An empty or unreadable folder is an error.
+Result<ImageFolder> ScanImageFolder(const std::string& root);
+
+struct SyntheticImagesOptions {
+  int classes = 10, per_class = 100, width = 500, height = 375, quality = 90;
+  uint64_t seed = 0;
+};
+// Writes a learnable, photo-like JPEG folder: each class has its own shape,
+// palette and texture frequency on a smooth background with noise.
+Status MakeSyntheticImages(const std::string& dir, const SyntheticImagesOptions& opts);
+
+// Deterministic 64-bit generator (splitmix64), so crops depend only on
+// (seed, epoch, sample) and not on which thread did the work.
+struct SplitMix {
+  uint64_t state;
+  uint64_t Next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return (Next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+// The epoch's order: a full permutation of 0..n-1 from (seed, epoch).
+std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch);
+
+// ---- Loader --------------------------------------------------------------------
+
+enum class BadSamplePolicy { kSkip, kFail };
+
+struct LoaderOptions {
+  std::string root;           // image folder
+  int batch_size = 64;
+  int threads = 0;            // 0: one per core, less one for the training thread
+  int prefetch = 3;           // batches prepared ahead of the consumer
+  int out_w = 224, out_h = 224;
+  bool train = true;          // RandomResizedCrop + flip; else Resize + CenterCrop
+  int eval_resize = 256;
+  Layout layout = Layout::kNHWC;
+  uint64_t seed = 0;
+  BadSamplePolicy on_bad_sample = BadSamplePolicy::kSkip;
+  CropParams crop;
+};
+
+struct StageTimes {
+  double read_s = 0, decode_s = 0, augment_s = 0;  // summed over worker threads
+};
+
+struct LoaderStats {
+  int64_t batches = 0, samples = 0, skipped = 0;
+  StageTimes stages;
+  double consumer_wait_s = 0;  // time Next() blocked: the data wait
+  int threads = 0;
+};
+
+struct Batch {
+  int64_t index = -1;  // within the epoch
+  int epoch = 0;
+  int size = 0;
+  const uint8_t* images = nullptr;  // size x H x W x 3 (NHWC) or size x 3 x H x W
+  const int32_t* labels = nullptr;
+  int slot = -1;
+};
+
+class ImageLoader {
+ public:
+  static Result<std::unique_ptr<ImageLoader>> Open(const LoaderOptions& options);
+  ~ImageLoader();
+
+  int64_t dataset_size() const { return static_cast<int64_t>(folder_.files.size()); }
+  int64_t batches_per_epoch() const { return dataset_size() / options_.batch_size; }
+  const ImageFolder& folder() const { return folder_; }
+  const LoaderOptions& options() const { return options_; }
+
+  // Starts producing the batches of `epoch` (drop_last: every batch is full).
+  void StartEpoch(int epoch);
+  // Blocks for the next batch of the epoch; false at its end or on error.
+  bool Next(Batch* batch);
+  void Release(const Batch& batch);
+  // Ok, or the error that stopped the loader.
+  Status status() const;
+  LoaderStats stats() const;
+
+ private:
+  struct Slot;
+  ImageLoader() = default;
+  void Worker(int id);
+  bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
+  void Fail(const std::string& message);
+  void StopWorkers();
+
+  LoaderOptions options_;
+  ImageFolder folder_;
+  size_t image_bytes_ = 0;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::thread> workers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, ready_cv_;
+  bool stop_ = false;
+  Status error_;
+  int epoch_ = -1;
+  std::vector<int64_t> order_;
+  int64_t next_item_ = 0;      // next (batch, i) to claim, as batch * batch_size + i
+  int64_t next_to_hand_ = 0;   // the batch Next() returns next
+  int inflight_ = 0;           // samples being made outside the lock
+  LoaderStats stats_;
+  std::vector<std::string> bad_named_;
+};
+
+}  // namespace fullburn

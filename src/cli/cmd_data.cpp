@@ -1,0 +1,171 @@
+// fullburn make-dataset and fullburn bench: the input pipeline from the
+// command line (no libtorch needed for either).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli.h"
+#include "fullburn/pipeline.h"
+
+namespace fullburn::cli {
+namespace {
+
+struct MakeImagesOptions {
+  std::string dir, size = "500x375";
+  SyntheticImagesOptions synth;
+};
+
+int MakeImages(MakeImagesOptions o) {
+  int w = 0, h = 0;
+  if (std::sscanf(o.size.c_str(), "%dx%d", &w, &h) != 2 || w < 8 || h < 8)
+    return Fail("--size '" + o.size + "' is not WxH with both at least 8, e.g. 500x375");
+  o.synth.width = w;
+  o.synth.height = h;
+  auto t0 = std::chrono::steady_clock::now();
+  if (Status s = MakeSyntheticImages(o.dir, o.synth); !s.ok()) return Fail(s.message());
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("wrote %d images (%d classes x %d, %dx%d, quality %d) to %s in %.1fs\n",
+              o.synth.classes * o.synth.per_class, o.synth.classes, o.synth.per_class, w, h,
+              o.synth.quality, o.dir.c_str(), secs);
+  return 0;
+}
+
+struct BenchOptions {
+  std::string data;
+  int threads = 0, batch_size = 64, batches = 50, warmup = 3, size = 224;
+  bool json = false;
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int BenchLoader(const BenchOptions& o) {
+  LoaderOptions lo;
+  lo.root = o.data;
+  lo.threads = o.threads;
+  lo.batch_size = o.batch_size;
+  lo.out_w = lo.out_h = o.size;
+  Result<std::unique_ptr<ImageLoader>> loader = ImageLoader::Open(lo);
+  if (!loader.ok()) return Fail(loader.status().message());
+  ImageLoader& l = **loader;
+  int epoch = 0;
+  l.StartEpoch(epoch);
+  double start = 0;
+  LoaderStats at_start;
+  Batch b;
+  for (int k = 0; k < o.warmup + o.batches; ++k) {
+    if (k == o.warmup) {
+      start = Now();
+      at_start = l.stats();
+    }
+    while (!l.Next(&b)) {
+      if (!l.status().ok()) return Fail(l.status().message());
+      l.StartEpoch(++epoch);
+    }
+    l.Release(b);
+  }
+  double secs = Now() - start;
+  LoaderStats end = l.stats();
+  double images = static_cast<double>(o.batches) * o.batch_size;
+  double per_image = 1e3 / (end.samples - at_start.samples);
+  nlohmann::json j;
+  j["images_per_s"] = images / secs;
+  j["threads"] = end.threads;
+  j["images_per_s_per_thread"] = images / secs / end.threads;
+  j["stages"] = {{"read_ms_per_image", (end.stages.read_s - at_start.stages.read_s) * per_image},
+                 {"decode_ms_per_image", (end.stages.decode_s - at_start.stages.decode_s) * per_image},
+                 {"augment_ms_per_image", (end.stages.augment_s - at_start.stages.augment_s) * per_image}};
+  j["skipped"] = end.skipped;
+  j["batch_size"] = o.batch_size;
+  j["batches"] = o.batches;
+  j["seconds"] = secs;
+  j["data_wait_share"] = (end.consumer_wait_s - at_start.consumer_wait_s) / secs;
+  if (o.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%.0f img/s with %d threads (%.0f img/s per thread), batch %d, %dx%d RandomResizedCrop + flip\n",
+                images / secs, end.threads, images / secs / end.threads, o.batch_size, o.size, o.size);
+    std::printf("per image: read %.3f ms, decode %.3f ms, crop+resize %.3f ms; skipped %lld\n",
+                j["stages"]["read_ms_per_image"].get<double>(), j["stages"]["decode_ms_per_image"].get<double>(),
+                j["stages"]["augment_ms_per_image"].get<double>(), static_cast<long long>(end.skipped));
+  }
+  return 0;
+}
+
+// libjpeg-turbo alone: full-size decode of the folder's files, no crop, no resize.
+int BenchDecode(const BenchOptions& o) {
+  Result<ImageFolder> folder = ScanImageFolder(o.data);
+  if (!folder.ok()) return Fail(folder.status().message());
+  int threads = o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  const int64_t total = static_cast<int64_t>(o.batches) * o.batch_size;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> failed{0};
+  auto work = [&] {
+    DecodedRegion region;
+    std::vector<uint8_t> bytes;
+    for (int64_t i; (i = next++) < total;) {
+      const std::string& path = folder->files[static_cast<size_t>(i) % folder->files.size()];
+      int fd = ::open(path.c_str(), O_RDONLY);
+      off_t size = fd >= 0 ? ::lseek(fd, 0, SEEK_END) : -1;
+      bytes.resize(size > 0 ? static_cast<size_t>(size) : 0);
+      bool ok = size > 0 && ::pread(fd, bytes.data(), bytes.size(), 0) == size;
+      if (fd >= 0) ::close(fd);
+      if (!ok || !DecodeJpeg(bytes.data(), bytes.size(), &region).ok()) ++failed;
+    }
+  };
+  double t0 = Now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+  for (std::thread& t : pool) t.join();
+  double secs = Now() - t0;
+  nlohmann::json j{{"images_per_s", total / secs}, {"threads", threads},
+                   {"images_per_s_per_thread", total / secs / threads}, {"failed", failed.load()}};
+  if (o.json)
+    std::printf("%s\n", j.dump(2).c_str());
+  else
+    std::printf("%.0f img/s decode-only with %d threads (%.0f per thread)\n", total / secs, threads,
+                total / secs / threads);
+  return 0;
+}
+
+void AddBenchFlags(CLI::App* app, BenchOptions* o) {
+  app->add_option("DATA", o->data, "Image folder (ROOT/<class>/*.jpg)")->required();
+  app->add_option("--threads", o->threads, "Worker threads (0: cores - 1)")->capture_default_str();
+  app->add_option("--batch-size", o->batch_size, "Images per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--batches", o->batches, "Batches to time (after warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_flag("--json", o->json, "JSON output");
+}
+
+}  // namespace
+
+void SetupData(CLI::App& app) {
+  CLI::App* make = app.add_subcommand("make-dataset", "Write a synthetic dataset (no download)");
+  make->require_subcommand(1);
+  auto mo = std::make_shared<MakeImagesOptions>();
+  CLI::App* images = make->add_subcommand("images", "A learnable, photo-like JPEG image folder");
+  images->add_option("DIR", mo->dir, "Folder to create (ROOT/class_NNN/img_NNNNN.jpg)")->required();
+  images->add_option("--classes", mo->synth.classes, "Number of classes")->capture_default_str()->check(CLI::Range(1, 100000));
+  images->add_option("--per-class", mo->synth.per_class, "Images per class")->capture_default_str()->check(CLI::Range(1, 10000000));
+  images->add_option("--size", mo->size, "Image size WxH")->capture_default_str();
+  images->add_option("--quality", mo->synth.quality, "JPEG quality")->capture_default_str()->check(CLI::Range(1, 100));
+  images->add_option("--seed", mo->synth.seed, "Random seed")->capture_default_str();
+  images->callback([mo] { ExitCode() = MakeImages(*mo); });
+
+  CLI::App* bench = app.add_subcommand("bench", "Measure a part of the pipeline alone");
+  bench->require_subcommand(1);
+  auto bo = std::make_shared<BenchOptions>();
+  CLI::App* loader = bench->add_subcommand("loader", "Input pipeline throughput: RandomResizedCrop 224 + flip");
+  AddBenchFlags(loader, bo.get());
+  loader->callback([bo] { ExitCode() = BenchLoader(*bo); });
+  CLI::App* decode = bench->add_subcommand("decode", "libjpeg-turbo full-size decode alone (the ceiling)");
+  AddBenchFlags(decode, bo.get());
+  decode->callback([bo] { ExitCode() = BenchDecode(*bo); });
+}
+
+}  // namespace fullburn::cli

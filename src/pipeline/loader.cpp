@@ -1,0 +1,270 @@
+// The image loader: worker threads fill batch slots in a ring.
+//
+// Batch k of an epoch always lives in slot k % slots. Workers claim samples
+// one at a time in batch order, (k, 0), (k, 1), ..., so all threads work on
+// the oldest unfinished batches first; a worker whose next sample belongs to
+// a slot the consumer still holds waits for Release(). What a sample becomes
+// depends only on (seed, epoch, position), never on the thread that made it.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "fullburn/pipeline.h"
+
+namespace fullburn {
+
+struct ImageLoader::Slot {
+  enum class State { kFree, kFilling, kReady, kInUse };
+  State state = State::kFree;
+  int64_t batch = -1;
+  int epoch = -1;
+  int filled = 0;
+  std::vector<uint8_t> images;
+  std::vector<int32_t> labels;
+};
+
+namespace {
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IoError("cannot open");
+  off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0) {
+    ::close(fd);
+    return Status::IoError("cannot size");
+  }
+  out->resize(static_cast<size_t>(size));
+  size_t done = 0;
+  while (done < out->size()) {
+    ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
+    if (n <= 0) {
+      ::close(fd);
+      return Status::IoError("cannot read");
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& options) {
+  if (options.batch_size < 1) return Status::InvalidArgument("batch size must be at least 1");
+  if (options.prefetch < 1) return Status::InvalidArgument("prefetch must be at least 1");
+  if (options.out_w < 1 || options.out_h < 1) return Status::InvalidArgument("output size must be positive");
+  Result<ImageFolder> folder = ScanImageFolder(options.root);
+  if (!folder.ok()) return folder.status();
+  if (static_cast<int64_t>(folder->files.size()) < options.batch_size)
+    return Status::InvalidArgument("the dataset has " + std::to_string(folder->files.size()) +
+                                   " images, fewer than one batch of " +
+                                   std::to_string(options.batch_size) + ": lower the batch size");
+  std::unique_ptr<ImageLoader> l(new ImageLoader());
+  l->options_ = options;
+  l->folder_ = std::move(*folder);
+  l->image_bytes_ = static_cast<size_t>(options.out_w) * options.out_h * 3;
+  int threads = options.threads;
+  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  l->stats_.threads = threads;
+  // The consumer holds one slot; `prefetch` more are prepared ahead of it.
+  for (int i = 0; i < options.prefetch + 1; ++i) {
+    auto slot = std::make_unique<Slot>();
+    slot->images.resize(l->image_bytes_ * options.batch_size);
+    slot->labels.resize(static_cast<size_t>(options.batch_size));
+    l->slots_.push_back(std::move(slot));
+  }
+  for (int i = 0; i < threads; ++i) l->workers_.emplace_back(&ImageLoader::Worker, l.get(), i);
+  return l;
+}
+
+ImageLoader::~ImageLoader() { StopWorkers(); }
+
+void ImageLoader::StopWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  ready_cv_.notify_all();
+  for (std::thread& t : workers_)
+    if (t.joinable()) t.join();
+}
+
+void ImageLoader::StartEpoch(int epoch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Samples being made for the old epoch finish first; slots they filled are freed.
+  ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
+  for (auto& s : slots_)
+    if (s->state != Slot::State::kInUse) {
+      s->state = Slot::State::kFree;
+      s->batch = -1;
+    }
+  epoch_ = epoch;
+  order_ = EpochPermutation(dataset_size(), options_.seed, epoch);
+  next_item_ = 0;
+  next_to_hand_ = 0;
+  lock.unlock();
+  work_cv_.notify_all();
+}
+
+void ImageLoader::Fail(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = Status::Corruption(message);
+    stop_ = true;
+  }
+  // One error wakes everyone: workers stop, the consumer's Next() returns false.
+  work_cv_.notify_all();
+  ready_cv_.notify_all();
+}
+
+Status ImageLoader::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+LoaderStats ImageLoader::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error) {
+  thread_local std::vector<uint8_t> bytes;
+  thread_local DecodedRegion region;
+  const int64_t n = dataset_size();
+  const int64_t pos = batch * options_.batch_size + i;
+  SplitMix rng{(options_.seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(epoch_) << 40) ^
+               static_cast<uint64_t>(pos)};
+  uint8_t* dst = slot.images.data() + image_bytes_ * static_cast<size_t>(i);
+  // A bad sample is replaced by the next sample of the permutation.
+  for (int64_t attempt = 0; attempt < std::min<int64_t>(n, 64); ++attempt) {
+    int64_t sample = order_[static_cast<size_t>((pos + attempt) % n)];
+    const std::string& path = folder_.files[static_cast<size_t>(sample)];
+    double t0 = Seconds();
+    Status s = ReadWholeFile(path, &bytes);
+    double t1 = Seconds();
+    t->read_s += t1 - t0;
+    Result<JpegHeader> header = s.ok() ? ReadJpegHeader(bytes.data(), bytes.size()) : Result<JpegHeader>(s);
+    BoxF box;
+    if (header.ok()) {
+      box = options_.train
+                ? RandomResizedCropBox(header->width, header->height, options_.crop,
+                                       [&rng] { return rng.Uniform(); })
+                : ResizeCenterCropBox(header->width, header->height, options_.eval_resize,
+                                      std::min(options_.out_w, options_.out_h));
+      s = DecodeJpegRegion(bytes.data(), bytes.size(), box, options_.out_w, options_.out_h, &region);
+    } else {
+      s = header.status();
+    }
+    double t2 = Seconds();
+    t->decode_s += t2 - t1;
+    if (s.ok()) {
+      bool flip = options_.train && rng.Uniform() < 0.5;
+      ResizeInto(region, box, options_.out_w, options_.out_h, flip, options_.layout, dst);
+      slot.labels[static_cast<size_t>(i)] = folder_.labels[static_cast<size_t>(sample)];
+      t->augment_s += Seconds() - t2;
+      return true;
+    }
+    std::string why = path + ": " + s.message();
+    if (options_.on_bad_sample == BadSamplePolicy::kFail) {
+      *error = "bad sample " + why + " (on_bad_sample=fail; use skip to go on without it)";
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.skipped;
+    if (std::find(bad_named_.begin(), bad_named_.end(), path) == bad_named_.end()) {
+      bad_named_.push_back(path);
+      std::fprintf(stderr, "fullburn: skipping %s\n", why.c_str());
+    }
+  }
+  *error = "no decodable image among 64 consecutive samples of " + options_.root;
+  return false;
+}
+
+void ImageLoader::Worker(int) {
+  const int b = options_.batch_size;
+  const int64_t slots = static_cast<int64_t>(slots_.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    Slot* slot = nullptr;
+    int64_t batch = -1;
+    int i = 0;
+    work_cv_.wait(lock, [&] {
+      if (stop_) return true;
+      if (epoch_ < 0 || next_item_ >= batches_per_epoch() * b) return false;
+      batch = next_item_ / b;
+      Slot& s = *slots_[static_cast<size_t>(batch % slots)];
+      if (s.state == Slot::State::kFree) {
+        s.state = Slot::State::kFilling;
+        s.batch = batch;
+        s.epoch = epoch_;
+        s.filled = 0;
+      }
+      return s.state == Slot::State::kFilling && s.batch == batch && s.epoch == epoch_;
+    });
+    if (stop_) return;
+    slot = slots_[static_cast<size_t>(batch % slots)].get();
+    i = static_cast<int>(next_item_ % b);
+    ++next_item_;
+    ++inflight_;
+    lock.unlock();
+    StageTimes t;
+    std::string error;
+    bool ok = FillSample(*slot, batch, i, &t, &error);
+    lock.lock();
+    --inflight_;
+    stats_.stages.read_s += t.read_s;
+    stats_.stages.decode_s += t.decode_s;
+    stats_.stages.augment_s += t.augment_s;
+    if (!ok) {
+      lock.unlock();
+      Fail(error);
+      return;
+    }
+    if (++slot->filled == b) slot->state = Slot::State::kReady;
+    ready_cv_.notify_all();
+  }
+}
+
+bool ImageLoader::Next(Batch* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (epoch_ < 0 || next_to_hand_ >= batches_per_epoch()) return false;
+  Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
+  double t0 = Seconds();
+  ready_cv_.wait(lock, [&] {
+    return stop_ || (s.state == Slot::State::kReady && s.batch == next_to_hand_ && s.epoch == epoch_);
+  });
+  stats_.consumer_wait_s += Seconds() - t0;
+  if (!error_.ok() || s.state != Slot::State::kReady) return false;
+  s.state = Slot::State::kInUse;
+  out->index = next_to_hand_;
+  out->epoch = epoch_;
+  out->size = options_.batch_size;
+  out->images = s.images.data();
+  out->labels = s.labels.data();
+  out->slot = static_cast<int>(next_to_hand_ % static_cast<int64_t>(slots_.size()));
+  ++next_to_hand_;
+  ++stats_.batches;
+  stats_.samples += options_.batch_size;
+  return true;
+}
+
+void ImageLoader::Release(const Batch& batch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = *slots_[static_cast<size_t>(batch.slot)];
+    FB_CHECK(s.state == Slot::State::kInUse && s.batch == batch.index);
+    s.state = Slot::State::kFree;
+    s.batch = -1;
+  }
+  work_cv_.notify_all();
+}
+
+}  // namespace fullburn

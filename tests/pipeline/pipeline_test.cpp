@@ -1,0 +1,394 @@
+// The input pipeline's stages against torchvision's definitions and against
+// libjpeg-turbo's own full decode, and the loader's ordering guarantees.
+#include <gtest/gtest.h>
+#include <jpeglib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "fullburn/pipeline.h"
+#include "replay_env.h"
+
+namespace fullburn {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::function<double()> Draws(std::vector<double> values) {
+  auto v = std::make_shared<std::vector<double>>(std::move(values));
+  auto i = std::make_shared<size_t>(0);
+  return [v, i] { return (*v)[std::min((*i)++, v->size() - 1)]; };
+}
+
+TEST(CropGeometry, RandomResizedCropMatchesTorchvision) {
+  // torchvision: target = 187500 * (0.08 + 0.5 * 0.92) = 101250; log-ratio
+  // midway gives aspect 1; w = h = round(sqrt(101250)) = 318;
+  // top = int(0.0 * (375 - 318 + 1)) = 0; left = int(0.999 * (500 - 318 + 1)) = 182.
+  BoxF b = RandomResizedCropBox(500, 375, CropParams{}, Draws({0.5, 0.5, 0.0, 0.999}));
+  EXPECT_EQ(b.x, 182);
+  EXPECT_EQ(b.y, 0);
+  EXPECT_EQ(b.w, 318);
+  EXPECT_EQ(b.h, 318);
+}
+
+TEST(CropGeometry, RandomResizedCropFallsBackToCenteredClampedRatio) {
+  // 1000x100: every try is taller than the image, so after 10 the whole
+  // image clamped to ratio 4/3: h = 100, w = round(133.3) = 133, centered.
+  BoxF b = RandomResizedCropBox(1000, 100, CropParams{}, Draws({1.0, 0.0}));
+  EXPECT_EQ(b.h, 100);
+  EXPECT_EQ(b.w, 133);
+  EXPECT_EQ(b.x, (1000 - 133) / 2);
+  EXPECT_EQ(b.y, 0);
+}
+
+TEST(CropGeometry, RandomResizedCropStaysInRange) {
+  SplitMix rng{42};
+  for (int k = 0; k < 20000; ++k) {
+    BoxF b = RandomResizedCropBox(500, 375, CropParams{}, [&rng] { return rng.Uniform(); });
+    ASSERT_GE(b.x, 0);
+    ASSERT_GE(b.y, 0);
+    ASSERT_LE(b.x + b.w, 500);
+    ASSERT_LE(b.y + b.h, 375);
+    double area = b.w * b.h / (500.0 * 375);
+    EXPECT_GT(area, 0.075);
+    EXPECT_LE(area, 1.0);
+    double ratio = b.w / b.h;
+    EXPECT_GT(ratio, 0.74);
+    EXPECT_LT(ratio, 1.35);
+  }
+}
+
+TEST(CropGeometry, ResizeThenCenterCropAsOneBox) {
+  // Resize(256): 500x375 -> 341x256 (int(256 * 500 / 375) = 341).
+  // CenterCrop(224): top = round(16.0) = 16, left = round(58.5) = 58.
+  BoxF b = ResizeCenterCropBox(500, 375, 256, 224);
+  EXPECT_DOUBLE_EQ(b.x, 58 * 500.0 / 341);
+  EXPECT_DOUBLE_EQ(b.y, 16 * 375.0 / 256);
+  EXPECT_DOUBLE_EQ(b.w, 224 * 500.0 / 341);
+  EXPECT_DOUBLE_EQ(b.h, 224 * 375.0 / 256);
+}
+
+DecodedRegion Gradient(int w, int h) {
+  DecodedRegion r;
+  r.width = w;
+  r.height = h;
+  r.rgb.resize(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        r.rgb[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>((x * 3 + y * 5 + c * 70) % 256);
+  return r;
+}
+
+TEST(Resize, IdentityCopiesAndFlipMirrors) {
+  DecodedRegion r = Gradient(40, 30);
+  std::vector<uint8_t> out(40 * 30 * 3), flipped(40 * 30 * 3);
+  BoxF all{0, 0, 40, 30};
+  ResizeInto(r, all, 40, 30, false, Layout::kNHWC, out.data());
+  EXPECT_EQ(out, r.rgb);
+  ResizeInto(r, all, 40, 30, true, Layout::kNHWC, flipped.data());
+  for (int y = 0; y < 30; ++y)
+    for (int x = 0; x < 40; ++x)
+      for (int c = 0; c < 3; ++c)
+        ASSERT_EQ(flipped[(y * 40 + x) * 3 + c], r.rgb[(y * 40 + (39 - x)) * 3 + c]);
+}
+
+TEST(Resize, PlanarLayoutHoldsTheSameValues) {
+  DecodedRegion r = Gradient(64, 48);
+  std::vector<uint8_t> hwc(20 * 16 * 3), chw(20 * 16 * 3);
+  BoxF box{5.5, 3.25, 40, 30};
+  ResizeInto(r, box, 20, 16, true, Layout::kNHWC, hwc.data());
+  ResizeInto(r, box, 20, 16, true, Layout::kNCHW, chw.data());
+  for (int y = 0; y < 16; ++y)
+    for (int x = 0; x < 20; ++x)
+      for (int c = 0; c < 3; ++c) ASSERT_EQ(hwc[(y * 20 + x) * 3 + c], chw[c * 320 + y * 20 + x]);
+}
+
+TEST(Resize, HalvingAveragesNeighbours) {
+  // Output pixel centres fall exactly between two source pixels.
+  DecodedRegion r;
+  r.width = 4;
+  r.height = 2;
+  r.rgb = {0, 0, 0, 100, 100, 100, 200, 200, 200, 50, 50, 50,
+           0, 0, 0, 100, 100, 100, 200, 200, 200, 50, 50, 50};
+  std::vector<uint8_t> out(2 * 1 * 3);
+  ResizeInto(r, BoxF{0, 0, 4, 2}, 2, 1, false, Layout::kNHWC, out.data());
+  EXPECT_EQ(out, (std::vector<uint8_t>{50, 50, 50, 125, 125, 125}));
+}
+
+double Psnr(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  double mse = 0;
+  for (size_t i = 0; i < a.size(); ++i) mse += (a[i] - b[i]) * (a[i] - b[i]);
+  mse /= a.size();
+  return mse == 0 ? 99 : 10 * std::log10(255.0 * 255.0 / mse);
+}
+
+std::vector<uint8_t> Smooth(int w, int h) {
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] =
+            static_cast<uint8_t>(128 + 100 * std::sin(x * 0.05 + c) * std::cos(y * 0.04));
+  return px;
+}
+
+TEST(Jpeg, DecodesWhatWasEncoded) {
+  std::vector<uint8_t> ref = Smooth(160, 120);
+  auto jpeg = EncodeJpeg(ref.data(), 160, 120, 100);
+  ASSERT_TRUE(jpeg.ok());
+  auto header = ReadJpegHeader(jpeg->data(), jpeg->size());
+  ASSERT_TRUE(header.ok());
+  EXPECT_EQ(header->width, 160);
+  EXPECT_EQ(header->height, 120);
+  DecodedRegion d;
+  ASSERT_TRUE(DecodeJpeg(jpeg->data(), jpeg->size(), &d).ok());
+  ASSERT_EQ(d.width, 160);
+  ASSERT_EQ(d.height, 120);
+  EXPECT_GT(Psnr(d.rgb, ref), 40.0);
+}
+
+TEST(Jpeg, RegionDecodeMatchesTheFullDecode) {
+  std::vector<uint8_t> ref = Smooth(320, 240);
+  auto jpeg = EncodeJpeg(ref.data(), 320, 240, 90);
+  DecodedRegion full, region;
+  ASSERT_TRUE(DecodeJpeg(jpeg->data(), jpeg->size(), &full).ok());
+  BoxF crop{100, 70, 150, 120};
+  ASSERT_TRUE(DecodeJpegRegion(jpeg->data(), jpeg->size(), crop, 150, 120, &region).ok());
+  EXPECT_EQ(region.scale, 1.0);
+  EXPECT_LE(region.origin_x, crop.x);
+  EXPECT_LE(region.origin_y, crop.y);
+  EXPECT_GE(region.origin_x + region.width, crop.x + crop.w);
+  EXPECT_GE(region.origin_y + region.height, crop.y + crop.h);
+  int max_diff = 0;
+  for (int y = 0; y < region.height; ++y)
+    for (int x = 0; x < region.width; ++x)
+      for (int c = 0; c < 3; ++c) {
+        int fy = y + static_cast<int>(region.origin_y), fx = x + static_cast<int>(region.origin_x);
+        int a = region.rgb[(static_cast<size_t>(y) * region.width + x) * 3 + c];
+        int b = full.rgb[(static_cast<size_t>(fy) * 320 + fx) * 3 + c];
+        max_diff = std::max(max_diff, std::abs(a - b));
+      }
+  EXPECT_LE(max_diff, 2);  // chroma upsampling at the region's edge may differ by rounding
+}
+
+TEST(Jpeg, DctDownscaleWhenTheCropAllows) {
+  std::vector<uint8_t> ref = Smooth(400, 400);
+  auto jpeg = EncodeJpeg(ref.data(), 400, 400, 90);
+  DecodedRegion region;
+  ASSERT_TRUE(DecodeJpegRegion(jpeg->data(), jpeg->size(), BoxF{0, 0, 400, 400}, 96, 96, &region).ok());
+  EXPECT_EQ(region.scale, 0.25);  // 400/4 = 100 >= 96; 400/8 = 50 is too small
+  EXPECT_EQ(region.width, 100);
+  // Compare with a 4x4 box average of the reference.
+  std::vector<uint8_t> small(100 * 100 * 3);
+  for (int y = 0; y < 100; ++y)
+    for (int x = 0; x < 100; ++x)
+      for (int c = 0; c < 3; ++c) {
+        int sum = 0;
+        for (int dy = 0; dy < 4; ++dy)
+          for (int dx = 0; dx < 4; ++dx) sum += ref[((y * 4 + dy) * 400 + x * 4 + dx) * 3 + c];
+        small[(y * 100 + x) * 3 + c] = static_cast<uint8_t>(sum / 16);
+      }
+  EXPECT_GT(Psnr(region.rgb, small), 30.0);
+}
+
+// A CMYK or progressive JPEG, written with libjpeg directly.
+std::vector<uint8_t> EncodeSpecial(bool cmyk, bool progressive, bool gray = false) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = 32;
+  c.image_height = 32;
+  c.input_components = cmyk ? 4 : gray ? 1 : 3;
+  c.in_color_space = cmyk ? JCS_CMYK : gray ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&c);
+  if (progressive) jpeg_simple_progression(&c);
+  jpeg_start_compress(&c, TRUE);
+  std::vector<uint8_t> row(32 * 4, 90);
+  while (c.next_scanline < 32) {
+    JSAMPROW r = row.data();
+    jpeg_write_scanlines(&c, &r, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::vector<uint8_t> out(buf, buf + size);
+  jpeg_destroy_compress(&c);
+  free(buf);
+  return out;
+}
+
+TEST(Jpeg, BadInputsAreClearErrors) {
+  DecodedRegion d;
+  std::vector<uint8_t> empty;
+  Status s = DecodeJpeg(empty.data(), 0, &d);
+  EXPECT_NE(s.message().find("empty file"), std::string::npos);
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13};
+  EXPECT_NE(DecodeJpeg(png.data(), png.size(), &d).message().find("not a decodable JPEG"),
+            std::string::npos);
+  std::vector<uint8_t> ref = Smooth(64, 64);
+  auto jpeg = EncodeJpeg(ref.data(), 64, 64, 90);
+  std::vector<uint8_t> truncated(jpeg->begin(), jpeg->begin() + jpeg->size() / 2);
+  EXPECT_FALSE(DecodeJpeg(truncated.data(), truncated.size(), &d).ok());
+  std::vector<uint8_t> cmyk = EncodeSpecial(true, false);
+  EXPECT_NE(DecodeJpeg(cmyk.data(), cmyk.size(), &d).message().find("CMYK"), std::string::npos);
+}
+
+TEST(Jpeg, ProgressiveAndGrayscaleDecodeToRgb) {
+  DecodedRegion d;
+  std::vector<uint8_t> progressive = EncodeSpecial(false, true);
+  ASSERT_TRUE(DecodeJpeg(progressive.data(), progressive.size(), &d).ok());
+  EXPECT_EQ(d.width, 32);
+  EXPECT_NEAR(d.rgb[0], 90, 3);
+  std::vector<uint8_t> gray = EncodeSpecial(false, false, true);
+  ASSERT_TRUE(DecodeJpeg(gray.data(), gray.size(), &d).ok());
+  EXPECT_EQ(d.rgb.size(), 32u * 32 * 3);
+  EXPECT_NEAR(d.rgb[1], 90, 3);
+}
+
+// ---- the loader ----
+
+std::string SmallDataset(const std::string& name, int classes = 3, int per_class = 8) {
+  std::string dir = ::testing::TempDir() + "/fb_pipe_" + name;
+  fs::remove_all(dir);
+  SyntheticImagesOptions o;
+  o.classes = classes;
+  o.per_class = per_class;
+  o.width = 64;
+  o.height = 48;
+  EXPECT_TRUE(MakeSyntheticImages(dir, o).ok());
+  return dir;
+}
+
+LoaderOptions Small(const std::string& root, int threads) {
+  LoaderOptions o;
+  o.root = root;
+  o.threads = threads;
+  o.batch_size = 4;
+  o.prefetch = 2;
+  o.out_w = o.out_h = 32;
+  o.seed = 7;
+  return o;
+}
+
+// Every batch of an epoch: bytes and labels.
+std::vector<std::vector<uint8_t>> Epoch(ImageLoader& l, int epoch, std::vector<int32_t>* labels) {
+  std::vector<std::vector<uint8_t>> out;
+  l.StartEpoch(epoch);
+  Batch b;
+  size_t bytes = static_cast<size_t>(b.size = 4) * 32 * 32 * 3;
+  while (l.Next(&b)) {
+    out.emplace_back(b.images, b.images + bytes);
+    if (labels) labels->insert(labels->end(), b.labels, b.labels + b.size);
+    l.Release(b);
+  }
+  EXPECT_TRUE(l.status().ok()) << l.status().message();
+  return out;
+}
+
+TEST(Loader, SameBatchesWhateverTheThreadCount) {
+  std::string dir = SmallDataset("det");
+  auto one = ImageLoader::Open(Small(dir, 1));
+  auto three = ImageLoader::Open(Small(dir, 3));
+  ASSERT_TRUE(one.ok() && three.ok());
+  std::vector<int32_t> l1, l3;
+  auto e1 = Epoch(**one, 0, &l1);
+  auto e3 = Epoch(**three, 0, &l3);
+  ASSERT_EQ(e1.size(), 6u);  // 24 images / 4
+  EXPECT_EQ(e1, e3);
+  EXPECT_EQ(l1, l3);
+  // The next epoch is another order, equally reproducible.
+  std::vector<int32_t> n1, n3;
+  auto f1 = Epoch(**one, 1, &n1);
+  EXPECT_NE(f1, e1);
+  EXPECT_EQ(f1, Epoch(**three, 1, &n3));
+}
+
+TEST(Loader, EachSampleOncePerEpoch) {
+  std::string dir = SmallDataset("once");
+  auto l = ImageLoader::Open(Small(dir, 2));
+  ASSERT_TRUE(l.ok());
+  std::vector<int32_t> labels;
+  Epoch(**l, 0, &labels);
+  std::sort(labels.begin(), labels.end());
+  std::vector<int32_t> want((*l)->folder().labels);
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(labels, want);
+}
+
+TEST(Loader, SlotInUseIsNeverOverwritten) {
+  std::string dir = SmallDataset("slots", 4, 10);
+  auto l = ImageLoader::Open(Small(dir, 2));
+  ASSERT_TRUE(l.ok());
+  ImageLoader& loader = **l;
+  loader.StartEpoch(0);
+  Batch held;
+  ASSERT_TRUE(loader.Next(&held));
+  std::vector<uint8_t> copy(held.images, held.images + 4 * 32 * 32 * 3);
+  // Take and release the other prefetched batches: the workers now want the
+  // held slot for batch 3 and must wait for it.
+  for (int k = 1; k <= 2; ++k) {
+    Batch b;
+    ASSERT_TRUE(loader.Next(&b));
+    EXPECT_NE(b.slot, held.slot);
+    loader.Release(b);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(std::vector<uint8_t>(held.images, held.images + copy.size()), copy);
+  loader.Release(held);
+  Batch next;
+  ASSERT_TRUE(loader.Next(&next));
+  EXPECT_EQ(next.index, 3);
+  EXPECT_EQ(next.slot, held.slot);
+  loader.Release(next);
+}
+
+TEST(Loader, BadSamplesAreSkippedWithoutShrinkingBatches) {
+  std::string dir = SmallDataset("bad");
+  std::ofstream(dir + "/class_000/img_00000.jpg", std::ios::trunc).close();  // zero bytes
+  std::ofstream(dir + "/class_001/img_00003.jpg", std::ios::trunc) << "not a jpeg at all";
+  auto l = ImageLoader::Open(Small(dir, 2));
+  ASSERT_TRUE(l.ok());
+  std::vector<int32_t> labels;
+  auto batches = Epoch(**l, 0, &labels);
+  EXPECT_EQ(batches.size(), 6u);
+  EXPECT_EQ(labels.size(), 24u);
+  EXPECT_EQ((*l)->stats().skipped, 2);
+}
+
+TEST(Loader, FailPolicyStopsWithTheFileName) {
+  std::string dir = SmallDataset("fail");
+  std::ofstream(dir + "/class_002/img_00001.jpg", std::ios::trunc) << "garbage";
+  LoaderOptions o = Small(dir, 2);
+  o.on_bad_sample = BadSamplePolicy::kFail;
+  auto l = ImageLoader::Open(o);
+  ASSERT_TRUE(l.ok());
+  (*l)->StartEpoch(0);
+  Batch b;
+  int got = 0;
+  while ((*l)->Next(&b)) {
+    (*l)->Release(b);
+    ++got;
+  }
+  EXPECT_LT(got, 6);
+  EXPECT_NE((*l)->status().message().find("class_002/img_00001.jpg"), std::string::npos)
+      << (*l)->status().message();
+}
+
+TEST(Loader, EmptyOrMissingFolderIsAnError) {
+  std::string empty = ::testing::TempDir() + "/fb_pipe_empty";
+  fs::create_directories(empty + "/cats");
+  auto l = ImageLoader::Open(Small(empty, 1));
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("has no JPEG files"), std::string::npos);
+  auto m = ImageLoader::Open(Small("/nonexistent/dataset", 1));
+  EXPECT_NE(m.status().message().find("does not exist"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fullburn
