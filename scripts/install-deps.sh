@@ -2,6 +2,7 @@
 # Installs the Debian (bookworm) packages fullburn needs. Idempotent: packages
 # already present are skipped, and apt is not touched when nothing is missing.
 #   FULLBURN_NO_TORCH=1  skip libtorch (the monitoring half builds without it)
+#   --bench              also Debian's PyTorch and torchvision, the baselines of bench/
 set -euo pipefail
 
 packages=(
@@ -10,11 +11,15 @@ packages=(
   libcli11-dev                    # command line
   nlohmann-json3-dev libfmt-dev   # JSON, formatting
   libcpp-httplib-dev              # fullburn serve
+  libjpeg62-turbo-dev             # input pipeline (JPEG)
   libgtest-dev libgmock-dev       # tests
   python3                         # bench/ scripts
 )
 if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)
+fi
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch python3-torchvision python3-pil)  # bench/ baselines
 fi
 
 missing=()
