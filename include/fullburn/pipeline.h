@@ -130,6 +130,17 @@ struct LoaderOptions {
   uint64_t seed = 0;
   BadSamplePolicy on_bad_sample = BadSamplePolicy::kSkip;
   CropParams crop;
+  // Data parallelism: this process reads every world_size-th sample of the
+  // epoch's permutation, starting at rank, like torch's DistributedSampler.
+  // With pad (the default) the permutation is extended by its own start so
+  // every rank gets ceil(n / world_size) samples; without, the remainder is
+  // dropped and every rank gets floor(n / world_size).
+  int rank = 0, world_size = 1;
+  bool shard_pad = true;
+  // Keep encoded files in RAM up to this many bytes. The first files read are
+  // kept and none is evicted: under a fresh random order every epoch, any
+  // fixed subset hits equally often, so eviction would only cost.
+  int64_t cache_bytes = 0;
 };
 
 struct StageTimes {
@@ -138,6 +149,7 @@ struct StageTimes {
 
 struct LoaderStats {
   int64_t batches = 0, samples = 0, skipped = 0;
+  int64_t cache_hits = 0, cache_bytes = 0;
   StageTimes stages;
   double consumer_wait_s = 0;  // time Next() blocked: the data wait
   int threads = 0;
@@ -149,7 +161,15 @@ struct Batch {
   int size = 0;
   const uint8_t* images = nullptr;  // size x H x W x 3 (NHWC) or size x 3 x H x W
   const int32_t* labels = nullptr;
+  const int64_t* samples = nullptr;  // dataset indices, for tracing and tests
   int slot = -1;
+};
+
+// Where a consumer is: the epoch and the next batch it will receive. Saved
+// with a checkpoint, it resumes the exact remaining sequence of batches.
+struct LoaderPosition {
+  int epoch = 0;
+  int64_t next_batch = 0;
 };
 
 class ImageLoader {
@@ -158,12 +178,16 @@ class ImageLoader {
   ~ImageLoader();
 
   int64_t dataset_size() const { return static_cast<int64_t>(folder_.files.size()); }
-  int64_t batches_per_epoch() const { return dataset_size() / options_.batch_size; }
+  // Samples this rank reads per epoch (see LoaderOptions::world_size).
+  int64_t epoch_size() const;
+  int64_t batches_per_epoch() const { return epoch_size() / options_.batch_size; }
   const ImageFolder& folder() const { return folder_; }
   const LoaderOptions& options() const { return options_; }
 
-  // Starts producing the batches of `epoch` (drop_last: every batch is full).
-  void StartEpoch(int epoch);
+  // Starts producing the batches of `epoch` (drop_last: every batch is full),
+  // from batch `first_batch` on (a resumed run passes its saved position).
+  void StartEpoch(int epoch, int64_t first_batch = 0);
+  LoaderPosition position() const;
   // Blocks for the next batch of the epoch; false at its end or on error.
   bool Next(Batch* batch);
   void Release(const Batch& batch);
@@ -176,6 +200,7 @@ class ImageLoader {
   ImageLoader() = default;
   void Worker(int id);
   bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
+  Status Read(int64_t sample, std::vector<uint8_t>* bytes);
   void Fail(const std::string& message);
   void StopWorkers();
 
@@ -196,6 +221,10 @@ class ImageLoader {
   int inflight_ = 0;           // samples being made outside the lock
   LoaderStats stats_;
   std::vector<std::string> bad_named_;
+  mutable std::mutex cache_mu_;
+  std::vector<std::vector<uint8_t>> cache_;  // by sample; empty = not cached
+  int64_t cache_used_ = 0;
+  int64_t stats_cache_hits_ = 0;  // under cache_mu_
 };
 
 }  // namespace fullburn

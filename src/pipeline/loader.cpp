@@ -24,6 +24,7 @@ struct ImageLoader::Slot {
   int filled = 0;
   std::vector<uint8_t> images;
   std::vector<int32_t> labels;
+  std::vector<int64_t> samples;
 };
 
 namespace {
@@ -60,15 +61,21 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
   if (options.batch_size < 1) return Status::InvalidArgument("batch size must be at least 1");
   if (options.prefetch < 1) return Status::InvalidArgument("prefetch must be at least 1");
   if (options.out_w < 1 || options.out_h < 1) return Status::InvalidArgument("output size must be positive");
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size)
+    return Status::InvalidArgument("rank " + std::to_string(options.rank) + " is not in 0.." +
+                                   std::to_string(options.world_size - 1) + " (world size " +
+                                   std::to_string(options.world_size) + ")");
   Result<ImageFolder> folder = ScanImageFolder(options.root);
   if (!folder.ok()) return folder.status();
-  if (static_cast<int64_t>(folder->files.size()) < options.batch_size)
-    return Status::InvalidArgument("the dataset has " + std::to_string(folder->files.size()) +
-                                   " images, fewer than one batch of " +
-                                   std::to_string(options.batch_size) + ": lower the batch size");
   std::unique_ptr<ImageLoader> l(new ImageLoader());
   l->options_ = options;
   l->folder_ = std::move(*folder);
+  if (l->epoch_size() < options.batch_size)
+    return Status::InvalidArgument("the dataset has " + std::to_string(l->folder_.files.size()) +
+                                   " images (" + std::to_string(l->epoch_size()) +
+                                   " for this rank), fewer than one batch of " +
+                                   std::to_string(options.batch_size) + ": lower the batch size");
+  if (options.cache_bytes > 0) l->cache_.resize(l->folder_.files.size());
   l->image_bytes_ = static_cast<size_t>(options.out_w) * options.out_h * 3;
   int threads = options.threads;
   if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
@@ -78,6 +85,7 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
     auto slot = std::make_unique<Slot>();
     slot->images.resize(l->image_bytes_ * options.batch_size);
     slot->labels.resize(static_cast<size_t>(options.batch_size));
+    slot->samples.resize(static_cast<size_t>(options.batch_size));
     l->slots_.push_back(std::move(slot));
   }
   for (int i = 0; i < threads; ++i) l->workers_.emplace_back(&ImageLoader::Worker, l.get(), i);
@@ -97,7 +105,17 @@ void ImageLoader::StopWorkers() {
     if (t.joinable()) t.join();
 }
 
-void ImageLoader::StartEpoch(int epoch) {
+int64_t ImageLoader::epoch_size() const {
+  const int64_t n = dataset_size(), w = options_.world_size;
+  return options_.shard_pad ? (n + w - 1) / w : n / w;
+}
+
+LoaderPosition ImageLoader::position() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LoaderPosition{epoch_, next_to_hand_};
+}
+
+void ImageLoader::StartEpoch(int epoch, int64_t first_batch) {
   std::unique_lock<std::mutex> lock(mu_);
   // Samples being made for the old epoch finish first; slots they filled are freed.
   ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
@@ -107,9 +125,15 @@ void ImageLoader::StartEpoch(int epoch) {
       s->batch = -1;
     }
   epoch_ = epoch;
-  order_ = EpochPermutation(dataset_size(), options_.seed, epoch);
-  next_item_ = 0;
-  next_to_hand_ = 0;
+  // This rank's samples: every world_size-th of the (padded) permutation.
+  std::vector<int64_t> perm = EpochPermutation(dataset_size(), options_.seed, epoch);
+  const int64_t per_rank = epoch_size(), w = options_.world_size;
+  order_.resize(static_cast<size_t>(per_rank));
+  for (int64_t i = 0; i < per_rank; ++i)
+    order_[static_cast<size_t>(i)] = perm[static_cast<size_t>((options_.rank + i * w) % dataset_size())];
+  first_batch = std::max<int64_t>(0, std::min(first_batch, batches_per_epoch()));
+  next_item_ = first_batch * options_.batch_size;
+  next_to_hand_ = first_batch;
   lock.unlock();
   work_cv_.notify_all();
 }
@@ -132,13 +156,39 @@ Status ImageLoader::status() const {
 
 LoaderStats ImageLoader::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  LoaderStats s = stats_;
+  std::lock_guard<std::mutex> cache_lock(cache_mu_);
+  s.cache_hits = stats_cache_hits_;
+  s.cache_bytes = cache_used_;
+  return s;
+}
+
+Status ImageLoader::Read(int64_t sample, std::vector<uint8_t>* bytes) {
+  if (!cache_.empty()) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    const std::vector<uint8_t>& hit = cache_[static_cast<size_t>(sample)];
+    if (!hit.empty()) {
+      *bytes = hit;
+      ++stats_cache_hits_;
+      return Status::Ok();
+    }
+  }
+  Status s = ReadWholeFile(folder_.files[static_cast<size_t>(sample)], bytes);
+  if (s.ok() && !cache_.empty() && !bytes->empty()) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cache_used_ + static_cast<int64_t>(bytes->size()) <= options_.cache_bytes &&
+        cache_[static_cast<size_t>(sample)].empty()) {
+      cache_[static_cast<size_t>(sample)] = *bytes;
+      cache_used_ += static_cast<int64_t>(bytes->size());
+    }
+  }
+  return s;
 }
 
 bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error) {
   thread_local std::vector<uint8_t> bytes;
   thread_local DecodedRegion region;
-  const int64_t n = dataset_size();
+  const int64_t n = epoch_size();
   const int64_t pos = batch * options_.batch_size + i;
   SplitMix rng{(options_.seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(epoch_) << 40) ^
                static_cast<uint64_t>(pos)};
@@ -148,7 +198,7 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
     int64_t sample = order_[static_cast<size_t>((pos + attempt) % n)];
     const std::string& path = folder_.files[static_cast<size_t>(sample)];
     double t0 = Seconds();
-    Status s = ReadWholeFile(path, &bytes);
+    Status s = Read(sample, &bytes);
     double t1 = Seconds();
     t->read_s += t1 - t0;
     Result<JpegHeader> header = s.ok() ? ReadJpegHeader(bytes.data(), bytes.size()) : Result<JpegHeader>(s);
@@ -169,6 +219,7 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
       bool flip = options_.train && rng.Uniform() < 0.5;
       ResizeInto(region, box, options_.out_w, options_.out_h, flip, options_.layout, dst);
       slot.labels[static_cast<size_t>(i)] = folder_.labels[static_cast<size_t>(sample)];
+      slot.samples[static_cast<size_t>(i)] = sample;
       t->augment_s += Seconds() - t2;
       return true;
     }
@@ -249,6 +300,7 @@ bool ImageLoader::Next(Batch* out) {
   out->size = options_.batch_size;
   out->images = s.images.data();
   out->labels = s.labels.data();
+  out->samples = s.samples.data();
   out->slot = static_cast<int>(next_to_hand_ % static_cast<int64_t>(slots_.size()));
   ++next_to_hand_;
   ++stats_.batches;

@@ -380,6 +380,93 @@ TEST(Loader, FailPolicyStopsWithTheFileName) {
       << (*l)->status().message();
 }
 
+// Dataset indices of every sample of an epoch, in order.
+std::vector<int64_t> EpochSamples(ImageLoader& l, int epoch) {
+  std::vector<int64_t> out;
+  l.StartEpoch(epoch);
+  Batch b;
+  while (l.Next(&b)) {
+    out.insert(out.end(), b.samples, b.samples + b.size);
+    l.Release(b);
+  }
+  return out;
+}
+
+TEST(Loader, ShardsSplitTheEpochWithoutOverlap) {
+  std::string dir = SmallDataset("shard");  // 24 images
+  std::vector<int64_t> all;
+  for (int rank = 0; rank < 3; ++rank) {
+    LoaderOptions o = Small(dir, 2);
+    o.rank = rank;
+    o.world_size = 3;
+    auto l = ImageLoader::Open(o);
+    ASSERT_TRUE(l.ok());
+    EXPECT_EQ((*l)->epoch_size(), 8);
+    std::vector<int64_t> mine = EpochSamples(**l, 0);
+    EXPECT_EQ(mine.size(), 8u);
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> want(24);
+  for (int i = 0; i < 24; ++i) want[i] = i;
+  EXPECT_EQ(all, want);  // every sample exactly once across ranks
+}
+
+TEST(Loader, ShardPaddingAndDropping) {
+  std::string dir = SmallDataset("pad", 5, 5);  // 25 images over 2 ranks
+  LoaderOptions o = Small(dir, 1);
+  o.world_size = 2;
+  o.rank = 1;
+  EXPECT_EQ((*ImageLoader::Open(o))->epoch_size(), 13);  // padded: ceil(25 / 2)
+  o.shard_pad = false;
+  EXPECT_EQ((*ImageLoader::Open(o))->epoch_size(), 12);  // dropped: floor(25 / 2)
+  o.rank = 2;
+  auto bad = ImageLoader::Open(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("rank 2 is not in 0..1"), std::string::npos);
+}
+
+TEST(Loader, ResumeMidEpochGivesTheSameRemainingBatches) {
+  std::string dir = SmallDataset("resume");
+  auto first = ImageLoader::Open(Small(dir, 2));
+  std::vector<int32_t> labels;
+  auto whole = Epoch(**first, 1, &labels);
+  // A fresh loader (another process, other thread count) resumed at batch 4.
+  auto resumed = ImageLoader::Open(Small(dir, 3));
+  (*resumed)->StartEpoch(1, 4);
+  EXPECT_EQ((*resumed)->position().next_batch, 4);
+  Batch b;
+  std::vector<std::vector<uint8_t>> rest;
+  while ((*resumed)->Next(&b)) {
+    rest.emplace_back(b.images, b.images + 4 * 32 * 32 * 3);
+    (*resumed)->Release(b);
+  }
+  EXPECT_EQ((*resumed)->position().next_batch, 6);
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0], whole[4]);
+  EXPECT_EQ(rest[1], whole[5]);
+}
+
+TEST(Loader, CacheServesLaterEpochsWithTheSameBytes) {
+  std::string dir = SmallDataset("cache");
+  LoaderOptions o = Small(dir, 2);
+  o.cache_bytes = 64 << 20;
+  auto cached = ImageLoader::Open(o);
+  auto plain = ImageLoader::Open(Small(dir, 2));
+  Epoch(**cached, 0, nullptr);
+  EXPECT_EQ((*cached)->stats().cache_hits, 0);
+  EXPECT_GT((*cached)->stats().cache_bytes, 0);
+  auto e1 = Epoch(**cached, 1, nullptr);
+  EXPECT_EQ((*cached)->stats().cache_hits, 24);
+  EXPECT_EQ(e1, Epoch(**plain, 1, nullptr));
+  // A budget smaller than one file caches nothing.
+  o.cache_bytes = 10;
+  auto tiny = ImageLoader::Open(o);
+  Epoch(**tiny, 0, nullptr);
+  Epoch(**tiny, 1, nullptr);
+  EXPECT_EQ((*tiny)->stats().cache_hits, 0);
+}
+
 TEST(Loader, EmptyOrMissingFolderIsAnError) {
   std::string empty = ::testing::TempDir() + "/fb_pipe_empty";
   fs::create_directories(empty + "/cats");
