@@ -48,6 +48,16 @@ struct DecodedRegion {
 struct BoxF {
   double x = 0, y = 0, w = 0, h = 0;  // in source pixels
 };
+// Pixels to resample: a decoded region, or raw pixels of a packed dataset
+// (scale 1, origin 0), without copying either.
+struct ImageView {
+  const uint8_t* rgb = nullptr;
+  int width = 0, height = 0;
+  double scale = 1, origin_x = 0, origin_y = 0;
+  static ImageView Of(const DecodedRegion& d) {
+    return ImageView{d.rgb.data(), d.width, d.height, d.scale, d.origin_x, d.origin_y};
+  }
+};
 
 Result<JpegHeader> ReadJpegHeader(const uint8_t* data, size_t size);
 // Decodes the part of the image under `crop`, downscaled in the DCT domain by
@@ -78,8 +88,12 @@ enum class Layout { kNHWC, kNCHW };
 // Bilinear resize (pixel centers, align_corners=False) of the source box of a
 // decoded region into an out_w x out_h image at `dst`, optionally mirrored.
 // Each output pixel is written exactly once.
-void ResizeInto(const DecodedRegion& src, const BoxF& box, int out_w, int out_h, bool flip,
+void ResizeInto(const ImageView& src, const BoxF& box, int out_w, int out_h, bool flip,
                 Layout layout, uint8_t* dst);
+inline void ResizeInto(const DecodedRegion& src, const BoxF& box, int out_w, int out_h, bool flip,
+                       Layout layout, uint8_t* dst) {
+  ResizeInto(ImageView::Of(src), box, out_w, out_h, flip, layout, dst);
+}
 
 // ---- Datasets ----------------------------------------------------------------
 
@@ -98,6 +112,54 @@ struct SyntheticImagesOptions {
 // Writes a learnable, photo-like JPEG folder: each class has its own shape,
 // palette and texture frequency on a smooth background with noise.
 Status MakeSyntheticImages(const std::string& dir, const SyntheticImagesOptions& opts);
+
+// ---- Packed datasets (docs/formats.md) ------------------------------------
+
+enum class PackFormat : uint32_t { kJpeg = 0, kRaw = 1 };
+
+struct PackOptions {
+  PackFormat format = PackFormat::kJpeg;
+  int max_side = 0;  // resize so neither side exceeds this (0: keep the size)
+  int quality = 90;  // for kJpeg
+  int threads = 0;   // 0: one per core
+};
+// Writes an image folder as a pack: DST/index.fbpx plus DST/shard-NNNNN.fbp
+// files, in the folder's order. Unreadable images are left out and counted.
+struct PackReport {
+  int64_t images = 0, skipped = 0, bytes = 0;
+};
+Result<PackReport> WritePack(const std::string& src, const std::string& dst, const PackOptions& o);
+
+struct PackRecord {
+  uint32_t shard;
+  uint64_t offset;
+  uint32_t size;
+  uint16_t width, height;
+  int32_t label;
+};
+
+// A pack opened for reading: shards are mapped read-only and shared by all
+// threads; Data() points into the mapping (valid while the reader lives).
+class PackReader {
+ public:
+  static bool IsPack(const std::string& dir);
+  // Checks the index's magic, version and checksum and that every record lies
+  // inside its shard: a truncated or corrupt pack is refused here, not mid-epoch.
+  static Result<std::unique_ptr<PackReader>> Open(const std::string& dir);
+  ~PackReader();
+  PackFormat format() const { return format_; }
+  const std::vector<std::string>& classes() const { return classes_; }
+  const std::vector<PackRecord>& records() const { return records_; }
+  const uint8_t* Data(const PackRecord& r) const { return maps_[r.shard] + r.offset; }
+
+ private:
+  PackReader() = default;
+  PackFormat format_ = PackFormat::kJpeg;
+  std::vector<std::string> classes_;
+  std::vector<PackRecord> records_;
+  std::vector<const uint8_t*> maps_;
+  std::vector<size_t> map_sizes_;
+};
 
 // Deterministic 64-bit generator (splitmix64), so crops depend only on
 // (seed, epoch, sample) and not on which thread did the work.
@@ -119,7 +181,7 @@ std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch);
 enum class BadSamplePolicy { kSkip, kFail };
 
 struct LoaderOptions {
-  std::string root;           // image folder
+  std::string root;           // image folder, or a pack written by WritePack
   int batch_size = 64;
   int threads = 0;            // 0: one per core, less one for the training thread
   int prefetch = 3;           // batches prepared ahead of the consumer
@@ -205,7 +267,8 @@ class ImageLoader {
   void StopWorkers();
 
   LoaderOptions options_;
-  ImageFolder folder_;
+  ImageFolder folder_;           // for a pack: its classes and labels, files named DIR#i
+  std::unique_ptr<PackReader> pack_;
   size_t image_bytes_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::thread> workers_;

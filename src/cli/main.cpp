@@ -12,7 +12,7 @@
 namespace {
 
 const char* const kCommands[] = {"run",     "watch", "runs",         "serve",
-                                 "metrics", "bench", "make-dataset", "version"};
+                                 "metrics", "bench", "make-dataset", "pack", "version"};
 
 // The training half lives in fullburn-train beside this executable.
 std::string TrainingHalf() {
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     for (const char* c : kCommands) known |= std::strcmp(argv[1], c) == 0;
     if (!known)
       return Fail(std::string("unknown command '") + argv[1] +
-                  "': use run, watch, runs, serve, metrics, bench, make-dataset or version (see 'fullburn --help')");
+                  "': use run, watch, runs, serve, metrics, bench, make-dataset, pack or version (see 'fullburn --help')");
   }
   CLI::App app{"fullburn: keep GPUs busy while deep-learning models train"};
   app.require_subcommand(1);

@@ -73,7 +73,7 @@ void Taps(double start, double len, int n, int limit, std::vector<Tap>* taps) {
 
 // Vertical first: blending two source rows is contiguous and vectorizes; the
 // horizontal gather then runs once per output row, over out_w pixels only.
-void ResizeInto(const DecodedRegion& src, const BoxF& box, int out_w, int out_h, bool flip,
+void ResizeInto(const ImageView& src, const BoxF& box, int out_w, int out_h, bool flip,
                 Layout layout, uint8_t* dst) {
   thread_local std::vector<Tap> xs, ys;
   thread_local std::vector<uint16_t> blended;
@@ -100,8 +100,8 @@ void ResizeInto(const DecodedRegion& src, const BoxF& box, int out_w, int out_h,
   const Tap* tys = ys.data();
   for (int oy = 0; oy < out_h; ++oy) {
     const Tap& ty = tys[oy];
-    const uint8_t* r0 = src.rgb.data() + ty.i0 * stride;
-    const uint8_t* r1 = src.rgb.data() + ty.i1 * stride;
+    const uint8_t* r0 = src.rgb + ty.i0 * stride;
+    const uint8_t* r1 = src.rgb + ty.i1 * stride;
     const uint16_t wy1 = static_cast<uint16_t>(ty.w1), wy0 = static_cast<uint16_t>(kOne - ty.w1);
     for (size_t k = lo; k < hi; ++k) v[k] = static_cast<uint16_t>(r0[k] * wy0 + r1[k] * wy1);
     uint8_t* out = layout == Layout::kNHWC ? dst + static_cast<size_t>(oy) * n : tmp;

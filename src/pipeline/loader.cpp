@@ -65,11 +65,22 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
     return Status::InvalidArgument("rank " + std::to_string(options.rank) + " is not in 0.." +
                                    std::to_string(options.world_size - 1) + " (world size " +
                                    std::to_string(options.world_size) + ")");
-  Result<ImageFolder> folder = ScanImageFolder(options.root);
-  if (!folder.ok()) return folder.status();
   std::unique_ptr<ImageLoader> l(new ImageLoader());
   l->options_ = options;
-  l->folder_ = std::move(*folder);
+  if (PackReader::IsPack(options.root)) {
+    Result<std::unique_ptr<PackReader>> pack = PackReader::Open(options.root);
+    if (!pack.ok()) return pack.status();
+    l->pack_ = std::move(*pack);
+    l->folder_.classes = l->pack_->classes();
+    for (size_t i = 0; i < l->pack_->records().size(); ++i) {
+      l->folder_.files.push_back(options.root + "#" + std::to_string(i));
+      l->folder_.labels.push_back(l->pack_->records()[i].label);
+    }
+  } else {
+    Result<ImageFolder> folder = ScanImageFolder(options.root);
+    if (!folder.ok()) return folder.status();
+    l->folder_ = std::move(*folder);
+  }
   if (l->epoch_size() < options.batch_size)
     return Status::InvalidArgument("the dataset has " + std::to_string(l->folder_.files.size()) +
                                    " images (" + std::to_string(l->epoch_size()) +
@@ -198,26 +209,52 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
     int64_t sample = order_[static_cast<size_t>((pos + attempt) % n)];
     const std::string& path = folder_.files[static_cast<size_t>(sample)];
     double t0 = Seconds();
-    Status s = Read(sample, &bytes);
+    // The encoded bytes (or raw pixels) and the image size.
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    int width = 0, height = 0;
+    Status s;
+    if (pack_) {
+      const PackRecord& r = pack_->records()[static_cast<size_t>(sample)];
+      data = pack_->Data(r);
+      size = r.size;
+      width = r.width;
+      height = r.height;
+    } else {
+      s = Read(sample, &bytes);
+      if (s.ok()) {
+        data = bytes.data();
+        size = bytes.size();
+        Result<JpegHeader> header = ReadJpegHeader(data, size);
+        if (header.ok()) {
+          width = header->width;
+          height = header->height;
+        } else {
+          s = header.status();
+        }
+      }
+    }
     double t1 = Seconds();
     t->read_s += t1 - t0;
-    Result<JpegHeader> header = s.ok() ? ReadJpegHeader(bytes.data(), bytes.size()) : Result<JpegHeader>(s);
     BoxF box;
-    if (header.ok()) {
+    ImageView view;
+    if (s.ok()) {
       box = options_.train
-                ? RandomResizedCropBox(header->width, header->height, options_.crop,
-                                       [&rng] { return rng.Uniform(); })
-                : ResizeCenterCropBox(header->width, header->height, options_.eval_resize,
+                ? RandomResizedCropBox(width, height, options_.crop, [&rng] { return rng.Uniform(); })
+                : ResizeCenterCropBox(width, height, options_.eval_resize,
                                       std::min(options_.out_w, options_.out_h));
-      s = DecodeJpegRegion(bytes.data(), bytes.size(), box, options_.out_w, options_.out_h, &region);
-    } else {
-      s = header.status();
+      if (pack_ && pack_->format() == PackFormat::kRaw) {
+        view = ImageView{data, width, height, 1, 0, 0};  // nothing to decode
+      } else {
+        s = DecodeJpegRegion(data, size, box, options_.out_w, options_.out_h, &region);
+        view = ImageView::Of(region);
+      }
     }
     double t2 = Seconds();
     t->decode_s += t2 - t1;
     if (s.ok()) {
       bool flip = options_.train && rng.Uniform() < 0.5;
-      ResizeInto(region, box, options_.out_w, options_.out_h, flip, options_.layout, dst);
+      ResizeInto(view, box, options_.out_w, options_.out_h, flip, options_.layout, dst);
       slot.labels[static_cast<size_t>(i)] = folder_.labels[static_cast<size_t>(sample)];
       slot.samples[static_cast<size_t>(i)] = sample;
       t->augment_s += Seconds() - t2;

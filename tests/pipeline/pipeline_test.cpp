@@ -467,6 +467,91 @@ TEST(Loader, CacheServesLaterEpochsWithTheSameBytes) {
   EXPECT_EQ((*tiny)->stats().cache_hits, 0);
 }
 
+TEST(Pack, RoundTripKeepsImagesAndLabels) {
+  std::string dir = SmallDataset("packsrc");
+  for (PackFormat format : {PackFormat::kJpeg, PackFormat::kRaw}) {
+    std::string dst = dir + (format == PackFormat::kRaw ? ".raw" : ".jpg");
+    fs::remove_all(dst);
+    PackOptions o;
+    o.format = format;
+    auto report = WritePack(dir, dst, o);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_EQ(report->images, 24);
+    auto pack = PackReader::Open(dst);
+    ASSERT_TRUE(pack.ok()) << pack.status().message();
+    auto folder = ScanImageFolder(dir);
+    ASSERT_EQ((*pack)->records().size(), 24u);
+    EXPECT_EQ((*pack)->classes(), folder->classes);
+    for (size_t i = 0; i < 24; ++i) {
+      const PackRecord& r = (*pack)->records()[i];
+      EXPECT_EQ(r.label, folder->labels[i]);
+      EXPECT_EQ(r.width, 64);
+      std::string file = testing::ReadText(folder->files[i]);
+      std::vector<uint8_t> bytes(file.begin(), file.end());
+      DecodedRegion d;
+      ASSERT_TRUE(DecodeJpeg(bytes.data(), bytes.size(), &d).ok());
+      std::vector<uint8_t> stored((*pack)->Data(r), (*pack)->Data(r) + r.size);
+      if (format == PackFormat::kRaw)
+        EXPECT_EQ(stored, d.rgb);  // exactly the decoded pixels
+      else
+        EXPECT_EQ(stored, bytes);  // not resized: the original file
+    }
+    // The loader reads a pack like a folder: same labels, same batch count.
+    auto l = ImageLoader::Open(Small(dst, 2));
+    ASSERT_TRUE(l.ok()) << l.status().message();
+    std::vector<int32_t> labels;
+    EXPECT_EQ(Epoch(**l, 0, &labels).size(), 6u);
+  }
+}
+
+TEST(Pack, ResizesToMaxSide) {
+  std::string dir = SmallDataset("packresize");
+  std::string dst = dir + ".small";
+  fs::remove_all(dst);
+  PackOptions o;
+  o.max_side = 32;
+  ASSERT_TRUE(WritePack(dir, dst, o).ok());
+  auto pack = PackReader::Open(dst);
+  EXPECT_EQ((*pack)->records()[0].width, 32);
+  EXPECT_EQ((*pack)->records()[0].height, 24);
+}
+
+TEST(Pack, TruncatedOrCorruptPacksAreRefused) {
+  std::string dir = SmallDataset("packbad");
+  std::string dst = dir + ".pack";
+  fs::remove_all(dst);
+  ASSERT_TRUE(WritePack(dir, dst, PackOptions{}).ok());
+  std::string shard = dst + "/shard-00000.fbp";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  auto truncated = PackReader::Open(dst);
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_NE(truncated.status().message().find("truncated?"), std::string::npos);
+  auto l = ImageLoader::Open(Small(dst, 1));
+  EXPECT_FALSE(l.ok());
+  std::string index = dst + "/index.fbpx";
+  std::string text = testing::ReadText(index);
+  text[40] ^= 0x55;
+  std::ofstream(index, std::ios::binary | std::ios::trunc) << text;
+  auto corrupt = PackReader::Open(dst);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_NE(corrupt.status().message().find("checksum mismatch"), std::string::npos);
+  // A destination that already holds files is refused, not overwritten.
+  auto again = WritePack(dir, dst, PackOptions{});
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("exists and is not empty"), std::string::npos);
+}
+
+TEST(Pack, CorruptSourceImagesAreLeftOut) {
+  std::string dir = SmallDataset("packskip");
+  std::ofstream(dir + "/class_000/img_00002.jpg", std::ios::trunc) << "junk";
+  std::string dst = dir + ".pack";
+  fs::remove_all(dst);
+  auto r = WritePack(dir, dst, PackOptions{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->images, 23);
+  EXPECT_EQ(r->skipped, 1);
+}
+
 TEST(Loader, EmptyOrMissingFolderIsAnError) {
   std::string empty = ::testing::TempDir() + "/fb_pipe_empty";
   fs::create_directories(empty + "/cats");
