@@ -161,6 +161,45 @@ class PackReader {
   std::vector<size_t> map_sizes_;
 };
 
+// ---- Token shards (language models) -------------------------------------------
+
+// Files of uint16 token ids: the nanoGPT layout (the bare array) or llm.c's
+// (a 256 x int32 header: magic 20240520, version 1, token count; then the
+// array). Several files form one stream, sampled in proportion to their size.
+class TokenShards {
+ public:
+  static Result<std::unique_ptr<TokenShards>> Open(const std::vector<std::string>& paths,
+                                                   int seq_len);
+  ~TokenShards();
+  int64_t tokens() const { return total_; }
+  int seq_len() const { return seq_len_; }
+  // Batch `step` of `batch` windows of seq_len + 1 tokens at random offsets
+  // drawn from (seed, step): x = window[0, seq_len), y = window[1, seq_len].
+  // The same step always gives the same batch, so a resumed run continues exactly.
+  void Batch(uint64_t seed, int64_t step, int batch, int32_t* x, int32_t* y) const;
+
+ private:
+  struct File {
+    const uint16_t* tokens;
+    int64_t count;
+    void* map;
+    size_t map_size;
+  };
+  TokenShards() = default;
+  std::vector<File> files_;
+  int64_t total_ = 0;
+  int seq_len_ = 0;
+};
+
+struct SyntheticTokensOptions {
+  int64_t tokens = 1 << 20;
+  int vocab = 256;
+  uint64_t seed = 0;
+};
+// Writes a nanoGPT-layout token file with learnable structure: each token
+// follows its predecessor by a fixed random transition 85% of the time.
+Status MakeSyntheticTokens(const std::string& path, const SyntheticTokensOptions& opts);
+
 // Deterministic 64-bit generator (splitmix64), so crops depend only on
 // (seed, epoch, sample) and not on which thread did the work.
 struct SplitMix {

@@ -186,6 +186,22 @@ void SetupData(CLI::App& app) {
   pack->add_option("--threads", po->pack.threads, "Threads (0: one per core)")->capture_default_str();
   pack->callback([po] { ExitCode() = Pack(*po); });
 
+  auto to = std::make_shared<std::pair<std::string, SyntheticTokensOptions>>();
+  CLI::App* tokens = make->add_subcommand("tokens", "A learnable token file (uint16, nanoGPT layout)");
+  tokens->add_option("FILE", to->first, "File to write")->required();
+  tokens->add_option("--tokens", to->second.tokens, "Number of tokens")->capture_default_str()->check(CLI::Range(int64_t(2), int64_t(1) << 40));
+  tokens->add_option("--vocab", to->second.vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(2, 65536));
+  tokens->add_option("--seed", to->second.seed, "Random seed")->capture_default_str();
+  tokens->callback([to] {
+    Status s = MakeSyntheticTokens(to->first, to->second);
+    if (!s.ok()) {
+      ExitCode() = Fail(s.message());
+      return;
+    }
+    std::printf("wrote %lld tokens (vocabulary %d) to %s\n", static_cast<long long>(to->second.tokens),
+                to->second.vocab, to->first.c_str());
+  });
+
   CLI::App* bench = app.add_subcommand("bench", "Measure a part of the pipeline alone");
   bench->require_subcommand(1);
   auto bo = std::make_shared<BenchOptions>();

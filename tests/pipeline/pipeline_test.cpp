@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "fullburn/pipeline.h"
@@ -550,6 +551,68 @@ TEST(Pack, CorruptSourceImagesAreLeftOut) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->images, 23);
   EXPECT_EQ(r->skipped, 1);
+}
+
+TEST(Tokens, WindowsAreShiftedByOneAndReproducible) {
+  std::string path = ::testing::TempDir() + "/fb_tokens.bin";
+  SyntheticTokensOptions o;
+  o.tokens = 10000;
+  o.vocab = 50;
+  ASSERT_TRUE(MakeSyntheticTokens(path, o).ok());
+  EXPECT_EQ(fs::file_size(path), 20000u);
+  auto t = TokenShards::Open({path}, 16);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)->tokens(), 10000);
+  std::vector<int32_t> x(4 * 16), y(4 * 16), x2(4 * 16), y2(4 * 16);
+  (*t)->Batch(1, 5, 4, x.data(), y.data());
+  (*t)->Batch(1, 5, 4, x2.data(), y2.data());
+  EXPECT_EQ(x, x2);
+  EXPECT_EQ(y, y2);
+  for (int b = 0; b < 4; ++b)
+    for (int i = 0; i + 1 < 16; ++i) EXPECT_EQ(y[b * 16 + i], x[b * 16 + i + 1]);
+  (*t)->Batch(1, 6, 4, x2.data(), y2.data());
+  EXPECT_NE(x, x2);
+  // Learnable: most tokens follow one fixed successor of their predecessor.
+  std::map<int, std::map<int, int>> follow;
+  for (size_t i = 0; i < x.size(); ++i) follow[x[i]][y[i]]++;
+  int top = 0, all = 0;
+  for (auto& [prev, nexts] : follow) {
+    int best = 0;
+    for (auto& [n, c] : nexts) best = std::max(best, c), all += c;
+    top += best;
+  }
+  EXPECT_GT(static_cast<double>(top) / all, 0.7);
+}
+
+TEST(Tokens, ReadsLlmcHeaderAndRefusesTruncatedFiles) {
+  std::string path = ::testing::TempDir() + "/fb_tokens_llmc.bin";
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = 100;
+  std::vector<uint16_t> tokens(100);
+  for (int i = 0; i < 100; ++i) tokens[i] = static_cast<uint16_t>(i);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(tokens.data()), 200);
+  }
+  auto t = TokenShards::Open({path}, 8);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ((*t)->tokens(), 100);
+  std::vector<int32_t> x(8), y(8);
+  (*t)->Batch(0, 0, 1, x.data(), y.data());
+  EXPECT_EQ(y[0], x[0] + 1);  // the stored tokens count up
+  fs::resize_file(path, 1024 + 150);
+  auto cut = TokenShards::Open({path}, 8);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("truncated?"), std::string::npos);
+  std::string odd = ::testing::TempDir() + "/fb_tokens_odd.bin";
+  std::ofstream(odd, std::ios::binary) << std::string(101, 'a');
+  EXPECT_NE(TokenShards::Open({odd}, 8).status().message().find("odd size"), std::string::npos);
+  EXPECT_NE(TokenShards::Open({odd + ".missing"}, 8).status().message().find("cannot open"),
+            std::string::npos);
+  EXPECT_NE(TokenShards::Open({odd}, 1000).status().message().find("has an odd size"), std::string::npos);
 }
 
 TEST(Loader, EmptyOrMissingFolderIsAnError) {
