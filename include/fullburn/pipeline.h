@@ -242,6 +242,10 @@ struct LoaderOptions {
   // kept and none is evicted: under a fresh random order every epoch, any
   // fixed subset hits equally often, so eviction would only cost.
   int64_t cache_bytes = 0;
+  // Where batch images live: by default the loader allocates them; the
+  // libtorch adapter passes pinned host memory so the copy to the GPU reads
+  // the slot directly. The memory must outlive the loader.
+  std::function<uint8_t*(size_t bytes)> allocate_images;
 };
 
 struct StageTimes {
@@ -291,6 +295,8 @@ class ImageLoader {
   LoaderPosition position() const;
   // Blocks for the next batch of the epoch; false at its end or on error.
   bool Next(Batch* batch);
+  // The next batch if it is ready now; never blocks.
+  bool TryNext(Batch* batch);
   void Release(const Batch& batch);
   // Ok, or the error that stopped the loader.
   Status status() const;
@@ -299,6 +305,7 @@ class ImageLoader {
  private:
   struct Slot;
   ImageLoader() = default;
+  bool HandOut(Slot& slot, Batch* out);  // with mu_ held
   void Worker(int id);
   bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
   Status Read(int64_t sample, std::vector<uint8_t>* bytes);

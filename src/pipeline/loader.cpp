@@ -22,7 +22,8 @@ struct ImageLoader::Slot {
   int64_t batch = -1;
   int epoch = -1;
   int filled = 0;
-  std::vector<uint8_t> images;
+  std::vector<uint8_t> own_images;  // unless LoaderOptions::allocate_images
+  uint8_t* images = nullptr;
   std::vector<int32_t> labels;
   std::vector<int64_t> samples;
 };
@@ -94,7 +95,13 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
   // The consumer holds one slot; `prefetch` more are prepared ahead of it.
   for (int i = 0; i < options.prefetch + 1; ++i) {
     auto slot = std::make_unique<Slot>();
-    slot->images.resize(l->image_bytes_ * options.batch_size);
+    size_t bytes = l->image_bytes_ * static_cast<size_t>(options.batch_size);
+    if (options.allocate_images) {
+      slot->images = options.allocate_images(bytes);
+    } else {
+      slot->own_images.resize(bytes);
+      slot->images = slot->own_images.data();
+    }
     slot->labels.resize(static_cast<size_t>(options.batch_size));
     slot->samples.resize(static_cast<size_t>(options.batch_size));
     l->slots_.push_back(std::move(slot));
@@ -203,7 +210,7 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
   const int64_t pos = batch * options_.batch_size + i;
   SplitMix rng{(options_.seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(epoch_) << 40) ^
                static_cast<uint64_t>(pos)};
-  uint8_t* dst = slot.images.data() + image_bytes_ * static_cast<size_t>(i);
+  uint8_t* dst = slot.images + image_bytes_ * static_cast<size_t>(i);
   // A bad sample is replaced by the next sample of the permutation.
   for (int64_t attempt = 0; attempt < std::min<int64_t>(n, 64); ++attempt) {
     int64_t sample = order_[static_cast<size_t>((pos + attempt) % n)];
@@ -330,12 +337,24 @@ bool ImageLoader::Next(Batch* out) {
     return stop_ || (s.state == Slot::State::kReady && s.batch == next_to_hand_ && s.epoch == epoch_);
   });
   stats_.consumer_wait_s += Seconds() - t0;
+  return HandOut(s, out);
+}
+
+bool ImageLoader::TryNext(Batch* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch_ < 0 || next_to_hand_ >= batches_per_epoch()) return false;
+  Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
+  if (s.state != Slot::State::kReady || s.batch != next_to_hand_ || s.epoch != epoch_) return false;
+  return HandOut(s, out);
+}
+
+bool ImageLoader::HandOut(Slot& s, Batch* out) {
   if (!error_.ok() || s.state != Slot::State::kReady) return false;
   s.state = Slot::State::kInUse;
   out->index = next_to_hand_;
   out->epoch = epoch_;
   out->size = options_.batch_size;
-  out->images = s.images.data();
+  out->images = s.images;
   out->labels = s.labels.data();
   out->samples = s.samples.data();
   out->slot = static_cast<int>(next_to_hand_ % static_cast<int64_t>(slots_.size()));
