@@ -222,7 +222,12 @@ enum class BadSamplePolicy { kSkip, kFail };
 struct LoaderOptions {
   std::string root;           // image folder, or a pack written by WritePack
   int batch_size = 64;
-  int threads = 0;            // 0: one per core, less one for the training thread
+  // 0: tuned while running (below); else fixed. The tuner starts with one
+  // worker and adds one whenever the consumer waited more than 5% of the last
+  // few batches, up to cpu_budget; it parks one when the consumer never waited
+  // and the measured per-sample time says fewer workers keep up.
+  int threads = 0;
+  int cpu_budget = 0;         // most worker threads; 0: cores - 1 (one for training)
   int prefetch = 3;           // batches prepared ahead of the consumer
   int out_w = 224, out_h = 224;
   bool train = true;          // RandomResizedCrop + flip; else Resize + CenterCrop
@@ -257,7 +262,8 @@ struct LoaderStats {
   int64_t cache_hits = 0, cache_bytes = 0;
   StageTimes stages;
   double consumer_wait_s = 0;  // time Next() blocked: the data wait
-  int threads = 0;
+  int threads = 0;             // active workers now
+  int ready_batches = 0;       // prepared and waiting for the consumer (queue depth)
 };
 
 struct Batch {
@@ -306,6 +312,7 @@ class ImageLoader {
   struct Slot;
   ImageLoader() = default;
   bool HandOut(Slot& slot, Batch* out);  // with mu_ held
+  void Tune();                           // with mu_ held
   void Worker(int id);
   bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
   Status Read(int64_t sample, std::vector<uint8_t>* bytes);
@@ -328,6 +335,10 @@ class ImageLoader {
   int64_t next_item_ = 0;      // next (batch, i) to claim, as batch * batch_size + i
   int64_t next_to_hand_ = 0;   // the batch Next() returns next
   int inflight_ = 0;           // samples being made outside the lock
+  int active_ = 1;             // workers allowed to claim samples
+  bool autotune_ = false;
+  double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
+  int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;
   std::vector<std::string> bad_named_;
   mutable std::mutex cache_mu_;

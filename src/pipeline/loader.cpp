@@ -89,9 +89,13 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
                                    std::to_string(options.batch_size) + ": lower the batch size");
   if (options.cache_bytes > 0) l->cache_.resize(l->folder_.files.size());
   l->image_bytes_ = static_cast<size_t>(options.out_w) * options.out_h * 3;
-  int threads = options.threads;
-  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
-  l->stats_.threads = threads;
+  int budget = options.cpu_budget > 0
+                   ? options.cpu_budget
+                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  int threads = options.threads > 0 ? options.threads : budget;
+  l->autotune_ = options.threads <= 0;
+  l->active_ = l->autotune_ ? 1 : threads;
+  l->stats_.threads = l->active_;
   // The consumer holds one slot; `prefetch` more are prepared ahead of it.
   for (int i = 0; i < options.prefetch + 1; ++i) {
     auto slot = std::make_unique<Slot>();
@@ -152,6 +156,7 @@ void ImageLoader::StartEpoch(int epoch, int64_t first_batch) {
   first_batch = std::max<int64_t>(0, std::min(first_batch, batches_per_epoch()));
   next_item_ = first_batch * options_.batch_size;
   next_to_hand_ = first_batch;
+  window_start_ = -1;  // the tuner does not count the pause between epochs
   lock.unlock();
   work_cv_.notify_all();
 }
@@ -175,6 +180,7 @@ Status ImageLoader::status() const {
 LoaderStats ImageLoader::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   LoaderStats s = stats_;
+  for (const auto& slot : slots_) s.ready_batches += slot->state == Slot::State::kReady;
   std::lock_guard<std::mutex> cache_lock(cache_mu_);
   s.cache_hits = stats_cache_hits_;
   s.cache_bytes = cache_used_;
@@ -283,7 +289,7 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
   return false;
 }
 
-void ImageLoader::Worker(int) {
+void ImageLoader::Worker(int id) {
   const int b = options_.batch_size;
   const int64_t slots = static_cast<int64_t>(slots_.size());
   std::unique_lock<std::mutex> lock(mu_);
@@ -293,6 +299,7 @@ void ImageLoader::Worker(int) {
     int i = 0;
     work_cv_.wait(lock, [&] {
       if (stop_) return true;
+      if (id >= active_) return false;  // parked by the tuner
       if (epoch_ < 0 || next_item_ >= batches_per_epoch() * b) return false;
       batch = next_item_ / b;
       Slot& s = *slots_[static_cast<size_t>(batch % slots)];
@@ -318,6 +325,8 @@ void ImageLoader::Worker(int) {
     stats_.stages.read_s += t.read_s;
     stats_.stages.decode_s += t.decode_s;
     stats_.stages.augment_s += t.augment_s;
+    window_work_ += t.read_s + t.decode_s + t.augment_s;
+    ++window_samples_;
     if (!ok) {
       lock.unlock();
       Fail(error);
@@ -336,8 +345,41 @@ bool ImageLoader::Next(Batch* out) {
   ready_cv_.wait(lock, [&] {
     return stop_ || (s.state == Slot::State::kReady && s.batch == next_to_hand_ && s.epoch == epoch_);
   });
-  stats_.consumer_wait_s += Seconds() - t0;
-  return HandOut(s, out);
+  double waited = Seconds() - t0;
+  stats_.consumer_wait_s += waited;
+  window_wait_ += waited;
+  bool ok = HandOut(s, out);
+  if (ok && autotune_) Tune();
+  return ok;
+}
+
+void ImageLoader::Tune() {
+  constexpr int kWindow = 4;  // batches per decision
+  double now = Seconds();
+  if (window_start_ < 0) {
+    window_start_ = now;
+    window_wait_ = window_work_ = 0;
+    window_batches_ = window_samples_ = 0;
+    return;
+  }
+  if (++window_batches_ < kWindow) return;
+  double wall = now - window_start_;
+  double wait_share = wall > 0 ? window_wait_ / wall : 0;
+  // Workers needed to match the consumer: per-sample work x samples per second consumed.
+  double per_sample = window_samples_ ? window_work_ / window_samples_ : 0;
+  double consumed_per_s = wall > 0 ? window_batches_ * options_.batch_size / wall : 0;
+  double needed = per_sample * consumed_per_s;
+  int most = static_cast<int>(workers_.size());
+  if (wait_share > 0.05 && active_ < most) {
+    ++active_;
+    work_cv_.notify_all();
+  } else if (wait_share < 0.005 && active_ > 1 && needed < active_ - 1.5) {
+    --active_;  // parks the highest-numbered worker after its current sample
+  }
+  stats_.threads = active_;
+  window_start_ = now;
+  window_wait_ = window_work_ = 0;
+  window_batches_ = window_samples_ = 0;
 }
 
 bool ImageLoader::TryNext(Batch* out) {

@@ -615,6 +615,29 @@ TEST(Tokens, ReadsLlmcHeaderAndRefusesTruncatedFiles) {
   EXPECT_NE(TokenShards::Open({odd}, 1000).status().message().find("has an odd size"), std::string::npos);
 }
 
+TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
+  std::string dir = SmallDataset("tune", 4, 40);  // 160 images, 40 batches of 4
+  LoaderOptions o = Small(dir, 0);
+  o.cpu_budget = 4;
+  // A consumer that takes each batch at once is starved: workers are added.
+  auto hungry = ImageLoader::Open(o);
+  ASSERT_TRUE(hungry.ok());
+  EXPECT_EQ((*hungry)->stats().threads, 1);
+  Epoch(**hungry, 0, nullptr);
+  EXPECT_GT((*hungry)->stats().threads, 1);
+  EXPECT_LE((*hungry)->stats().threads, 4);
+  // A slow consumer (20 ms a batch of four tiny images) never waits: one worker.
+  auto slow = ImageLoader::Open(o);
+  (*slow)->StartEpoch(0);
+  Batch b;
+  for (int k = 0; k < 20 && (*slow)->Next(&b); ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    (*slow)->Release(b);
+  }
+  EXPECT_EQ((*slow)->stats().threads, 1);
+  EXPECT_GE((*slow)->stats().ready_batches, 1);  // the queue is full ahead of it
+}
+
 TEST(Loader, EmptyOrMissingFolderIsAnError) {
   std::string empty = ::testing::TempDir() + "/fb_pipe_empty";
   fs::create_directories(empty + "/cats");
