@@ -10,7 +10,9 @@ namespace fullburn {
 namespace {
 
 std::string Dataset() {
-  std::string dir = ::testing::TempDir() + "/fb_torch_loader";
+  // One folder per test: CTest runs tests as parallel processes.
+  std::string dir = ::testing::TempDir() + "/fb_torch_loader_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(dir);
   SyntheticImagesOptions o;
   o.classes = 3;
