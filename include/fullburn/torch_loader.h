@@ -73,4 +73,7 @@ class TorchLoader {
   int64_t handed_ = 0;
 };
 
+// The name the training runtime and users' loops use.
+using Loader = TorchLoader;
+
 }  // namespace fullburn

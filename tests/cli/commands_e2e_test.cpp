@@ -199,6 +199,49 @@ TEST_F(CommandsE2E, NvmlLibraryMissingSymbols) {
   EXPECT_FALSE(fs::exists(store_));  // nothing started, nothing recorded
 }
 
+// ---- the input pipeline's commands ----
+
+TEST_F(CommandsE2E, MakeDatasetPackAndBenchLoader) {
+  std::string imgs = dir_ + "/imgs";
+  auto make = Fb({"make-dataset", "images", imgs, "--classes", "3", "--per-class", "10", "--size", "80x60"});
+  ASSERT_EQ(make.code, 0) << make.err;
+  EXPECT_NE(make.out.find("wrote 30 images"), std::string::npos);
+  auto bench = Fb({"bench", "loader", imgs, "--threads", "2", "--batch-size", "8", "--batches", "4", "--json"});
+  ASSERT_EQ(bench.code, 0) << bench.err;
+  json j = json::parse(bench.out);
+  for (const char* key : {"images_per_s", "images_per_s_per_thread", "threads", "stages", "skipped"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_GT(j["images_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["threads"], 2);
+  EXPECT_EQ(j["skipped"], 0);
+  EXPECT_GT(j["stages"]["decode_ms_per_image"].get<double>(), 0);
+  auto pack = Fb({"pack", imgs, dir_ + "/raw", "--format", "raw", "--max-side", "40"});
+  ASSERT_EQ(pack.code, 0) << pack.err;
+  EXPECT_NE(pack.out.find("packed 30 images (raw"), std::string::npos) << pack.out;
+  bench = Fb({"bench", "loader", dir_ + "/raw", "--batch-size", "8", "--batches", "4", "--json"});
+  ASSERT_EQ(bench.code, 0) << bench.err;
+  auto decode = Fb({"bench", "decode", imgs, "--batch-size", "8", "--batches", "2", "--json"});
+  ASSERT_EQ(decode.code, 0) << decode.err;
+  EXPECT_EQ(json::parse(decode.out)["failed"], 0);
+  auto tokens = Fb({"make-dataset", "tokens", dir_ + "/t.bin", "--tokens", "1000"});
+  ASSERT_EQ(tokens.code, 0) << tokens.err;
+  EXPECT_EQ(fs::file_size(dir_ + "/t.bin"), 2000u);
+}
+
+TEST_F(CommandsE2E, PipelineBadInputs) {
+  fs::create_directories(dir_ + "/empty/cats");
+  ExpectOneLineError(Fb({"bench", "loader", dir_ + "/empty"}), "has no JPEG files");
+  ExpectOneLineError(Fb({"bench", "loader", dir_ + "/nowhere"}), "does not exist");
+  ExpectOneLineError(Fb({"make-dataset", "images", dir_ + "/x", "--size", "big"}), "is not WxH");
+  std::string imgs = dir_ + "/imgs";
+  ASSERT_EQ(Fb({"make-dataset", "images", imgs, "--classes", "2", "--per-class", "4", "--size", "32x32"}).code, 0);
+  ASSERT_EQ(Fb({"pack", imgs, dir_ + "/p"}).code, 0);
+  ExpectOneLineError(Fb({"pack", imgs, dir_ + "/p"}), "exists and is not empty");
+  std::ofstream(dir_ + "/p/index.fbpx", std::ios::trunc) << "FBPACK01 but not really";
+  ExpectOneLineError(Fb({"bench", "loader", dir_ + "/p", "--batch-size", "2"}), "re-run fullburn pack");
+  ExpectOneLineError(Fb({"bench", "loader", imgs, "--batch-size", "64"}), "fewer than one batch");
+}
+
 // ---- serve ----
 
 int PortFrom(const std::string& err) {

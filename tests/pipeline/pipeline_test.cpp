@@ -240,6 +240,23 @@ TEST(Jpeg, BadInputsAreClearErrors) {
   EXPECT_NE(DecodeJpeg(cmyk.data(), cmyk.size(), &d).message().find("CMYK"), std::string::npos);
 }
 
+TEST(Jpeg, TwelveBitSamplesAreRefused) {
+  std::vector<uint8_t> ref = Smooth(16, 16);
+  auto jpeg = EncodeJpeg(ref.data(), 16, 16, 90);
+  ASSERT_TRUE(jpeg.ok());
+  // Mark the frame (SOF0: FF C0, length, precision) as 12-bit.
+  std::vector<uint8_t> bytes = *jpeg;
+  for (size_t i = 0; i + 4 < bytes.size(); ++i)
+    if (bytes[i] == 0xFF && bytes[i + 1] == 0xC0) {
+      bytes[i + 4] = 12;
+      break;
+    }
+  DecodedRegion d;
+  Status s = DecodeJpeg(bytes.data(), bytes.size(), &d);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("12"), std::string::npos) << s.message();
+}
+
 TEST(Jpeg, ProgressiveAndGrayscaleDecodeToRgb) {
   DecodedRegion d;
   std::vector<uint8_t> progressive = EncodeSpecial(false, true);
