@@ -37,6 +37,9 @@ Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts);
 // an error; otherwise prints one line when GPU metrics are unavailable.
 Result<std::unique_ptr<GpuSource>> OpenGpus(bool quiet);
 
+// fullburn-train beside this executable (the libtorch half), or "" if not built.
+std::string TrainingExecutable();
+
 void SetupRun(CLI::App& app);
 void SetupWatch(CLI::App& app);
 void SetupRuns(CLI::App& app);

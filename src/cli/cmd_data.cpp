@@ -36,7 +36,7 @@ int MakeImages(MakeImagesOptions o) {
 }
 
 struct BenchOptions {
-  std::string data;
+  std::string data, device;
   int threads = 0, batch_size = 64, batches = 50, warmup = 3, size = 224;
   bool json = false;
 };
@@ -45,7 +45,26 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Device-resident batches need libtorch: fullburn-train measures them.
+int BenchDeviceLoader(const BenchOptions& o) {
+  std::string train = TrainingExecutable();
+  if (train.empty())
+    return Fail("--device needs the training half (fullburn-train), which was not built: install "
+                "libtorch and rebuild, or leave --device out");
+  std::vector<std::string> args = {train, "bench-loader", o.data, "--device", o.device,
+                                   "--threads", std::to_string(o.threads),
+                                   "--batch-size", std::to_string(o.batch_size),
+                                   "--batches", std::to_string(o.batches)};
+  if (o.json) args.push_back("--json");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(train.c_str(), argv.data());
+  return Fail("cannot run " + train);
+}
+
 int BenchLoader(const BenchOptions& o) {
+  if (!o.device.empty()) return BenchDeviceLoader(o);
   LoaderOptions lo;
   lo.root = o.data;
   lo.threads = o.threads;
@@ -207,6 +226,9 @@ void SetupData(CLI::App& app) {
   auto bo = std::make_shared<BenchOptions>();
   CLI::App* loader = bench->add_subcommand("loader", "Input pipeline throughput: RandomResizedCrop 224 + flip");
   AddBenchFlags(loader, bo.get());
+  loader->add_option("--device", bo->device,
+                     "Measure batches resident on this device, normalized (cpu, cuda[:N]); "
+                     "default: uint8 host batches");
   loader->callback([bo] { ExitCode() = BenchLoader(*bo); });
   CLI::App* decode = bench->add_subcommand("decode", "libjpeg-turbo full-size decode alone (the ceiling)");
   AddBenchFlags(decode, bo.get());

@@ -1,4 +1,5 @@
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -23,6 +24,14 @@ void AddIntervalOption(CLI::App* app, CommonOptions* opts, double default_s) {
       ->capture_default_str()
       ->check(CLI::Range(0.05, 3600.0))
       ->type_name("S");
+}
+
+std::string TrainingExecutable() {
+  char self[4096] = {0};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return "";
+  std::string path(self);
+  path = path.substr(0, path.rfind('/') + 1) + "fullburn-train";
+  return ::access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
 int& ExitCode() {

@@ -14,13 +14,9 @@ namespace {
 const char* const kCommands[] = {"run",     "watch", "runs",         "serve",
                                  "metrics", "bench", "make-dataset", "pack", "version"};
 
-// The training half lives in fullburn-train beside this executable.
 std::string TrainingHalf() {
-  char self[4096] = {0};
-  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return "";
-  std::string path = std::string(self);
-  path = path.substr(0, path.rfind('/') + 1) + "fullburn-train";
-  if (::access(path.c_str(), X_OK) != 0) return "";
+  std::string path = fullburn::cli::TrainingExecutable();
+  if (path.empty()) return "";
   std::string out;
   if (FILE* p = ::popen((path + " --version 2>&1").c_str(), "r")) {
     char buf[512];

@@ -1,16 +1,102 @@
 // fullburn-train: the libtorch half of fullburn as its own executable, so the
 // monitoring commands never pay libtorch's start-up time and memory. The
-// `fullburn` command hands training subcommands to it.
+// `fullburn` command hands it the commands that need libtorch.
+#include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <nlohmann/json.hpp>
 
+#include "fullburn/torch_loader.h"
 #include "fullburn/train.h"
 
-int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--version") == 0) {
-    std::printf("fullburn-train 0.1.0 (%s)\n", fullburn::TorchDescription().c_str());
-    return 0;
-  }
-  std::fprintf(stderr, "fullburn-train: no training commands yet; use --version\n");
+namespace {
+
+struct BenchOptions {
+  std::string data, device = "cpu";
+  int threads = 0, batch_size = 64, batches = 50, warmup = 3;
+  bool json = false, channels_last = false;
+  std::string dtype = "float";
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "fullburn: %s\n", message.c_str());
   return 2;
+}
+
+// Batches resident on the device, normalized: what a training step consumes.
+int BenchDeviceLoader(const BenchOptions& o) {
+  fullburn::TorchLoaderOptions t;
+  t.loader.root = o.data;
+  t.loader.threads = o.threads;
+  t.loader.batch_size = o.batch_size;
+  try {
+    t.device = torch::Device(o.device);
+  } catch (const c10::Error&) {
+    return Fail("--device '" + o.device + "' is not a torch device: use cpu or cuda[:N]");
+  }
+  t.dtype = o.dtype == "bf16" ? torch::kBFloat16 : o.dtype == "fp16" ? torch::kHalf : torch::kFloat;
+  t.channels_last = o.channels_last;
+  auto loader = fullburn::Loader::Open(t);
+  if (!loader.ok()) return Fail(loader.status().message());
+  fullburn::Loader& l = **loader;
+  int epoch = 0;
+  l.StartEpoch(epoch);
+  fullburn::DeviceBatch b;
+  double start = 0;
+  double checksum = 0;
+  for (int k = 0; k < o.warmup + o.batches; ++k) {
+    if (k == o.warmup) {
+      if (t.device.is_cuda()) torch::cuda::synchronize();
+      start = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    }
+    while (!l.Next(&b)) {
+      if (!l.status().ok()) return Fail(l.status().message());
+      l.StartEpoch(++epoch);
+    }
+    if (k == o.warmup + o.batches - 1) checksum = b.images.sum().item<double>();  // waits for the device
+  }
+  double end = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  double images = static_cast<double>(o.batches) * o.batch_size;
+  fullburn::LoaderStats s = l.stats();
+  nlohmann::json j{{"images_per_s", images / (end - start)},
+                   {"threads", s.threads},
+                   {"images_per_s_per_thread", images / (end - start) / s.threads},
+                   {"device", t.device.str()},
+                   {"pinned", l.uses_cuda()},
+                   {"skipped", s.skipped},
+                   {"data_wait_s", s.consumer_wait_s},
+                   {"checksum", checksum}};
+  if (o.json)
+    std::printf("%s\n", j.dump(2).c_str());
+  else
+    std::printf("%.0f img/s into %s (normalized, %s) with %d threads\n", images / (end - start),
+                t.device.str().c_str(), o.dtype.c_str(), s.threads);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fullburn-train: the libtorch half of fullburn"};
+  app.set_version_flag("--version", "fullburn-train 0.1.0 (" + fullburn::TorchDescription() + ")");
+  app.require_subcommand(1);
+  BenchOptions o;
+  CLI::App* bench = app.add_subcommand("bench-loader", "Input pipeline into device memory (TorchLoader)");
+  bench->add_option("DATA", o.data, "Image folder or pack")->required();
+  bench->add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
+  bench->add_option("--threads", o.threads, "Worker threads (0: tuned)")->capture_default_str();
+  bench->add_option("--batch-size", o.batch_size, "Images per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--batches", o.batches, "Batches to time (after warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--dtype", o.dtype, "float, bf16 or fp16")->capture_default_str()->check(CLI::IsMember({"float", "bf16", "fp16"}));
+  bench->add_flag("--channels-last", o.channels_last, "Channels-last memory format");
+  bench->add_flag("--json", o.json, "JSON output");
+  int code = 0;
+  bench->callback([&] { code = BenchDeviceLoader(o); });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    return Fail(std::string(e.what()) + " (see 'fullburn-train --help')");
+  }
+  return code;
 }

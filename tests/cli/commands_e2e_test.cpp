@@ -228,6 +228,22 @@ TEST_F(CommandsE2E, MakeDatasetPackAndBenchLoader) {
   EXPECT_EQ(fs::file_size(dir_ + "/t.bin"), 2000u);
 }
 
+TEST_F(CommandsE2E, BenchLoaderIntoDeviceMemory) {
+  std::string imgs = dir_ + "/imgs";
+  ASSERT_EQ(Fb({"make-dataset", "images", imgs, "--classes", "2", "--per-class", "8", "--size", "64x48"}).code, 0);
+  auto o = Fb({"bench", "loader", imgs, "--device", "cpu", "--batch-size", "4", "--batches", "3", "--json"});
+  if (!HAVE_TORCH) {
+    ExpectOneLineError(o, "needs the training half");
+    return;
+  }
+  ASSERT_EQ(o.code, 0) << o.err;
+  json j = json::parse(o.out);
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_GT(j["images_per_s"].get<double>(), 0);
+  ExpectOneLineError(Fb({"bench", "loader", imgs, "--device", "tpu", "--batch-size", "4"}),
+                     "is not a torch device");
+}
+
 TEST_F(CommandsE2E, PipelineBadInputs) {
   fs::create_directories(dir_ + "/empty/cats");
   ExpectOneLineError(Fb({"bench", "loader", dir_ + "/empty"}), "has no JPEG files");
