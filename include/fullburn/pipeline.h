@@ -314,8 +314,18 @@ class ImageLoader {
   bool HandOut(Slot& slot, Batch* out);  // with mu_ held
   void Tune();                           // with mu_ held
   void Worker(int id);
+  // A sample's stored form: encoded JPEG bytes, or raw pixels from a pack.
+  struct Encoded {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    int width = 0, height = 0;
+    bool raw = false;
+  };
   bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
+  Status Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out);
   Status Read(int64_t sample, std::vector<uint8_t>* bytes);
+  // Counts and names (once) a bad sample; false when the policy is to fail.
+  bool Skip(const std::string& path, const std::string& reason, std::string* error);
   void Fail(const std::string& message);
   void StopWorkers();
 

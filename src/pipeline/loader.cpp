@@ -209,6 +209,19 @@ Status ImageLoader::Read(int64_t sample, std::vector<uint8_t>* bytes) {
   return s;
 }
 
+Status ImageLoader::Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out) {
+  if (pack_) {
+    const PackRecord& r = pack_->records()[static_cast<size_t>(sample)];
+    *out = Encoded{pack_->Data(r), r.size, r.width, r.height, pack_->format() == PackFormat::kRaw};
+    return Status::Ok();
+  }
+  if (Status s = Read(sample, buffer); !s.ok()) return s;
+  Result<JpegHeader> header = ReadJpegHeader(buffer->data(), buffer->size());
+  if (!header.ok()) return header.status();
+  *out = Encoded{buffer->data(), buffer->size(), header->width, header->height, false};
+  return Status::Ok();
+}
+
 bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error) {
   thread_local std::vector<uint8_t> bytes;
   thread_local DecodedRegion region;
@@ -220,46 +233,22 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
   // A bad sample is replaced by the next sample of the permutation.
   for (int64_t attempt = 0; attempt < std::min<int64_t>(n, 64); ++attempt) {
     int64_t sample = order_[static_cast<size_t>((pos + attempt) % n)];
-    const std::string& path = folder_.files[static_cast<size_t>(sample)];
     double t0 = Seconds();
-    // The encoded bytes (or raw pixels) and the image size.
-    const uint8_t* data = nullptr;
-    size_t size = 0;
-    int width = 0, height = 0;
-    Status s;
-    if (pack_) {
-      const PackRecord& r = pack_->records()[static_cast<size_t>(sample)];
-      data = pack_->Data(r);
-      size = r.size;
-      width = r.width;
-      height = r.height;
-    } else {
-      s = Read(sample, &bytes);
-      if (s.ok()) {
-        data = bytes.data();
-        size = bytes.size();
-        Result<JpegHeader> header = ReadJpegHeader(data, size);
-        if (header.ok()) {
-          width = header->width;
-          height = header->height;
-        } else {
-          s = header.status();
-        }
-      }
-    }
+    Encoded e;
+    Status s = Locate(sample, &bytes, &e);
     double t1 = Seconds();
     t->read_s += t1 - t0;
     BoxF box;
     ImageView view;
     if (s.ok()) {
       box = options_.train
-                ? RandomResizedCropBox(width, height, options_.crop, [&rng] { return rng.Uniform(); })
-                : ResizeCenterCropBox(width, height, options_.eval_resize,
+                ? RandomResizedCropBox(e.width, e.height, options_.crop, [&rng] { return rng.Uniform(); })
+                : ResizeCenterCropBox(e.width, e.height, options_.eval_resize,
                                       std::min(options_.out_w, options_.out_h));
-      if (pack_ && pack_->format() == PackFormat::kRaw) {
-        view = ImageView{data, width, height, 1, 0, 0};  // nothing to decode
+      if (e.raw) {
+        view = ImageView{e.data, e.width, e.height, 1, 0, 0};  // nothing to decode
       } else {
-        s = DecodeJpegRegion(data, size, box, options_.out_w, options_.out_h, &region);
+        s = DecodeJpegRegion(e.data, e.size, box, options_.out_w, options_.out_h, &region);
         view = ImageView::Of(region);
       }
     }
@@ -273,20 +262,24 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
       t->augment_s += Seconds() - t2;
       return true;
     }
-    std::string why = path + ": " + s.message();
-    if (options_.on_bad_sample == BadSamplePolicy::kFail) {
-      *error = "bad sample " + why + " (on_bad_sample=fail; use skip to go on without it)";
-      return false;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.skipped;
-    if (std::find(bad_named_.begin(), bad_named_.end(), path) == bad_named_.end()) {
-      bad_named_.push_back(path);
-      std::fprintf(stderr, "fullburn: skipping %s\n", why.c_str());
-    }
+    if (!Skip(folder_.files[static_cast<size_t>(sample)], s.message(), error)) return false;
   }
   *error = "no decodable image among 64 consecutive samples of " + options_.root;
   return false;
+}
+
+bool ImageLoader::Skip(const std::string& path, const std::string& reason, std::string* error) {
+  if (options_.on_bad_sample == BadSamplePolicy::kFail) {
+    *error = "bad sample " + path + ": " + reason + " (on_bad_sample=fail; use skip to go on without it)";
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.skipped;
+  if (std::find(bad_named_.begin(), bad_named_.end(), path) == bad_named_.end()) {
+    bad_named_.push_back(path);
+    std::fprintf(stderr, "fullburn: skipping %s: %s\n", path.c_str(), reason.c_str());
+  }
+  return true;
 }
 
 void ImageLoader::Worker(int id) {
