@@ -228,7 +228,10 @@ struct LoaderOptions {
   // and the measured per-sample time says fewer workers keep up.
   int threads = 0;
   int cpu_budget = 0;         // most worker threads; 0: cores - 1 (one for training)
-  int prefetch = 3;           // batches prepared ahead of the consumer
+  // Batches prepared ahead of the consumer. 0: tuned, starting at 3: the
+  // depth grows (up to 8) when the consumer waits although the workers could
+  // keep up on average, i.e. when production is bursty rather than slow.
+  int prefetch = 0;
   int out_w = 224, out_h = 224;
   bool train = true;          // RandomResizedCrop + flip; else Resize + CenterCrop
   int eval_resize = 256;
@@ -263,6 +266,7 @@ struct LoaderStats {
   StageTimes stages;
   double consumer_wait_s = 0;  // time Next() blocked: the data wait
   int threads = 0;             // active workers now
+  int prefetch = 0;            // batches allowed ahead of the consumer now
   int ready_batches = 0;       // prepared and waiting for the consumer (queue depth)
 };
 
@@ -313,6 +317,7 @@ class ImageLoader {
   ImageLoader() = default;
   bool HandOut(Slot& slot, Batch* out);  // with mu_ held
   void Tune();                           // with mu_ held
+  void Allocate(Slot& slot);             // with mu_ held
   void Worker(int id);
   // A sample's stored form: encoded JPEG bytes, or raw pixels from a pack.
   struct Encoded {
@@ -347,6 +352,8 @@ class ImageLoader {
   int inflight_ = 0;           // samples being made outside the lock
   int active_ = 1;             // workers allowed to claim samples
   bool autotune_ = false;
+  int depth_ = 3;              // batches workers may prepare ahead of the consumer
+  bool tune_depth_ = false;
   double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
   int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;

@@ -30,6 +30,8 @@ struct ImageLoader::Slot {
 
 namespace {
 
+constexpr int kStartDepth = 3, kMaxDepth = 8;
+
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -60,7 +62,7 @@ Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
 
 Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& options) {
   if (options.batch_size < 1) return Status::InvalidArgument("batch size must be at least 1");
-  if (options.prefetch < 1) return Status::InvalidArgument("prefetch must be at least 1");
+  if (options.prefetch < 0) return Status::InvalidArgument("prefetch must be at least 1 (0: tuned)");
   if (options.out_w < 1 || options.out_h < 1) return Status::InvalidArgument("output size must be positive");
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size)
     return Status::InvalidArgument("rank " + std::to_string(options.rank) + " is not in 0.." +
@@ -96,16 +98,13 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
   l->autotune_ = options.threads <= 0;
   l->active_ = l->autotune_ ? 1 : threads;
   l->stats_.threads = l->active_;
-  // The consumer holds one slot; `prefetch` more are prepared ahead of it.
-  for (int i = 0; i < options.prefetch + 1; ++i) {
-    auto slot = std::make_unique<Slot>();
-    size_t bytes = l->image_bytes_ * static_cast<size_t>(options.batch_size);
-    if (options.allocate_images) {
-      slot->images = options.allocate_images(bytes);
-    } else {
-      slot->own_images.resize(bytes);
-      slot->images = slot->own_images.data();
-    }
+  // The consumer holds one slot; up to `depth_` more are prepared ahead of it.
+  l->tune_depth_ = options.prefetch == 0;
+  l->depth_ = l->tune_depth_ ? kStartDepth : options.prefetch;
+  int slots = (l->tune_depth_ ? kMaxDepth : options.prefetch) + 1;
+  l->stats_.prefetch = l->depth_;
+  for (int i = 0; i < slots; ++i) {
+    auto slot = std::make_unique<Slot>();  // image memory comes with its first batch
     slot->labels.resize(static_cast<size_t>(options.batch_size));
     slot->samples.resize(static_cast<size_t>(options.batch_size));
     l->slots_.push_back(std::move(slot));
@@ -115,6 +114,16 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
 }
 
 ImageLoader::~ImageLoader() { StopWorkers(); }
+
+void ImageLoader::Allocate(Slot& s) {
+  size_t bytes = image_bytes_ * static_cast<size_t>(options_.batch_size);
+  if (options_.allocate_images) {
+    s.images = options_.allocate_images(bytes);
+  } else {
+    s.own_images.resize(bytes);
+    s.images = s.own_images.data();
+  }
+}
 
 void ImageLoader::StopWorkers() {
   {
@@ -295,7 +304,9 @@ void ImageLoader::Worker(int id) {
       if (id >= active_) return false;  // parked by the tuner
       if (epoch_ < 0 || next_item_ >= batches_per_epoch() * b) return false;
       batch = next_item_ / b;
+      if (batch >= next_to_hand_ + depth_) return false;  // far enough ahead
       Slot& s = *slots_[static_cast<size_t>(batch % slots)];
+      if (s.state == Slot::State::kFree && !s.images) Allocate(s);
       if (s.state == Slot::State::kFree) {
         s.state = Slot::State::kFilling;
         s.batch = batch;
@@ -342,7 +353,9 @@ bool ImageLoader::Next(Batch* out) {
   stats_.consumer_wait_s += waited;
   window_wait_ += waited;
   bool ok = HandOut(s, out);
-  if (ok && autotune_) Tune();
+  if (ok && (autotune_ || tune_depth_)) Tune();
+  lock.unlock();
+  work_cv_.notify_all();  // one more batch may now be prepared ahead
   return ok;
 }
 
@@ -363,13 +376,18 @@ void ImageLoader::Tune() {
   double consumed_per_s = wall > 0 ? window_batches_ * options_.batch_size / wall : 0;
   double needed = per_sample * consumed_per_s;
   int most = static_cast<int>(workers_.size());
-  if (wait_share > 0.05 && active_ < most) {
+  bool keeps_up = needed < 0.8 * active_;  // on average the workers are fast enough
+  if (wait_share > 0.05 && keeps_up && tune_depth_ && depth_ < kMaxDepth) {
+    ++depth_;  // bursty production: a deeper queue absorbs it
+    work_cv_.notify_all();
+  } else if (wait_share > 0.05 && autotune_ && active_ < most) {
     ++active_;
     work_cv_.notify_all();
-  } else if (wait_share < 0.005 && active_ > 1 && needed < active_ - 1.5) {
+  } else if (wait_share < 0.005 && autotune_ && active_ > 1 && needed < active_ - 1.5) {
     --active_;  // parks the highest-numbered worker after its current sample
   }
   stats_.threads = active_;
+  stats_.prefetch = depth_;
   window_start_ = now;
   window_wait_ = window_work_ = 0;
   window_batches_ = window_samples_ = 0;
@@ -380,7 +398,9 @@ bool ImageLoader::TryNext(Batch* out) {
   if (epoch_ < 0 || next_to_hand_ >= batches_per_epoch()) return false;
   Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
   if (s.state != Slot::State::kReady || s.batch != next_to_hand_ || s.epoch != epoch_) return false;
-  return HandOut(s, out);
+  bool ok = HandOut(s, out);
+  work_cv_.notify_all();
+  return ok;
 }
 
 bool ImageLoader::HandOut(Slot& s, Batch* out) {

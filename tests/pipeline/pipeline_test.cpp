@@ -655,6 +655,28 @@ TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
   EXPECT_GE((*slow)->stats().ready_batches, 1);  // the queue is full ahead of it
 }
 
+TEST(Loader, PrefetchDeepensForBurstyProduction) {
+  std::string dir = SmallDataset("bursty", 4, 40);  // 40 batches of 4
+  LoaderOptions o = Small(dir, 2);  // two fixed workers: plenty on average
+  o.prefetch = 0;
+  auto l = ImageLoader::Open(o);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ((*l)->stats().prefetch, 3);
+  // The consumer pauses, then takes batches as fast as it can: the queue
+  // drains in every burst although the workers keep up on average.
+  (*l)->StartEpoch(0);
+  Batch b;
+  for (int k = 0; (*l)->Next(&b); ++k) {
+    (*l)->Release(b);
+    if (k % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  }
+  EXPECT_GT((*l)->stats().prefetch, 3);
+  o.prefetch = 2;  // fixed
+  auto fixed = ImageLoader::Open(o);
+  Epoch(**fixed, 0, nullptr);
+  EXPECT_EQ((*fixed)->stats().prefetch, 2);
+}
+
 TEST(Loader, EmptyOrMissingFolderIsAnError) {
   std::string empty = ::testing::TempDir() + "/fb_pipe_empty";
   fs::create_directories(empty + "/cats");
