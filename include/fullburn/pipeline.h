@@ -353,6 +353,7 @@ class ImageLoader {
   int active_ = 1;             // workers allowed to claim samples
   bool autotune_ = false;
   int depth_ = 3;              // batches workers may prepare ahead of the consumer
+  bool gated_ = false;         // a worker waits because it is depth_ ahead
   bool tune_depth_ = false;
   double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
   int64_t window_batches_ = 0, window_samples_ = 0;

@@ -304,7 +304,11 @@ void ImageLoader::Worker(int id) {
       if (id >= active_) return false;  // parked by the tuner
       if (epoch_ < 0 || next_item_ >= batches_per_epoch() * b) return false;
       batch = next_item_ / b;
-      if (batch >= next_to_hand_ + depth_) return false;  // far enough ahead
+      // Up to depth_ batches ready ahead of the consumer, plus one being filled.
+      if (batch > next_to_hand_ + depth_) {
+        gated_ = true;
+        return false;
+      }
       Slot& s = *slots_[static_cast<size_t>(batch % slots)];
       if (s.state == Slot::State::kFree && !s.images) Allocate(s);
       if (s.state == Slot::State::kFree) {
@@ -354,8 +358,10 @@ bool ImageLoader::Next(Batch* out) {
   window_wait_ += waited;
   bool ok = HandOut(s, out);
   if (ok && (autotune_ || tune_depth_)) Tune();
+  bool wake = gated_;  // a worker waits for room ahead of the consumer
+  gated_ = false;
   lock.unlock();
-  work_cv_.notify_all();  // one more batch may now be prepared ahead
+  if (wake) work_cv_.notify_all();
   return ok;
 }
 
@@ -399,7 +405,10 @@ bool ImageLoader::TryNext(Batch* out) {
   Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
   if (s.state != Slot::State::kReady || s.batch != next_to_hand_ || s.epoch != epoch_) return false;
   bool ok = HandOut(s, out);
-  work_cv_.notify_all();
+  if (gated_) {
+    gated_ = false;
+    work_cv_.notify_all();
+  }
   return ok;
 }
 
