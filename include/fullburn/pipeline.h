@@ -356,6 +356,8 @@ class ImageLoader {
   bool gated_ = false;         // a worker waits because it is depth_ ahead
   bool tune_depth_ = false;
   double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
+  double epoch_start_ = 0;
+  int64_t epoch_first_batch_ = 0;
   int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;
   std::vector<std::string> bad_named_;

@@ -166,6 +166,8 @@ void ImageLoader::StartEpoch(int epoch, int64_t first_batch) {
   next_item_ = first_batch * options_.batch_size;
   next_to_hand_ = first_batch;
   window_start_ = -1;  // the tuner does not count the pause between epochs
+  epoch_start_ = Seconds();
+  epoch_first_batch_ = first_batch;
   lock.unlock();
   work_cv_.notify_all();
 }
@@ -377,9 +379,13 @@ void ImageLoader::Tune() {
   if (++window_batches_ < kWindow) return;
   double wall = now - window_start_;
   double wait_share = wall > 0 ? window_wait_ / wall : 0;
-  // Workers needed to match the consumer: per-sample work x samples per second consumed.
+  // Workers needed to match the consumer: per-sample work x samples per second
+  // consumed, the latter over the whole epoch so far, so a consumer's pauses
+  // count (a burst after a pause is what a deeper queue is for).
   double per_sample = window_samples_ ? window_work_ / window_samples_ : 0;
-  double consumed_per_s = wall > 0 ? window_batches_ * options_.batch_size / wall : 0;
+  double epoch_wall = now - epoch_start_;
+  double consumed_per_s =
+      epoch_wall > 0 ? (next_to_hand_ - epoch_first_batch_) * options_.batch_size / epoch_wall : 0;
   double needed = per_sample * consumed_per_s;
   int most = static_cast<int>(workers_.size());
   bool keeps_up = needed < 0.8 * active_;  // on average the workers are fast enough
