@@ -34,8 +34,10 @@ int Fail(const std::string& message, int code = kExitUsage);
 Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts);
 
 // GPU source for a command: an explicitly named NVML that cannot be used is
-// an error; otherwise prints one line when GPU metrics are unavailable.
-Result<std::unique_ptr<GpuSource>> OpenGpus(bool quiet);
+// an error (GpuSource::Open).
+Result<std::unique_ptr<GpuSource>> OpenGpus();
+// The one line saying GPU metrics are unavailable and why (if they are).
+void NoteIfGpusUnavailable(const GpuSource& gpus);
 
 // fullburn-train beside this executable (the libtorch half), or "" if not built.
 std::string TrainingExecutable();

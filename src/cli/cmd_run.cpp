@@ -37,13 +37,11 @@ int Run(const RunOptions& opts) {
   // First, so a signal that comes while we start up is passed on, not lost.
   InstallSignalForwarding();
   // GPUs before the store: a bad NVML library must not leave an empty run behind.
-  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus(/*quiet=*/true);
+  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus();
   if (!gpus.ok()) return Fail(gpus.status().message());
   Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
   if (!store.ok()) return Fail(store.status().message());
-  if (!(*gpus)->available() && !opts.quiet)
-    std::fprintf(stderr, "fullburn: GPU metrics unavailable: %s; recording host metrics only\n",
-                 (*gpus)->unavailable_reason().c_str());
+  if (!opts.quiet) NoteIfGpusUnavailable(**gpus);
   const Env* env = Env::Default();
 
   RunInfo info;

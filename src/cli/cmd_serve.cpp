@@ -50,8 +50,9 @@ int Serve(const ServeOptions& opts) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus(false);
+  Result<std::unique_ptr<GpuSource>> gpus = OpenGpus();
   if (!gpus.ok()) return Fail(gpus.status().message());
+  NoteIfGpusUnavailable(**gpus);
 
   Sampler sampler(Env::Default(), gpus->get(), SamplerOptions{opts.common.interval_s, -1});
   // Rates need two readings: give the first scrape a real interval.

@@ -72,12 +72,12 @@ Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts) {
   return RunStore::Open(path);
 }
 
-Result<std::unique_ptr<GpuSource>> OpenGpus(bool quiet) {
-  Result<std::unique_ptr<GpuSource>> gpus = GpuSource::Open();
-  if (gpus.ok() && !(*gpus)->available() && !quiet)
+Result<std::unique_ptr<GpuSource>> OpenGpus() { return GpuSource::Open(); }
+
+void NoteIfGpusUnavailable(const GpuSource& gpus) {
+  if (!gpus.available())
     std::fprintf(stderr, "fullburn: GPU metrics unavailable: %s; recording host metrics only\n",
-                 (*gpus)->unavailable_reason().c_str());
-  return gpus;
+                 gpus.unavailable_reason().c_str());
 }
 
 }  // namespace fullburn::cli
