@@ -679,6 +679,34 @@ TEST(Loader, PrefetchDeepensForBurstyProduction) {
   EXPECT_EQ((*fixed)->stats().prefetch, 2);
 }
 
+TEST(Loader, ImagesSmallerThanTheOutputAreUpscaled) {
+  std::string dir = ::testing::TempDir() + "/fb_pipe_tiny";
+  fs::remove_all(dir);
+  SyntheticImagesOptions s;
+  s.classes = 2;
+  s.per_class = 4;
+  s.width = 12;
+  s.height = 9;
+  ASSERT_TRUE(MakeSyntheticImages(dir, s).ok());
+  for (bool train : {true, false}) {
+    LoaderOptions o = Small(dir, 2);
+    o.out_w = o.out_h = 48;  // larger than every image
+    o.train = train;
+    o.eval_resize = 56;
+    auto l = ImageLoader::Open(o);
+    ASSERT_TRUE(l.ok());
+    (*l)->StartEpoch(0);
+    Batch b;
+    int n = 0;
+    while ((*l)->Next(&b)) {
+      (*l)->Release(b);
+      ++n;
+    }
+    EXPECT_EQ(n, 2);
+    EXPECT_EQ((*l)->stats().skipped, 0);
+  }
+}
+
 TEST(Loader, EmptyOrMissingFolderIsAnError) {
   std::string empty = ::testing::TempDir() + "/fb_pipe_empty";
   fs::create_directories(empty + "/cats");
