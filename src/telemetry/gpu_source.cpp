@@ -92,7 +92,7 @@ void CollectGpm(const nvml::Api& api, nvml::Device h, nvml::GpmSample* prev,
   if (api.GpmSampleGet(h, *next) != nvml::kSuccess) return;
   bool have_window = *prev_time >= 0;
   if (have_window) {
-    static nvml::GpmMetricsGet req;  // ~10 KB; only the sampler thread gets here
+    thread_local nvml::GpmMetricsGet req;  // ~10 KB: kept off the stack
     req = nvml::GpmMetricsGet{};
     req.version = nvml::kGpmMetricsGetVersion;
     req.num_metrics = 4;
