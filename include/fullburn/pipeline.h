@@ -70,6 +70,12 @@ Status DecodeJpeg(const uint8_t* data, size_t size, DecodedRegion* out);
 // Encodes RGB pixels as a baseline JPEG (4:2:0) of the given quality.
 Result<std::vector<uint8_t>> EncodeJpeg(const uint8_t* rgb, int width, int height, int quality);
 
+// ---- PNG (decoded whole; no partial or scaled decode exists for it) ---------
+
+bool IsPng(const uint8_t* data, size_t size);
+Status DecodePng(const uint8_t* data, size_t size, DecodedRegion* out);
+Result<std::vector<uint8_t>> EncodePng(const uint8_t* rgb, int width, int height);
+
 // ---- Crop geometry (torchvision's definitions) -----------------------------
 
 struct CropParams {
@@ -102,7 +108,7 @@ struct ImageFolder {
   std::vector<std::string> files;    // sorted by class, then name
   std::vector<int32_t> labels;
 };
-// Scans root/<class>/*.{jpg,jpeg,JPG,JPEG}. An empty or unreadable folder is an error.
+// Scans root/<class>/*.{jpg,jpeg,png} (any case). An empty or unreadable folder is an error.
 Result<ImageFolder> ScanImageFolder(const std::string& root);
 
 struct SyntheticImagesOptions {

@@ -12,10 +12,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool IsJpegName(const fs::path& p) {
+bool IsImageName(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-  return ext == ".jpg" || ext == ".jpeg";
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
 }  // namespace
@@ -33,7 +33,7 @@ Result<ImageFolder> ScanImageFolder(const std::string& root) {
   for (const fs::path& dir : classes) {
     std::vector<std::string> files;
     for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-      if (e.is_regular_file(ec) && IsJpegName(e.path())) files.push_back(e.path().string());
+      if (e.is_regular_file(ec) && IsImageName(e.path())) files.push_back(e.path().string());
     if (ec) return Status::IoError("cannot read " + dir.string() + ": " + ec.message());
     if (files.empty()) continue;
     std::sort(files.begin(), files.end());
@@ -46,7 +46,7 @@ Result<ImageFolder> ScanImageFolder(const std::string& root) {
   }
   if (f.files.empty())
     return Status::NotFound("image folder " + root +
-                            " has no JPEG files in class subfolders (expected ROOT/<class>/*.jpg); "
+                            " has no JPEG or PNG files in class subfolders (expected ROOT/<class>/*.jpg); "
                             "create one with 'fullburn make-dataset images DIR'");
   return f;
 }

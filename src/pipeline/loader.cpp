@@ -227,6 +227,13 @@ Status ImageLoader::Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded
     return Status::Ok();
   }
   if (Status s = Read(sample, buffer); !s.ok()) return s;
+  if (IsPng(buffer->data(), buffer->size())) {
+    // PNG has no region decode: decode it whole now and hand out its pixels.
+    thread_local DecodedRegion png;
+    if (Status s = DecodePng(buffer->data(), buffer->size(), &png); !s.ok()) return s;
+    *out = Encoded{png.rgb.data(), png.rgb.size(), png.width, png.height, true};
+    return Status::Ok();
+  }
   Result<JpegHeader> header = ReadJpegHeader(buffer->data(), buffer->size());
   if (!header.ok()) return header.status();
   *out = Encoded{buffer->data(), buffer->size(), header->width, header->height, false};

@@ -76,6 +76,27 @@ Payload Prepare(const std::string& path, const PackOptions& o) {
   bool read = size > 0 && std::fread(file.data(), 1, file.size(), f) == file.size();
   std::fclose(f);
   if (!read) return out;
+  if (IsPng(file.data(), file.size())) {
+    // PNG sources are stored decoded (raw) or re-encoded as JPEG.
+    DecodedRegion png;
+    if (!DecodePng(file.data(), file.size(), &png).ok()) return out;
+    int w = png.width, ht = png.height;
+    double r = o.max_side > 0 && std::max(w, ht) > o.max_side ? double(o.max_side) / std::max(w, ht) : 1.0;
+    int tw = std::max(1, static_cast<int>(std::lround(w * r))), th = std::max(1, static_cast<int>(std::lround(ht * r)));
+    std::vector<uint8_t> pixels(static_cast<size_t>(tw) * th * 3);
+    ResizeInto(png, BoxF{0, 0, double(w), double(ht)}, tw, th, false, Layout::kNHWC, pixels.data());
+    if (o.format == PackFormat::kRaw) {
+      out.bytes = std::move(pixels);
+    } else {
+      Result<std::vector<uint8_t>> jpeg = EncodeJpeg(pixels.data(), tw, th, o.quality);
+      if (!jpeg.ok()) return out;
+      out.bytes = std::move(*jpeg);
+    }
+    out.width = tw;
+    out.height = th;
+    out.ok = true;
+    return out;
+  }
   Result<JpegHeader> h = ReadJpegHeader(file.data(), file.size());
   if (!h.ok()) return out;
   int w = h->width, ht = h->height;

@@ -246,7 +246,7 @@ TEST_F(CommandsE2E, BenchLoaderIntoDeviceMemory) {
 
 TEST_F(CommandsE2E, PipelineBadInputs) {
   fs::create_directories(dir_ + "/empty/cats");
-  ExpectOneLineError(Fb({"bench", "loader", dir_ + "/empty"}), "has no JPEG files");
+  ExpectOneLineError(Fb({"bench", "loader", dir_ + "/empty"}), "has no JPEG or PNG files");
   ExpectOneLineError(Fb({"bench", "loader", dir_ + "/nowhere"}), "does not exist");
   ExpectOneLineError(Fb({"make-dataset", "images", dir_ + "/x", "--size", "big"}), "is not WxH");
   std::string imgs = dir_ + "/imgs";

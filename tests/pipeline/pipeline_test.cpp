@@ -707,12 +707,51 @@ TEST(Loader, ImagesSmallerThanTheOutputAreUpscaled) {
   }
 }
 
+TEST(Png, DecodesLosslesslyAndRefusesDamage) {
+  std::vector<uint8_t> ref = Smooth(40, 30);
+  auto png = EncodePng(ref.data(), 40, 30);
+  ASSERT_TRUE(png.ok()) << png.status().message();
+  EXPECT_TRUE(IsPng(png->data(), png->size()));
+  DecodedRegion d;
+  ASSERT_TRUE(DecodePng(png->data(), png->size(), &d).ok());
+  EXPECT_EQ(d.width, 40);
+  EXPECT_EQ(d.rgb, ref);
+  std::vector<uint8_t> cut(png->begin(), png->begin() + png->size() / 2);
+  Status s = DecodePng(cut.data(), cut.size(), &d);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("not a decodable PNG"), std::string::npos);
+}
+
+TEST(Png, FoldersMayMixPngAndJpeg) {
+  std::string dir = SmallDataset("png");
+  std::vector<uint8_t> px = Smooth(64, 48);
+  auto png = EncodePng(px.data(), 64, 48);
+  for (const char* name : {"/class_000/extra.png", "/class_002/extra.PNG"}) {
+    std::ofstream f(dir + name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(png->data()), static_cast<std::streamsize>(png->size()));
+  }
+  std::ofstream(dir + "/class_001/broken.png", std::ios::binary) << "\x89PNG\r\n\x1a\nbroken";
+  auto l = ImageLoader::Open(Small(dir, 2));
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ((*l)->dataset_size(), 27);
+  std::vector<int64_t> seen = EpochSamples(**l, 0);
+  EXPECT_EQ(seen.size(), 24u);  // 27 images, 6 full batches of 4
+  EXPECT_LE((*l)->stats().skipped, 1);  // the broken one, if it was drawn
+  // Packing turns them into JPEG records (or raw pixels).
+  std::string dst = dir + ".pack";
+  fs::remove_all(dst);
+  auto r = WritePack(dir, dst, PackOptions{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->images, 26);
+  EXPECT_EQ(r->skipped, 1);
+}
+
 TEST(Loader, EmptyOrMissingFolderIsAnError) {
   std::string empty = ::testing::TempDir() + "/fb_pipe_empty";
   fs::create_directories(empty + "/cats");
   auto l = ImageLoader::Open(Small(empty, 1));
   ASSERT_FALSE(l.ok());
-  EXPECT_NE(l.status().message().find("has no JPEG files"), std::string::npos);
+  EXPECT_NE(l.status().message().find("has no JPEG or PNG files"), std::string::npos);
   auto m = ImageLoader::Open(Small("/nonexistent/dataset", 1));
   EXPECT_NE(m.status().message().find("does not exist"), std::string::npos);
 }
