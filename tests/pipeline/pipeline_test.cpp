@@ -633,7 +633,14 @@ TEST(Tokens, ReadsLlmcHeaderAndRefusesTruncatedFiles) {
 }
 
 TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
-  std::string dir = SmallDataset("tune", 4, 40);  // 160 images, 40 batches of 4
+  std::string dir = ::testing::TempDir() + "/fb_pipe_tune";
+  fs::remove_all(dir);
+  SyntheticImagesOptions big;  // decoding dominates: the workers are the bottleneck
+  big.classes = 4;
+  big.per_class = 60;  // 60 batches of 4
+  big.width = 240;
+  big.height = 180;
+  ASSERT_TRUE(MakeSyntheticImages(dir, big).ok());
   LoaderOptions o = Small(dir, 0);
   o.cpu_budget = 4;
   // A consumer that takes each batch at once is starved: workers are added.
