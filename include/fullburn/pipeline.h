@@ -111,6 +111,9 @@ struct ImageFolder {
 // Scans root/<class>/*.{jpg,jpeg,png} (any case). An empty or unreadable folder is an error.
 Result<ImageFolder> ScanImageFolder(const std::string& root);
 
+// A whole file, read with pread (shared by the loader, pack and bench).
+Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out);
+
 struct SyntheticImagesOptions {
   int classes = 10, per_class = 100, width = 500, height = 375, quality = 90;
   uint64_t seed = 0;

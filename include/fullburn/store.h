@@ -57,8 +57,8 @@ using Series = std::vector<SeriesPoint>;
 
 class RunStore {
  public:
-  // $FULLBURN_STORE, else $XDG_DATA_HOME/fullburn/runs.db, else
-  // ~/.local/share/fullburn/runs.db.
+  // $XDG_DATA_HOME/fullburn/runs.db, else ~/.local/share/fullburn/runs.db.
+  // (--store and $FULLBURN_STORE are the command line's, see src/cli.)
   static std::string DefaultPath();
   static Result<std::unique_ptr<RunStore>> Open(const std::string& path);
   ~RunStore();

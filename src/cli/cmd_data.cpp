@@ -1,6 +1,5 @@
 // fullburn make-dataset and fullburn bench: the input pipeline from the
 // command line (no libtorch needed for either).
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -130,12 +129,8 @@ int BenchDecode(const BenchOptions& o) {
     std::vector<uint8_t> bytes;
     for (int64_t i; (i = next++) < total;) {
       const std::string& path = folder->files[static_cast<size_t>(i) % folder->files.size()];
-      int fd = ::open(path.c_str(), O_RDONLY);
-      off_t size = fd >= 0 ? ::lseek(fd, 0, SEEK_END) : -1;
-      bytes.resize(size > 0 ? static_cast<size_t>(size) : 0);
-      bool ok = size > 0 && ::pread(fd, bytes.data(), bytes.size(), 0) == size;
-      if (fd >= 0) ::close(fd);
-      if (!ok || !DecodeJpeg(bytes.data(), bytes.size(), &region).ok()) ++failed;
+      if (!ReadWholeFile(path, &bytes).ok() || !DecodeJpeg(bytes.data(), bytes.size(), &region).ok())
+        ++failed;
     }
   };
   double t0 = Now();

@@ -61,9 +61,9 @@ bool MakeDirs(const std::string& dir) {
 }  // namespace
 
 Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts) {
+  // --store and $FULLBURN_STORE both arrive in opts.store (CLI11's envname).
   std::string path = opts.store.empty() ? RunStore::DefaultPath() : opts.store;
-  bool is_default = opts.store.empty() && !std::getenv("FULLBURN_STORE");
-  if (is_default) {
+  if (opts.store.empty()) {
     std::string dir = path.substr(0, path.rfind('/'));
     if (!MakeDirs(dir))
       return Status::IoError("cannot create the store directory " + dir + ": " +

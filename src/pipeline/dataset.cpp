@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "fullburn/pipeline.h"
@@ -49,6 +52,28 @@ Result<ImageFolder> ScanImageFolder(const std::string& root) {
                             " has no JPEG or PNG files in class subfolders (expected ROOT/<class>/*.jpg); "
                             "create one with 'fullburn make-dataset images DIR'");
   return f;
+}
+
+Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IoError("cannot open");
+  off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0) {
+    ::close(fd);
+    return Status::IoError("cannot size");
+  }
+  out->resize(static_cast<size_t>(size));
+  size_t done = 0;
+  while (done < out->size()) {
+    ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
+    if (n <= 0) {
+      ::close(fd);
+      return Status::IoError("cannot read");
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return Status::Ok();
 }
 
 std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch) {

@@ -5,8 +5,6 @@
 // the oldest unfinished batches first; a worker whose next sample belongs to
 // a slot the consumer still holds waits for Release(). What a sample becomes
 // depends only on (seed, epoch, position), never on the thread that made it.
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,28 +32,6 @@ constexpr int kStartDepth = 3, kMaxDepth = 8;
 
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::IoError("cannot open");
-  off_t size = ::lseek(fd, 0, SEEK_END);
-  if (size < 0) {
-    ::close(fd);
-    return Status::IoError("cannot size");
-  }
-  out->resize(static_cast<size_t>(size));
-  size_t done = 0;
-  while (done < out->size()) {
-    ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
-    if (n <= 0) {
-      ::close(fd);
-      return Status::IoError("cannot read");
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return Status::Ok();
 }
 
 }  // namespace

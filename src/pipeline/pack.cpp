@@ -67,45 +67,26 @@ struct Payload {
 Payload Prepare(const std::string& path, const PackOptions& o) {
   Payload out;
   std::vector<uint8_t> file;
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return out;
-  std::fseek(f, 0, SEEK_END);
-  long size = std::ftell(f);
-  std::fseek(f, 0, SEEK_SET);
-  file.resize(size > 0 ? static_cast<size_t>(size) : 0);
-  bool read = size > 0 && std::fread(file.data(), 1, file.size(), f) == file.size();
-  std::fclose(f);
-  if (!read) return out;
-  if (IsPng(file.data(), file.size())) {
-    // PNG sources are stored decoded (raw) or re-encoded as JPEG.
-    DecodedRegion png;
-    if (!DecodePng(file.data(), file.size(), &png).ok()) return out;
-    int w = png.width, ht = png.height;
-    double r = o.max_side > 0 && std::max(w, ht) > o.max_side ? double(o.max_side) / std::max(w, ht) : 1.0;
-    int tw = std::max(1, static_cast<int>(std::lround(w * r))), th = std::max(1, static_cast<int>(std::lround(ht * r)));
-    std::vector<uint8_t> pixels(static_cast<size_t>(tw) * th * 3);
-    ResizeInto(png, BoxF{0, 0, double(w), double(ht)}, tw, th, false, Layout::kNHWC, pixels.data());
-    if (o.format == PackFormat::kRaw) {
-      out.bytes = std::move(pixels);
-    } else {
-      Result<std::vector<uint8_t>> jpeg = EncodeJpeg(pixels.data(), tw, th, o.quality);
-      if (!jpeg.ok()) return out;
-      out.bytes = std::move(*jpeg);
-    }
-    out.width = tw;
-    out.height = th;
-    out.ok = true;
-    return out;
-  }
-  Result<JpegHeader> h = ReadJpegHeader(file.data(), file.size());
-  if (!h.ok()) return out;
-  int w = h->width, ht = h->height;
-  double r = 1.0;
-  if (o.max_side > 0 && std::max(w, ht) > o.max_side) r = static_cast<double>(o.max_side) / std::max(w, ht);
-  int tw = std::max(1, static_cast<int>(std::lround(w * r))), th = std::max(1, static_cast<int>(std::lround(ht * r)));
+  if (!ReadWholeFile(path, &file).ok() || file.empty()) return out;
+  const bool png = IsPng(file.data(), file.size());
   DecodedRegion region;
-  BoxF all{0, 0, double(w), double(ht)};
-  if (!DecodeJpegRegion(file.data(), file.size(), all, tw, th, &region).ok()) return out;
+  int w = 0, h = 0;
+  if (png) {
+    if (!DecodePng(file.data(), file.size(), &region).ok()) return out;
+    w = region.width;
+    h = region.height;
+  } else {
+    Result<JpegHeader> header = ReadJpegHeader(file.data(), file.size());
+    if (!header.ok()) return out;
+    w = header->width;
+    h = header->height;
+  }
+  double r = 1.0;
+  if (o.max_side > 0 && std::max(w, h) > o.max_side) r = static_cast<double>(o.max_side) / std::max(w, h);
+  int tw = std::max(1, static_cast<int>(std::lround(w * r)));
+  int th = std::max(1, static_cast<int>(std::lround(h * r)));
+  BoxF all{0, 0, double(w), double(h)};
+  if (!png && !DecodeJpegRegion(file.data(), file.size(), all, tw, th, &region).ok()) return out;
   std::vector<uint8_t> pixels;
   const std::vector<uint8_t>* rgb = &region.rgb;
   if (tw != region.width || th != region.height) {
@@ -115,7 +96,7 @@ Payload Prepare(const std::string& path, const PackOptions& o) {
   }
   if (o.format == PackFormat::kRaw) {
     out.bytes = *rgb;
-  } else if (r == 1.0) {
+  } else if (!png && r == 1.0) {
     out.bytes = std::move(file);  // already a valid JPEG of the right size
   } else {
     Result<std::vector<uint8_t>> jpeg = EncodeJpeg(rgb->data(), tw, th, o.quality);

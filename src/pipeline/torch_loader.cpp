@@ -17,6 +17,15 @@ struct TorchLoader::InFlight {
   std::unique_ptr<c10::Event> copied;  // CUDA only
 };
 
+namespace {
+
+// Blocks the host until a batch's copy to the device has completed (CUDA).
+void WaitCopied(const c10::Event* copied) {
+  while (copied && !copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<TorchLoader>> TorchLoader::Open(const TorchLoaderOptions& options) {
   std::unique_ptr<TorchLoader> t(new TorchLoader());
   t->options_ = options;
@@ -46,12 +55,8 @@ Result<std::unique_ptr<TorchLoader>> TorchLoader::Open(const TorchLoaderOptions&
 
 TorchLoader::~TorchLoader() {
   // In-flight copies read pinned slots: let them finish before the memory goes.
-  if (cuda_) {
-    for (auto& f : issued_)
-      while (f->copied && !f->copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    for (auto& f : copying_)
-      while (f->copied && !f->copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  for (auto& f : issued_) WaitCopied(f->copied.get());
+  for (auto& f : copying_) WaitCopied(f->copied.get());
   issued_.clear();
   copying_.clear();
   core_.reset();
@@ -67,7 +72,7 @@ void TorchLoader::StartEpoch(int epoch, int64_t first_batch) {
   ReleaseCompleted(false);
   while (!copying_.empty()) ReleaseCompleted(true);
   for (auto& f : issued_) {
-    while (f->copied && !f->copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    WaitCopied(f->copied.get());
     core_->Release(f->core);
   }
   issued_.clear();
@@ -80,8 +85,7 @@ void TorchLoader::ReleaseCompleted(bool wait_for_one) {
     InFlight& f = *copying_.front();
     if (f.copied && !f.copied->query()) {
       if (!wait_for_one) return;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-      continue;
+      WaitCopied(f.copied.get());
     }
     core_->Release(f.core);
     copying_.pop_front();

@@ -39,7 +39,6 @@ void FixStatus(RunInfo* r) {
 }  // namespace
 
 std::string RunStore::DefaultPath() {
-  if (const char* p = std::getenv("FULLBURN_STORE"); p && *p) return p;
   std::string base;
   if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) {
     base = x;
