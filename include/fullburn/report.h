@@ -6,6 +6,7 @@
 // never as 0. Safe to call from any thread.
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -63,6 +64,26 @@ nlohmann::json RunShowJson(const RunInfo& run, const RunSummary& summary);
 // Wide CSV: one row per sample time, one column per metric; blank = absent.
 std::string SamplesCsv(const std::map<std::string, Series>& samples);
 nlohmann::json SamplesJson(const RunInfo& run, const std::map<std::string, Series>& samples);
+
+// What a training run's steps add up to. Phase shares are of the step time of
+// timed steps; the first 10% of steps (warm-up) are left out of the rate.
+struct StepsSummary {
+  int64_t steps = 0, skipped = 0, samples = 0;
+  double first_loss = NAN, final_loss = NAN;  // means of the first/last 10 finite losses
+  double median_samples_per_s = 0;
+  std::vector<std::pair<std::string, double>> phase_share;  // in step order
+};
+StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps);
+std::string RenderStepsSummary(const std::vector<StepRecord>& steps);
+
+// Per-step records of `fullburn train`: CSV (blank = absent) and JSON (null).
+std::string StepsCsv(const std::vector<StepRecord>& steps);
+nlohmann::json StepsJson(const std::vector<StepRecord>& steps);
+// Chrome trace / Perfetto JSON: one track of steps and one of their phases per
+// rank, checkpoint writes, loss and throughput counters, utilization counters.
+nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& steps,
+                           const std::vector<CheckpointRecord>& checkpoints,
+                           const std::map<std::string, Series>& samples);
 
 std::string FormatBytes(double bytes);
 std::string FormatDuration(double seconds);

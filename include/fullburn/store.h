@@ -29,7 +29,7 @@ struct sqlite3_stmt;
 
 namespace fullburn {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 
 struct RunInfo {
   int64_t id = 0;
@@ -55,6 +55,40 @@ struct SeriesPoint {
 };
 using Series = std::vector<SeriesPoint>;
 
+// One training step as `fullburn train` records it (schema v2). Phase times
+// are seconds of wall time; absent when the step was not timed (timing every
+// Nth step) or the phase does not exist (comm_s without data parallelism).
+struct StepRecord {
+  int rank = 0;
+  int64_t step = 0;  // optimizer steps taken, counting from 1
+  int epoch = 0;
+  double t = 0;      // seconds since the run's start_time, at the step's end
+  double loss = 0;   // mean over the step's micro-batches (NaN/inf kept as is)
+  double lr = 0;
+  std::optional<double> loss_scale;  // fp16 only
+  int64_t samples = 0;               // samples in the step (all micro-batches)
+  double step_s = 0;
+  std::optional<double> data_wait_s, h2d_s, forward_s, backward_s, optimizer_s, comm_s;
+  bool skipped = false;  // the loss scaler skipped the update (inf/NaN gradients)
+};
+
+struct CheckpointRecord {
+  int64_t step = 0;
+  double t = 0;       // seconds since the run's start_time, when the file was complete
+  std::string path;
+  int64_t bytes = 0;
+  double stall_s = 0;  // the training loop was blocked this long (snapshot)
+  double write_s = 0;  // background serialization and write
+};
+
+// Anything else a run wants to keep, in time order: batch-size trials,
+// warnings, the tuner's trials. `data` is a JSON object.
+struct RunEvent {
+  double t = 0;
+  std::string kind;
+  std::string data = "{}";
+};
+
 class RunStore {
  public:
   // $XDG_DATA_HOME/fullburn/runs.db, else ~/.local/share/fullburn/runs.db.
@@ -78,6 +112,14 @@ class RunStore {
   Status DeleteRun(int64_t run_id);
   // "ok" for a healthy file, else SQLite's report.
   Result<std::string> IntegrityCheck();
+
+  // Training records (schema v2): steps in one transaction per call.
+  Status AppendSteps(int64_t run_id, const std::vector<StepRecord>& steps);
+  Result<std::vector<StepRecord>> LoadSteps(int64_t run_id);
+  Status AddCheckpoint(int64_t run_id, const CheckpointRecord& checkpoint);
+  Result<std::vector<CheckpointRecord>> LoadCheckpoints(int64_t run_id);
+  Status AddEvent(int64_t run_id, const RunEvent& event);
+  Result<std::vector<RunEvent>> LoadEvents(int64_t run_id);
 
  private:
   RunStore() = default;

@@ -15,6 +15,7 @@ struct RunsOptions {
   std::string run = "last";
   bool json = false;
   std::string format = "csv";
+  std::string table = "samples";
 };
 
 std::string LocalTime(double unix_time) {
@@ -77,6 +78,16 @@ int Show(const RunsOptions& o) {
   std::printf("  samples: %lld every %gs\n", static_cast<long long>(run->sample_count), run->interval_s);
   if (run->sample_count == 0) std::printf("  (no samples were recorded)\n");
   std::fputs(RenderSummary(*run, sum, "").c_str(), stdout);
+  auto steps = (*store)->LoadSteps(run->id);
+  if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stdout);
+  auto checkpoints = (*store)->LoadCheckpoints(run->id);
+  if (checkpoints.ok() && !checkpoints->empty()) {
+    std::printf("  checkpoints:\n");
+    for (const CheckpointRecord& c : *checkpoints)
+      std::printf("    step %-7lld %9s  loop blocked %s, written in %s  %s\n",
+                  static_cast<long long>(c.step), FormatBytes(static_cast<double>(c.bytes)).c_str(),
+                  fmt::format("{:.1f} ms", c.stall_s * 1e3).c_str(), fmt::format("{:.0f} ms", c.write_s * 1e3).c_str(), c.path.c_str());
+  }
   return 0;
 }
 
@@ -85,12 +96,42 @@ int Export(const RunsOptions& o) {
   if (!store.ok()) return Fail(store.status().message());
   auto run = (*store)->GetRun(o.run);
   if (!run.ok()) return Fail(run.status().message());
+  if (o.table == "steps") {
+    auto steps = (*store)->LoadSteps(run->id);
+    if (!steps.ok()) return Fail(steps.status().message());
+    if (steps->empty())
+      return Fail("run " + std::to_string(run->id) +
+                  " has no per-step records (only 'fullburn train' writes them): export "
+                  "--table samples instead");
+    if (o.format == "json")
+      std::printf("%s\n", StepsJson(*steps).dump().c_str());
+    else
+      std::fputs(StepsCsv(*steps).c_str(), stdout);
+    return 0;
+  }
   auto samples = (*store)->LoadSamples(run->id);
   if (!samples.ok()) return Fail(samples.status().message());
   if (o.format == "json")
     std::printf("%s\n", SamplesJson(*run, *samples).dump().c_str());
   else
     std::fputs(SamplesCsv(*samples).c_str(), stdout);
+  return 0;
+}
+
+int Trace(const RunsOptions& o) {
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  auto run = (*store)->GetRun(o.run);
+  if (!run.ok()) return Fail(run.status().message());
+  auto steps = (*store)->LoadSteps(run->id);
+  if (!steps.ok()) return Fail(steps.status().message());
+  auto checkpoints = (*store)->LoadCheckpoints(run->id);
+  if (!checkpoints.ok()) return Fail(checkpoints.status().message());
+  auto samples = (*store)->LoadSamples(run->id);
+  if (!samples.ok()) return Fail(samples.status().message());
+  if (steps->empty() && samples->empty())
+    return Fail("run " + std::to_string(run->id) + " has neither steps nor samples to trace");
+  std::printf("%s\n", ChromeTrace(*run, *steps, *checkpoints, *samples).dump().c_str());
   return 0;
 }
 
@@ -129,7 +170,15 @@ void SetupRuns(CLI::App& app) {
   exp->add_option("--format", o->format, "csv (one column per metric) or json")
       ->capture_default_str()
       ->check(CLI::IsMember({"csv", "json"}));
+  exp->add_option("--table", o->table, "samples (telemetry) or steps (fullburn train's per-step records)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"samples", "steps"}));
   exp->callback([o] { ExitCode() = Export(*o); });
+
+  CLI::App* trace = AddRunArg(
+      runs->add_subcommand("trace", "The run's step timeline as Chrome trace / Perfetto JSON, to stdout"),
+      o.get());
+  trace->callback([o] { ExitCode() = Trace(*o); });
 
   CLI::App* rm = AddRunArg(runs->add_subcommand("rm", "Delete a run and its samples"), o.get());
   rm->callback([o] { ExitCode() = Remove(*o); });

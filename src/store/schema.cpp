@@ -41,6 +41,46 @@ CREATE TABLE samples (
 ) WITHOUT ROWID;
 )sql";
 
+// v2: what `fullburn train` records besides telemetry.
+const char* const kSchemaV2 = R"sql(
+CREATE TABLE steps (
+  run_id      INTEGER NOT NULL,
+  rank        INTEGER NOT NULL DEFAULT 0,
+  step        INTEGER NOT NULL,
+  epoch       INTEGER NOT NULL,
+  t           REAL NOT NULL,          -- seconds since runs.start_time, step end
+  loss        REAL,                   -- NULL when not finite
+  lr          REAL NOT NULL,
+  loss_scale  REAL,
+  samples     INTEGER NOT NULL,
+  step_s      REAL NOT NULL,
+  data_wait_s REAL, h2d_s REAL, forward_s REAL, backward_s REAL, optimizer_s REAL, comm_s REAL,
+  skipped     INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (run_id, rank, step)
+) WITHOUT ROWID;
+CREATE TABLE checkpoints (
+  run_id  INTEGER NOT NULL,
+  step    INTEGER NOT NULL,
+  t       REAL NOT NULL,
+  path    TEXT NOT NULL,
+  bytes   INTEGER NOT NULL,
+  stall_s REAL NOT NULL,
+  write_s REAL NOT NULL,
+  PRIMARY KEY (run_id, step)
+);
+CREATE TABLE events (
+  run_id INTEGER NOT NULL,
+  t      REAL NOT NULL,
+  kind   TEXT NOT NULL,
+  data   TEXT NOT NULL DEFAULT '{}'   -- JSON object
+);
+CREATE INDEX events_by_run ON events (run_id, t);
+)sql";
+
+// Script i takes the store from version i to version i + 1.
+const char* const kMigrations[] = {kSchemaV1, kSchemaV2};
+static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion);
+
 }  // namespace
 
 Status RunStore::Migrate() {
@@ -65,9 +105,15 @@ Status RunStore::Migrate() {
                                    ", newer than this fullburn (v" +
                                    std::to_string(kSchemaVersion) + "): upgrade fullburn");
   if (version == kSchemaVersion) return Status::Ok();
-  // Later versions add their scripts here, each run once in order.
   if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  Status s = Exec(kSchemaV1);
+  // Read again inside the write lock: another process may have migrated.
+  if (!scalar("PRAGMA user_version", &version)) {
+    Exec("ROLLBACK");
+    return SqlError("cannot read");
+  }
+  if (version == kSchemaVersion) return Exec("COMMIT");
+  Status s = Status::Ok();
+  for (int v = version; v < kSchemaVersion && s.ok(); ++v) s = Exec(kMigrations[v]);
   if (s.ok()) s = Exec(("PRAGMA application_id = " + std::to_string(kApplicationId)).c_str());
   if (s.ok()) s = Exec(("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str());
   if (!s.ok()) {

@@ -293,7 +293,9 @@ Status RunStore::DeleteRun(int64_t run_id) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string id = std::to_string(run_id);
   if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  Status s = Exec(("DELETE FROM samples WHERE run_id = " + id).c_str());
+  Status s = Status::Ok();
+  for (const char* table : {"samples", "steps", "checkpoints", "events"})
+    if (s.ok()) s = Exec(("DELETE FROM " + std::string(table) + " WHERE run_id = " + id).c_str());
   if (s.ok()) s = Exec(("DELETE FROM runs WHERE id = " + id).c_str());
   if (!s.ok()) {
     Exec("ROLLBACK");

@@ -84,3 +84,78 @@ TEST(Report, SnapshotJsonMapsMetricsAndDecodesThrottle) {
 
 }  // namespace
 }  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+std::vector<StepRecord> MakeSteps(int n) {
+  std::vector<StepRecord> steps;
+  for (int i = 1; i <= n; ++i) {
+    StepRecord r;
+    r.step = i;
+    r.t = i * 0.1;
+    r.loss = 3.0 - 0.01 * i;
+    r.lr = 0.1;
+    r.samples = 32;
+    r.step_s = 0.1;
+    r.data_wait_s = 0.04;
+    r.forward_s = 0.02;
+    r.backward_s = 0.03;
+    r.optimizer_s = 0.01;
+    steps.push_back(r);
+  }
+  return steps;
+}
+
+TEST(StepsReport, SummaryAddsUpPhasesAndRate) {
+  StepsSummary s = SummarizeSteps(MakeSteps(100));
+  EXPECT_EQ(s.steps, 100);
+  EXPECT_EQ(s.samples, 3200);
+  EXPECT_NEAR(s.median_samples_per_s, 320, 1e-6);
+  EXPECT_NEAR(s.first_loss, 3.0 - 0.01 * 5.5, 1e-9);
+  ASSERT_EQ(s.phase_share.size(), 4u);
+  EXPECT_EQ(s.phase_share[0].first, "data_wait");
+  EXPECT_NEAR(s.phase_share[0].second, 0.4, 1e-9);
+  EXPECT_NE(RenderStepsSummary(MakeSteps(3)).find("data_wait 40.0%"), std::string::npos);
+}
+
+TEST(StepsReport, CsvHasOneRowPerStepAndBlanksForAbsent) {
+  auto steps = MakeSteps(2);
+  steps[1].forward_s.reset();
+  std::string csv = StepsCsv(steps);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3);
+  EXPECT_NE(csv.find("samples_per_s"), std::string::npos);
+  EXPECT_NE(csv.find(",0.04,,0.02,") , std::string::npos);  // data_wait, h2d absent, forward
+  EXPECT_NE(csv.find(",0.04,,,0.03,"), std::string::npos);  // second step: forward absent too
+}
+
+TEST(StepsReport, ChromeTraceNestsPhasesInsideTheirStep) {
+  RunInfo run;
+  run.id = 7;
+  auto steps = MakeSteps(2);
+  std::map<std::string, Series> samples{{"gpu0.util", {{0.05, 40}}}, {"host.mem_used", {{0.05, 1}}}};
+  nlohmann::json trace = ChromeTrace(run, steps, {{2, 0.3, "/x", 10, 0.001, 0.05}}, samples);
+  int step_events = 0, phase_events = 0, gpu_counters = 0, checkpoint_events = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("cat", "") == "step") {
+      ++step_events;
+      EXPECT_NEAR(e["ts"].get<double>() + e["dur"].get<double>(), 1e6 * 0.1 * (step_events), 1e-3);
+    }
+    if (e.value("cat", "") == "phase") {
+      ++phase_events;
+      if (e["name"] == "data_wait") EXPECT_NEAR(e["dur"].get<double>(), 40000, 1e-3);
+      // Phases are laid end to end from the step's start: forward after the wait.
+      if (e["name"] == "forward" && e["pid"] == 0 && phase_events <= 4)
+        EXPECT_NEAR(e["ts"].get<double>(), (steps[0].t - steps[0].step_s + 0.04) * 1e6, 1e-3);
+    }
+    if (e.value("name", "") == "gpu0.util") ++gpu_counters;
+    if (e.value("cat", "") == "checkpoint") ++checkpoint_events;
+  }
+  EXPECT_EQ(step_events, 2);
+  EXPECT_EQ(phase_events, 8);
+  EXPECT_EQ(gpu_counters, 1);  // host.mem_used is not a utilization track
+  EXPECT_EQ(checkpoint_events, 1);
+}
+
+}  // namespace
+}  // namespace fullburn

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -191,6 +192,91 @@ TEST_F(StoreTest, BatchWriterCommitsAboutOnceASecond) {
   ASSERT_TRUE(w.Add(Snap(1.1, 1)).ok());
   ASSERT_TRUE(w.Flush().ok());
   EXPECT_EQ(store->GetRun("last")->sample_count, 12);
+}
+
+}  // namespace
+}  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+TEST_F(StoreTest, StepsCheckpointsAndEventsRoundTrip) {
+  auto store = OpenOk();
+  ASSERT_TRUE(store);
+  RunInfo info;
+  info.name = "train";
+  info.start_time = 1000;
+  int64_t id = store->BeginRun(info).value();
+  std::vector<StepRecord> steps;
+  for (int i = 1; i <= 3; ++i) {
+    StepRecord r;
+    r.step = i;
+    r.epoch = i / 2;
+    r.t = i * 0.5;
+    r.loss = 2.0 / i;
+    r.lr = 0.1 * i;
+    r.samples = 64;
+    r.step_s = 0.25;
+    if (i != 2) r.forward_s = 0.1;
+    r.loss_scale = 65536;
+    steps.push_back(r);
+  }
+  steps[2].loss = INFINITY;
+  steps[2].skipped = true;
+  ASSERT_TRUE(store->AppendSteps(id, steps).ok());
+  auto back = store->LoadSteps(id);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ASSERT_EQ(back->size(), 3u);
+  EXPECT_DOUBLE_EQ((*back)[0].loss, 2.0);
+  EXPECT_DOUBLE_EQ((*back)[1].lr, 0.2);
+  EXPECT_FALSE((*back)[1].forward_s.has_value());
+  EXPECT_DOUBLE_EQ(*(*back)[0].forward_s, 0.1);
+  EXPECT_TRUE(std::isnan((*back)[2].loss));  // not finite: stored as NULL
+  EXPECT_TRUE((*back)[2].skipped);
+  EXPECT_EQ((*back)[2].samples, 64);
+
+  ASSERT_TRUE(store->AddCheckpoint(id, {10, 5.0, "/tmp/x.ckpt", 1234, 0.01, 0.2}).ok());
+  ASSERT_TRUE(store->AddEvent(id, {1.0, "batch_trial", R"({"batch":64})"}).ok());
+  auto ck = store->LoadCheckpoints(id);
+  ASSERT_TRUE(ck.ok());
+  ASSERT_EQ(ck->size(), 1u);
+  EXPECT_EQ((*ck)[0].path, "/tmp/x.ckpt");
+  EXPECT_EQ((*ck)[0].bytes, 1234);
+  auto ev = store->LoadEvents(id);
+  ASSERT_TRUE(ev.ok());
+  ASSERT_EQ(ev->size(), 1u);
+  EXPECT_EQ((*ev)[0].kind, "batch_trial");
+
+  ASSERT_TRUE(store->DeleteRun(id).ok());
+  EXPECT_TRUE(store->LoadSteps(id)->empty());
+  EXPECT_TRUE(store->LoadCheckpoints(id)->empty());
+  EXPECT_TRUE(store->LoadEvents(id)->empty());
+}
+
+// A store written by the first release (schema v1) is migrated in place and
+// keeps its runs and samples.
+TEST_F(StoreTest, SchemaV1StoreIsMigrated) {
+  fs::copy_file(std::string(STORE_FIXTURES_DIR) + "/store_v1.db", path_);
+  auto store = OpenOk();
+  ASSERT_TRUE(store);
+  auto runs = store->ListRuns();
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 1u);
+  EXPECT_EQ((*runs)[0].command.front(), "sleep");
+  auto samples = store->LoadSamples((*runs)[0].id);
+  ASSERT_TRUE(samples.ok());
+  EXPECT_FALSE(samples->empty());
+  StepRecord r;
+  r.step = 1;
+  EXPECT_TRUE(store->AppendSteps((*runs)[0].id, {r}).ok());
+  sqlite3* db = nullptr;
+  sqlite3_open(path_.c_str(), &db);
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, nullptr);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(st, 0), kSchemaVersion);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
 }
 
 }  // namespace

@@ -1,0 +1,202 @@
+// Renderings of a training run's per-step records: CSV, JSON and a Chrome
+// trace / Perfetto timeline.
+#include <cmath>
+#include <algorithm>
+#include <iterator>
+#include <set>
+#include <sstream>
+
+#include "fullburn/report.h"
+
+namespace fullburn {
+namespace {
+
+struct Phase {
+  const char* name;
+  std::optional<double> StepRecord::*field;
+};
+// The order phases happen in within a step, which is also the trace's layout.
+const Phase kPhases[] = {{"data_wait", &StepRecord::data_wait_s}, {"h2d", &StepRecord::h2d_s},
+                         {"forward", &StepRecord::forward_s},     {"backward", &StepRecord::backward_s},
+                         {"comm", &StepRecord::comm_s},           {"optimizer", &StepRecord::optimizer_s}};
+
+std::string Cell(const std::optional<double>& v) {
+  if (!v) return "";
+  std::ostringstream o;
+  o.precision(9);
+  o << *v;
+  return o.str();
+}
+
+nlohmann::json OptionalJson(const std::optional<double>& v) {
+  return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json();
+}
+
+double Micros(double seconds) { return std::round(seconds * 1e6 * 1000) / 1000; }
+
+}  // namespace
+
+std::string StepsCsv(const std::vector<StepRecord>& steps) {
+  std::ostringstream o;
+  o.precision(9);
+  o << "rank,step,epoch,t,loss,lr,loss_scale,samples,samples_per_s,step_s";
+  for (const Phase& p : kPhases) o << ',' << p.name << "_s";
+  o << ",skipped\n";
+  for (const StepRecord& r : steps) {
+    o << r.rank << ',' << r.step << ',' << r.epoch << ',' << r.t << ','
+      << (std::isfinite(r.loss) ? Cell(r.loss) : "") << ',' << r.lr << ',' << Cell(r.loss_scale)
+      << ',' << r.samples << ',' << Cell(r.step_s > 0 ? std::optional<double>(r.samples / r.step_s) : std::nullopt)
+      << ',' << r.step_s;
+    for (const Phase& p : kPhases) o << ',' << Cell(r.*p.field);
+    o << ',' << (r.skipped ? 1 : 0) << '\n';
+  }
+  return o.str();
+}
+
+nlohmann::json StepsJson(const std::vector<StepRecord>& steps) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const StepRecord& r : steps) {
+    nlohmann::json j{{"rank", r.rank},     {"step", r.step},       {"epoch", r.epoch},
+                     {"t", r.t},           {"loss", OptionalJson(r.loss)},
+                     {"lr", r.lr},         {"loss_scale", OptionalJson(r.loss_scale)},
+                     {"samples", r.samples}, {"step_s", r.step_s}, {"skipped", r.skipped}};
+    j["samples_per_s"] = r.step_s > 0 ? nlohmann::json(r.samples / r.step_s) : nlohmann::json();
+    for (const Phase& p : kPhases) j[std::string(p.name) + "_s"] = OptionalJson(r.*p.field);
+    out.push_back(j);
+  }
+  return out;
+}
+
+nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& steps,
+                           const std::vector<CheckpointRecord>& checkpoints,
+                           const std::map<std::string, Series>& samples) {
+  nlohmann::json events = nlohmann::json::array();
+  std::set<int> ranks;
+  for (const StepRecord& r : steps) {
+    ranks.insert(r.rank);
+    double start = r.t - r.step_s;
+    events.push_back({{"name", "step " + std::to_string(r.step)},
+                      {"cat", "step"},
+                      {"ph", "X"},
+                      {"ts", Micros(start)},
+                      {"dur", Micros(r.step_s)},
+                      {"pid", r.rank},
+                      {"tid", 0},
+                      {"args",
+                       {{"epoch", r.epoch},
+                        {"loss", OptionalJson(r.loss)},
+                        {"lr", r.lr},
+                        {"samples", r.samples},
+                        {"skipped", r.skipped}}}});
+    double at = start;
+    for (const Phase& p : kPhases) {
+      const std::optional<double>& d = r.*p.field;
+      if (!d || *d <= 0) continue;
+      events.push_back({{"name", p.name}, {"cat", "phase"}, {"ph", "X"}, {"ts", Micros(at)},
+                        {"dur", Micros(*d)}, {"pid", r.rank}, {"tid", 1}});
+      at += *d;
+    }
+    if (std::isfinite(r.loss))
+      events.push_back({{"name", "loss"}, {"ph", "C"}, {"ts", Micros(r.t)}, {"pid", r.rank},
+                        {"args", {{"loss", r.loss}}}});
+    if (r.step_s > 0)
+      events.push_back({{"name", "samples/s"}, {"ph", "C"}, {"ts", Micros(r.t)}, {"pid", r.rank},
+                        {"args", {{"samples/s", r.samples / r.step_s}}}});
+  }
+  for (const CheckpointRecord& c : checkpoints) {
+    events.push_back({{"name", "checkpoint step " + std::to_string(c.step)},
+                      {"cat", "checkpoint"},
+                      {"ph", "X"},
+                      {"ts", Micros(c.t - c.write_s)},
+                      {"dur", Micros(c.write_s)},
+                      {"pid", 0},
+                      {"tid", 2},
+                      {"args", {{"path", c.path}, {"bytes", c.bytes}, {"stall_s", c.stall_s}}}});
+  }
+  // Utilization next to the steps, so idle gaps line up with their cause.
+  const int telemetry_pid = 1000;
+  for (const auto& [name, series] : samples) {
+    bool wanted = name == "host.cpu.util" ||
+                  (name.rfind("gpu", 0) == 0 && (name.find(".util") != std::string::npos ||
+                                                 name.find(".mem_used") != std::string::npos));
+    if (!wanted) continue;
+    for (const SeriesPoint& p : series)
+      events.push_back({{"name", name}, {"ph", "C"}, {"ts", Micros(p.t)}, {"pid", telemetry_pid},
+                        {"args", {{"value", p.v}}}});
+  }
+  auto name_process = [&](int pid, const std::string& name) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", name}}}});
+  };
+  for (int r : ranks) {
+    name_process(r, "rank " + std::to_string(r));
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "steps"}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 1}, {"args", {{"name", "phases"}}}});
+  }
+  name_process(telemetry_pid, "telemetry");
+  return {{"traceEvents", events},
+          {"displayTimeUnit", "ms"},
+          {"otherData", {{"run", run.id}, {"name", run.name}, {"start_time", run.start_time}}}};
+}
+
+}  // namespace fullburn
+
+namespace fullburn {
+
+StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
+  StepsSummary s;
+  s.steps = static_cast<int64_t>(steps.size());
+  std::vector<double> finite, rates;
+  double timed_total = 0;
+  std::vector<double> phase_total(std::size(kPhases), 0.0);
+  size_t warmup = steps.size() / 10;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const StepRecord& r = steps[i];
+    s.samples += r.samples;
+    s.skipped += r.skipped ? 1 : 0;
+    if (std::isfinite(r.loss)) finite.push_back(r.loss);
+    if (i >= warmup && r.step_s > 0) rates.push_back(r.samples / r.step_s);
+    if (!r.forward_s) continue;  // not a timed step
+    timed_total += r.step_s;
+    for (size_t p = 0; p < std::size(kPhases); ++p) phase_total[p] += (r.*kPhases[p].field).value_or(0);
+  }
+  auto mean = [](auto begin, auto end) {
+    double sum = 0;
+    for (auto it = begin; it != end; ++it) sum += *it;
+    return end == begin ? NAN : sum / static_cast<double>(end - begin);
+  };
+  size_t k = std::min<size_t>(10, finite.size());
+  s.first_loss = mean(finite.begin(), finite.begin() + k);
+  s.final_loss = mean(finite.end() - k, finite.end());
+  if (!rates.empty()) s.median_samples_per_s = Percentile(rates, 50);
+  if (timed_total > 0) {
+    double accounted = 0;
+    for (size_t p = 0; p < std::size(kPhases); ++p) {
+      if (phase_total[p] <= 0) continue;
+      s.phase_share.emplace_back(kPhases[p].name, phase_total[p] / timed_total);
+      accounted += phase_total[p];
+    }
+    if (timed_total - accounted > 1e-3 * timed_total)
+      s.phase_share.emplace_back("other", (timed_total - accounted) / timed_total);
+  }
+  return s;
+}
+
+std::string RenderStepsSummary(const std::vector<StepRecord>& steps) {
+  StepsSummary s = SummarizeSteps(steps);
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(4);
+  o << "  steps:   " << s.steps << " (" << s.samples << " samples";
+  if (s.skipped) o << ", " << s.skipped << " skipped by the loss scaler";
+  o << "), loss " << s.first_loss << " -> " << s.final_loss << "\n";
+  o.precision(1);
+  o << "  rate:    " << s.median_samples_per_s << " samples/s (median)\n";
+  if (!s.phase_share.empty()) {
+    o << "  step time:";
+    for (const auto& [name, share] : s.phase_share) o << " " << name << " " << share * 100 << "%";
+    o << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace fullburn

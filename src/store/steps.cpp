@@ -1,0 +1,176 @@
+// The training tables of the run store (schema v2): steps, checkpoints, events.
+#include <sqlite3.h>
+
+#include <cmath>
+
+#include "fullburn/store.h"
+
+namespace fullburn {
+namespace {
+
+void BindOptional(sqlite3_stmt* st, int col, const std::optional<double>& v) {
+  if (v && std::isfinite(*v))
+    sqlite3_bind_double(st, col, *v);
+  else
+    sqlite3_bind_null(st, col);
+}
+
+std::optional<double> ColumnOptional(sqlite3_stmt* st, int col) {
+  if (sqlite3_column_type(st, col) == SQLITE_NULL) return std::nullopt;
+  return sqlite3_column_double(st, col);
+}
+
+std::string ColumnText(sqlite3_stmt* st, int col) {
+  const unsigned char* t = sqlite3_column_text(st, col);
+  return t ? reinterpret_cast<const char*>(t) : "";
+}
+
+// Prepared statement that finalizes itself.
+struct Statement {
+  sqlite3_stmt* st = nullptr;
+  ~Statement() { sqlite3_finalize(st); }
+};
+
+}  // namespace
+
+Status RunStore::AppendSteps(int64_t run_id, const std::vector<StepRecord>& steps) {
+  if (steps.empty()) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement ins;
+  if (sqlite3_prepare_v2(db_,
+                         "INSERT OR REPLACE INTO steps (run_id, rank, step, epoch, t, loss, lr, "
+                         "loss_scale, samples, step_s, data_wait_s, h2d_s, forward_s, backward_s, "
+                         "optimizer_s, comm_s, skipped) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                         -1, &ins.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot write steps");
+  if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  for (const StepRecord& r : steps) {
+    sqlite3_reset(ins.st);
+    sqlite3_bind_int64(ins.st, 1, run_id);
+    sqlite3_bind_int(ins.st, 2, r.rank);
+    sqlite3_bind_int64(ins.st, 3, r.step);
+    sqlite3_bind_int(ins.st, 4, r.epoch);
+    sqlite3_bind_double(ins.st, 5, r.t);
+    BindOptional(ins.st, 6, r.loss);
+    sqlite3_bind_double(ins.st, 7, r.lr);
+    BindOptional(ins.st, 8, r.loss_scale);
+    sqlite3_bind_int64(ins.st, 9, r.samples);
+    sqlite3_bind_double(ins.st, 10, r.step_s);
+    BindOptional(ins.st, 11, r.data_wait_s);
+    BindOptional(ins.st, 12, r.h2d_s);
+    BindOptional(ins.st, 13, r.forward_s);
+    BindOptional(ins.st, 14, r.backward_s);
+    BindOptional(ins.st, 15, r.optimizer_s);
+    BindOptional(ins.st, 16, r.comm_s);
+    sqlite3_bind_int(ins.st, 17, r.skipped ? 1 : 0);
+    if (sqlite3_step(ins.st) != SQLITE_DONE) {
+      Status s = SqlError("cannot write steps");
+      Exec("ROLLBACK");
+      return s;
+    }
+  }
+  return Exec("COMMIT");
+}
+
+Result<std::vector<StepRecord>> RunStore::LoadSteps(int64_t run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement q;
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT rank, step, epoch, t, loss, lr, loss_scale, samples, step_s, "
+                         "data_wait_s, h2d_s, forward_s, backward_s, optimizer_s, comm_s, skipped "
+                         "FROM steps WHERE run_id = ? ORDER BY rank, step",
+                         -1, &q.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot read steps");
+  sqlite3_bind_int64(q.st, 1, run_id);
+  std::vector<StepRecord> out;
+  int rc;
+  while ((rc = sqlite3_step(q.st)) == SQLITE_ROW) {
+    StepRecord r;
+    r.rank = sqlite3_column_int(q.st, 0);
+    r.step = sqlite3_column_int64(q.st, 1);
+    r.epoch = sqlite3_column_int(q.st, 2);
+    r.t = sqlite3_column_double(q.st, 3);
+    r.loss = ColumnOptional(q.st, 4).value_or(NAN);
+    r.lr = sqlite3_column_double(q.st, 5);
+    r.loss_scale = ColumnOptional(q.st, 6);
+    r.samples = sqlite3_column_int64(q.st, 7);
+    r.step_s = sqlite3_column_double(q.st, 8);
+    r.data_wait_s = ColumnOptional(q.st, 9);
+    r.h2d_s = ColumnOptional(q.st, 10);
+    r.forward_s = ColumnOptional(q.st, 11);
+    r.backward_s = ColumnOptional(q.st, 12);
+    r.optimizer_s = ColumnOptional(q.st, 13);
+    r.comm_s = ColumnOptional(q.st, 14);
+    r.skipped = sqlite3_column_int(q.st, 15) != 0;
+    out.push_back(r);
+  }
+  if (rc != SQLITE_DONE) return SqlError("cannot read steps");
+  return out;
+}
+
+Status RunStore::AddCheckpoint(int64_t run_id, const CheckpointRecord& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement ins;
+  if (sqlite3_prepare_v2(db_,
+                         "INSERT OR REPLACE INTO checkpoints (run_id, step, t, path, bytes, stall_s, "
+                         "write_s) VALUES (?,?,?,?,?,?,?)",
+                         -1, &ins.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot record a checkpoint");
+  sqlite3_bind_int64(ins.st, 1, run_id);
+  sqlite3_bind_int64(ins.st, 2, c.step);
+  sqlite3_bind_double(ins.st, 3, c.t);
+  sqlite3_bind_text(ins.st, 4, c.path.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(ins.st, 5, c.bytes);
+  sqlite3_bind_double(ins.st, 6, c.stall_s);
+  sqlite3_bind_double(ins.st, 7, c.write_s);
+  return sqlite3_step(ins.st) == SQLITE_DONE ? Status::Ok() : SqlError("cannot record a checkpoint");
+}
+
+Result<std::vector<CheckpointRecord>> RunStore::LoadCheckpoints(int64_t run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement q;
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT step, t, path, bytes, stall_s, write_s FROM checkpoints "
+                         "WHERE run_id = ? ORDER BY step",
+                         -1, &q.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot read checkpoints");
+  sqlite3_bind_int64(q.st, 1, run_id);
+  std::vector<CheckpointRecord> out;
+  int rc;
+  while ((rc = sqlite3_step(q.st)) == SQLITE_ROW)
+    out.push_back({sqlite3_column_int64(q.st, 0), sqlite3_column_double(q.st, 1), ColumnText(q.st, 2),
+                   sqlite3_column_int64(q.st, 3), sqlite3_column_double(q.st, 4),
+                   sqlite3_column_double(q.st, 5)});
+  if (rc != SQLITE_DONE) return SqlError("cannot read checkpoints");
+  return out;
+}
+
+Status RunStore::AddEvent(int64_t run_id, const RunEvent& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement ins;
+  if (sqlite3_prepare_v2(db_, "INSERT INTO events (run_id, t, kind, data) VALUES (?,?,?,?)", -1,
+                         &ins.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot record an event");
+  sqlite3_bind_int64(ins.st, 1, run_id);
+  sqlite3_bind_double(ins.st, 2, e.t);
+  sqlite3_bind_text(ins.st, 3, e.kind.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(ins.st, 4, e.data.c_str(), -1, SQLITE_TRANSIENT);
+  return sqlite3_step(ins.st) == SQLITE_DONE ? Status::Ok() : SqlError("cannot record an event");
+}
+
+Result<std::vector<RunEvent>> RunStore::LoadEvents(int64_t run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement q;
+  if (sqlite3_prepare_v2(db_, "SELECT t, kind, data FROM events WHERE run_id = ? ORDER BY t, rowid",
+                         -1, &q.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot read events");
+  sqlite3_bind_int64(q.st, 1, run_id);
+  std::vector<RunEvent> out;
+  int rc;
+  while ((rc = sqlite3_step(q.st)) == SQLITE_ROW)
+    out.push_back({sqlite3_column_double(q.st, 0), ColumnText(q.st, 1), ColumnText(q.st, 2)});
+  if (rc != SQLITE_DONE) return SqlError("cannot read events");
+  return out;
+}
+
+}  // namespace fullburn
