@@ -11,6 +11,7 @@ packages=(
   libcli11-dev                    # command line
   nlohmann-json3-dev libfmt-dev   # JSON, formatting
   libcpp-httplib-dev              # fullburn serve
+  libtomlplusplus-dev             # fullburn train configs
   libjpeg62-turbo-dev libpng-dev  # input pipeline (JPEG, PNG)
   libgtest-dev libgmock-dev       # tests
   python3                         # bench/ scripts

@@ -69,12 +69,14 @@ int Metrics(bool markdown) {
 
 int main(int argc, char** argv) {
   using namespace fullburn::cli;
+  // Its own argument grammar (CONFIG.toml key=value ...), passed on whole.
+  if (argc > 1 && std::strcmp(argv[1], "train") == 0) return Train(argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const char* c : kCommands) known |= std::strcmp(argv[1], c) == 0;
     if (!known)
       return Fail(std::string("unknown command '") + argv[1] +
-                  "': use run, watch, runs, serve, metrics, bench, make-dataset, pack or version (see 'fullburn --help')");
+                  "': use run, watch, runs, train, serve, metrics, bench, make-dataset, pack or version (see 'fullburn --help')");
   }
   CLI::App app{"fullburn: keep GPUs busy while deep-learning models train"};
   app.require_subcommand(1);
@@ -84,6 +86,8 @@ int main(int argc, char** argv) {
   SetupRuns(app);
   SetupServe(app);
   SetupData(app);
+  // Listed for --help; main() hands `train` to Train() before parsing.
+  app.add_subcommand("train", "Train a model (libtorch): CONFIG.toml key=value ... (fullburn train --help)");
   auto markdown = std::make_shared<bool>(false);
   CLI::App* metrics = app.add_subcommand("metrics", "List every metric: name, unit, Prometheus name");
   metrics->add_flag("--markdown", *markdown, "As a markdown table");

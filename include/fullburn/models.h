@@ -1,0 +1,45 @@
+// Models: the architectures `fullburn train` builds by name (training half,
+// links libtorch).
+//
+// Contract
+// - Shapes and parameter names follow the well-known definitions (torchvision's
+//   ResNet, nanoGPT's GPT-2) so state dicts and results compare with PyTorch.
+// - Every model maps a batch of inputs to logits whose last dimension is the
+//   class (or vocabulary) count; the trainer's loss is cross-entropy over
+//   logits.reshape(-1, C) and targets.reshape(-1).
+// - Users plug in their own network by deriving from Model (forward) and
+//   handing it to the trainer through train.h.
+// - Construction is deterministic given torch::manual_seed. Not thread-safe:
+//   one training thread owns a model.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "fullburn/status.h"
+
+namespace fullburn {
+
+class Model : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(torch::Tensor input) = 0;
+};
+
+struct ModelSpec {
+  std::string name = "resnet18";  // resnet18 | resnet50 | mlp | lstm | gpt
+  int64_t num_classes = 10;       // classes, or the vocabulary for gpt
+  double width = 1.0;             // ResNet width multiplier
+  int64_t in_features = 0;        // mlp: flattened input size
+  int64_t vocab = 256;            // lstm/gpt token vocabulary
+  int64_t seq_len = 128;          // gpt context (positional table size)
+  int64_t hidden = 512, layers = 2, heads = 4;
+  double dropout = 0;
+};
+
+Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& spec);
+
+int64_t ParameterCount(const torch::nn::Module& m);
+
+}  // namespace fullburn

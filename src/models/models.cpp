@@ -1,0 +1,157 @@
+// MLP, LSTM classifier, GPT decoder and the factory.
+#include <torch/version.h>
+
+#include <cmath>
+
+#include "models_internal.h"
+
+namespace fullburn {
+namespace {
+
+namespace nn = torch::nn;
+
+class Mlp : public Model {
+ public:
+  explicit Mlp(const ModelSpec& s) {
+    int64_t in = s.in_features;
+    for (int64_t i = 0; i < s.layers; ++i) {
+      layers_->push_back(nn::Linear(in, s.hidden));
+      layers_->push_back(nn::ReLU());
+      if (s.dropout > 0) layers_->push_back(nn::Dropout(s.dropout));
+      in = s.hidden;
+    }
+    layers_->push_back(nn::Linear(in, s.num_classes));
+    register_module("layers", layers_);
+  }
+  torch::Tensor forward(torch::Tensor x) override { return layers_->forward(x.flatten(1)); }
+
+ private:
+  nn::Sequential layers_;
+};
+
+// Embedding -> LSTM -> the last step's hidden state -> classes.
+class LstmClassifier : public Model {
+ public:
+  explicit LstmClassifier(const ModelSpec& s)
+      : embed_(register_module("embed", nn::Embedding(s.vocab, s.hidden))),
+        lstm_(register_module("lstm", nn::LSTM(nn::LSTMOptions(s.hidden, s.hidden)
+                                                   .num_layers(s.layers)
+                                                   .batch_first(true)
+                                                   .dropout(s.layers > 1 ? s.dropout : 0)))),
+        head_(register_module("head", nn::Linear(s.hidden, s.num_classes))) {}
+  torch::Tensor forward(torch::Tensor tokens) override {
+    auto out = std::get<0>(lstm_->forward(embed_(tokens)));
+    return head_(out.select(1, out.size(1) - 1));
+  }
+
+ private:
+  nn::Embedding embed_;
+  nn::LSTM lstm_;
+  nn::Linear head_;
+};
+
+struct GptBlockImpl : nn::Module {
+  GptBlockImpl(int64_t d, int64_t heads, double dropout) : heads(heads), dropout(dropout) {
+    ln_1 = register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({d})));
+    c_attn = register_module("c_attn", nn::Linear(d, 3 * d));
+    attn_proj = register_module("attn_proj", nn::Linear(d, d));
+    ln_2 = register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({d})));
+    c_fc = register_module("c_fc", nn::Linear(d, 4 * d));
+    mlp_proj = register_module("mlp_proj", nn::Linear(4 * d, d));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+    auto qkv = c_attn(ln_1(x)).split(d, 2);
+    auto heads_of = [&](const torch::Tensor& y) { return y.view({b, t, heads, d / heads}).transpose(1, 2); };
+    torch::Tensor y = CausalAttention(heads_of(qkv[0]), heads_of(qkv[1]), heads_of(qkv[2]),
+                                      is_training() ? dropout : 0.0);
+    y = y.transpose(1, 2).contiguous().view({b, t, d});
+    x = x + torch::dropout(attn_proj(y), dropout, is_training());
+    x = x + torch::dropout(mlp_proj(torch::gelu(c_fc(ln_2(x)), "tanh")), dropout, is_training());
+    return x;
+  }
+  int64_t heads;
+  double dropout;
+  nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  nn::Linear c_attn{nullptr}, attn_proj{nullptr}, c_fc{nullptr}, mlp_proj{nullptr};
+};
+TORCH_MODULE(GptBlock);
+
+// GPT-2's decoder (pre-LayerNorm blocks, GELU, tied input/output embedding,
+// GPT-2's init with scaled residual projections).
+class Gpt : public Model {
+ public:
+  explicit Gpt(const ModelSpec& s) : dropout_(s.dropout) {
+    wte_ = register_module("wte", nn::Embedding(s.vocab, s.hidden));
+    wpe_ = register_module("wpe", nn::Embedding(s.seq_len, s.hidden));
+    for (int64_t i = 0; i < s.layers; ++i) blocks_->push_back(GptBlock(s.hidden, s.heads, s.dropout));
+    register_module("h", blocks_);
+    ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({s.hidden})));
+    torch::NoGradGuard no_grad;
+    for (auto& p : named_parameters()) {
+      const std::string& name = p.key();
+      if (name.find("ln_") != std::string::npos) continue;
+      if (name.size() > 4 && name.substr(name.size() - 4) == "bias") {
+        p.value().zero_();
+      } else {
+        bool residual = name.find("_proj.weight") != std::string::npos;
+        double std = residual ? 0.02 / std::sqrt(2.0 * s.layers) : 0.02;
+        p.value().normal_(0, std);
+      }
+    }
+  }
+  torch::Tensor forward(torch::Tensor tokens) override {
+    int64_t t = tokens.size(1);
+    torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));
+    torch::Tensor x = torch::dropout(wte_(tokens) + wpe_(pos), dropout_, is_training());
+    x = ln_f_(blocks_->forward(x));
+    return torch::nn::functional::linear(x, wte_->weight);
+  }
+
+ private:
+  double dropout_;
+  nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  nn::Sequential blocks_;
+  nn::LayerNorm ln_f_{nullptr};
+};
+
+}  // namespace
+
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              double dropout) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
+#else
+  return std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, dropout, false, /*is_causal=*/true));
+#endif
+}
+
+std::shared_ptr<Model> MakeMlp(const ModelSpec& s) { return std::make_shared<Mlp>(s); }
+std::shared_ptr<Model> MakeLstm(const ModelSpec& s) { return std::make_shared<LstmClassifier>(s); }
+std::shared_ptr<Model> MakeGpt(const ModelSpec& s) { return std::make_shared<Gpt>(s); }
+
+Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& s) {
+  if (s.num_classes < 1) return Status::InvalidArgument("the model needs at least one class");
+  if (s.name == "resnet18" || s.name == "resnet50") return MakeResNet(s);
+  if (s.name == "mlp") {
+    if (s.in_features <= 0) return Status::InvalidArgument("mlp needs the input size (in_features)");
+    return MakeMlp(s);
+  }
+  if (s.name == "lstm") return MakeLstm(s);
+  if (s.name == "gpt") {
+    if (s.hidden % s.heads != 0)
+      return Status::InvalidArgument("model.hidden = " + std::to_string(s.hidden) +
+                                     " is not divisible by model.heads = " + std::to_string(s.heads) +
+                                     ": choose heads that divide it");
+    return MakeGpt(s);
+  }
+  return Status::InvalidArgument("unknown model '" + s.name + "': use resnet18, resnet50, mlp, lstm or gpt");
+}
+
+int64_t ParameterCount(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace fullburn

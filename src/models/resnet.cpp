@@ -1,0 +1,100 @@
+// ResNet-18/50 in torchvision's layout (module names, strides on the 3x3 conv
+// of bottlenecks as in torchvision >= 0.4, He init, zero-free BN init), with a
+// width multiplier for small CPU runs.
+#include "models_internal.h"
+
+namespace fullburn {
+namespace {
+
+namespace nn = torch::nn;
+
+nn::Conv2d Conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t pad) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, k).stride(stride).padding(pad).bias(false));
+}
+
+struct BlockImpl : nn::Module {
+  BlockImpl(int64_t in, int64_t planes, int64_t stride, bool bottleneck) : bottleneck(bottleneck) {
+    int64_t expansion = bottleneck ? 4 : 1;
+    if (bottleneck) {
+      conv1 = register_module("conv1", Conv(in, planes, 1, 1, 0));
+      bn1 = register_module("bn1", nn::BatchNorm2d(planes));
+      conv2 = register_module("conv2", Conv(planes, planes, 3, stride, 1));
+      bn2 = register_module("bn2", nn::BatchNorm2d(planes));
+      conv3 = register_module("conv3", Conv(planes, planes * 4, 1, 1, 0));
+      bn3 = register_module("bn3", nn::BatchNorm2d(planes * 4));
+    } else {
+      conv1 = register_module("conv1", Conv(in, planes, 3, stride, 1));
+      bn1 = register_module("bn1", nn::BatchNorm2d(planes));
+      conv2 = register_module("conv2", Conv(planes, planes, 3, 1, 1));
+      bn2 = register_module("bn2", nn::BatchNorm2d(planes));
+    }
+    if (stride != 1 || in != planes * expansion) {
+      downsample = register_module(
+          "downsample", nn::Sequential(Conv(in, planes * expansion, 1, stride, 0),
+                                       nn::BatchNorm2d(planes * expansion)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor identity = downsample ? downsample->forward(x) : x;
+    torch::Tensor out = torch::relu(bn1(conv1(x)));
+    out = bn2(conv2(out));
+    if (bottleneck) out = bn3(conv3(torch::relu(out)));
+    return torch::relu(out + identity);
+  }
+  bool bottleneck;
+  nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
+  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
+  nn::Sequential downsample{nullptr};
+};
+TORCH_MODULE(Block);
+
+class ResNet : public Model {
+ public:
+  ResNet(const std::vector<int>& blocks, bool bottleneck, double width, int64_t classes) {
+    auto ch = [width](int64_t c) { return std::max<int64_t>(1, static_cast<int64_t>(c * width)); };
+    int64_t in = ch(64);
+    conv1_ = register_module("conv1", Conv(3, in, 7, 2, 3));
+    bn1_ = register_module("bn1", nn::BatchNorm2d(in));
+    const int64_t planes[] = {64, 128, 256, 512};
+    for (int stage = 0; stage < 4; ++stage) {
+      nn::Sequential layer;
+      for (int b = 0; b < blocks[stage]; ++b) {
+        int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+        layer->push_back(Block(in, ch(planes[stage]), stride, bottleneck));
+        in = ch(planes[stage]) * (bottleneck ? 4 : 1);
+      }
+      layers_.push_back(register_module("layer" + std::to_string(stage + 1), layer));
+    }
+    fc_ = register_module("fc", nn::Linear(in, classes));
+    for (auto& m : modules(/*include_self=*/false)) {
+      if (auto* c = m->as<nn::Conv2d>())
+        nn::init::kaiming_normal_(c->weight, 0, torch::kFanOut, torch::kReLU);
+      if (auto* bn = m->as<nn::BatchNorm2d>()) {
+        nn::init::ones_(bn->weight);
+        nn::init::zeros_(bn->bias);
+      }
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(bn1_(conv1_(x)));
+    x = torch::max_pool2d(x, 3, 2, 1);
+    for (auto& layer : layers_) x = layer->forward(x);
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc_(x);
+  }
+
+ private:
+  nn::Conv2d conv1_{nullptr};
+  nn::BatchNorm2d bn1_{nullptr};
+  std::vector<nn::Sequential> layers_;
+  nn::Linear fc_{nullptr};
+};
+
+}  // namespace
+
+std::shared_ptr<Model> MakeResNet(const ModelSpec& s) {
+  if (s.name == "resnet50") return std::make_shared<ResNet>(std::vector<int>{3, 4, 6, 3}, true, s.width, s.num_classes);
+  return std::make_shared<ResNet>(std::vector<int>{2, 2, 2, 2}, false, s.width, s.num_classes);
+}
+
+}  // namespace fullburn

@@ -1,0 +1,116 @@
+// Every option of `fullburn train`, once: type, default, choices, help.
+#include "fullburn/config.h"
+
+namespace fullburn {
+
+const std::vector<OptionDef>& TrainOptions() {
+  using T = OptionType;
+  static const std::vector<OptionDef> kOptions = {
+      // data
+      {"data.source", T::kString, "images",
+       "What to train on: an image folder or pack (images), token shards (tokens), or random "
+       "in-memory tensors with a learnable rule (synthetic)",
+       "images|tokens|synthetic"},
+      {"data.path", T::kString, "",
+       "Image folder, pack or token file; empty: the synthetic default, created under the store's "
+       "directory on first use"},
+      {"data.val_path", T::kString, "",
+       "Held-out data evaluated after training (images: Resize+CenterCrop); empty with an empty "
+       "data.path: the synthetic default's held-out split"},
+      {"data.image_size", T::kInt, "64", "Side of the square crop fed to the model (pixels)", "", ">0"},
+      {"data.threads", T::kInt, "0", "Loader worker threads; 0: tuned while running within cores - 1",
+       "", ">=0"},
+      {"data.prefetch", T::kInt, "0", "Batches prepared ahead; 0: tuned (3..8)", "", ">=0"},
+      {"data.cache_mb", T::kInt, "0", "RAM cache of encoded samples (MiB); 0: off", "", ">=0"},
+      {"data.bad_samples", T::kString, "fail",
+       "A corrupt image: stop with its path (fail) or count and replace it (skip)", "fail|skip"},
+      {"data.seq_len", T::kInt, "128", "Tokens per sequence (tokens and lstm/gpt synthetic data)", "",
+       ">0"},
+      {"data.synthetic_samples", T::kInt, "16384", "Samples per epoch of synthetic data", "", ">0"},
+      {"data.features", T::kInt, "256", "Input features of synthetic data (mlp)", "", ">0"},
+      {"data.classes", T::kInt, "10", "Classes of synthetic data and of the default image set", "",
+       ">1"},
+      {"data.vocab", T::kInt, "256", "Vocabulary of synthetic token data", "", ">1"},
+      // model
+      {"model.name", T::kString, "resnet18",
+       "Architecture: resnet18, resnet50 (torchvision layout), mlp, lstm (classifier), gpt "
+       "(decoder-only transformer)",
+       "resnet18|resnet50|mlp|lstm|gpt"},
+      {"model.width", T::kFloat, "0.25",
+       "ResNet width multiplier (1.0 = torchvision's; 0.25 keeps the CPU demo to minutes)", "", ">0"},
+      {"model.channels_last", T::kBool, "false", "ResNet: channels-last memory format"},
+      {"model.hidden", T::kInt, "512", "mlp/lstm hidden size; gpt model width", "", ">0"},
+      {"model.layers", T::kInt, "2", "mlp hidden layers, lstm layers, gpt blocks", "", ">0"},
+      {"model.heads", T::kInt, "4", "gpt attention heads (must divide model.hidden)", "", ">0"},
+      {"model.dropout", T::kFloat, "0", "Dropout probability (mlp, lstm, gpt)", "", ">=0"},
+      // train
+      {"train.device", T::kString, "auto", "auto (cuda when libtorch sees a GPU), cpu, cuda, cuda:N"},
+      {"train.epochs", T::kInt, "2", "Passes over the data (when train.steps is 0)", "", ">0"},
+      {"train.steps", T::kInt, "0", "Optimizer steps to take; 0: train.epochs decides", "", ">=0"},
+      {"train.batch_size", T::kInt, "64",
+       "Micro-batch size, or auto: the largest that fits (double, then bisect) with the best "
+       "measured throughput",
+       "auto", ">0"},
+      {"train.accumulate", T::kInt, "1",
+       "Micro-batches per optimizer step (effective batch = batch_size x accumulate)", "", ">0"},
+      {"train.precision", T::kString, "fp32",
+       "Autocast precision: fp32, bf16, or fp16 (with dynamic loss scaling; CUDA only)",
+       "fp32|bf16|fp16"},
+      {"train.tf32", T::kBool, "true", "Allow TF32 matmuls and convolutions on CUDA"},
+      {"train.clip_grad_norm", T::kFloat, "0", "Clip the global gradient norm to this; 0: off", "",
+       ">=0"},
+      {"train.seed", T::kInt, "0", "Seed of weights, data order and augmentation", "", ">=0"},
+      {"train.threads", T::kInt, "0",
+       "Intra-op threads of the training thread; 0: the cores the loader does not use", "", ">=0"},
+      {"train.time_every", T::kInt, "1",
+       "Time the phases of every Nth step (on CUDA a timed step synchronizes the device)", "", ">0"},
+      {"train.log_every_s", T::kFloat, "1", "Refresh of the live progress line (seconds)", "", ">0"},
+      {"train.time_limit_s", T::kFloat, "0", "Stop (with a checkpoint) after this many seconds; 0: none",
+       "", ">=0"},
+      {"train.memory_budget_mb", T::kInt, "0",
+       "CPU only: a memory budget (MiB) that stands in for device memory; allocations past it fail "
+       "as an out-of-memory would. 0: none",
+       "", ">=0"},
+      {"train.max_batch_size", T::kInt, "4096", "Upper bound of the batch-size search", "", ">0"},
+      {"train.max_skipped_steps", T::kInt, "20",
+       "Consecutive steps skipped for inf/NaN before the run stops as diverged", "", ">0"},
+      // optim
+      {"optim.name", T::kString, "sgd", "Optimizer: sgd, adamw, or lars (large batches)",
+       "sgd|adamw|lars"},
+      {"optim.lr", T::kFloat, "0.1", "Peak learning rate", "", ">0"},
+      {"optim.scale_lr", T::kBool, "false",
+       "Linear scaling: lr x effective batch / optim.base_batch"},
+      {"optim.base_batch", T::kInt, "256", "The batch optim.lr was tuned for (with optim.scale_lr)", "",
+       ">0"},
+      {"optim.momentum", T::kFloat, "0.9", "SGD/LARS momentum", "", ">=0"},
+      {"optim.nesterov", T::kBool, "false", "SGD: Nesterov momentum"},
+      {"optim.weight_decay", T::kFloat, "0.0005", "Weight decay (decoupled for adamw)", "", ">=0"},
+      {"optim.beta1", T::kFloat, "0.9", "AdamW beta1", "", ">=0"},
+      {"optim.beta2", T::kFloat, "0.999", "AdamW beta2", "", ">=0"},
+      {"optim.eps", T::kFloat, "1e-08", "AdamW epsilon", "", ">0"},
+      {"optim.trust", T::kFloat, "0.001", "LARS trust coefficient", "", ">0"},
+      {"optim.warmup_steps", T::kInt, "20", "Linear warm-up from 0 to the peak LR (steps)", "", ">=0"},
+      {"optim.schedule", T::kString, "cosine", "After warm-up: cosine decay to optim.min_lr, or constant",
+       "cosine|constant"},
+      {"optim.min_lr", T::kFloat, "0", "Learning rate at the end of the cosine schedule", "", ">=0"},
+      // amp (GradScaler's defaults)
+      {"amp.init_scale", T::kFloat, "65536", "fp16: initial loss scale", "", ">0"},
+      {"amp.growth_factor", T::kFloat, "2", "fp16: scale x this after growth_interval finite steps", "",
+       ">0"},
+      {"amp.backoff_factor", T::kFloat, "0.5", "fp16: scale x this on inf/NaN gradients (step skipped)",
+       "", ">0"},
+      {"amp.growth_interval", T::kInt, "2000", "fp16: finite steps between growths", "", ">0"},
+      // checkpoint
+      {"checkpoint.dir", T::kString, "",
+       "Where checkpoints go; empty: checkpoints/run-<id> beside the run store"},
+      {"checkpoint.every_steps", T::kInt, "0", "Checkpoint every N optimizer steps; 0: off", "", ">=0"},
+      {"checkpoint.every_minutes", T::kFloat, "0", "Checkpoint every T minutes; 0: off", "", ">=0"},
+      {"checkpoint.at_end", T::kBool, "true", "Checkpoint when training ends"},
+      {"checkpoint.keep", T::kInt, "3", "Checkpoints kept (oldest deleted)", "", ">0"},
+      {"checkpoint.async", T::kBool, "true",
+       "Write on a background thread; the loop is blocked only for the snapshot"},
+  };
+  return kOptions;
+}
+
+}  // namespace fullburn

@@ -1,0 +1,108 @@
+#include <gtest/gtest.h>
+
+#include "fullburn/models.h"
+#include "../../src/models/models_internal.h"
+
+namespace fullburn {
+namespace {
+
+std::shared_ptr<Model> Make(ModelSpec s) {
+  auto m = MakeModel(s);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? *m : nullptr;
+}
+
+// The parameter counts torchvision and GPT-2 report for these shapes.
+TEST(Models, ResNetsMatchTorchvision) {
+  ModelSpec s;
+  s.num_classes = 1000;
+  auto r18 = Make(s);
+  EXPECT_EQ(ParameterCount(*r18), 11689512);
+  auto names = r18->named_parameters().keys();
+  auto buffers = r18->named_buffers().keys();
+  auto has = [](const std::vector<std::string>& v, const std::string& k) {
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  EXPECT_TRUE(has(names, "layer1.0.conv1.weight"));
+  EXPECT_TRUE(has(names, "layer2.0.downsample.0.weight"));
+  EXPECT_TRUE(has(names, "fc.bias"));
+  EXPECT_TRUE(has(buffers, "layer4.1.bn2.running_mean"));
+  s.name = "resnet50";
+  auto r50 = Make(s);
+  EXPECT_EQ(ParameterCount(*r50), 25557032);
+  torch::NoGradGuard g;
+  r50->eval();
+  EXPECT_EQ(r50->forward(torch::randn({2, 3, 64, 64})).sizes(), (std::vector<int64_t>{2, 1000}));
+}
+
+TEST(Models, WidthMultiplierShrinksResNet) {
+  ModelSpec s;
+  s.width = 0.25;
+  auto small = Make(s);
+  EXPECT_LT(ParameterCount(*small), 11689512 / 10);
+  EXPECT_EQ(small->forward(torch::randn({4, 3, 32, 32})).sizes(), (std::vector<int64_t>{4, 10}));
+}
+
+TEST(Models, Gpt2SmallHas124MParameters) {
+  ModelSpec s;
+  s.name = "gpt";
+  s.vocab = s.num_classes = 50257;
+  s.seq_len = 1024;
+  s.hidden = 768;
+  s.layers = 12;
+  s.heads = 12;
+  EXPECT_EQ(ParameterCount(*Make(s)), 124439808);
+}
+
+TEST(Models, GptIsCausal) {
+  ModelSpec s;
+  s.name = "gpt";
+  s.vocab = s.num_classes = 50;
+  s.seq_len = 16;
+  s.hidden = 32;
+  s.heads = 4;
+  auto gpt = Make(s);
+  gpt->eval();
+  torch::NoGradGuard g;
+  torch::Tensor a = torch::randint(0, 50, {1, 16}, torch::kLong);
+  torch::Tensor b = a.clone();
+  b[0][10] = (a[0][10].item<int64_t>() + 1) % 50;  // change a later token only
+  torch::Tensor la = gpt->forward(a), lb = gpt->forward(b);
+  EXPECT_EQ(la.sizes(), (std::vector<int64_t>{1, 16, 50}));
+  EXPECT_TRUE(torch::allclose(la.slice(1, 0, 10), lb.slice(1, 0, 10), 1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(la.slice(1, 10), lb.slice(1, 10), 1e-5, 1e-6));
+}
+
+TEST(Models, FusedAttentionEqualsTheReference) {
+  torch::manual_seed(1);
+  torch::Tensor q = torch::randn({2, 3, 7, 8}), k = torch::randn({2, 3, 7, 8}), v = torch::randn({2, 3, 7, 8});
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(8.0);
+  torch::Tensor mask = torch::ones({7, 7}, torch::kBool).triu(1);
+  torch::Tensor ref = torch::matmul(torch::softmax(scores.masked_fill(mask, -INFINITY), -1), v);
+  EXPECT_TRUE(torch::allclose(CausalAttention(q, k, v, 0.0), ref, 1e-5, 1e-5));
+}
+
+TEST(Models, MlpAndLstmGiveClassLogits) {
+  ModelSpec s;
+  s.name = "mlp";
+  s.in_features = 20;
+  s.hidden = 16;
+  EXPECT_EQ(Make(s)->forward(torch::randn({5, 20})).sizes(), (std::vector<int64_t>{5, 10}));
+  s.name = "lstm";
+  s.vocab = 30;
+  EXPECT_EQ(Make(s)->forward(torch::randint(0, 30, {5, 12}, torch::kLong)).sizes(),
+            (std::vector<int64_t>{5, 10}));
+}
+
+TEST(Models, BadSpecsAreRefused) {
+  ModelSpec s;
+  s.name = "vgg";
+  EXPECT_NE(MakeModel(s).status().message().find("unknown model 'vgg'"), std::string::npos);
+  s.name = "gpt";
+  s.hidden = 30;
+  s.heads = 4;
+  EXPECT_NE(MakeModel(s).status().message().find("not divisible"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fullburn

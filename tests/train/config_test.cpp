@@ -1,0 +1,107 @@
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+
+#include "fullburn/config.h"
+#include "replay_env.h"
+
+namespace fullburn {
+namespace {
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  std::string path = testing::FreshTestDir("fb_config") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Config, DefaultsComeFromTheOptionTable) {
+  Config c;
+  EXPECT_EQ(c.Int("train.batch_size"), 64);
+  EXPECT_DOUBLE_EQ(c.Float("optim.lr"), 0.1);
+  EXPECT_EQ(c.Str("model.name"), "resnet18");
+  EXPECT_TRUE(c.Bool("checkpoint.async"));
+  for (const OptionDef& d : TrainOptions()) EXPECT_TRUE(c.ToJson().contains(std::string(d.key).substr(0, std::string(d.key).find('.')))) << d.key;
+}
+
+TEST(Config, FileThenArgumentsWithEnvironmentBelowBoth) {
+  std::string path = WriteFile("a.toml",
+                               "[train]\nbatch_size = 32\nprecision = \"bf16\"\n[optim]\nlr = 1\n");
+  ::setenv("FULLBURN_OPTIM_MOMENTUM", "0.5", 1);
+  ::setenv("FULLBURN_TRAIN_BATCH_SIZE", "16", 1);
+  auto c = Config::Load(path, {"optim.lr=0.25", "train.batch_size=auto"});
+  ::unsetenv("FULLBURN_OPTIM_MOMENTUM");
+  ::unsetenv("FULLBURN_TRAIN_BATCH_SIZE");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_DOUBLE_EQ(c->Float("optim.lr"), 0.25);       // argument over file
+  EXPECT_DOUBLE_EQ(c->Float("optim.momentum"), 0.5);  // environment over default
+  EXPECT_EQ(c->Str("train.precision"), "bf16");       // file over default
+  EXPECT_TRUE(c->IsAuto("train.batch_size"));
+  auto from_file = Config::Load(path, {});
+  EXPECT_EQ(from_file->Int("train.batch_size"), 32);  // file over environment (unset now)
+}
+
+TEST(Config, UnknownKeysSuggestTheClosest) {
+  auto c = Config::Load("", {"optim.lrr=0.1"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("did you mean 'optim.lr'"), std::string::npos) << c.status().message();
+  auto bare = Config::Load("", {"batch_size=8"});
+  EXPECT_NE(bare.status().message().find("'train.batch_size'"), std::string::npos) << bare.status().message();
+  std::string path = WriteFile("b.toml", "[model]\nname = \"mlp\"\nwidht = 2.0\n");
+  auto f = Config::Load(path, {});
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("model.widht"), std::string::npos);
+  EXPECT_NE(f.status().message().find("line 3"), std::string::npos) << f.status().message();
+  EXPECT_NE(f.status().message().find("model.width"), std::string::npos);
+}
+
+TEST(Config, WrongTypesAndImpossibleValuesAreRefused) {
+  struct Case {
+    std::string arg, expect;
+  } cases[] = {{"train.batch_size=0", "must be >0"},
+               {"optim.lr=-1", "must be >0"},
+               {"train.batch_size=big", "is not a integer"},
+               {"train.accumulate=auto", "'auto' is not allowed"},
+               {"train.precision=fp8", "use one of fp32|bf16|fp16"},
+               {"model.channels_last=maybe", "is not a true/false"},
+               {"optim.lr", "is not key=value"}};
+  for (const Case& k : cases) {
+    auto c = Config::Load("", {k.arg});
+    ASSERT_FALSE(c.ok()) << k.arg;
+    EXPECT_NE(c.status().message().find(k.expect), std::string::npos) << c.status().message();
+  }
+  std::string path = WriteFile("c.toml", "[train]\nbatch_size = \"64\"\n");
+  auto f = Config::Load(path, {});
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("train.batch_size"), std::string::npos);
+  EXPECT_NE(f.status().message().find("not a integer"), std::string::npos) << f.status().message();
+}
+
+TEST(Config, BrokenOrMissingFilesNameTheFile) {
+  std::string path = WriteFile("d.toml", "[train]\nbatch_size = = 3\n");
+  auto c = Config::Load(path, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find(path + " line 2"), std::string::npos) << c.status().message();
+  auto m = Config::Load("/nonexistent/x.toml", {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("cannot be read"), std::string::npos);
+}
+
+TEST(Config, TomlOutputLoadsBackEqual) {
+  auto c = Config::Load("", {"optim.lr=0.0003", "train.batch_size=auto", "model.name=gpt",
+                             "data.path=/tmp/a \"b\"", "train.clip_grad_norm=1"});
+  ASSERT_TRUE(c.ok());
+  std::string path = WriteFile("e.toml", c->ToToml());
+  auto back = Config::Load(path, {}, /*read_environment=*/false);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), c->ToJson());
+}
+
+TEST(Config, DocsAreTheGeneratedTable) {
+  std::ifstream in(std::string(SOURCE_DIR) + "/docs/config.md");
+  std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(doc, ConfigMarkdown()) << "regenerate: fullburn train --help-config --markdown > docs/config.md";
+}
+
+}  // namespace
+}  // namespace fullburn
