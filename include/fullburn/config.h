@@ -47,8 +47,10 @@ class Config {
   Config();
   // Defaults, then the environment, then the TOML file (unless `path` is
   // empty), then the key=value overrides.
+  // `base` ({section: {name: value}}, as ToJson writes) replaces the defaults
+  // when given: a resumed run starts from its checkpoint's config.
   static Result<Config> Load(const std::string& path, const std::vector<std::string>& overrides,
-                             bool read_environment = true);
+                             bool read_environment = true, const nlohmann::json* base = nullptr);
 
   Status Set(const std::string& key, const std::string& value, const std::string& origin);
 

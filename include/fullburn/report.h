@@ -85,6 +85,24 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
                            const std::vector<CheckpointRecord>& checkpoints,
                            const std::map<std::string, Series>& samples);
 
+// The live status line of `fullburn run` and `fullburn train`, kept on the terminal's last row.
+// The command shares the terminal, so its output must not be overwritten: like
+// apt's progress bar, the rows above are made a scroll region (DECSTBM) and the
+// status is drawn below it with the cursor saved and restored around it.
+class LiveStatus {
+ public:
+  // Active only when `fd` is a terminal of at least 3 rows.
+  explicit LiveStatus(int fd);
+  ~LiveStatus();  // gives the row back and resets the scroll region
+  bool active() const { return rows_ > 0; }
+  void Draw(const std::string& line);
+
+ private:
+  void Reserve();
+  int fd_;
+  int rows_ = 0;
+};
+
 std::string FormatBytes(double bytes);
 std::string FormatDuration(double seconds);
 

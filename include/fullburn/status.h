@@ -18,7 +18,10 @@ namespace fullburn {
 
 class Status {
  public:
-  enum class Code { kOk, kNotFound, kInvalidArgument, kCorruption, kIoError, kUnavailable };
+  enum class Code {
+    kOk, kNotFound, kInvalidArgument, kCorruption, kIoError, kUnavailable,
+    kResourceExhausted, kAborted, kInternal
+  };
 
   Status() = default;
   static Status Ok() { return Status(); }
@@ -29,6 +32,14 @@ class Status {
   static Status Corruption(std::string msg) { return Status(Code::kCorruption, std::move(msg)); }
   static Status IoError(std::string msg) { return Status(Code::kIoError, std::move(msg)); }
   static Status Unavailable(std::string msg) { return Status(Code::kUnavailable, std::move(msg)); }
+  // Out of memory (device, or the CPU budget standing in for it).
+  static Status ResourceExhausted(std::string msg) {
+    return Status(Code::kResourceExhausted, std::move(msg));
+  }
+  // A job that cannot go on (training diverged).
+  static Status Aborted(std::string msg) { return Status(Code::kAborted, std::move(msg)); }
+  // An unexpected failure inside a library (libtorch), reported, not crashed on.
+  static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

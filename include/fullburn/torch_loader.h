@@ -54,6 +54,7 @@ class TorchLoader {
   LoaderStats stats() const { return core_->stats(); }
   LoaderPosition position() const;
   int64_t batches_per_epoch() const { return core_->batches_per_epoch(); }
+  int64_t num_classes() const { return static_cast<int64_t>(core_->folder().classes.size()); }
   bool uses_cuda() const { return cuda_; }
 
  private:

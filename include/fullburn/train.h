@@ -1,14 +1,211 @@
-// Train: the libtorch training half of fullburn (built when libtorch is found).
+// Train: the training runtime behind `fullburn train` (training half, links
+// libtorch; the monitoring half never includes this header).
 //
-// Contract: everything declared here links libtorch; the monitoring half never
-// includes this header. Functions are safe to call from any thread.
+// Contract
+// - One training thread owns a Trainer, its model, optimizer and data source.
+//   The only other threads are the loader's workers, the telemetry sampler
+//   and the checkpoint writer, each behind its own component's contract.
+// - Expected failures (bad config, data that does not fit the model, a model
+//   that does not fit in memory at batch 1, divergence, a corrupt checkpoint)
+//   come back as a Status with a one-line message naming the problem and the
+//   fix; checkpoints already written are never touched by a failure.
+// - Pieces usable from any libtorch loop: AutocastGuard, LossScaler,
+//   Optimizer, LrSchedule, the checkpoint reader/writer.
 #pragma once
 
+#include <torch/torch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "fullburn/config.h"
+#include "fullburn/models.h"
+#include "fullburn/status.h"
 
 namespace fullburn {
 
 // "libtorch 1.13.1, CPU only" or "libtorch 2.x, CUDA with N device(s)".
 std::string TorchDescription();
+
+// ---- Mixed precision -----------------------------------------------------------
+
+// Turns autocast on for `device` with `dtype` for its lifetime and restores the
+// previous state on exit, clearing the autocast cache when the outermost guard
+// ends (the cast weights are only valid for one forward). Disabled guards
+// (fp32) change nothing. Works with libtorch 1.13's and 2.x's APIs.
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType device, std::optional<torch::ScalarType> dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  torch::DeviceType device_;
+  bool active_ = false, prev_enabled_ = false;
+  torch::ScalarType prev_dtype_ = torch::kFloat;
+};
+
+// Dynamic loss scaling with torch.cuda.amp.GradScaler's semantics: the loss is
+// multiplied by the scale before backward; gradients are unscaled (before any
+// clipping) and checked for inf/NaN; a step with non-finite gradients is
+// skipped and the scale multiplied by backoff_factor; after growth_interval
+// finite steps in a row it is multiplied by growth_factor.
+struct LossScalerOptions {
+  bool enabled = false;
+  double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScalerOptions& o) : o_(o), scale_(o.init_scale) {}
+  torch::Tensor Scale(const torch::Tensor& loss) const { return o_.enabled ? loss * scale_ : loss; }
+  // Divides the gradients by the scale (when enabled) and returns a 0-dim
+  // tensor on their device: 1 when any is inf/NaN. No host sync.
+  torch::Tensor UnscaleAndCheck(const std::vector<torch::Tensor>& params) const;
+  // After the step's check: true when the optimizer step must be skipped.
+  bool Update(bool found_inf);
+  bool enabled() const { return o_.enabled; }
+  double scale() const { return scale_; }
+  int64_t growth_tracker() const { return tracker_; }
+  void Restore(double scale, int64_t tracker) {
+    scale_ = scale;
+    tracker_ = tracker;
+  }
+
+ private:
+  LossScalerOptions o_;
+  double scale_;
+  int64_t tracker_ = 0;
+};
+
+// ---- Optimizers and schedule ------------------------------------------------------
+
+// SGD (momentum, Nesterov; torch.optim.SGD's update), AdamW (torch.optim.AdamW's
+// decoupled decay and bias correction) and LARS (layer-wise trust ratio on
+// top of momentum SGD, skipped for 1-D parameters as is usual). Their state
+// is plain named tensors so checkpoints can snapshot it without a copy of the
+// optimizer.
+struct OptimizerOptions {
+  std::string name = "sgd";
+  double momentum = 0.9, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, trust = 0.001;
+  bool nesterov = false;
+};
+class Optimizer {
+ public:
+  Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params, const OptimizerOptions& o);
+  void Step(double lr);
+  void ZeroGrad();
+  std::vector<torch::Tensor> params() const;
+  int64_t steps() const { return steps_; }
+  // "<param>.<state>" -> tensor, and the step count.
+  std::vector<std::pair<std::string, torch::Tensor>> State() const;
+  Status LoadState(const std::map<std::string, torch::Tensor>& state, int64_t steps);
+
+ private:
+  struct Param {
+    std::string name;
+    torch::Tensor p, buf1, buf2;  // momentum / exp_avg, exp_avg_sq
+  };
+  OptimizerOptions o_;
+  std::vector<Param> params_;
+  int64_t steps_ = 0;
+};
+
+// Linear warm-up to the peak, then cosine decay to min_lr (or constant).
+struct LrSchedule {
+  double peak = 0.1, min_lr = 0;
+  int64_t warmup = 0, total = 1;
+  bool cosine = true;
+  double At(int64_t step) const;  // step counts from 1
+};
+
+// ---- Checkpoints -------------------------------------------------------------------
+
+// A checkpoint is a safetensors file (loadable by Python's safetensors as
+// is): tensors named model.*, optim.*, rng.*; its __metadata__ holds
+// "fullburn" (the training state as JSON: step, epoch, loader position, loss
+// scaler, config) and "crc32" of the data section, verified on load.
+struct CheckpointState {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::string state_json = "{}";
+};
+
+// Writes atomically: a temporary file in the same directory, fsync, rename,
+// fsync of the directory. A reader never sees a partial file.
+Status WriteCheckpointFile(const std::string& path, const CheckpointState& state, int64_t* bytes);
+// Reads and verifies (size, header, checksum); errors name the file and why.
+Result<CheckpointState> ReadCheckpointFile(const std::string& path);
+
+// The asynchronous writer: Save() copies the tensors to host memory (the only
+// time the training loop is blocked; a write still in flight is waited for
+// first), then serializes, checksums and writes on its own thread. Keeps the
+// newest `keep` files of its directory. `done` is called on the writer thread.
+class CheckpointWriter {
+ public:
+  struct Written {
+    int64_t step;
+    std::string path;
+    int64_t bytes;
+    double stall_s, write_s;
+    Status status;
+  };
+  CheckpointWriter(std::string dir, int keep, bool async, std::function<void(const Written&)> done);
+  ~CheckpointWriter();  // waits for the write in flight
+  // Returns the seconds the caller was blocked.
+  double Save(int64_t step, CheckpointState state);
+  void Wait();
+  Status status() const;  // the first failed write, if any
+
+ private:
+  void Write(int64_t step, CheckpointState state, double stall_s);
+  std::string dir_;
+  int keep_;
+  bool async_;
+  std::function<void(const Written&)> done_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  Status error_;
+};
+
+// Checkpoint files of a directory, newest (highest step) first.
+std::vector<std::string> ListCheckpoints(const std::string& dir);
+
+// ---- The trainer ---------------------------------------------------------------------
+
+struct TrainerOptions {
+  std::string config_path;             // TOML file; empty: none
+  std::vector<std::string> overrides;  // key=value
+  std::optional<Config> config;        // C++ API: a built config instead of the two above
+  bool print_config = false;           // print the effective config and stop
+  std::string store_path;  // empty: the default store
+  std::string name;
+  std::string resume;  // a run id / "last" or a checkpoint file
+  bool quiet = false;
+  std::vector<std::string> command;  // argv, stored with the run
+  // A user's own network instead of model.name (C++ API only).
+  std::shared_ptr<Model> model;
+};
+
+// Runs `fullburn train` end to end: data, model, the loop, telemetry, the run
+// store, checkpoints, the final evaluation. Returns the process exit code
+// (0 on success) after printing any error as one line.
+int RunTraining(const TrainerOptions& options);
+
+// For tests and the batch-size search: a CPU allocator that fails like an
+// out-of-memory once more than `budget_bytes` are live (0: no limit).
+// Installed process-wide on first use; thread-safe.
+void SetCpuMemoryBudget(int64_t budget_bytes);
+int64_t CpuBytesInUse();
+int64_t CpuPeakBytes();
+void ResetCpuPeakBytes();
 
 }  // namespace fullburn

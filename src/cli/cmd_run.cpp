@@ -8,7 +8,6 @@
 
 #include "child.h"
 #include "cli.h"
-#include "live_status.h"
 #include "fullburn/report.h"
 
 namespace fullburn::cli {

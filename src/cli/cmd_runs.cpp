@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include <unistd.h>
+
 #include "cli.h"
 #include "fullburn/report.h"
 
@@ -84,9 +86,10 @@ int Show(const RunsOptions& o) {
   if (checkpoints.ok() && !checkpoints->empty()) {
     std::printf("  checkpoints:\n");
     for (const CheckpointRecord& c : *checkpoints)
-      std::printf("    step %-7lld %9s  loop blocked %s, written in %s  %s\n",
+      std::printf("    step %-7lld %9s  loop blocked %s, written in %s  %s%s\n",
                   static_cast<long long>(c.step), FormatBytes(static_cast<double>(c.bytes)).c_str(),
-                  fmt::format("{:.1f} ms", c.stall_s * 1e3).c_str(), fmt::format("{:.0f} ms", c.write_s * 1e3).c_str(), c.path.c_str());
+                  fmt::format("{:.1f} ms", c.stall_s * 1e3).c_str(), fmt::format("{:.0f} ms", c.write_s * 1e3).c_str(), c.path.c_str(),
+                  ::access(c.path.c_str(), F_OK) == 0 ? "" : " (deleted: checkpoint.keep)");
   }
   return 0;
 }

@@ -191,8 +191,19 @@ Status Config::Set(const std::string& key, const std::string& value, const std::
 }
 
 Result<Config> Config::Load(const std::string& path, const std::vector<std::string>& overrides,
-                            bool read_environment) {
+                            bool read_environment, const nlohmann::json* base) {
   Config c;
+  if (base) {
+    for (const auto& [section, entries] : base->items()) {
+      if (!entries.is_object()) continue;
+      for (const auto& [name, value] : entries.items()) {
+        const OptionDef* def = FindOption(section + "." + name);
+        // A key a later fullburn dropped is ignored; the rest must still check.
+        if (!def) continue;
+        if (Status s = c.SetJson(*def, value, "checkpoint config"); !s.ok()) return s;
+      }
+    }
+  }
   if (read_environment) {
     for (const OptionDef& d : TrainOptions()) {
       std::string var = OptionEnvVar(d);

@@ -8,6 +8,7 @@
 
 #include "fullburn/torch_loader.h"
 #include "fullburn/train.h"
+#include "fullburn/config.h"
 
 namespace {
 
@@ -74,6 +75,23 @@ int BenchDeviceLoader(const BenchOptions& o) {
   return 0;
 }
 
+// `fullburn train` lands here (fullburn execs fullburn-train train ...).
+int Train(const std::vector<std::string>& positionals, fullburn::TrainerOptions o, char** argv, int argc) {
+  for (const std::string& p : positionals) {
+    if (p.find('=') != std::string::npos) {
+      o.overrides.push_back(p);
+    } else if (o.config_path.empty()) {
+      o.config_path = p;
+    } else {
+      return Fail("two config files given ('" + o.config_path + "' and '" + p +
+                  "'): give one, and key=value for the rest");
+    }
+  }
+  o.command = {"fullburn"};
+  for (int i = 1; i < argc; ++i) o.command.push_back(argv[i]);
+  return fullburn::RunTraining(o);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,6 +110,17 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", o.json, "JSON output");
   int code = 0;
   bench->callback([&] { code = BenchDeviceLoader(o); });
+
+  fullburn::TrainerOptions to;
+  std::vector<std::string> positionals;
+  CLI::App* train = app.add_subcommand("train", "Train a model (see 'fullburn train --help')");
+  train->add_option("ARGS", positionals, "CONFIG.toml and/or key=value overrides");
+  train->add_option("--resume", to.resume, "A run id, 'last', or a checkpoint file");
+  train->add_option("--name", to.name, "Name of the run");
+  train->add_option("--store", to.store_path, "Run store")->envname("FULLBURN_STORE");
+  train->add_flag("-q,--quiet", to.quiet, "No live progress line, no summary");
+  train->add_flag("--print-config", to.print_config, "Print the effective config as TOML and exit");
+  train->callback([&] { code = Train(positionals, to, argv, argc); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

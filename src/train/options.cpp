@@ -45,7 +45,7 @@ const std::vector<OptionDef>& TrainOptions() {
       {"model.dropout", T::kFloat, "0", "Dropout probability (mlp, lstm, gpt)", "", ">=0"},
       // train
       {"train.device", T::kString, "auto", "auto (cuda when libtorch sees a GPU), cpu, cuda, cuda:N"},
-      {"train.epochs", T::kInt, "2", "Passes over the data (when train.steps is 0)", "", ">0"},
+      {"train.epochs", T::kInt, "15", "Passes over the data (when train.steps is 0)", "", ">0"},
       {"train.steps", T::kInt, "0", "Optimizer steps to take; 0: train.epochs decides", "", ">=0"},
       {"train.batch_size", T::kInt, "64",
        "Micro-batch size, or auto: the largest that fits (double, then bisect) with the best "

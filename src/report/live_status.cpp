@@ -1,9 +1,9 @@
-#include "live_status.h"
+#include "fullburn/report.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-namespace fullburn::cli {
+namespace fullburn {
 namespace {
 
 int Rows(int fd) {
@@ -49,4 +49,4 @@ LiveStatus::~LiveStatus() {
   Put(fd_, "\0337\033[r\033[" + std::to_string(rows_) + ";1H\033[2K\0338");
 }
 
-}  // namespace fullburn::cli
+}  // namespace fullburn

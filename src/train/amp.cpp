@@ -1,0 +1,89 @@
+// Autocast guard and the dynamic loss scaler.
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+#include "fullburn/train.h"
+
+namespace fullburn {
+namespace {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+// libtorch >= 2.4: one API keyed by device type.
+bool Enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+void SetEnabled(torch::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+torch::ScalarType Dtype(torch::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+void SetDtype(torch::DeviceType d, torch::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+#else
+// libtorch 1.13 .. 2.3: separate CPU and GPU calls.
+bool Enabled(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+void SetEnabled(torch::DeviceType d, bool on) {
+  if (d == torch::kCPU)
+    at::autocast::set_cpu_enabled(on);
+  else
+    at::autocast::set_enabled(on);
+}
+torch::ScalarType Dtype(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+void SetDtype(torch::DeviceType d, torch::ScalarType t) {
+  if (d == torch::kCPU)
+    at::autocast::set_autocast_cpu_dtype(t);
+  else
+    at::autocast::set_autocast_gpu_dtype(t);
+}
+#endif
+
+}  // namespace
+
+AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<torch::ScalarType> dtype)
+    : device_(device) {
+  if (!dtype) return;
+  active_ = true;
+  prev_enabled_ = Enabled(device);
+  prev_dtype_ = Dtype(device);
+  SetEnabled(device, true);
+  SetDtype(device, *dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  // The cache holds the lower-precision copies of weights made during this
+  // forward; they go stale at the next optimizer step.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  SetEnabled(device_, prev_enabled_);
+  SetDtype(device_, prev_dtype_);
+}
+
+torch::Tensor LossScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params) const {
+  torch::NoGradGuard no_grad;
+  torch::Tensor found;
+  double inv = 1.0 / scale_;
+  for (const torch::Tensor& p : params) {
+    torch::Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (o_.enabled) g.mul_(inv);
+    // One reduction per tensor on the device; the host reads the flag once.
+    torch::Tensor bad = g.isfinite().logical_not().any();
+    found = found.defined() ? found.logical_or_(bad) : bad;
+  }
+  return found.defined() ? found : torch::zeros({}, torch::kBool);
+}
+
+bool LossScaler::Update(bool found_inf) {
+  if (!o_.enabled) return found_inf;
+  if (found_inf) {
+    scale_ *= o_.backoff_factor;
+    tracker_ = 0;
+    return true;
+  }
+  if (++tracker_ >= o_.growth_interval) {
+    scale_ *= o_.growth_factor;
+    tracker_ = 0;
+  }
+  return false;
+}
+
+}  // namespace fullburn

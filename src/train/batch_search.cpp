@@ -1,0 +1,124 @@
+// train.batch_size = auto: the largest micro-batch that fits, then the
+// fastest of those that fit.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "trainer.h"
+
+namespace fullburn {
+
+void FreeDeviceCache(const torch::Device& device) {
+  // libtorch's CUDA caching allocator already frees its cached blocks and
+  // retries before it reports an out-of-memory; what is left to free is ours:
+  // the failed trial's tensors, released as the exception unwinds.
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+namespace {
+
+struct Trial {
+  StepContext* ctx;
+  const TrainBatch& probe;
+  const BatchSearchOptions& o;
+
+  BatchTrial Run(int64_t batch) {
+    BatchTrial t;
+    t.batch = batch;
+    ResetCpuPeakBytes();
+    try {
+      TrainBatch b;
+      torch::Tensor idx = torch::randint(probe.inputs.size(0), {batch},
+                                         torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
+      b.inputs = probe.inputs.index_select(0, idx);
+      if (ctx->channels_last && b.inputs.dim() == 4) b.inputs = b.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
+      b.targets = probe.targets.index_select(0, idx);
+      b.samples = batch;
+      std::vector<std::pair<std::string, torch::Tensor>> params;
+      for (auto& p : ctx->model->named_parameters()) params.emplace_back(p.key(), p.value());
+      Optimizer optim(params, o.optimizer);  // its state counts against memory too
+      LossScaler scaler(LossScalerOptions{});
+      double start = 0;
+      for (int k = 0; k <= o.steps; ++k) {
+        if (k == 1) {
+          if (ctx->device.is_cuda()) torch::cuda::synchronize();
+          start = MonoNow();
+        }
+        ForwardBackward(*ctx, b, 1, scaler, false, nullptr);
+        optim.Step(1e-6);
+        optim.ZeroGrad();
+      }
+      if (ctx->device.is_cuda()) torch::cuda::synchronize();
+      t.samples_per_s = static_cast<double>(batch) * o.steps / (MonoNow() - start);
+      t.fits = true;
+    } catch (const std::exception& e) {
+      if (!IsOutOfMemory(e)) throw;
+      t.error = "out of memory";
+    }
+    for (auto& p : ctx->model->parameters()) p.mutable_grad() = torch::Tensor();
+    FreeDeviceCache(ctx->device);
+    t.peak_bytes = CpuPeakBytes() - CpuBytesInUse();
+    return t;
+  }
+};
+
+}  // namespace
+
+Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe, const BatchSearchOptions& o,
+                                const std::function<void(const BatchTrial&)>& report) {
+  // Trials train for real; the weights (and BatchNorm statistics) they change
+  // are put back afterwards so the search leaves no trace in the run.
+  const Status no_fit = Status::ResourceExhausted(
+      "the model does not fit in memory even at batch 1: use a smaller model (model.width, "
+      "model.hidden, model.layers), bf16, or a device with more memory");
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> saved;
+  try {
+    torch::NoGradGuard g;
+    for (auto& p : ctx->model->parameters()) saved.emplace_back(p, p.detach().clone());
+    for (auto& b : ctx->model->buffers()) saved.emplace_back(b, b.detach().clone());
+  } catch (const std::exception& e) {
+    if (IsOutOfMemory(e)) return no_fit;
+    throw;
+  }
+  auto restore = [&] {
+    torch::NoGradGuard g;
+    for (auto& [live, copy] : saved) live.copy_(copy);
+  };
+  Trial trial{ctx, probe, o};
+  std::vector<BatchTrial> fits;
+  int64_t last_fit = 0, first_fail = 0;
+  auto run = [&](int64_t batch) {
+    BatchTrial t = trial.Run(batch);
+    report(t);
+    if (t.fits) {
+      fits.push_back(t);
+      last_fit = std::max(last_fit, batch);
+    } else if (first_fail == 0 || batch < first_fail) {
+      first_fail = batch;
+    }
+    return t.fits;
+  };
+  try {
+    for (int64_t b = 1;; b *= 2) {
+      int64_t size = std::min(b, o.max_batch);
+      if (!run(size) || size == o.max_batch) break;
+    }
+    // Bisect to within 1/16 of the limit: closer is not worth the trials.
+    while (first_fail > 0 && first_fail - last_fit > std::max<int64_t>(1, last_fit / 16))
+      run(last_fit + (first_fail - last_fit) / 2);
+  } catch (const std::exception& e) {
+    restore();
+    std::string what = e.what();
+    return Status::Internal("batch-size search failed: " + what.substr(0, what.find('\n')));
+  }
+  restore();
+  if (fits.empty()) return no_fit;
+  // The run holds more than a trial (its data source, evaluation, the
+  // allocator's fragmentation), so sizes within 10% of the limit are left out.
+  const BatchTrial* best = &fits.front();
+  for (const BatchTrial& t : fits)
+    if (t.batch <= last_fit * 9 / 10 && t.samples_per_s > best->samples_per_s) best = &t;
+  return best->batch;
+}
+
+}  // namespace fullburn

@@ -1,0 +1,245 @@
+// Checkpoints as safetensors files, written atomically, checksummed, and
+// optionally on a background thread.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "fullburn/train.h"
+
+namespace fullburn {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+const char* DtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "F32";
+    case torch::kDouble: return "F64";
+    case torch::kHalf: return "F16";
+    case torch::kBFloat16: return "BF16";
+    case torch::kLong: return "I64";
+    case torch::kInt: return "I32";
+    case torch::kByte: return "U8";
+    case torch::kBool: return "BOOL";
+    default: return nullptr;
+  }
+}
+
+std::optional<torch::ScalarType> DtypeOf(const std::string& name) {
+  static const std::pair<const char*, torch::ScalarType> kTypes[] = {
+      {"F32", torch::kFloat}, {"F64", torch::kDouble}, {"F16", torch::kHalf}, {"BF16", torch::kBFloat16},
+      {"I64", torch::kLong},  {"I32", torch::kInt},    {"U8", torch::kByte},  {"BOOL", torch::kBool}};
+  for (const auto& [n, t] : kTypes)
+    if (name == n) return t;
+  return std::nullopt;
+}
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string DirOf(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+}
+
+// "step-00001234.safetensors" -> 1234; -1 for other names.
+int64_t StepOfName(const std::string& name) {
+  const std::string prefix = "step-", suffix = ".safetensors";
+  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+}  // namespace
+
+Status WriteCheckpointFile(const std::string& path, const CheckpointState& state, int64_t* bytes) {
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<torch::Tensor> data;
+  uint64_t offset = 0;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& [name, tensor] : state.tensors) {
+    torch::Tensor t = tensor.to(torch::kCPU).contiguous();
+    const char* dtype = DtypeName(t.scalar_type());
+    if (!dtype) return Status::InvalidArgument("checkpoint: tensor " + name + " has an unsupported dtype");
+    uint64_t n = t.numel() * t.element_size();
+    header[name] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    crc = crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), n);
+    offset += n;
+    data.push_back(t);
+  }
+  header["__metadata__"] = {{"format", "fullburn-checkpoint-1"},
+                            {"fullburn", state.state_json},
+                            {"crc32", std::to_string(crc)},
+                            {"data_bytes", std::to_string(offset)}};
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // safetensors pads the header to 8 bytes
+  uint64_t hlen = h.size();
+
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IoError(Errno("cannot write checkpoint " + tmp) + "; check checkpoint.dir");
+  bool ok = WriteAll(fd, &hlen, 8) && WriteAll(fd, h.data(), h.size());
+  for (const torch::Tensor& t : data)
+    ok = ok && WriteAll(fd, t.data_ptr(), t.numel() * t.element_size());
+  ok = ok && ::fsync(fd) == 0;
+  int saved = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    errno = saved;
+    return Status::IoError(Errno("cannot write checkpoint " + path) + " (disk full?); the previous checkpoint is intact");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::IoError(Errno("cannot rename checkpoint into " + path));
+  }
+  // The rename itself must reach the disk before the file counts as written.
+  int dfd = ::open(DirOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  if (bytes) *bytes = static_cast<int64_t>(8 + hlen + offset);
+  return Status::Ok();
+}
+
+Result<CheckpointState> ReadCheckpointFile(const std::string& path) {
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption("checkpoint " + path + " is unusable (" + why +
+                              "): it was not written completely or was damaged; resume from an "
+                              "earlier checkpoint");
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::NotFound(Errno("cannot open checkpoint " + path) +
+                            "; give an existing checkpoint file or a run id");
+  struct stat st;
+  ::fstat(fd, &st);
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t r = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (got != bytes.size()) return bad("short read");
+  if (bytes.size() < 8) return bad("shorter than its header");
+  uint64_t hlen;
+  std::memcpy(&hlen, bytes.data(), 8);
+  if (hlen > bytes.size() - 8) return bad("header runs past the end");
+  auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hlen), nullptr, false);
+  if (!header.is_object() || !header.contains("__metadata__")) return bad("header is not safetensors JSON");
+  const auto& meta = header["__metadata__"];
+  if (meta.value("format", "") != "fullburn-checkpoint-1") return bad("not a fullburn checkpoint");
+  const uint8_t* data = bytes.data() + 8 + hlen;
+  uint64_t data_bytes = bytes.size() - 8 - hlen;
+  if (std::to_string(data_bytes) != meta.value("data_bytes", ""))
+    return bad("size " + std::to_string(data_bytes) + " bytes of data, header says " + meta.value("data_bytes", "?"));
+  if (std::to_string(crc32_z(crc32(0L, Z_NULL, 0), data, data_bytes)) != meta.value("crc32", ""))
+    return bad("checksum mismatch");
+  CheckpointState out;
+  out.state_json = meta.value("fullburn", "{}");
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto dtype = DtypeOf(info.value("dtype", ""));
+    if (!dtype) return bad("tensor " + name + " has dtype " + info.value("dtype", "?"));
+    std::vector<int64_t> shape = info["shape"].get<std::vector<int64_t>>();
+    uint64_t begin = info["data_offsets"][0], end = info["data_offsets"][1];
+    if (begin > end || end > data_bytes) return bad("tensor " + name + " lies outside the file");
+    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(*dtype));
+    if (static_cast<uint64_t>(t.numel() * t.element_size()) != end - begin)
+      return bad("tensor " + name + " has the wrong size");
+    std::memcpy(t.data_ptr(), data + begin, end - begin);
+    out.tensors.emplace_back(name, t);
+  }
+  return out;
+}
+
+std::vector<std::string> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      int64_t step = StepOfName(e->d_name);
+      if (step >= 0) found.emplace_back(step, dir + "/" + e->d_name);
+    }
+    ::closedir(d);
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+CheckpointWriter::CheckpointWriter(std::string dir, int keep, bool async,
+                                   std::function<void(const Written&)> done)
+    : dir_(std::move(dir)), keep_(keep), async_(async), done_(std::move(done)) {}
+
+CheckpointWriter::~CheckpointWriter() { Wait(); }
+
+void CheckpointWriter::Wait() {
+  if (thread_.joinable()) thread_.join();
+}
+
+Status CheckpointWriter::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+double CheckpointWriter::Save(int64_t step, CheckpointState state) {
+  double start = Now();
+  Wait();  // one write in flight at most: memory stays bounded
+  // The snapshot: copies in host memory that the loop can no longer change.
+  for (auto& [name, t] : state.tensors) t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  double stall = Now() - start;
+  if (async_) {
+    thread_ = std::thread([this, step, state = std::move(state), stall]() mutable { Write(step, std::move(state), stall); });
+  } else {
+    Write(step, std::move(state), stall);
+    stall = Now() - start;
+  }
+  return stall;
+}
+
+void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s) {
+  double start = Now();
+  char name[64];
+  std::snprintf(name, sizeof name, "/step-%08lld.safetensors", static_cast<long long>(step));
+  Written w{step, dir_ + name, 0, stall_s, 0, Status::Ok()};
+  w.status = WriteCheckpointFile(w.path, state, &w.bytes);
+  w.write_s = Now() - start;
+  if (w.status.ok()) {
+    std::vector<std::string> all = ListCheckpoints(dir_);
+    for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) ::unlink(all[i].c_str());
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = w.status;
+  }
+  if (done_) done_(w);
+}
+
+}  // namespace fullburn

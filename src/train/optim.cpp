@@ -1,0 +1,105 @@
+// SGD, AdamW and LARS over named parameter tensors, and the LR schedule.
+#include <cmath>
+
+#include "fullburn/train.h"
+
+namespace fullburn {
+
+Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
+                     const OptimizerOptions& o)
+    : o_(o) {
+  for (auto& [name, p] : params)
+    if (p.requires_grad()) params_.push_back({name, p, {}, {}});
+}
+
+std::vector<torch::Tensor> Optimizer::params() const {
+  std::vector<torch::Tensor> out;
+  for (const Param& p : params_) out.push_back(p.p);
+  return out;
+}
+
+void Optimizer::ZeroGrad() {
+  for (Param& p : params_)
+    if (p.p.grad().defined()) p.p.mutable_grad() = torch::Tensor();  // set_to_none, as torch 2.x
+}
+
+void Optimizer::Step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const double wd = o_.weight_decay;
+  for (Param& s : params_) {
+    torch::Tensor g = s.p.grad();
+    if (!g.defined()) continue;
+    if (o_.name == "adamw") {
+      if (!s.buf1.defined()) {
+        s.buf1 = torch::zeros_like(s.p);
+        s.buf2 = torch::zeros_like(s.p);
+      }
+      if (wd != 0) s.p.mul_(1 - lr * wd);
+      s.buf1.lerp_(g, 1 - o_.beta1);
+      s.buf2.mul_(o_.beta2).addcmul_(g, g, 1 - o_.beta2);
+      double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
+      double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
+      torch::Tensor denom = (s.buf2.sqrt() / std::sqrt(bc2)).add_(o_.eps);
+      s.p.addcdiv_(s.buf1, denom, -lr / bc1);
+      continue;
+    }
+    torch::Tensor d = wd != 0 ? g.add(s.p, wd) : g;
+    if (o_.name == "lars" && s.p.dim() > 1) {
+      // You et al. 2017: scale each layer's step by trust * |w| / |g + wd w|.
+      // Computed on the device: no host sync per layer.
+      torch::Tensor w_norm = s.p.norm(), d_norm = d.norm();
+      torch::Tensor ratio = torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)),
+                                         w_norm.div(d_norm).mul_(o_.trust), torch::ones_like(w_norm));
+      d = d * ratio;
+    }
+    if (o_.momentum != 0) {
+      if (!s.buf1.defined())
+        s.buf1 = d.clone().detach();
+      else
+        s.buf1.mul_(o_.momentum).add_(d);
+      d = o_.nesterov ? d.add(s.buf1, o_.momentum) : s.buf1;
+    }
+    s.p.add_(d, -lr);
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Optimizer::State() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const Param& s : params_) {
+    if (s.buf1.defined()) out.emplace_back(s.name + (o_.name == "adamw" ? ".exp_avg" : ".momentum"), s.buf1);
+    if (s.buf2.defined()) out.emplace_back(s.name + ".exp_avg_sq", s.buf2);
+  }
+  return out;
+}
+
+Status Optimizer::LoadState(const std::map<std::string, torch::Tensor>& state, int64_t steps) {
+  torch::NoGradGuard no_grad;
+  steps_ = steps;
+  for (Param& s : params_) {
+    auto load = [&](const std::string& key, torch::Tensor* buf) -> Status {
+      auto it = state.find(s.name + key);
+      if (it == state.end()) {
+        *buf = torch::Tensor();
+        return Status::Ok();
+      }
+      if (it->second.sizes() != s.p.sizes())
+        return Status::InvalidArgument("optimizer state " + s.name + key +
+                                       " does not match the model's parameter shape");
+      *buf = it->second.to(s.p.device(), s.p.scalar_type()).clone();
+      return Status::Ok();
+    };
+    if (Status st = load(o_.name == "adamw" ? ".exp_avg" : ".momentum", &s.buf1); !st.ok()) return st;
+    if (Status st = load(".exp_avg_sq", &s.buf2); !st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+double LrSchedule::At(int64_t step) const {
+  if (warmup > 0 && step <= warmup) return peak * static_cast<double>(step) / warmup;
+  if (!cosine || total <= warmup) return peak;
+  double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(total - warmup));
+  return min_lr + (peak - min_lr) * 0.5 * (1 + std::cos(M_PI * progress));
+}
+
+}  // namespace fullburn

@@ -1,0 +1,210 @@
+// Batch sources of the trainer.
+#include "sources.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fullburn {
+namespace {
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Status MakeDirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return Status::IoError("cannot create " + path + ": " + ec.message() + "; set data.path");
+  return Status::Ok();
+}
+
+class ImageSource : public BatchSource {
+ public:
+  explicit ImageSource(std::unique_ptr<Loader> l) : loader_(std::move(l)) {}
+  int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
+  void StartEpoch(int epoch, int64_t first) override { loader_->StartEpoch(epoch, first); }
+  bool Next(TrainBatch* b) override {
+    DeviceBatch d;
+    if (!loader_->Next(&d)) return false;
+    b->inputs = d.images;
+    b->targets = d.labels;
+    b->samples = d.images.size(0);
+    return true;
+  }
+  Status status() const override { return loader_->status(); }
+  std::optional<LoaderStats> loader_stats() const override { return loader_->stats(); }
+  int64_t num_classes() const override { return loader_->num_classes(); }
+  int64_t in_features() const override { return in_features_; }
+  int64_t in_features_ = 0;
+
+ private:
+  std::unique_ptr<Loader> loader_;
+};
+
+// Whole dataset in device memory; batches are index_select by the epoch's
+// permutation, so the input cost is what a TensorDataset would have at best.
+class TensorSource : public BatchSource {
+ public:
+  TensorSource(torch::Tensor x, torch::Tensor y, int batch, uint64_t seed, int64_t classes, bool tokens)
+      : x_(std::move(x)), y_(std::move(y)), batch_(batch), seed_(seed), classes_(classes), tokens_(tokens) {}
+  int64_t batches_per_epoch() const override { return x_.size(0) / batch_; }
+  void StartEpoch(int epoch, int64_t first) override {
+    std::vector<int64_t> perm = EpochPermutation(x_.size(0), seed_, epoch);
+    order_ = torch::from_blob(perm.data(), {static_cast<int64_t>(perm.size())}, torch::kLong)
+                 .to(x_.device(), /*non_blocking=*/false, /*copy=*/true);
+    next_ = first;
+  }
+  bool Next(TrainBatch* b) override {
+    if (next_ >= batches_per_epoch()) return false;
+    torch::Tensor idx = order_.slice(0, next_ * batch_, (next_ + 1) * batch_);
+    b->inputs = x_.index_select(0, idx);
+    b->targets = y_.index_select(0, idx);
+    b->samples = batch_;
+    ++next_;
+    return true;
+  }
+  int64_t num_classes() const override { return classes_; }
+  int64_t in_features() const override { return tokens_ ? 0 : x_.size(1); }
+
+ private:
+  torch::Tensor x_, y_, order_;
+  int batch_;
+  uint64_t seed_;
+  int64_t classes_;
+  bool tokens_;
+  int64_t next_ = 0;
+};
+
+class TokenSource : public BatchSource {
+ public:
+  TokenSource(std::unique_ptr<TokenShards> shards, int batch, uint64_t seed, torch::Device device,
+              int vocab)
+      : shards_(std::move(shards)), batch_(batch), seed_(seed), device_(device), vocab_(vocab) {}
+  int64_t batches_per_epoch() const override {
+    return std::max<int64_t>(1, shards_->tokens() / (static_cast<int64_t>(batch_) * shards_->seq_len()));
+  }
+  void StartEpoch(int epoch, int64_t first) override {
+    epoch_ = epoch;
+    next_ = first;
+  }
+  bool Next(TrainBatch* b) override {
+    if (next_ >= batches_per_epoch()) return false;
+    int t = shards_->seq_len();
+    torch::Tensor x = torch::empty({batch_, t}, torch::kInt), y = torch::empty({batch_, t}, torch::kInt);
+    shards_->Batch(seed_, epoch_ * batches_per_epoch() + next_, batch_, x.data_ptr<int32_t>(),
+                   y.data_ptr<int32_t>());
+    b->inputs = x.to(device_, torch::kLong);
+    b->targets = y.to(device_, torch::kLong);
+    b->samples = batch_;
+    ++next_;
+    return true;
+  }
+  int64_t num_classes() const override { return vocab_; }
+  int64_t in_features() const override { return 0; }
+  bool per_position_targets() const override { return true; }
+
+ private:
+  std::unique_ptr<TokenShards> shards_;
+  int batch_;
+  uint64_t seed_;
+  torch::Device device_;
+  int vocab_;
+  int epoch_ = 0;
+  int64_t next_ = 0;
+};
+
+// mlp: features with a fixed random linear rule; lstm: token sequences whose
+// class is the sum of the last two tokens modulo the class count.
+std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
+  int64_t n = s.train ? c.Int("data.synthetic_samples") : std::max<int64_t>(s.batch_size, c.Int("data.synthetic_samples") / 8);
+  int64_t classes = c.Int("data.classes");
+  auto rule = torch::make_generator<at::CPUGeneratorImpl>(c.Int("train.seed") + 7);
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(c.Int("train.seed") * 2 + (s.train ? 1 : 2));
+  torch::Tensor x, y;
+  bool tokens = c.Str("model.name") == "lstm";
+  if (tokens) {
+    x = torch::randint(c.Int("data.vocab"), {n, c.Int("data.seq_len")}, gen, torch::kLong);
+    y = (x.select(1, -1) + x.select(1, -2)).remainder(classes);
+  } else {
+    torch::Tensor w = torch::randn({c.Int("data.features"), classes}, rule);
+    x = torch::randn({n, c.Int("data.features")}, gen);
+    y = x.matmul(w).argmax(1);
+  }
+  return std::make_unique<TensorSource>(x.to(s.device), y.to(s.device), s.batch_size, s.seed, classes, tokens);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpec& s) {
+  const std::string& kind = c.Str("data.source");
+  if (kind == "synthetic") return Synthetic(c, s);
+  if (kind == "tokens") {
+    auto shards = TokenShards::Open({s.path}, static_cast<int>(c.Int("data.seq_len")));
+    if (!shards.ok()) return shards.status();
+    return std::unique_ptr<BatchSource>(
+        new TokenSource(std::move(*shards), s.batch_size, s.seed + (s.train ? 0 : 1000003), s.device,
+                        static_cast<int>(c.Int("data.vocab"))));
+  }
+  TorchLoaderOptions t;
+  t.loader.root = s.path;
+  t.loader.batch_size = s.batch_size;
+  t.loader.threads = static_cast<int>(c.Int("data.threads"));
+  t.loader.prefetch = static_cast<int>(c.Int("data.prefetch"));
+  t.loader.cache_bytes = c.Int("data.cache_mb") << 20;
+  t.loader.out_w = t.loader.out_h = static_cast<int>(c.Int("data.image_size"));
+  t.loader.eval_resize = static_cast<int>(c.Int("data.image_size") * 256 / 224);
+  t.loader.train = s.train;
+  t.loader.layout = Layout::kNCHW;
+  t.loader.seed = s.seed;
+  t.loader.on_bad_sample = c.Str("data.bad_samples") == "skip" ? BadSamplePolicy::kSkip : BadSamplePolicy::kFail;
+  t.loader.rank = s.rank;
+  t.loader.world_size = s.world_size;
+  t.device = s.device;
+  t.channels_last = s.channels_last;
+  auto loader = Loader::Open(t);
+  if (!loader.ok()) return loader.status();
+  if ((*loader)->batches_per_epoch() == 0)
+    return Status::InvalidArgument("the data at " + s.path + " has fewer samples than one batch of " +
+                                   std::to_string(s.batch_size) + ": lower train.batch_size or add data");
+  auto src = std::make_unique<ImageSource>(std::move(*loader));
+  src->in_features_ = 3 * c.Int("data.image_size") * c.Int("data.image_size");
+  return std::unique_ptr<BatchSource>(std::move(src));
+}
+
+Result<std::string> DefaultImages(const std::string& dir, int classes, bool val) {
+  std::string root = dir + "/synthetic-images-" + std::to_string(classes) + "c";
+  std::string split = root + (val ? "/val" : "/train");
+  // The marker is written last: a half-made set (killed mid-way) is remade.
+  std::string done = split + "/.complete";
+  if (Exists(done)) return split;
+  if (Status s = MakeDirs(split); !s.ok()) return s;
+  SyntheticImagesOptions o;
+  o.classes = classes;
+  o.per_class = val ? 50 : 260;
+  o.width = 128;
+  o.height = 96;
+  o.seed = val ? 1 : 0;
+  std::fprintf(stderr, "fullburn: creating the synthetic %s images in %s (first run only)\n",
+               val ? "held-out" : "training", split.c_str());
+  if (Status s = MakeSyntheticImages(split, o); !s.ok()) return s;
+  std::ofstream(done) << "ok\n";
+  return split;
+}
+
+Result<std::string> DefaultTokens(const std::string& dir, int vocab) {
+  if (Status s = MakeDirs(dir); !s.ok()) return s;
+  std::string path = dir + "/synthetic-tokens-v" + std::to_string(vocab) + ".bin";
+  if (Exists(path)) return path;
+  SyntheticTokensOptions o;
+  o.vocab = vocab;
+  std::string tmp = path + ".tmp";
+  if (Status s = MakeSyntheticTokens(tmp, o); !s.ok()) return s;
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::IoError("cannot create " + path);
+  return path;
+}
+
+}  // namespace fullburn

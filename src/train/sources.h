@@ -1,0 +1,53 @@
+// Where the trainer's batches come from: an image folder or pack (through
+// TorchLoader), token shards, or in-memory synthetic tensors. Internal to
+// the train component.
+#pragma once
+
+#include <optional>
+
+#include "fullburn/config.h"
+#include "fullburn/pipeline.h"
+#include "fullburn/torch_loader.h"
+
+namespace fullburn {
+
+struct TrainBatch {
+  torch::Tensor inputs, targets;  // on the training device
+  int64_t samples = 0;
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual int64_t batches_per_epoch() const = 0;
+  // Deterministic in (seed, epoch, batch): a resumed run sees the same batches.
+  virtual void StartEpoch(int epoch, int64_t first_batch) = 0;
+  // False at the end of the epoch or on an error (status()).
+  virtual bool Next(TrainBatch* b) = 0;
+  virtual Status status() const { return Status::Ok(); }
+  virtual std::optional<LoaderStats> loader_stats() const { return std::nullopt; }
+  virtual int64_t num_classes() const = 0;
+  // Flattened input size (for an MLP), 0 when not meaningful.
+  virtual int64_t in_features() const = 0;
+  // "sequence": targets per position (language model); else one per sample.
+  virtual bool per_position_targets() const { return false; }
+};
+
+struct SourceSpec {
+  std::string path;  // resolved (defaults created by the caller)
+  bool train = true;
+  int batch_size = 64;
+  uint64_t seed = 0;
+  torch::Device device = torch::kCPU;
+  bool channels_last = false;
+  int rank = 0, world_size = 1;
+};
+
+Result<std::unique_ptr<BatchSource>> OpenSource(const Config& config, const SourceSpec& spec);
+
+// The defaults used when data.path is empty: a synthetic JPEG folder (train
+// and val splits) or token file under `dir`, created on first use.
+Result<std::string> DefaultImages(const std::string& dir, int classes, bool val);
+Result<std::string> DefaultTokens(const std::string& dir, int vocab);
+
+}  // namespace fullburn

@@ -1,0 +1,760 @@
+// `fullburn train`: setup, the step loop, records, checkpoints, evaluation.
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "trainer.h"
+
+namespace fullburn {
+namespace {
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal = sig; }
+
+constexpr int kExitFailed = 1, kExitUsage = 2, kExitInterrupted = 130;
+
+std::string StoreDir(const std::string& store_path) {
+  size_t slash = store_path.rfind('/');
+  return slash == std::string::npos ? "." : store_path.substr(0, slash);
+}
+
+struct Resume {
+  std::string path;
+  CheckpointState state;
+  nlohmann::json meta;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainerOptions& o) : opt_(o) {}
+  Status Run();
+  int exit_code = 0;
+
+ private:
+  Status OpenStoreAndResume();
+  Status Setup();
+  Status BuildModel(const BatchSource& source);
+  Status SearchBatch(const OptimizerOptions& oo);
+  Status BeginRun();
+  Status Loop();
+  Status TrainStep(bool timed, StepRecord* rec);
+  void Checkpoint(bool final_one);
+  Status Restore();
+  void FlushSteps(bool force);
+  void Progress(const StepRecord& r, bool force);
+  nlohmann::json Evaluate();
+  void Finish(const std::string& status, int code);
+  CheckpointState Snapshot();
+
+  TrainerOptions opt_;
+  Config cfg_;
+  std::unique_ptr<RunStore> store_;
+  std::optional<Resume> resume_;
+  RunInfo run_;
+  double mono_start_ = 0;
+  StepContext ctx_;
+  SourceSpec spec_;
+  std::unique_ptr<BatchSource> source_;
+  std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<LossScaler> scaler_;
+  LrSchedule schedule_;
+  std::unique_ptr<GpuSource> gpus_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<BatchWriter> sample_writer_;
+  std::unique_ptr<CheckpointWriter> ckpt_;
+  std::unique_ptr<LiveStatus> live_;
+  std::vector<StepRecord> pending_steps_;
+  std::vector<RunEvent> pending_events_;
+  double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0;
+  int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
+  int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
+  double recent_rate_ = 0, recent_wait_share_ = 0;
+  std::mutex latest_mu_;
+  std::optional<fullburn::Snapshot> latest_;
+};
+
+Status Trainer::OpenStoreAndResume() {
+  std::string path = opt_.store_path.empty() ? RunStore::DefaultPath() : opt_.store_path;
+  if (opt_.store_path.empty()) std::filesystem::create_directories(StoreDir(path));
+  auto store = RunStore::Open(path);
+  if (!store.ok()) return store.status();
+  store_ = std::move(*store);
+  nlohmann::json base;
+  if (!opt_.resume.empty()) {
+    std::vector<std::string> candidates;
+    if (std::filesystem::is_regular_file(opt_.resume)) {
+      candidates.push_back(opt_.resume);
+    } else {
+      auto run = store_->GetRun(opt_.resume);
+      if (!run.ok())
+        return Status::NotFound("--resume " + opt_.resume + ": no such checkpoint file, and " +
+                                run.status().message());
+      auto cks = store_->LoadCheckpoints(run->id);
+      if (!cks.ok()) return cks.status();
+      for (auto it = cks->rbegin(); it != cks->rend(); ++it) candidates.push_back(it->path);
+      if (candidates.empty())
+        return Status::NotFound("run " + std::to_string(run->id) +
+                                " has no checkpoints to resume from: it ended before its first one");
+    }
+    for (const std::string& c : candidates) {
+      auto state = ReadCheckpointFile(c);
+      if (!state.ok()) {
+        std::fprintf(stderr, "fullburn: %s; trying the one before it\n", state.status().message().c_str());
+        continue;
+      }
+      resume_ = Resume{c, std::move(*state), {}};
+      resume_->meta = nlohmann::json::parse(resume_->state.state_json, nullptr, false);
+      break;
+    }
+    if (!resume_) return Status::Corruption("no usable checkpoint to resume from (all refused above)");
+    if (!resume_->meta.is_object() || !resume_->meta.contains("config"))
+      return Status::Corruption("checkpoint " + resume_->path + " has no training state: it was not written by fullburn train");
+    base = resume_->meta["config"];
+  }
+  if (opt_.config) {
+    cfg_ = *opt_.config;
+  } else {
+    auto cfg = Config::Load(opt_.config_path, opt_.overrides, /*read_environment=*/!resume_,
+                            resume_ ? &base : nullptr);
+    if (!cfg.ok()) {
+      exit_code = kExitUsage;
+      return cfg.status();
+    }
+    cfg_ = *cfg;
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Setup() {
+  // Device and threads.
+  std::string dev = cfg_.Str("train.device");
+  if (dev == "auto") dev = torch::cuda::is_available() ? "cuda" : "cpu";
+  try {
+    ctx_.device = torch::Device(dev);
+  } catch (const c10::Error&) {
+    exit_code = kExitUsage;
+    return Status::InvalidArgument("train.device = " + dev + " is not a device: use auto, cpu, cuda or cuda:N");
+  }
+  if (ctx_.device.is_cuda() && !torch::cuda::is_available())
+    return Status::InvalidArgument("train.device = " + dev + " but this libtorch sees no GPU (" +
+                                   TorchDescription() + "): use train.device=cpu");
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  int threads = static_cast<int>(cfg_.Int("train.threads"));
+  if (threads == 0)
+    threads = std::max(1, cores - (cfg_.Str("data.source") == "images" && ctx_.device.is_cpu() ? 1 : 0));
+  torch::set_num_threads(threads);
+  torch::manual_seed(static_cast<uint64_t>(cfg_.Int("train.seed")));
+
+  const std::string& precision = cfg_.Str("train.precision");
+  if (precision == "bf16") ctx_.autocast = torch::kBFloat16;
+  if (precision == "fp16") {
+    if (!ctx_.device.is_cuda())
+      return Status::InvalidArgument("train.precision = fp16 needs a CUDA device (CPU autocast has no fp16 "
+                                     "in libtorch 1.13): use bf16 on CPU");
+    ctx_.autocast = torch::kHalf;
+  }
+  ctx_.sync_timing = ctx_.device.is_cuda();
+  if (ctx_.device.is_cuda()) {
+    at::globalContext().setAllowTF32CuBLAS(cfg_.Bool("train.tf32"));
+    at::globalContext().setAllowTF32CuDNN(cfg_.Bool("train.tf32"));
+  }
+  if (int64_t mb = cfg_.Int("train.memory_budget_mb"); mb > 0) {
+    if (ctx_.device.is_cuda())
+      std::fprintf(stderr, "fullburn: train.memory_budget_mb applies to CPU training only; ignored on %s\n", dev.c_str());
+    else
+      SetCpuMemoryBudget(mb << 20);
+  }
+
+  // Model and data must agree before anything runs.
+  const std::string& model = cfg_.Str("model.name");
+  const std::string& source = cfg_.Str("data.source");
+  bool ok = (model == "gpt") == (source == "tokens") && !(model == "lstm" && source != "synthetic") &&
+            !(model.rfind("resnet", 0) == 0 && source != "images");
+  if (!ok) {
+    exit_code = kExitUsage;
+    return Status::InvalidArgument("model.name = " + model + " does not train on data.source = " + source +
+                                   ": resnet* and mlp take images, mlp and lstm take synthetic, gpt takes tokens");
+  }
+  ctx_.per_position = source == "tokens";
+  ctx_.channels_last = cfg_.Bool("model.channels_last") && model.rfind("resnet", 0) == 0;
+
+  spec_.path = cfg_.Str("data.path");
+  std::string data_dir = StoreDir(store_->path()) + "/datasets";
+  if (spec_.path.empty() && source == "images") {
+    auto p = DefaultImages(data_dir, static_cast<int>(cfg_.Int("data.classes")), false);
+    if (!p.ok()) return p.status();
+    spec_.path = *p;
+  } else if (spec_.path.empty() && source == "tokens") {
+    auto p = DefaultTokens(data_dir, static_cast<int>(cfg_.Int("data.vocab")));
+    if (!p.ok()) return p.status();
+    spec_.path = *p;
+  }
+  spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
+  spec_.device = ctx_.device;
+  spec_.channels_last = ctx_.channels_last;
+
+  accumulate_ = cfg_.Int("train.accumulate");
+  OptimizerOptions oo;
+  oo.name = cfg_.Str("optim.name");
+  oo.momentum = cfg_.Float("optim.momentum");
+  oo.nesterov = cfg_.Bool("optim.nesterov");
+  oo.weight_decay = cfg_.Float("optim.weight_decay");
+  oo.beta1 = cfg_.Float("optim.beta1");
+  oo.beta2 = cfg_.Float("optim.beta2");
+  oo.eps = cfg_.Float("optim.eps");
+  oo.trust = cfg_.Float("optim.trust");
+  if (cfg_.IsAuto("train.batch_size")) {
+    if (Status s = SearchBatch(oo); !s.ok()) return s;
+  } else {
+    batch_ = cfg_.Int("train.batch_size");
+  }
+  spec_.batch_size = static_cast<int>(batch_);
+  auto src = OpenSource(cfg_, spec_);
+  if (!src.ok()) return src.status();
+  source_ = std::move(*src);
+  if (!ctx_.model)
+    if (Status s = BuildModel(*source_); !s.ok()) return s;
+
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : ctx_.model->named_parameters()) params.emplace_back(p.key(), p.value());
+  optim_ = std::make_unique<Optimizer>(params, oo);
+
+  LossScalerOptions so;
+  so.enabled = precision == "fp16";
+  so.init_scale = cfg_.Float("amp.init_scale");
+  so.growth_factor = cfg_.Float("amp.growth_factor");
+  so.backoff_factor = cfg_.Float("amp.backoff_factor");
+  so.growth_interval = cfg_.Int("amp.growth_interval");
+  scaler_ = std::make_unique<LossScaler>(so);
+
+  int64_t per_epoch = std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
+  total_steps_ = cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps") : per_epoch * cfg_.Int("train.epochs");
+  schedule_.peak = cfg_.Float("optim.lr");
+  if (cfg_.Bool("optim.scale_lr"))
+    schedule_.peak *= static_cast<double>(batch_ * accumulate_) / static_cast<double>(cfg_.Int("optim.base_batch"));
+  schedule_.min_lr = cfg_.Float("optim.min_lr");
+  schedule_.warmup = std::min(cfg_.Int("optim.warmup_steps"), total_steps_);
+  schedule_.total = total_steps_;
+  schedule_.cosine = cfg_.Str("optim.schedule") == "cosine";
+  return Status::Ok();
+}
+
+Status Trainer::BuildModel(const BatchSource& source) {
+  if (opt_.model) {
+    ctx_.model = opt_.model;
+  } else {
+    ModelSpec ms;
+    ms.name = cfg_.Str("model.name");
+    ms.num_classes = source.num_classes();
+    ms.width = cfg_.Float("model.width");
+    ms.in_features = source.in_features();
+    ms.vocab = cfg_.Int("data.vocab");
+    ms.seq_len = cfg_.Int("data.seq_len");
+    ms.hidden = cfg_.Int("model.hidden");
+    ms.layers = cfg_.Int("model.layers");
+    ms.heads = cfg_.Int("model.heads");
+    ms.dropout = cfg_.Float("model.dropout");
+    auto m = MakeModel(ms);
+    if (!m.ok()) {
+      exit_code = kExitUsage;
+      return m.status();
+    }
+    ctx_.model = *m;
+  }
+  ctx_.model->to(ctx_.device);
+  if (ctx_.channels_last)
+    for (auto& p : ctx_.model->parameters())
+      if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+  return Status::Ok();
+}
+
+// Probes the data with a small batch for shapes and real values, builds the
+// model, and searches; the real source is opened afterwards at the chosen size.
+Status Trainer::SearchBatch(const OptimizerOptions& oo) {
+  SourceSpec probe_spec = spec_;
+  probe_spec.batch_size = 8;
+  auto probe_src = OpenSource(cfg_, probe_spec);
+  if (!probe_src.ok()) return probe_src.status();
+  (*probe_src)->StartEpoch(0, 0);
+  TrainBatch probe;
+  if (!(*probe_src)->Next(&probe)) return (*probe_src)->status();
+  if (Status s = BuildModel(**probe_src); !s.ok()) return s;
+  BatchSearchOptions bo;
+  bo.max_batch = std::min(cfg_.Int("train.max_batch_size"), (*probe_src)->batches_per_epoch() * 8);
+  bo.optimizer = oo;
+  probe_src->reset();  // its loader threads are not needed any more
+  std::fprintf(stderr, "fullburn: searching for the largest micro-batch that fits (train.batch_size = auto)\n");
+  std::vector<BatchTrial> trials;
+  auto chosen = SearchBatchSize(&ctx_, probe, bo, [&](const BatchTrial& t) {
+    trials.push_back(t);
+    if (t.fits)
+      std::fprintf(stderr, "  batch %-6lld fits   %8.1f samples/s\n", static_cast<long long>(t.batch), t.samples_per_s);
+    else
+      std::fprintf(stderr, "  batch %-6lld %s\n", static_cast<long long>(t.batch), t.error.c_str());
+  });
+  if (!chosen.ok()) {
+    exit_code = kExitFailed;
+    return chosen.status();
+  }
+  batch_ = *chosen;
+  cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search");
+  for (const BatchTrial& t : trials)
+    pending_events_.push_back({0, "batch_size_trial",
+                               nlohmann::json{{"batch", t.batch}, {"fits", t.fits}, {"samples_per_s", t.samples_per_s},
+                                              {"peak_bytes", t.peak_bytes}, {"error", t.error}}
+                                   .dump()});
+  pending_events_.push_back({0, "batch_size_chosen", nlohmann::json{{"batch", batch_}}.dump()});
+  std::fprintf(stderr, "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
+               static_cast<long long>(batch_));
+  return Status::Ok();
+}
+
+Status Trainer::BeginRun() {
+  run_.name = opt_.name.empty() ? cfg_.Str("model.name") + " on " + cfg_.Str("data.source") : opt_.name;
+  run_.command = opt_.command.empty() ? std::vector<std::string>{"fullburn", "train"} : opt_.command;
+  run_.cwd = std::filesystem::current_path().string();
+  run_.start_time = Env::Default()->UnixSeconds();
+  run_.recorder_pid = static_cast<int>(::getpid());
+  run_.interval_s = 1.0;
+  nlohmann::json config = cfg_.ToJson();
+  if (resume_) config["resumed_from"] = resume_->path;
+  run_.config_json = config.dump();
+  auto gpus = GpuSource::Open();
+  if (gpus.ok()) gpus_ = std::move(*gpus);
+  if (gpus_) {
+    nlohmann::json g = nlohmann::json::array();
+    for (const GpuInfo& i : gpus_->gpus()) g.push_back({{"index", i.index}, {"name", i.name}, {"uuid", i.uuid}});
+    run_.gpus_json = g.dump();
+  }
+  auto id = store_->BeginRun(run_);
+  if (!id.ok()) return id.status();
+  run_.id = *id;
+  for (RunEvent& e : pending_events_) store_->AddEvent(run_.id, e);
+  pending_events_.clear();
+
+  SamplerOptions so;
+  so.interval_s = 1.0;
+  so.root_pid = static_cast<int>(::getpid());
+  sampler_ = std::make_unique<Sampler>(Env::Default(), gpus_.get(), so);
+  sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
+  sampler_->Start([this](const fullburn::Snapshot& s) {
+    sample_writer_->Add(s);
+    std::lock_guard<std::mutex> lock(latest_mu_);
+    latest_ = s;
+  });
+
+  std::string dir = cfg_.Str("checkpoint.dir");
+  if (dir.empty()) dir = StoreDir(store_->path()) + "/checkpoints/run-" + std::to_string(run_.id);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError("cannot create checkpoint.dir " + dir + ": " + ec.message());
+  RunStore* store = store_.get();
+  int64_t run_id = run_.id;
+  double start = run_.start_time;
+  ckpt_ = std::make_unique<CheckpointWriter>(
+      dir, static_cast<int>(cfg_.Int("checkpoint.keep")), cfg_.Bool("checkpoint.async"),
+      [store, run_id, start](const CheckpointWriter::Written& w) {
+        if (!w.status.ok()) {
+          std::fprintf(stderr, "\nfullburn: %s\n", w.status.message().c_str());
+          return;
+        }
+        store->AddCheckpoint(run_id, {w.step, Env::Default()->UnixSeconds() - start, w.path, w.bytes,
+                                      w.stall_s, w.write_s});
+      });
+  mono_start_ = MonoNow();
+  last_ckpt_time_ = mono_start_;
+  if (!opt_.quiet) live_ = std::make_unique<LiveStatus>(STDERR_FILENO);
+  return Status::Ok();
+}
+
+CheckpointState Trainer::Snapshot() {
+  CheckpointState s;
+  for (auto& p : ctx_.model->named_parameters()) s.tensors.emplace_back("model." + p.key(), p.value());
+  for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
+  for (auto& [name, t] : optim_->State()) s.tensors.emplace_back("optim." + name, t);
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    s.tensors.emplace_back("rng.cpu", gen.get_state());
+  }
+  nlohmann::json meta{{"step", step_},
+                      {"epoch", epoch_},
+                      {"next_batch", next_batch_},
+                      {"optim_steps", optim_->steps()},
+                      {"loss_scale", scaler_->scale()},
+                      {"scaler_growth_tracker", scaler_->growth_tracker()},
+                      {"skipped_steps", skipped_},
+                      {"run_id", run_.id},
+                      {"config", cfg_.ToJson()}};
+  s.state_json = meta.dump();
+  return s;
+}
+
+Status Trainer::Restore() {
+  std::map<std::string, torch::Tensor> byname(resume_->state.tensors.begin(), resume_->state.tensors.end());
+  torch::NoGradGuard no_grad;
+  auto load_into = [&](const std::string& name, torch::Tensor& dst) -> Status {
+    auto it = byname.find("model." + name);
+    if (it == byname.end())
+      return Status::InvalidArgument("checkpoint " + resume_->path + " has no tensor model." + name +
+                                     ": it was written for a different model (check model.name)");
+    if (it->second.sizes() != dst.sizes())
+      return Status::InvalidArgument(
+          "checkpoint " + resume_->path + " holds model." + name + " of shape " +
+          c10::str(it->second.sizes()) + ", this config builds " + c10::str(dst.sizes()) +
+          ": the dataset or model differs from the checkpoint's (classes, width, sizes)");
+    dst.copy_(it->second);
+    return Status::Ok();
+  };
+  for (auto& p : ctx_.model->named_parameters())
+    if (Status s = load_into(p.key(), p.value()); !s.ok()) return s;
+  for (auto& b : ctx_.model->named_buffers())
+    if (Status s = load_into(b.key(), b.value()); !s.ok()) return s;
+  std::map<std::string, torch::Tensor> optim;
+  for (auto& [name, t] : byname)
+    if (name.rfind("optim.", 0) == 0) optim[name.substr(6)] = t;
+  const nlohmann::json& m = resume_->meta;
+  if (Status s = optim_->LoadState(optim, m.value("optim_steps", int64_t{0})); !s.ok()) return s;
+  if (auto it = byname.find("rng.cpu"); it != byname.end()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(it->second);
+  }
+  scaler_->Restore(m.value("loss_scale", scaler_->scale()), m.value("scaler_growth_tracker", int64_t{0}));
+  step_ = m.value("step", int64_t{0});
+  epoch_ = m.value("epoch", int64_t{0});
+  next_batch_ = m.value("next_batch", int64_t{0});
+  skipped_ = m.value("skipped_steps", int64_t{0});
+  last_ckpt_step_ = step_;
+  std::fprintf(stderr, "fullburn: resuming from %s (step %lld, epoch %lld)\n", resume_->path.c_str(),
+               static_cast<long long>(step_), static_cast<long long>(epoch_));
+  return Status::Ok();
+}
+
+}  // namespace
+
+torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int accumulate,
+                              const LossScaler& scaler, bool timed, MicroTimes* times) {
+  auto sync = [&] {
+    if (timed && ctx.sync_timing) torch::cuda::synchronize();
+  };
+  double t0 = MonoNow();
+  torch::Tensor loss;
+  {
+    AutocastGuard autocast(ctx.device.type(), ctx.autocast);
+    torch::Tensor logits = ctx.model->forward(b.inputs);
+    loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                     b.targets.reshape({-1}));
+  }
+  sync();
+  double t1 = MonoNow();
+  scaler.Scale(accumulate > 1 ? loss / accumulate : loss).backward();
+  sync();
+  if (times) {
+    times->forward_s += t1 - t0;
+    times->backward_s += MonoNow() - t1;
+  }
+  return loss.detach();
+}
+
+namespace {
+
+Status Trainer::TrainStep(bool timed, StepRecord* rec) {
+  double start = MonoNow();
+  double wait = 0;
+  MicroTimes mt;
+  torch::Tensor loss_sum;
+  int64_t samples = 0;
+  for (int64_t micro = 0; micro < accumulate_; ++micro) {
+    TrainBatch b;
+    double w0 = MonoNow();
+    while (!source_->Next(&b)) {
+      if (!source_->status().ok()) return source_->status();
+      ++epoch_;
+      next_batch_ = 0;
+      source_->StartEpoch(static_cast<int>(epoch_), 0);
+    }
+    ++next_batch_;
+    wait += MonoNow() - w0;
+    torch::Tensor loss = ForwardBackward(ctx_, b, static_cast<int>(accumulate_), *scaler_, timed, &mt);
+    loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
+    samples += b.samples;
+  }
+  double o0 = MonoNow();
+  torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params());
+  // One host read per step, for the loss and the inf/NaN flag together (as
+  // GradScaler's step does).
+  torch::Tensor both = torch::stack({loss_sum.to(torch::kFloat) / accumulate_, found_inf.to(torch::kFloat)}).cpu();
+  double loss = both[0].item<double>();
+  bool bad = both[1].item<double>() != 0;
+  bool skip = scaler_->Update(bad);
+  double lr = schedule_.At(step_ + 1);
+  if (!skip) {
+    if (double clip = cfg_.Float("train.clip_grad_norm"); clip > 0)
+      torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
+    optim_->Step(lr);
+    consecutive_skips_ = 0;
+  } else {
+    ++skipped_;
+    ++consecutive_skips_;
+  }
+  optim_->ZeroGrad();
+  if (timed && ctx_.sync_timing) torch::cuda::synchronize();
+  double end = MonoNow();
+  ++step_;
+  rec->step = step_;
+  rec->epoch = static_cast<int>(epoch_);
+  rec->t = Env::Default()->UnixSeconds() - run_.start_time;
+  rec->loss = loss;
+  rec->lr = lr;
+  if (scaler_->enabled()) rec->loss_scale = scaler_->scale();
+  rec->samples = samples;
+  rec->step_s = end - start;
+  rec->skipped = skip;
+  rec->data_wait_s = wait;  // always measured: it costs two clock reads
+  if (timed) {
+    rec->forward_s = mt.forward_s;
+    rec->backward_s = mt.backward_s;
+    rec->optimizer_s = end - o0;
+  }
+  if (consecutive_skips_ >= cfg_.Int("train.max_skipped_steps")) {
+    exit_code = kExitFailed;
+    return Status::Aborted(fmt::format(
+        "training diverged: the loss or gradients were inf/NaN for {} steps in a row (step {}){}; "
+        "lower optim.lr, set train.clip_grad_norm, or use bf16 instead of fp16. Checkpoints before "
+        "this point are intact",
+        consecutive_skips_, step_, scaler_->enabled() ? fmt::format(", the loss scale fell to {:g}", scaler_->scale()) : ""));
+  }
+  return Status::Ok();
+}
+
+void Trainer::FlushSteps(bool force) {
+  double now = MonoNow();
+  if (!force && now - last_flush_ < 2.0) return;
+  last_flush_ = now;
+  if (pending_steps_.empty()) return;
+  if (Status s = store_->AppendSteps(run_.id, pending_steps_); !s.ok())
+    std::fprintf(stderr, "\nfullburn: %s; training goes on, these step records are lost\n", s.message().c_str());
+  pending_steps_.clear();
+}
+
+void Trainer::Progress(const StepRecord& r, bool force) {
+  double now = MonoNow();
+  // An exponential average over about 20 steps: steady, yet quick to move.
+  double rate = r.step_s > 0 ? r.samples / r.step_s : 0;
+  double share = r.step_s > 0 ? r.data_wait_s.value_or(0) / r.step_s : 0;
+  recent_rate_ = recent_rate_ == 0 ? rate : 0.95 * recent_rate_ + 0.05 * rate;
+  recent_wait_share_ = 0.95 * recent_wait_share_ + 0.05 * share;
+  if (!force && now - last_progress_ < cfg_.Float("train.log_every_s")) return;
+  last_progress_ = now;
+  std::string util = "-";
+  {
+    std::lock_guard<std::mutex> lock(latest_mu_);
+    if (latest_) {
+      if (!latest_->gpus.empty() && latest_->gpus[0].util)
+        util = fmt::format("gpu {:.0f}%", *latest_->gpus[0].util);
+      else if (latest_->proc && latest_->proc->cpu_util)
+        util = fmt::format("cpu {:.0f}%", *latest_->proc->cpu_util);
+    }
+  }
+  double left_steps = static_cast<double>(total_steps_ - r.step);
+  double eta = recent_rate_ > 0 ? left_steps * (batch_ * accumulate_) / recent_rate_ : 0;
+  std::string line = fmt::format("step {}/{}  epoch {}  loss {:.4f}  {:.0f} samples/s  data-wait {:.0f}%  {}  ETA {}",
+                                 r.step, total_steps_, r.epoch, r.loss, recent_rate_, recent_wait_share_ * 100,
+                                 util, FormatDuration(eta));
+  if (live_ && live_->active())
+    live_->Draw(line);
+  else if (!opt_.quiet && (force || now - last_plain_ >= 10))
+    std::fprintf(stderr, "%s\n", line.c_str()), last_plain_ = now;
+}
+
+void Trainer::Checkpoint(bool final_one) {
+  if (step_ == last_ckpt_step_) return;
+  last_ckpt_step_ = step_;
+  last_ckpt_time_ = MonoNow();
+  ckpt_->Save(step_, Snapshot());
+  if (final_one) ckpt_->Wait();
+}
+
+nlohmann::json Trainer::Evaluate() {
+  nlohmann::json out;
+  SourceSpec es = spec_;
+  es.train = false;
+  if (cfg_.Str("data.source") == "images") {
+    std::string val = cfg_.Str("data.val_path");
+    if (val.empty() && cfg_.Str("data.path").empty()) {
+      auto p = DefaultImages(StoreDir(store_->path()) + "/datasets", static_cast<int>(cfg_.Int("data.classes")), true);
+      if (!p.ok()) return out;
+      val = *p;
+    }
+    if (val.empty()) return out;
+    es.path = val;
+  }
+  auto src = OpenSource(cfg_, es);
+  if (!src.ok()) {
+    std::fprintf(stderr, "fullburn: evaluation skipped: %s\n", src.status().message().c_str());
+    return out;
+  }
+  torch::NoGradGuard no_grad;
+  ctx_.model->eval();
+  (*src)->StartEpoch(0, 0);
+  TrainBatch b;
+  double loss = 0, correct = 0, count = 0;
+  int64_t batches = 0;
+  while (batches < 50 && (*src)->Next(&b)) {
+    AutocastGuard autocast(ctx_.device.type(), ctx_.autocast);
+    torch::Tensor logits = ctx_.model->forward(b.inputs).to(torch::kFloat);
+    torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
+    torch::Tensor target = b.targets.reshape({-1});
+    loss += torch::cross_entropy_loss(flat, target, {}, at::Reduction::Sum).item<double>();
+    correct += flat.argmax(1).eq(target).sum().item<double>();
+    count += static_cast<double>(target.size(0));
+    ++batches;
+  }
+  ctx_.model->train();
+  if (count == 0) return out;
+  out = {{"val_loss", loss / count}, {"val_accuracy", correct / count}, {"val_samples", count}};
+  store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out.dump()});
+  return out;
+}
+
+Status Trainer::Loop() {
+  int64_t every_steps = cfg_.Int("checkpoint.every_steps");
+  double every_s = cfg_.Float("checkpoint.every_minutes") * 60;
+  double limit_s = cfg_.Float("train.time_limit_s");
+  int64_t time_every = cfg_.Int("train.time_every");
+  source_->StartEpoch(static_cast<int>(epoch_), next_batch_);
+  ctx_.model->train();
+  StepRecord last;
+  while (step_ < total_steps_) {
+    if (g_signal) {
+      exit_code = kExitInterrupted;
+      std::fprintf(stderr, "\nfullburn: stopped by signal %d at step %lld; checkpointing\n", g_signal.load(),
+                   static_cast<long long>(step_));
+      break;
+    }
+    StepRecord rec;
+    bool timed = (step_ + 1) % time_every == 0 || step_ == 0;
+    Status s;
+    try {
+      s = TrainStep(timed, &rec);
+    } catch (const std::exception& e) {
+      exit_code = kExitFailed;
+      if (IsOutOfMemory(e))
+        return Status::ResourceExhausted(fmt::format(
+            "out of memory at step {} with micro-batch {}: lower train.batch_size (or use auto) and "
+            "raise train.accumulate to keep the effective batch; checkpoints so far are intact",
+            step_ + 1, batch_));
+      std::string what = e.what();
+      return Status::Internal("step " + std::to_string(step_ + 1) + " failed: " + what.substr(0, what.find('\n')));
+    }
+    if (!s.ok()) return s;
+    pending_steps_.push_back(rec);
+    last = rec;
+    Progress(rec, false);
+    FlushSteps(false);
+    double now = MonoNow();
+    if ((every_steps > 0 && step_ % every_steps == 0) || (every_s > 0 && now - last_ckpt_time_ >= every_s))
+      Checkpoint(false);
+    if (limit_s > 0 && now - mono_start_ >= limit_s) {
+      std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n", static_cast<long long>(step_));
+      break;
+    }
+  }
+  if (last.step > 0) Progress(last, true);
+  return Status::Ok();
+}
+
+void Trainer::Finish(const std::string& status, int code) {
+  FlushSteps(true);
+  if (ckpt_) ckpt_->Wait();
+  if (sampler_) sampler_->Stop();
+  if (sample_writer_) sample_writer_->Flush();
+  live_.reset();
+  if (run_.id > 0) store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
+}
+
+Status Trainer::Run() {
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  if (Status s = OpenStoreAndResume(); !s.ok()) return s;
+  if (opt_.print_config) {
+    std::fputs(cfg_.ToToml().c_str(), stdout);
+    return Status::Ok();
+  }
+  Status s;
+  try {
+    s = Setup();
+  } catch (const std::exception& e) {
+    exit_code = kExitFailed;
+    std::string what = e.what();
+    s = Status::Internal("setting up training failed: " + what.substr(0, what.find('\n')));
+  }
+  if (!s.ok()) {
+    if (exit_code == 0) exit_code = kExitUsage;
+    return s;
+  }
+  if (resume_)
+    if (Status r = Restore(); !r.ok()) {
+      exit_code = kExitUsage;
+      return r;
+    }
+  if (Status b = BeginRun(); !b.ok()) {
+    exit_code = kExitFailed;
+    return b;
+  }
+  std::fprintf(stderr, "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
+               static_cast<long long>(run_.id), cfg_.Str("model.name").c_str(),
+               static_cast<long long>(ParameterCount(*ctx_.model)), static_cast<long long>(batch_),
+               static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
+               ctx_.device.str().c_str(), cfg_.Str("train.precision").c_str());
+  s = Loop();
+  // A failed step leaves the weights suspect: the last good checkpoint stands.
+  if (s.ok() && (cfg_.Bool("checkpoint.at_end") || exit_code == kExitInterrupted)) Checkpoint(true);
+  nlohmann::json eval;
+  if (s.ok() && exit_code == 0) eval = Evaluate();
+  Finish(s.ok() ? "finished" : "failed", s.ok() ? exit_code : (exit_code ? exit_code : kExitFailed));
+  if (!s.ok()) return s;
+  if (!opt_.quiet) {
+    auto steps = store_->LoadSteps(run_.id);
+    if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
+    if (!eval.empty())
+      std::fprintf(stderr, "  held-out: loss %.4f, accuracy %.1f%% (%g samples)\n", eval["val_loss"].get<double>(),
+                   100 * eval["val_accuracy"].get<double>(), eval["val_samples"].get<double>());
+    if (skipped_) std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
+    auto cks = store_->LoadCheckpoints(run_.id);
+    if (cks.ok() && !cks->empty())
+      std::fprintf(stderr, "  checkpoint: %s (loop blocked %.1f ms)\n", cks->back().path.c_str(), cks->back().stall_s * 1e3);
+    std::fprintf(stderr, "fullburn: stored as run %lld in %s (fullburn runs show %lld; runs export %lld --table steps)\n",
+                 static_cast<long long>(run_.id), store_->path().c_str(), static_cast<long long>(run_.id),
+                 static_cast<long long>(run_.id));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool IsOutOfMemory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  std::string what = e.what();
+  return what.find("out of memory") != std::string::npos || what.find("memory budget exceeded") != std::string::npos;
+}
+
+int RunTraining(const TrainerOptions& options) {
+  Trainer t(options);
+  Status s = t.Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "fullburn: %s\n", s.message().c_str());
+    return t.exit_code ? t.exit_code : 1;
+  }
+  return t.exit_code;
+}
+
+}  // namespace fullburn

@@ -1,0 +1,211 @@
+// `fullburn train` end to end: the real binaries, a real store, real
+// checkpoints, SIGKILL and resume.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "fullburn/report.h"
+#include "fullburn/store.h"
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Background;
+using testing::RunToEnd;
+
+// Small and deterministic: an MLP on in-memory synthetic data, one thread.
+const std::vector<std::string> kTiny = {"model.name=mlp",          "data.source=synthetic",
+                                        "data.synthetic_samples=2048", "data.features=32",
+                                        "model.hidden=64",         "train.threads=1",
+                                        "optim.lr=0.05",           "train.batch_size=32"};
+
+class TrainE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::FreshTestDir("fb_train");
+    store_ = dir_ + "/runs.db";
+    ::unsetenv("FULLBURN_STORE");
+  }
+  testing::Outcome Train(std::vector<std::string> args, bool tiny = true) {
+    std::vector<std::string> argv = {FULLBURN_BIN, "train", "-q", "--store", store_};
+    if (tiny) argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunToEnd(argv, 300);
+  }
+  std::unique_ptr<RunStore> Store() { return std::move(RunStore::Open(store_).value()); }
+  std::vector<StepRecord> Steps(int64_t run) { return Store()->LoadSteps(run).value(); }
+  nlohmann::json Evaluation(int64_t run) {
+    std::vector<RunEvent> events = Store()->LoadEvents(run).value();
+    for (const RunEvent& e : events)
+      if (e.kind == "evaluation") return nlohmann::json::parse(e.data);
+    return {};
+  }
+  std::string dir_, store_;
+};
+
+TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
+  auto o = Train({"train.steps=150", "checkpoint.every_steps=50"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto run = Store()->GetRun("last").value();
+  EXPECT_EQ(run.status, "finished");
+  auto config = nlohmann::json::parse(run.config_json);
+  EXPECT_EQ(config["model"]["name"], "mlp");  // the effective config is stored
+  auto steps = Steps(run.id);
+  ASSERT_EQ(steps.size(), 150u);
+  StepsSummary sum = SummarizeSteps(steps);
+  EXPECT_LT(sum.final_loss, 0.6 * sum.first_loss) << sum.first_loss << " -> " << sum.final_loss;
+  for (const StepRecord& r : steps) {
+    EXPECT_TRUE(r.forward_s && r.backward_s && r.optimizer_s && r.data_wait_s);
+    EXPECT_LE(*r.forward_s + *r.backward_s + *r.optimizer_s + *r.data_wait_s, r.step_s * 1.001 + 1e-4);
+  }
+  EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5);  // 10 classes: chance is 0.1
+  auto cks = Store()->LoadCheckpoints(run.id).value();
+  ASSERT_EQ(cks.size(), 3u);  // 50, 100, 150 (= the end)
+  EXPECT_TRUE(fs::exists(cks.back().path));
+  EXPECT_GT(Store()->LoadSamples(run.id).value().size(), 0u);  // telemetry alongside
+
+  auto csv = RunToEnd({FULLBURN_BIN, "runs", "export", std::to_string(run.id), "--table", "steps", "--store", store_});
+  ASSERT_EQ(csv.code, 0) << csv.err;
+  EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 151);
+  EXPECT_EQ(csv.out.rfind("rank,step,epoch,t,loss,lr", 0), 0u);
+  auto js = RunToEnd({FULLBURN_BIN, "runs", "export", "last", "--table", "steps", "--format", "json", "--store", store_});
+  EXPECT_EQ(nlohmann::json::parse(js.out).size(), 150u);
+  auto trace = RunToEnd({FULLBURN_BIN, "runs", "trace", "last", "--store", store_});
+  ASSERT_EQ(trace.code, 0) << trace.err;
+  EXPECT_GT(nlohmann::json::parse(trace.out)["traceEvents"].size(), 150u * 5);
+}
+
+TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
+  std::string data = dir_ + "/images";
+  auto make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/train", "--classes", "4", "--per-class",
+                        "48", "--size", "48x48"});
+  ASSERT_EQ(make.code, 0) << make.err;
+  make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/val", "--classes", "4", "--per-class", "16",
+                   "--size", "48x48", "--seed", "9"});
+  ASSERT_EQ(make.code, 0) << make.err;
+  auto o = Train({"data.path=" + data + "/train", "data.val_path=" + data + "/val", "data.image_size=32",
+                  "model.width=0.125", "train.batch_size=16", "train.epochs=6", "optim.lr=0.05",
+                  "data.threads=1", "train.threads=1"},
+                 /*tiny=*/false);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto run = Store()->GetRun("last").value();
+  EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5) << Evaluation(run.id).dump();  // chance: 0.25
+}
+
+// kill -9 in the middle, resume, and the remaining losses are those of an
+// uninterrupted run, step for step.
+TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {
+  std::vector<std::string> job = {"train.steps=120", "checkpoint.every_steps=10", "model.dropout=0.1"};
+  ASSERT_EQ(Train(job).code, 0);
+  int64_t reference = Store()->GetRun("last").value().id;
+
+  Background b;
+  std::vector<std::string> argv = {FULLBURN_BIN, "train", "-q", "--store", store_, "train.steps=120",
+                                   "checkpoint.every_steps=10", "model.dropout=0.1", "train.log_every_s=0.01"};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  testing::Start(&b, argv, "train_killed");
+  int64_t killed = 0;
+  for (int i = 0; i < 3000 && killed == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    auto runs = Store()->ListRuns().value();
+    if (runs.size() < 2) continue;
+    auto cks = Store()->LoadCheckpoints(runs.back().id).value();
+    if (!cks.empty() && cks.back().step >= 30 && cks.back().step < 100) {
+      ::kill(b.pid, SIGKILL);
+      b.Wait(10);
+      killed = runs.back().id;
+    }
+  }
+  ASSERT_GT(killed, 0) << "no checkpoint between steps 30 and 100 was seen";
+  EXPECT_EQ(Store()->GetRun(std::to_string(killed)).value().status, "interrupted");
+
+  auto resumed = Train({"--resume", std::to_string(killed)}, /*tiny=*/false);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto ref = Steps(reference), rest = Steps(Store()->GetRun("last").value().id);
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back().step, 120);
+  for (const StepRecord& r : rest)
+    EXPECT_NEAR(r.loss, ref[r.step - 1].loss, 1e-5 * std::max(1.0, std::fabs(ref[r.step - 1].loss))) << "step " << r.step;
+}
+
+TEST_F(TrainE2E, CorruptNewestCheckpointFallsBackToThePreviousOne) {
+  ASSERT_EQ(Train({"train.steps=40", "checkpoint.every_steps=10", "checkpoint.at_end=false"}).code, 0);
+  int64_t run = Store()->GetRun("last").value().id;
+  auto cks = Store()->LoadCheckpoints(run).value();
+  ASSERT_EQ(cks.size(), 4u);  // all are listed; keep = 3 left 20, 30, 40 on disk
+  EXPECT_FALSE(fs::exists(cks[0].path));
+  EXPECT_TRUE(fs::exists(cks[1].path));
+  fs::resize_file(cks.back().path, fs::file_size(cks.back().path) / 2);
+  auto o = Train({"--resume", std::to_string(run), "train.steps=45"}, /*tiny=*/false);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("step-00000040.safetensors is unusable"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("resuming from"), std::string::npos);
+  EXPECT_NE(o.err.find("step-00000030"), std::string::npos) << o.err;
+  EXPECT_EQ(Steps(Store()->GetRun("last").value().id).front().step, 31);
+  auto missing = Train({"--resume", dir_ + "/nope.safetensors"}, false);
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.err.find("no such checkpoint file"), std::string::npos) << missing.err;
+}
+
+TEST_F(TrainE2E, BadConfigsAreOneLineErrors) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  } cases[] = {
+      {{"optim.lrr=0.1"}, "did you mean 'optim.lr'"},
+      {{"train.batch_size=0"}, "must be >0"},
+      {{"optim.lr=-1"}, "must be >0"},
+      {{"model.name=gpt"}, "does not train on data.source = synthetic"},
+      {{"train.precision=fp16"}, "needs a CUDA device"},
+      {{dir_ + "/missing.toml"}, "cannot be read"},
+  };
+  for (const Case& c : cases) {
+    auto o = Train(c.args);
+    EXPECT_EQ(o.code, 2) << c.expect << "\n" << o.err;
+    EXPECT_NE(o.err.find(c.expect), std::string::npos) << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  }
+  EXPECT_TRUE(Store()->ListRuns().value().empty());  // nothing half-made in the store
+}
+
+TEST_F(TrainE2E, DivergenceStopsWithTheLastGoodCheckpointIntact) {
+  auto o = Train({"optim.lr=1e12", "optim.warmup_steps=0", "train.steps=100", "train.max_skipped_steps=3",
+                  "checkpoint.every_steps=1"});
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_NE(o.err.find("training diverged"), std::string::npos) << o.err;
+  auto run = Store()->GetRun("last").value();
+  EXPECT_EQ(run.status, "failed");
+  ASSERT_FALSE(Store()->LoadCheckpoints(run.id).value().empty());
+  // The newest checkpoint on disk reads back whole (checksum verified).
+  auto check = RunToEnd({FULLBURN_BIN, "train", "--store", store_, "--resume", std::to_string(run.id), "--print-config"});
+  EXPECT_EQ(check.code, 0) << check.err;
+  EXPECT_EQ(check.err.find("unusable"), std::string::npos) << check.err;
+  EXPECT_NE(check.out.find("[optim]"), std::string::npos);
+}
+
+TEST_F(TrainE2E, BatchSizeAutoUnderAMemoryBudget) {
+  auto o = Train({"train.batch_size=auto", "train.memory_budget_mb=2", "train.steps=5"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto run = Store()->GetRun("last").value();
+  auto config = nlohmann::json::parse(run.config_json);
+  ASSERT_TRUE(config["train"]["batch_size"].is_number()) << config.dump();
+  int trials = 0, chosen = 0;
+  std::vector<RunEvent> events = Store()->LoadEvents(run.id).value();
+  for (const RunEvent& e : events) {
+    trials += e.kind == "batch_size_trial";
+    if (e.kind == "batch_size_chosen") chosen = nlohmann::json::parse(e.data)["batch"];
+  }
+  EXPECT_GE(trials, 3);
+  EXPECT_NE(o.err.find("out of memory"), std::string::npos) << o.err;  // the budget was hit and survived
+  EXPECT_EQ(chosen, config["train"]["batch_size"].get<int>());
+  EXPECT_EQ(Steps(run.id).front().samples, chosen);
+  EXPECT_EQ(Steps(run.id).size(), 5u);  // and training went on at that size
+}
+
+}  // namespace
+}  // namespace fullburn

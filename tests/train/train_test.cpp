@@ -1,0 +1,297 @@
+// The training runtime's pieces, on CPU: loss scaler, autocast guard,
+// accumulation, optimizers against torch::optim, schedule, checkpoints, the
+// memory budget and the batch-size search.
+#include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fullburn/train.h"
+#include "replay_env.h"
+#include "../../src/train/trainer.h"
+
+namespace fullburn {
+namespace {
+
+std::shared_ptr<Model> Mlp(int64_t in = 12, int64_t classes = 5) {
+  ModelSpec s;
+  s.name = "mlp";
+  s.in_features = in;
+  s.hidden = 16;
+  s.num_classes = classes;
+  torch::manual_seed(0);
+  return MakeModel(s).value();
+}
+
+TEST(LossScaler, GrowsAfterIntervalBacksOffAndSkipsOnInf) {
+  LossScalerOptions o;
+  o.enabled = true;
+  o.init_scale = 1024;
+  o.growth_interval = 3;
+  LossScaler s(o);
+  torch::Tensor w = torch::ones({4}, torch::requires_grad());
+  auto set_grad = [&](float v) { w.mutable_grad() = torch::full({4}, v); };
+  set_grad(2048);
+  EXPECT_FALSE(s.UnscaleAndCheck({w}).item<bool>());
+  EXPECT_TRUE(torch::allclose(w.grad(), torch::full({4}, 2.0f)));  // unscaled before any clipping
+  EXPECT_FALSE(s.Update(false));
+  EXPECT_FALSE(s.Update(false));
+  EXPECT_DOUBLE_EQ(s.scale(), 1024);
+  EXPECT_FALSE(s.Update(false));  // third finite step in a row: grow
+  EXPECT_DOUBLE_EQ(s.scale(), 2048);
+  set_grad(1);
+  w.mutable_grad()[2] = INFINITY;  // injected overflow
+  EXPECT_TRUE(s.UnscaleAndCheck({w}).item<bool>());
+  EXPECT_TRUE(s.Update(true));  // skip the step
+  EXPECT_DOUBLE_EQ(s.scale(), 1024);
+  EXPECT_EQ(s.growth_tracker(), 0);
+  w.mutable_grad()[2] = NAN;
+  EXPECT_TRUE(s.UnscaleAndCheck({w}).item<bool>());
+  LossScaler off(LossScalerOptions{});
+  EXPECT_TRUE(off.Scale(torch::ones({})).equal(torch::ones({})));
+}
+
+TEST(AutocastGuard, EnablesAndRestoresStateAndCache) {
+  ASSERT_FALSE(at::autocast::is_cpu_enabled());
+  torch::ScalarType before = at::autocast::get_autocast_cpu_dtype();
+  torch::Tensor a = torch::randn({4, 4}), b = torch::randn({4, 4});
+  {
+    AutocastGuard g(torch::kCPU, torch::kBFloat16);
+    EXPECT_TRUE(at::autocast::is_cpu_enabled());
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+    {
+      AutocastGuard off(torch::kCPU, std::nullopt);  // fp32: changes nothing
+      EXPECT_TRUE(at::autocast::is_cpu_enabled());
+    }
+    EXPECT_TRUE(at::autocast::is_cpu_enabled());
+  }
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_EQ(at::autocast::get_autocast_cpu_dtype(), before);
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
+}
+
+TEST(Accumulation, KMicroBatchesEqualOneBatchKTimesAsLarge) {
+  StepContext ctx;
+  ctx.model = Mlp();
+  torch::manual_seed(3);
+  TrainBatch whole{torch::randn({8, 12}), torch::randint(0, 5, {8}, torch::kLong), 8};
+  LossScaler scaler(LossScalerOptions{});
+  ForwardBackward(ctx, whole, 1, scaler, false, nullptr);
+  std::vector<torch::Tensor> expected;
+  for (auto& p : ctx.model->parameters()) {
+    expected.push_back(p.grad().clone());
+    p.mutable_grad() = torch::Tensor();
+  }
+  for (int k = 0; k < 4; ++k) {
+    TrainBatch part{whole.inputs.slice(0, 2 * k, 2 * k + 2), whole.targets.slice(0, 2 * k, 2 * k + 2), 2};
+    ForwardBackward(ctx, part, 4, scaler, false, nullptr);
+  }
+  auto params = ctx.model->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(torch::allclose(params[i].grad(), expected[i], 1e-5, 1e-6)) << i;
+}
+
+// Our optimizers against libtorch's own on the same gradients.
+void CompareWithTorch(const std::string& name, torch::optim::Optimizer* reference, OptimizerOptions o) {
+  torch::manual_seed(1);
+  torch::Tensor w0 = torch::randn({3, 4});
+  torch::Tensor ours = w0.clone().requires_grad_(), theirs = reference->param_groups()[0].params()[0];
+  {
+    torch::NoGradGuard g;
+    theirs.copy_(w0);
+  }
+  o.name = name;
+  Optimizer opt({{"w", ours}}, o);
+  for (int step = 0; step < 4; ++step) {
+    torch::Tensor g = torch::randn({3, 4});
+    ours.mutable_grad() = g.clone();
+    theirs.mutable_grad() = g.clone();
+    opt.Step(0.1);
+    reference->step();
+  }
+  EXPECT_TRUE(torch::allclose(ours, theirs, 1e-5, 1e-6)) << name << "\n" << ours << theirs;
+}
+
+TEST(Optimizer, SgdAndAdamWMatchLibtorch) {
+  OptimizerOptions o;
+  o.momentum = 0.9;
+  o.weight_decay = 0.01;
+  o.nesterov = true;
+  torch::Tensor p1 = torch::zeros({3, 4}, torch::requires_grad());
+  torch::optim::SGD sgd({p1}, torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true));
+  CompareWithTorch("sgd", &sgd, o);
+  torch::Tensor p2 = torch::zeros({3, 4}, torch::requires_grad());
+  torch::optim::AdamW adamw({p2}, torch::optim::AdamWOptions(0.1).weight_decay(0.01));
+  CompareWithTorch("adamw", &adamw, o);
+}
+
+TEST(Optimizer, LarsScalesEachLayersStepByItsTrustRatio) {
+  OptimizerOptions o;
+  o.name = "lars";
+  o.momentum = 0;
+  o.trust = 0.01;
+  torch::Tensor w = torch::full({2, 2}, 3.0).requires_grad_();  // |w| = 6
+  w.mutable_grad() = torch::full({2, 2}, 0.5);                    // |g| = 1
+  Optimizer opt({{"w", w}}, o);
+  opt.Step(1.0);
+  // step = lr * trust * |w| / |g| * g = 0.01 * 6 * 0.5 = 0.03 per element
+  EXPECT_TRUE(torch::allclose(w, torch::full({2, 2}, 3.0 - 0.03)));
+}
+
+TEST(LrSchedule, WarmsUpThenFollowsTheCosine) {
+  LrSchedule s{1.0, 0.1, 10, 110, true};
+  EXPECT_DOUBLE_EQ(s.At(1), 0.1);
+  EXPECT_DOUBLE_EQ(s.At(10), 1.0);
+  EXPECT_NEAR(s.At(60), 0.55, 1e-12);  // half way: the mean of peak and min
+  EXPECT_NEAR(s.At(110), 0.1, 1e-12);
+  s.cosine = false;
+  EXPECT_DOUBLE_EQ(s.At(100), 1.0);
+}
+
+CheckpointState SampleState() {
+  CheckpointState s;
+  s.tensors = {{"model.w", torch::arange(12, torch::kFloat).reshape({3, 4})},
+               {"model.n", torch::tensor({int64_t{7}})},
+               {"rng.cpu", torch::ones({5}, torch::kByte)},
+               {"half", torch::ones({2}, torch::kBFloat16)}};
+  s.state_json = R"({"step": 5})";
+  return s;
+}
+
+TEST(Checkpoint, RoundTripsAsSafetensors) {
+  std::string dir = testing::FreshTestDir("fb_ckpt");
+  std::string path = dir + "/a.safetensors";
+  int64_t bytes = 0;
+  ASSERT_TRUE(WriteCheckpointFile(path, SampleState(), &bytes).ok());
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(path)), bytes);
+  auto back = ReadCheckpointFile(path);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->state_json, R"({"step": 5})");
+  std::map<std::string, torch::Tensor> m(back->tensors.begin(), back->tensors.end());
+  EXPECT_TRUE(m["model.w"].equal(SampleState().tensors[0].second));
+  EXPECT_EQ(m["model.n"].item<int64_t>(), 7);
+  EXPECT_EQ(m["half"].scalar_type(), torch::kBFloat16);
+  // The safetensors layout: 8-byte little-endian header length, JSON header.
+  std::ifstream in(path, std::ios::binary);
+  uint64_t hlen = 0;
+  in.read(reinterpret_cast<char*>(&hlen), 8);
+  std::string header(hlen, ' ');
+  in.read(header.data(), static_cast<std::streamsize>(hlen));
+  auto j = nlohmann::json::parse(header);
+  EXPECT_EQ(j["model.w"]["dtype"], "F32");
+  EXPECT_EQ(j["model.w"]["shape"], nlohmann::json({3, 4}));
+  EXPECT_EQ(hlen % 8, 0u);
+}
+
+TEST(Checkpoint, TruncatedOrFlippedFilesAreRefused) {
+  std::string dir = testing::FreshTestDir("fb_ckpt_bad");
+  std::string path = dir + "/a.safetensors";
+  ASSERT_TRUE(WriteCheckpointFile(path, SampleState(), nullptr).ok());
+  auto size = std::filesystem::file_size(path);
+  std::filesystem::copy_file(path, dir + "/b.safetensors");
+  std::filesystem::resize_file(path, size - 3);
+  auto t = ReadCheckpointFile(path);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("is unusable"), std::string::npos) << t.status().message();
+  {
+    std::fstream f(dir + "/b.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 10));
+    f.put('\x55');
+  }
+  auto c = ReadCheckpointFile(dir + "/b.safetensors");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("checksum mismatch"), std::string::npos) << c.status().message();
+  EXPECT_EQ(ReadCheckpointFile(dir + "/none").status().code(), Status::Code::kNotFound);
+}
+
+TEST(Checkpoint, AsyncWriterKeepsTheNewestK) {
+  std::string dir = testing::FreshTestDir("fb_ckpt_keep");
+  std::vector<CheckpointWriter::Written> done;
+  std::mutex mu;
+  {
+    CheckpointWriter w(dir, 2, true, [&](const CheckpointWriter::Written& x) {
+      std::lock_guard<std::mutex> lock(mu);
+      done.push_back(x);
+    });
+    for (int step : {10, 20, 30}) {
+      CheckpointState s = SampleState();
+      torch::Tensor live = s.tensors[0].second;
+      w.Save(step, s);
+      live.add_(100);  // the loop goes on changing its tensors: the snapshot must not see it
+    }
+  }
+  ASSERT_EQ(done.size(), 3u);
+  for (auto& d : done) EXPECT_TRUE(d.status.ok());
+  auto files = ListCheckpoints(dir);
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_NE(files[0].find("step-00000030"), std::string::npos);
+  auto back = ReadCheckpointFile(files[0]);
+  ASSERT_TRUE(back.ok());
+  std::map<std::string, torch::Tensor> m(back->tensors.begin(), back->tensors.end());
+  EXPECT_TRUE(m["model.w"].equal(SampleState().tensors[0].second));
+}
+
+TEST(MemoryBudget, AllocationsPastTheBudgetFailAsOutOfMemory) {
+  SetCpuMemoryBudget(64 << 20);
+  torch::Tensor ok = torch::empty({8 << 20}, torch::kByte);
+  EXPECT_GE(CpuBytesInUse(), 8 << 20);
+  try {
+    torch::Tensor too_big = torch::empty({128 << 20}, torch::kByte);
+    ADD_FAILURE() << "allocation past the budget succeeded";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(IsOutOfMemory(e)) << e.what();
+  }
+  SetCpuMemoryBudget(0);
+  torch::Tensor fine = torch::empty({128 << 20}, torch::kByte);  // no budget: fine
+  EXPECT_EQ(fine.numel(), 128 << 20);
+}
+
+TEST(BatchSearch, FindsTheLargestBatchUnderABudgetAndRecovers) {
+  StepContext ctx;
+  ModelSpec s;
+  s.name = "mlp";
+  s.in_features = 3 * 16 * 16;
+  s.hidden = 256;
+  s.num_classes = 10;
+  torch::manual_seed(0);
+  ctx.model = MakeModel(s).value();
+  torch::Tensor before = ctx.model->parameters()[0].clone();
+  TrainBatch probe{torch::randn({8, 3, 16, 16}), torch::randint(0, 10, {8}, torch::kLong), 8};
+  BatchSearchOptions o;
+  o.max_batch = 1 << 14;
+  o.steps = 1;
+  SetCpuMemoryBudget(CpuBytesInUse() + (8 << 20));
+  std::vector<BatchTrial> trials;
+  auto chosen = SearchBatchSize(&ctx, probe, o, [&](const BatchTrial& t) { trials.push_back(t); });
+  ASSERT_TRUE(chosen.ok()) << chosen.status().message();
+  int64_t largest_fit = 0, smallest_fail = 1 << 30;
+  for (const BatchTrial& t : trials) {
+    if (t.fits) largest_fit = std::max(largest_fit, t.batch);
+    else smallest_fail = std::min(smallest_fail, t.batch);
+  }
+  ASSERT_LT(largest_fit, smallest_fail);  // fits and failures do not interleave
+  EXPECT_LE(smallest_fail - largest_fit, std::max<int64_t>(1, largest_fit / 16));
+  EXPECT_GT(largest_fit, 64);  // the budget leaves room for real batches
+  // The search recovered from its out-of-memory trials: training goes on at
+  // the chosen size within the same budget, and the weights are untouched.
+  EXPECT_TRUE(ctx.model->parameters()[0].equal(before));
+  LossScaler scaler(LossScalerOptions{});
+  TrainBatch b{torch::randn({*chosen, 3, 16, 16}), torch::randint(0, 10, {*chosen}, torch::kLong), *chosen};
+  EXPECT_NO_THROW(ForwardBackward(ctx, b, 1, scaler, false, nullptr));
+  SetCpuMemoryBudget(0);
+}
+
+TEST(BatchSearch, AModelThatDoesNotFitAtBatchOneIsAClearError) {
+  StepContext ctx;
+  ctx.model = Mlp(1000, 10);
+  TrainBatch probe{torch::randn({8, 1000}), torch::randint(0, 10, {8}, torch::kLong), 8};
+  SetCpuMemoryBudget(CpuBytesInUse() + 1024);
+  auto r = SearchBatchSize(&ctx, probe, BatchSearchOptions{}, [](const BatchTrial&) {});
+  SetCpuMemoryBudget(0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("does not fit in memory even at batch 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fullburn
