@@ -136,6 +136,11 @@ struct LrSchedule {
 // scaler, config) and "crc32" of the data section, verified on load.
 struct CheckpointState {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  // Tensors the caller will not change until it calls
+  // CheckpointWriter::BeforeUpdate() (weights and optimizer state: only the
+  // optimizer step writes them), so they are copied on the writer thread
+  // while the next forward and backward run.
+  std::vector<std::pair<std::string, torch::Tensor>> until_update;
   std::string state_json = "{}";
 };
 
@@ -145,10 +150,14 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointState& state
 // Reads and verifies (size, header, checksum); errors name the file and why.
 Result<CheckpointState> ReadCheckpointFile(const std::string& path);
 
-// The asynchronous writer: Save() copies the tensors to host memory (the only
-// time the training loop is blocked; a write still in flight is waited for
-// first), then serializes, checksums and writes on its own thread. Keeps the
+// The asynchronous writer: Save() copies `tensors` to host memory (a write
+// still in flight is waited for first); the writer thread copies
+// `until_update`, then serializes, checksums and writes. The loop is blocked
+// for the first copy and, in BeforeUpdate(), only if the second is not done
+// by the time the next optimizer step comes. Keeps the
 // newest `keep` files of its directory. `done` is called on the writer thread.
+// The host copies live in buffers kept from one checkpoint to the next (no
+// fresh allocation and page faults per snapshot; the memory is the state's size).
 class CheckpointWriter {
  public:
   struct Written {
@@ -162,11 +171,18 @@ class CheckpointWriter {
   ~CheckpointWriter();  // waits for the write in flight
   // Returns the seconds the caller was blocked.
   double Save(int64_t step, CheckpointState state);
+  // Call before changing any `until_update` tensor; returns seconds blocked.
+  double BeforeUpdate();
   void Wait();
   Status status() const;  // the first failed write, if any
 
  private:
   void Write(int64_t step, CheckpointState state, double stall_s);
+  void Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel);
+  std::map<std::string, torch::Tensor> staging_;  // host copies, reused
+  std::condition_variable staged_cv_;
+  bool staged_ = true;        // the until_update tensors are copied (under mu_)
+  double fence_wait_s_ = 0;   // BeforeUpdate's wait for the checkpoint in flight
   std::string dir_;
   int keep_;
   bool async_;

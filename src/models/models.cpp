@@ -15,12 +15,12 @@ class Mlp : public Model {
   explicit Mlp(const ModelSpec& s) {
     int64_t in = s.in_features;
     for (int64_t i = 0; i < s.layers; ++i) {
-      layers_->push_back(nn::Linear(in, s.hidden));
+      layers_->push_back(FastLinear(in, s.hidden));
       layers_->push_back(nn::ReLU());
       if (s.dropout > 0) layers_->push_back(nn::Dropout(s.dropout));
       in = s.hidden;
     }
-    layers_->push_back(nn::Linear(in, s.num_classes));
+    layers_->push_back(FastLinear(in, s.num_classes));
     register_module("layers", layers_);
   }
   torch::Tensor forward(torch::Tensor x) override { return layers_->forward(x.flatten(1)); }
@@ -38,7 +38,7 @@ class LstmClassifier : public Model {
                                                    .num_layers(s.layers)
                                                    .batch_first(true)
                                                    .dropout(s.layers > 1 ? s.dropout : 0)))),
-        head_(register_module("head", nn::Linear(s.hidden, s.num_classes))) {}
+        head_(register_module("head", FastLinear(s.hidden, s.num_classes))) {}
   torch::Tensor forward(torch::Tensor tokens) override {
     auto out = std::get<0>(lstm_->forward(embed_(tokens)));
     return head_(out.select(1, out.size(1) - 1));
@@ -47,17 +47,17 @@ class LstmClassifier : public Model {
  private:
   nn::Embedding embed_;
   nn::LSTM lstm_;
-  nn::Linear head_;
+  FastLinear head_;
 };
 
 struct GptBlockImpl : nn::Module {
   GptBlockImpl(int64_t d, int64_t heads, double dropout) : heads(heads), dropout(dropout) {
     ln_1 = register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({d})));
-    c_attn = register_module("c_attn", nn::Linear(d, 3 * d));
-    attn_proj = register_module("attn_proj", nn::Linear(d, d));
+    c_attn = register_module("c_attn", FastLinear(d, 3 * d));
+    attn_proj = register_module("attn_proj", FastLinear(d, d));
     ln_2 = register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({d})));
-    c_fc = register_module("c_fc", nn::Linear(d, 4 * d));
-    mlp_proj = register_module("mlp_proj", nn::Linear(4 * d, d));
+    c_fc = register_module("c_fc", FastLinear(d, 4 * d));
+    mlp_proj = register_module("mlp_proj", FastLinear(4 * d, d));
   }
   torch::Tensor forward(torch::Tensor x) {
     int64_t b = x.size(0), t = x.size(1), d = x.size(2);
@@ -73,7 +73,7 @@ struct GptBlockImpl : nn::Module {
   int64_t heads;
   double dropout;
   nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
-  nn::Linear c_attn{nullptr}, attn_proj{nullptr}, c_fc{nullptr}, mlp_proj{nullptr};
+  FastLinear c_attn{nullptr}, attn_proj{nullptr}, c_fc{nullptr}, mlp_proj{nullptr};
 };
 TORCH_MODULE(GptBlock);
 
@@ -105,7 +105,7 @@ class Gpt : public Model {
     torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));
     torch::Tensor x = torch::dropout(wte_(tokens) + wpe_(pos), dropout_, is_training());
     x = ln_f_(blocks_->forward(x));
-    return torch::nn::functional::linear(x, wte_->weight);
+    return Linear(x, wte_->weight, {});
   }
 
  private:

@@ -9,6 +9,24 @@ std::shared_ptr<Model> MakeResNet(const ModelSpec& spec);
 std::shared_ptr<Model> MakeMlp(const ModelSpec& spec);
 std::shared_ptr<Model> MakeLstm(const ModelSpec& spec);
 std::shared_ptr<Model> MakeGpt(const ModelSpec& spec);
+enum class LinearBackend { kBlas, kOneDnn };
+// float32 linear layers on CPU go through a 1x1 convolution (oneDNN) when
+// libtorch was built with the generic reference BLAS and oneDNN (Debian's
+// 1.13: ~10x faster), else through libtorch's linear. FULLBURN_LINEAR=blas|onednn
+// forces one.
+LinearBackend CpuLinearBackend();
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
+// x w^T + b as a 1x1 convolution over x viewed as [N, in, 1, 1].
+torch::Tensor LinearAsConvolution(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
+
+// nn::Linear's parameters, names and init, computed through Linear().
+struct FastLinearImpl : torch::nn::Module {
+  FastLinearImpl(int64_t in, int64_t out, bool bias = true);
+  torch::Tensor forward(torch::Tensor x);
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(FastLinear);
+
 // softmax(q k^T / sqrt(d) + causal mask) v, through the fused kernel where
 // this libtorch has one.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

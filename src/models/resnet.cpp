@@ -65,7 +65,7 @@ class ResNet : public Model {
       }
       layers_.push_back(register_module("layer" + std::to_string(stage + 1), layer));
     }
-    fc_ = register_module("fc", nn::Linear(in, classes));
+    fc_ = register_module("fc", FastLinear(in, classes));
     for (auto& m : modules(/*include_self=*/false)) {
       if (auto* c = m->as<nn::Conv2d>())
         nn::init::kaiming_normal_(c->weight, 0, torch::kFanOut, torch::kReLU);
@@ -87,7 +87,7 @@ class ResNet : public Model {
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
   std::vector<nn::Sequential> layers_;
-  nn::Linear fc_{nullptr};
+  FastLinear fc_{nullptr};
 };
 
 }  // namespace

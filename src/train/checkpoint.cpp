@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include "fullburn/train.h"
@@ -210,19 +211,73 @@ Status CheckpointWriter::status() const {
   return error_;
 }
 
+void CheckpointWriter::Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel) {
+  for (auto& [name, t] : *tensors) {
+    torch::Tensor& host = staging_[name];
+    if (!host.defined() || host.sizes() != t.sizes() || host.scalar_type() != t.scalar_type())
+      host = torch::empty(t.sizes(), t.options().device(torch::kCPU));
+    torch::Tensor src = t.detach();
+    if (src.is_cpu() && src.is_contiguous()) {
+      const char* from = static_cast<const char*>(src.data_ptr());
+      char* to = static_cast<char*>(host.data_ptr());
+      int64_t n = src.numel() * src.element_size();
+      if (parallel)  // the loop is stopped anyway: copy with every intra-op thread
+        at::parallel_for(0, n, int64_t{1} << 20, [&](int64_t begin, int64_t end) {
+          std::memcpy(to + begin, from + begin, static_cast<size_t>(end - begin));
+        });
+      else  // on the writer thread: leave the intra-op pool to the training step
+        std::memcpy(to, from, static_cast<size_t>(n));
+    } else {
+      host.copy_(src);
+    }
+    t = host;
+  }
+}
+
 double CheckpointWriter::Save(int64_t step, CheckpointState state) {
   double start = Now();
-  Wait();  // one write in flight at most: memory stays bounded
-  // The snapshot: copies in host memory that the loop can no longer change.
-  for (auto& [name, t] : state.tensors) t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  Wait();  // one write in flight at most: memory stays bounded, staging reusable
+  // Staging buffers are created here, on the caller's thread, so the writer
+  // thread only fills existing ones (no map changes from two threads).
+  for (auto& [name, t] : state.until_update) {
+    torch::Tensor& host = staging_[name];
+    if (!host.defined() || host.sizes() != t.sizes() || host.scalar_type() != t.scalar_type())
+      host = torch::empty(t.sizes(), t.options().device(torch::kCPU));
+  }
+  Stage(&state.tensors, true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_ = false;
+    fence_wait_s_ = 0;
+  }
   double stall = Now() - start;
+  auto job = [this, step, stall](CheckpointState s) {
+    Stage(&s.until_update, false);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      staged_ = true;
+    }
+    staged_cv_.notify_all();
+    for (auto& t : s.until_update) s.tensors.push_back(std::move(t));
+    s.until_update.clear();
+    Write(step, std::move(s), stall);
+  };
   if (async_) {
-    thread_ = std::thread([this, step, state = std::move(state), stall]() mutable { Write(step, std::move(state), stall); });
+    thread_ = std::thread(job, std::move(state));
   } else {
-    Write(step, std::move(state), stall);
+    job(std::move(state));
     stall = Now() - start;
   }
   return stall;
+}
+
+double CheckpointWriter::BeforeUpdate() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (staged_) return 0;
+  double start = Now();
+  staged_cv_.wait(lock, [this] { return staged_; });
+  fence_wait_s_ = Now() - start;
+  return fence_wait_s_;
 }
 
 void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s) {
@@ -232,6 +287,10 @@ void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s
   Written w{step, dir_ + name, 0, stall_s, 0, Status::Ok()};
   w.status = WriteCheckpointFile(w.path, state, &w.bytes);
   w.write_s = Now() - start;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    w.stall_s += fence_wait_s_;  // the loop's wait in BeforeUpdate, if any came yet
+  }
   if (w.status.ok()) {
     std::vector<std::string> all = ListCheckpoints(dir_);
     for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) ::unlink(all[i].c_str());

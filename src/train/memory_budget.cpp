@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 #include "fullburn/train.h"
 
@@ -19,15 +20,28 @@ struct Allocation {
   int64_t bytes;
 };
 
-void Release(void* ctx) {
-  auto* a = static_cast<Allocation*>(ctx);
-  g_in_use.fetch_sub(a->bytes, std::memory_order_relaxed);
-  delete a;
-}
+// Keyed by the data pointer: oneDNN (behind CPU convolutions) requires a CPU
+// DataPtr's context to be its data pointer, so the bookkeeping lives here.
+std::mutex g_mu;
+std::unordered_map<void*, Allocation>* g_live = new std::unordered_map<void*, Allocation>();
+
+void Release(void* data) {
+  Allocation a;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_live->find(data);
+    if (it == g_live->end()) return;
+    a = std::move(it->second);
+    g_live->erase(it);
+  }
+  g_in_use.fetch_sub(a.bytes, std::memory_order_relaxed);
+}  // a.inner frees the memory through the original allocator
 
 class BudgetAllocator : public c10::Allocator {
  public:
   explicit BudgetAllocator(c10::Allocator* base) : base_(base) {}
+  // oneDNN frees its scratch memory through raw_deallocate(data).
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   c10::DataPtr allocate(size_t n) override { return Allocate(n); }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -53,7 +67,11 @@ class BudgetAllocator : public c10::Allocator {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     c10::Device device = inner.device();
-    return {data, new Allocation{std::move(inner), bytes}, &Release, device};
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      (*g_live)[data] = Allocation{std::move(inner), bytes};
+    }
+    return {data, data, &Release, device};
   }
   c10::Allocator* base_;
 };

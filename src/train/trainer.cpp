@@ -374,9 +374,12 @@ Status Trainer::BeginRun() {
 
 CheckpointState Trainer::Snapshot() {
   CheckpointState s;
-  for (auto& p : ctx_.model->named_parameters()) s.tensors.emplace_back("model." + p.key(), p.value());
+  // Weights and optimizer state change only in the optimizer step: they are
+  // copied while the next forward/backward runs. Buffers (BatchNorm running
+  // statistics) change in forward, so they are copied now.
+  for (auto& p : ctx_.model->named_parameters()) s.until_update.emplace_back("model." + p.key(), p.value());
   for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
-  for (auto& [name, t] : optim_->State()) s.tensors.emplace_back("optim." + name, t);
+  for (auto& [name, t] : optim_->State()) s.until_update.emplace_back("optim." + name, t);
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -497,6 +500,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   if (!skip) {
     if (double clip = cfg_.Float("train.clip_grad_norm"); clip > 0)
       torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
+    ckpt_->BeforeUpdate();
     optim_->Step(lr);
     consecutive_skips_ = 0;
   } else {

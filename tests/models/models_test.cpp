@@ -106,3 +106,36 @@ TEST(Models, BadSpecsAreRefused) {
 
 }  // namespace
 }  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+// Both linear paths compute the same values and gradients as F::linear.
+TEST(Models, OneDnnLinearEqualsTheBlasLinear) {
+  torch::manual_seed(2);
+  for (bool bias : {true, false}) {
+    torch::Tensor x = torch::randn({3, 5, 16}, torch::requires_grad());
+    torch::Tensor w = torch::randn({8, 16}, torch::requires_grad());
+    torch::Tensor b = bias ? torch::randn({8}, torch::requires_grad()) : torch::Tensor();
+    torch::Tensor ref = torch::nn::functional::linear(x, w, b);
+    ref.pow(2).sum().backward();
+    torch::Tensor gx = x.grad().clone(), gw = w.grad().clone();
+    x.mutable_grad() = torch::Tensor();
+    w.mutable_grad() = torch::Tensor();
+    for (torch::Tensor y : {LinearAsConvolution(x, w, b), Linear(x, w, b)}) {
+      EXPECT_EQ(y.sizes(), ref.sizes());
+      EXPECT_TRUE(torch::allclose(y, ref, 1e-4, 1e-5));
+      y.pow(2).sum().backward();
+      EXPECT_TRUE(torch::allclose(x.grad(), gx, 1e-4, 1e-4));
+      EXPECT_TRUE(torch::allclose(w.grad(), gw, 1e-4, 1e-4));
+      x.mutable_grad() = torch::Tensor();
+      w.mutable_grad() = torch::Tensor();
+    }
+  }
+  FastLinear fl(16, 4);
+  auto names = fl->named_parameters().keys();
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias"}));  // nn.Linear's names
+}
+
+}  // namespace
+}  // namespace fullburn
