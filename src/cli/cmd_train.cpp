@@ -35,19 +35,20 @@ bool Has(int argc, char** argv, const char* flag) {
 }  // namespace
 
 int Train(int argc, char** argv) {
-  if (Has(argc, argv, "--help-config")) {
+  bool train = std::strcmp(argv[1], "train") == 0;
+  if (train && Has(argc, argv, "--help-config")) {
     std::fputs((Has(argc, argv, "--markdown") ? ConfigMarkdown() : ConfigHelp()).c_str(), stdout);
     return 0;
   }
-  if (Has(argc, argv, "--help") || Has(argc, argv, "-h")) {
+  if (train && (Has(argc, argv, "--help") || Has(argc, argv, "-h"))) {
     std::printf("%s%s", kTrainUsage, ConfigHelp().c_str());
     return 0;
   }
   std::string exe = TrainingExecutable();
   if (exe.empty())
-    return Fail("'train' needs the training half (fullburn-train), which was not built: install "
+    return Fail(std::string("'") + argv[1] + "' needs the training half (fullburn-train), which was not built: install "
                 "libtorch (scripts/install-deps.sh) and rebuild");
-  std::vector<char*> args = {const_cast<char*>(exe.c_str()), const_cast<char*>("train")};
+  std::vector<char*> args = {const_cast<char*>(exe.c_str()), argv[1]};
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   ::execv(exe.c_str(), args.data());

@@ -70,7 +70,8 @@ int Metrics(bool markdown) {
 int main(int argc, char** argv) {
   using namespace fullburn::cli;
   // Its own argument grammar (CONFIG.toml key=value ...), passed on whole.
-  if (argc > 1 && std::strcmp(argv[1], "train") == 0) return Train(argc, argv);
+  if (argc > 1 && (std::strcmp(argv[1], "train") == 0 || std::strcmp(argv[1], "export-weights") == 0))
+    return Train(argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const char* c : kCommands) known |= std::strcmp(argv[1], c) == 0;
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   SetupData(app);
   // Listed for --help; main() hands `train` to Train() before parsing.
   app.add_subcommand("train", "Train a model (libtorch): CONFIG.toml key=value ... (fullburn train --help)");
+  app.add_subcommand("export-weights", "CHECKPOINT OUT.safetensors: a checkpoint's model weights for Python");
   auto markdown = std::make_shared<bool>(false);
   CLI::App* metrics = app.add_subcommand("metrics", "List every metric: name, unit, Prometheus name");
   metrics->add_flag("--markdown", *markdown, "As a markdown table");

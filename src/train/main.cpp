@@ -92,6 +92,21 @@ int Train(const std::vector<std::string>& positionals, fullburn::TrainerOptions 
   return fullburn::RunTraining(o);
 }
 
+// Model weights of a checkpoint as a plain safetensors file (names without
+// the "model." prefix), for torch.nn.Module.load_state_dict in Python.
+int ExportWeights(const std::string& from, const std::string& to) {
+  auto ckpt = fullburn::ReadCheckpointFile(from);
+  if (!ckpt.ok()) return Fail(ckpt.status().message());
+  fullburn::CheckpointState weights;
+  for (auto& [name, t] : ckpt->tensors)
+    if (name.rfind("model.", 0) == 0) weights.tensors.emplace_back(name.substr(6), t);
+  weights.state_json = ckpt->state_json;
+  int64_t bytes = 0;
+  if (auto s = fullburn::WriteCheckpointFile(to, weights, &bytes); !s.ok()) return Fail(s.message());
+  std::printf("wrote %zu tensors (%lld bytes) to %s\n", weights.tensors.size(), static_cast<long long>(bytes), to.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,6 +136,12 @@ int main(int argc, char** argv) {
   train->add_flag("-q,--quiet", to.quiet, "No live progress line, no summary");
   train->add_flag("--print-config", to.print_config, "Print the effective config as TOML and exit");
   train->callback([&] { code = Train(positionals, to, argv, argc); });
+
+  std::string export_from, export_to;
+  CLI::App* exp = app.add_subcommand("export-weights", "A checkpoint's model weights as safetensors for Python");
+  exp->add_option("CHECKPOINT", export_from, "A checkpoint file")->required();
+  exp->add_option("OUT", export_to, "The .safetensors file to write")->required();
+  exp->callback([&] { code = ExportWeights(export_from, export_to); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

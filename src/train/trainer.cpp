@@ -70,7 +70,7 @@ class Trainer {
   std::unique_ptr<LiveStatus> live_;
   std::vector<StepRecord> pending_steps_;
   std::vector<RunEvent> pending_events_;
-  double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0;
+  double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0, last_loader_event_ = 0;
   int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
   double recent_rate_ = 0, recent_wait_share_ = 0;
@@ -541,6 +541,18 @@ void Trainer::FlushSteps(bool force) {
   double now = MonoNow();
   if (!force && now - last_flush_ < 2.0) return;
   last_flush_ = now;
+  // The loader's own view (workers, queue depth, stage times) every ~10 s,
+  // so a data wait can be traced to decode, augment or too few workers.
+  if (auto ls = source_->loader_stats(); ls && (force || now - last_loader_event_ >= 10)) {
+    last_loader_event_ = now;
+    nlohmann::json j{{"threads", ls->threads},         {"prefetch", ls->prefetch},
+                     {"ready_batches", ls->ready_batches}, {"batches", ls->batches},
+                     {"samples", ls->samples},         {"skipped", ls->skipped},
+                     {"cache_hits", ls->cache_hits},   {"cache_bytes", ls->cache_bytes},
+                     {"read_s", ls->stages.read_s},    {"decode_s", ls->stages.decode_s},
+                     {"augment_s", ls->stages.augment_s}, {"wait_s", ls->consumer_wait_s}};
+    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
+  }
   if (pending_steps_.empty()) return;
   if (Status s = store_->AppendSteps(run_.id, pending_steps_); !s.ok())
     std::fprintf(stderr, "\nfullburn: %s; training goes on, these step records are lost\n", s.message().c_str());

@@ -209,3 +209,41 @@ TEST_F(TrainE2E, BatchSizeAutoUnderAMemoryBudget) {
 
 }  // namespace
 }  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+TEST_F(TrainE2E, WeightsExportForPythonAndLoaderStatsAreRecorded) {
+  std::string data = dir_ + "/imgs";
+  ASSERT_EQ(RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2", "--per-class", "16",
+                      "--size", "40x40"}).code, 0);
+  auto o = Train({"data.path=" + data, "data.image_size=32", "model.width=0.125", "train.batch_size=8",
+                  "train.steps=4", "data.threads=1", "train.threads=1"}, false);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto run = Store()->GetRun("last").value();
+  std::vector<RunEvent> events = Store()->LoadEvents(run.id).value();
+  bool loader = false;
+  for (const RunEvent& e : events)
+    if (e.kind == "loader") loader = nlohmann::json::parse(e.data)["batches"].get<int>() >= 4;
+  EXPECT_TRUE(loader);
+  auto cks = Store()->LoadCheckpoints(run.id).value();
+  ASSERT_FALSE(cks.empty());
+  std::string out = dir_ + "/weights.safetensors";
+  auto e = RunToEnd({FULLBURN_BIN, "export-weights", cks.back().path, out});
+  ASSERT_EQ(e.code, 0) << e.err;
+  std::ifstream in(out, std::ios::binary);
+  uint64_t hlen = 0;
+  in.read(reinterpret_cast<char*>(&hlen), 8);
+  std::string header(hlen, ' ');
+  in.read(header.data(), static_cast<std::streamsize>(hlen));
+  auto j = nlohmann::json::parse(header);
+  EXPECT_TRUE(j.contains("fc.weight"));  // torchvision's names, no "model." prefix
+  EXPECT_TRUE(j.contains("layer1.0.bn1.running_var"));
+  EXPECT_FALSE(j.contains("optim.fc.weight.momentum"));
+  auto bad = RunToEnd({FULLBURN_BIN, "export-weights", dir_ + "/none", out});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("cannot open checkpoint"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace fullburn
