@@ -247,3 +247,43 @@ TEST_F(TrainE2E, WeightsExportForPythonAndLoaderStatsAreRecorded) {
 
 }  // namespace
 }  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+// SIGTERM (a scheduler's preemption): the step in progress ends, a checkpoint
+// is written, the run is recorded, the exit code says it was stopped.
+TEST_F(TrainE2E, SigtermCheckpointsAndExits130) {
+  Background b;
+  std::vector<std::string> argv = {FULLBURN_BIN, "train", "-q", "--store", store_, "train.steps=100000"};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  testing::Start(&b, argv, "train_sigterm");
+  bool stepping = false;
+  for (int i = 0; i < 1500 && !stepping; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto runs = Store()->ListRuns().value();
+    stepping = !runs.empty() && Store()->LoadSteps(runs.back().id).value().size() > 5;
+  }
+  ASSERT_TRUE(stepping) << b.Err();
+  ::kill(b.pid, SIGTERM);
+  EXPECT_EQ(b.Wait(60), 130) << b.Err();
+  auto run = Store()->GetRun("last").value();
+  EXPECT_EQ(run.status, "finished");
+  EXPECT_EQ(run.exit_code.value_or(-1), 130);
+  auto steps = Steps(run.id);
+  auto cks = Store()->LoadCheckpoints(run.id).value();
+  ASSERT_EQ(cks.size(), 1u);
+  EXPECT_EQ(cks[0].step, steps.back().step);  // nothing trained is lost
+  EXPECT_TRUE(fs::exists(cks[0].path));
+}
+
+TEST_F(TrainE2E, ResumingWithADifferentModelShapeIsRefused) {
+  ASSERT_EQ(Train({"train.steps=5"}).code, 0);
+  auto o = Train({"--resume", "last", "data.features=16", "train.steps=10"}, false);
+  EXPECT_EQ(o.code, 2) << o.err;
+  EXPECT_NE(o.err.find("differs from the checkpoint's"), std::string::npos) << o.err;
+  EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;  // one line
+}
+
+}  // namespace
+}  // namespace fullburn
