@@ -8,6 +8,7 @@
 
 #include "child.h"
 #include "cli.h"
+#include "fullburn/diagnose.h"
 #include "fullburn/report.h"
 
 namespace fullburn::cli {
@@ -93,6 +94,7 @@ int Run(const RunOptions& opts) {
     if (samples.ok() && !opts.quiet) {
       std::string note = (*gpus)->available() ? "" : (*gpus)->unavailable_reason();
       std::fputs(RenderSummary(*stored, Summarize(*stored, *samples), note).c_str(), stderr);
+      std::fputs(RenderFindings(Diagnose(*stored, *samples, {})).c_str(), stderr);
     }
   }
   if (!opts.quiet)

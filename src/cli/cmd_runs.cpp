@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fullburn/diagnose.h"
 #include "fullburn/report.h"
 
 namespace fullburn::cli {
@@ -70,8 +71,13 @@ int Show(const RunsOptions& o) {
   auto samples = (*store)->LoadSamples(run->id);
   if (!samples.ok()) return Fail(samples.status().message());
   RunSummary sum = Summarize(*run, *samples);
+  auto steps = (*store)->LoadSteps(run->id);
+  std::vector<StepRecord> step_records = steps.ok() ? *steps : std::vector<StepRecord>{};
+  std::vector<Finding> findings = Diagnose(*run, *samples, step_records);
   if (o.json) {
-    std::printf("%s\n", RunShowJson(*run, sum).dump(2).c_str());
+    nlohmann::json j = RunShowJson(*run, sum);
+    j["findings"] = FindingsJson(findings);
+    std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("run %lld \"%s\"\n  command: %s\n  cwd:     %s\n  host:    %s\n  started: %s\n",
@@ -80,8 +86,8 @@ int Show(const RunsOptions& o) {
   std::printf("  samples: %lld every %gs\n", static_cast<long long>(run->sample_count), run->interval_s);
   if (run->sample_count == 0) std::printf("  (no samples were recorded)\n");
   std::fputs(RenderSummary(*run, sum, "").c_str(), stdout);
-  auto steps = (*store)->LoadSteps(run->id);
-  if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stdout);
+  if (!step_records.empty()) std::fputs(RenderStepsSummary(step_records).c_str(), stdout);
+  std::fputs(RenderFindings(findings).c_str(), stdout);
   auto checkpoints = (*store)->LoadCheckpoints(run->id);
   if (checkpoints.ok() && !checkpoints->empty()) {
     std::printf("  checkpoints:\n");
