@@ -1,7 +1,9 @@
 // The trainer's internals shared by its files (train component only).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 
 #include "fullburn/report.h"
 #include "fullburn/store.h"
@@ -55,6 +57,75 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe, const
                                 const std::function<void(const BatchTrial&)>& trial);
 
 bool IsOutOfMemory(const std::exception& e);
+
+// The signal (SIGINT/SIGTERM) that asked training to stop, or 0.
+int PendingStopSignal();
+
+// `fullburn train`, split over trainer.cpp (setup, run), trainer_loop.cpp
+// (the step loop and its records) and trainer_state.cpp (checkpoint,
+// restore, evaluation).
+constexpr int kExitFailed = 1, kExitUsage = 2, kExitInterrupted = 130;
+
+inline std::string StoreDir(const std::string& store_path) {
+  size_t slash = store_path.rfind('/');
+  return slash == std::string::npos ? "." : store_path.substr(0, slash);
+}
+
+struct Resume {
+  std::string path;
+  CheckpointState state;
+  nlohmann::json meta;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainerOptions& o) : opt_(o) {}
+  Status Run();
+  int exit_code = 0;
+
+ private:
+  Status OpenStoreAndResume();
+  Status Setup();
+  Status BuildModel(const BatchSource& source);
+  Status SearchBatch(const OptimizerOptions& oo);
+  Status BeginRun();
+  Status Loop();
+  Status TrainStep(bool timed, StepRecord* rec);
+  void Checkpoint(bool final_one);
+  Status Restore();
+  void FlushSteps(bool force);
+  void Progress(const StepRecord& r, bool force);
+  nlohmann::json Evaluate();
+  void Finish(const std::string& status, int code);
+  CheckpointState Snapshot();
+
+  TrainerOptions opt_;
+  Config cfg_;
+  std::unique_ptr<RunStore> store_;
+  std::optional<Resume> resume_;
+  RunInfo run_;
+  double mono_start_ = 0;
+  StepContext ctx_;
+  SourceSpec spec_;
+  std::unique_ptr<BatchSource> source_;
+  std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<LossScaler> scaler_;
+  LrSchedule schedule_;
+  std::unique_ptr<GpuSource> gpus_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<BatchWriter> sample_writer_;
+  std::unique_ptr<CheckpointWriter> ckpt_;
+  std::unique_ptr<LiveStatus> live_;
+  std::vector<StepRecord> pending_steps_;
+  std::vector<RunEvent> pending_events_;
+  double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0, last_loader_event_ = 0;
+  int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
+  int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
+  double recent_rate_ = 0, recent_wait_share_ = 0;
+  std::mutex latest_mu_;
+  std::optional<fullburn::Snapshot> latest_;
+};
+
 void FreeDeviceCache(const torch::Device& device);
 
 }  // namespace fullburn

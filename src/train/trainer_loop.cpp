@@ -1,0 +1,210 @@
+// `fullburn train`: the step loop, its records and the progress line.
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "fullburn/diagnose.h"
+#include "trainer.h"
+
+namespace fullburn {
+
+torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int accumulate,
+                              const LossScaler& scaler, bool timed, MicroTimes* times) {
+  auto sync = [&] {
+    if (timed && ctx.sync_timing) torch::cuda::synchronize();
+  };
+  double t0 = MonoNow();
+  torch::Tensor loss;
+  {
+    AutocastGuard autocast(ctx.device.type(), ctx.autocast);
+    torch::Tensor logits = ctx.model->forward(b.inputs);
+    loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                     b.targets.reshape({-1}));
+  }
+  sync();
+  double t1 = MonoNow();
+  scaler.Scale(accumulate > 1 ? loss / accumulate : loss).backward();
+  sync();
+  if (times) {
+    times->forward_s += t1 - t0;
+    times->backward_s += MonoNow() - t1;
+  }
+  return loss.detach();
+}
+
+
+Status Trainer::TrainStep(bool timed, StepRecord* rec) {
+  double start = MonoNow();
+  double wait = 0;
+  MicroTimes mt;
+  torch::Tensor loss_sum;
+  int64_t samples = 0;
+  for (int64_t micro = 0; micro < accumulate_; ++micro) {
+    TrainBatch b;
+    double w0 = MonoNow();
+    while (!source_->Next(&b)) {
+      if (!source_->status().ok()) return source_->status();
+      ++epoch_;
+      next_batch_ = 0;
+      source_->StartEpoch(static_cast<int>(epoch_), 0);
+    }
+    ++next_batch_;
+    wait += MonoNow() - w0;
+    torch::Tensor loss = ForwardBackward(ctx_, b, static_cast<int>(accumulate_), *scaler_, timed, &mt);
+    loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
+    samples += b.samples;
+  }
+  double o0 = MonoNow();
+  torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params());
+  // One host read per step, for the loss and the inf/NaN flag together (as
+  // GradScaler's step does).
+  torch::Tensor both = torch::stack({loss_sum.to(torch::kFloat) / accumulate_, found_inf.to(torch::kFloat)}).cpu();
+  double loss = both[0].item<double>();
+  bool bad = both[1].item<double>() != 0;
+  bool skip = scaler_->Update(bad);
+  double lr = schedule_.At(step_ + 1);
+  if (!skip) {
+    if (double clip = cfg_.Float("train.clip_grad_norm"); clip > 0)
+      torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
+    ckpt_->BeforeUpdate();
+    optim_->Step(lr);
+    consecutive_skips_ = 0;
+  } else {
+    ++skipped_;
+    ++consecutive_skips_;
+  }
+  optim_->ZeroGrad();
+  if (timed && ctx_.sync_timing) torch::cuda::synchronize();
+  double end = MonoNow();
+  ++step_;
+  rec->step = step_;
+  rec->epoch = static_cast<int>(epoch_);
+  rec->t = Env::Default()->UnixSeconds() - run_.start_time;
+  rec->loss = loss;
+  rec->lr = lr;
+  if (scaler_->enabled()) rec->loss_scale = scaler_->scale();
+  rec->samples = samples;
+  rec->step_s = end - start;
+  rec->skipped = skip;
+  rec->data_wait_s = wait;  // always measured: it costs two clock reads
+  if (timed) {
+    rec->forward_s = mt.forward_s;
+    rec->backward_s = mt.backward_s;
+    rec->optimizer_s = end - o0;
+  }
+  if (consecutive_skips_ >= cfg_.Int("train.max_skipped_steps")) {
+    exit_code = kExitFailed;
+    return Status::Aborted(fmt::format(
+        "training diverged: the loss or gradients were inf/NaN for {} steps in a row (step {}){}; "
+        "lower optim.lr, set train.clip_grad_norm, or use bf16 instead of fp16. Checkpoints before "
+        "this point are intact",
+        consecutive_skips_, step_, scaler_->enabled() ? fmt::format(", the loss scale fell to {:g}", scaler_->scale()) : ""));
+  }
+  return Status::Ok();
+}
+
+void Trainer::FlushSteps(bool force) {
+  double now = MonoNow();
+  if (!force && now - last_flush_ < 2.0) return;
+  last_flush_ = now;
+  // The loader's own view (workers, queue depth, stage times) every ~10 s,
+  // so a data wait can be traced to decode, augment or too few workers.
+  if (auto ls = source_->loader_stats(); ls && (force || now - last_loader_event_ >= 10)) {
+    last_loader_event_ = now;
+    nlohmann::json j{{"threads", ls->threads},         {"prefetch", ls->prefetch},
+                     {"ready_batches", ls->ready_batches}, {"batches", ls->batches},
+                     {"samples", ls->samples},         {"skipped", ls->skipped},
+                     {"cache_hits", ls->cache_hits},   {"cache_bytes", ls->cache_bytes},
+                     {"read_s", ls->stages.read_s},    {"decode_s", ls->stages.decode_s},
+                     {"augment_s", ls->stages.augment_s}, {"wait_s", ls->consumer_wait_s}};
+    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
+  }
+  if (pending_steps_.empty()) return;
+  if (Status s = store_->AppendSteps(run_.id, pending_steps_); !s.ok())
+    std::fprintf(stderr, "\nfullburn: %s; training goes on, these step records are lost\n", s.message().c_str());
+  pending_steps_.clear();
+}
+
+void Trainer::Progress(const StepRecord& r, bool force) {
+  double now = MonoNow();
+  // An exponential average over about 20 steps: steady, yet quick to move.
+  double rate = r.step_s > 0 ? r.samples / r.step_s : 0;
+  double share = r.step_s > 0 ? r.data_wait_s.value_or(0) / r.step_s : 0;
+  recent_rate_ = recent_rate_ == 0 ? rate : 0.95 * recent_rate_ + 0.05 * rate;
+  recent_wait_share_ = 0.95 * recent_wait_share_ + 0.05 * share;
+  if (!force && now - last_progress_ < cfg_.Float("train.log_every_s")) return;
+  last_progress_ = now;
+  std::string util = "-";
+  {
+    std::lock_guard<std::mutex> lock(latest_mu_);
+    if (latest_) {
+      if (!latest_->gpus.empty() && latest_->gpus[0].util)
+        util = fmt::format("gpu {:.0f}%", *latest_->gpus[0].util);
+      else if (latest_->proc && latest_->proc->cpu_util)
+        util = fmt::format("cpu {:.0f}%", *latest_->proc->cpu_util);
+    }
+  }
+  double left_steps = static_cast<double>(total_steps_ - r.step);
+  double eta = recent_rate_ > 0 ? left_steps * (batch_ * accumulate_) / recent_rate_ : 0;
+  std::string line = fmt::format("step {}/{}  epoch {}  loss {:.4f}  {:.0f} samples/s  data-wait {:.0f}%  {}  ETA {}",
+                                 r.step, total_steps_, r.epoch, r.loss, recent_rate_, recent_wait_share_ * 100,
+                                 util, FormatDuration(eta));
+  if (live_ && live_->active())
+    live_->Draw(line);
+  else if (!opt_.quiet && (force || now - last_plain_ >= 10))
+    std::fprintf(stderr, "%s\n", line.c_str()), last_plain_ = now;
+}
+
+Status Trainer::Loop() {
+  int64_t every_steps = cfg_.Int("checkpoint.every_steps");
+  double every_s = cfg_.Float("checkpoint.every_minutes") * 60;
+  double limit_s = cfg_.Float("train.time_limit_s");
+  int64_t time_every = cfg_.Int("train.time_every");
+  source_->StartEpoch(static_cast<int>(epoch_), next_batch_);
+  ctx_.model->train();
+  StepRecord last;
+  while (step_ < total_steps_) {
+    if (int sig = PendingStopSignal()) {
+      exit_code = kExitInterrupted;
+      std::fprintf(stderr, "\nfullburn: stopped by signal %d at step %lld; checkpointing\n", sig,
+                   static_cast<long long>(step_));
+      break;
+    }
+    StepRecord rec;
+    bool timed = (step_ + 1) % time_every == 0 || step_ == 0;
+    Status s;
+    try {
+      s = TrainStep(timed, &rec);
+    } catch (const std::exception& e) {
+      exit_code = kExitFailed;
+      if (IsOutOfMemory(e))
+        return Status::ResourceExhausted(fmt::format(
+            "out of memory at step {} with micro-batch {}: lower train.batch_size (or use auto) and "
+            "raise train.accumulate to keep the effective batch; checkpoints so far are intact",
+            step_ + 1, batch_));
+      std::string what = e.what();
+      return Status::Internal("step " + std::to_string(step_ + 1) + " failed: " + what.substr(0, what.find('\n')));
+    }
+    if (!s.ok()) return s;
+    pending_steps_.push_back(rec);
+    last = rec;
+    Progress(rec, false);
+    FlushSteps(false);
+    double now = MonoNow();
+    if ((every_steps > 0 && step_ % every_steps == 0) || (every_s > 0 && now - last_ckpt_time_ >= every_s))
+      Checkpoint(false);
+    if (limit_s > 0 && now - mono_start_ >= limit_s) {
+      std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n", static_cast<long long>(step_));
+      break;
+    }
+  }
+  if (last.step > 0) Progress(last, true);
+  return Status::Ok();
+}
+
+}  // namespace fullburn
