@@ -178,6 +178,7 @@ class CheckpointWriter {
 
  private:
   void Write(int64_t step, CheckpointState state, double stall_s);
+  torch::Tensor& Staging(const std::string& name, const torch::Tensor& like);
   void Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel);
   std::map<std::string, torch::Tensor> staging_;  // host copies, reused
   std::condition_variable staged_cv_;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "fullburn/store.h"
+#include "sqlite_util.h"
 
 namespace fullburn {
 namespace {
@@ -18,11 +19,6 @@ void BindOptional(sqlite3_stmt* st, int col, const std::optional<double>& v) {
 std::optional<double> ColumnOptional(sqlite3_stmt* st, int col) {
   if (sqlite3_column_type(st, col) == SQLITE_NULL) return std::nullopt;
   return sqlite3_column_double(st, col);
-}
-
-std::string ColumnText(sqlite3_stmt* st, int col) {
-  const unsigned char* t = sqlite3_column_text(st, col);
-  return t ? reinterpret_cast<const char*>(t) : "";
 }
 
 // Prepared statement that finalizes itself.

@@ -1,4 +1,5 @@
 #include "fullburn/store.h"
+#include "sqlite_util.h"
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -16,11 +17,6 @@ std::string DirName(const std::string& path) {
   size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-std::string Text(sqlite3_stmt* st, int col) {
-  const unsigned char* t = sqlite3_column_text(st, col);
-  return t ? reinterpret_cast<const char*>(t) : "";
 }
 
 std::string HostName() {
@@ -224,21 +220,21 @@ Result<std::vector<RunInfo>> RunStore::QueryRuns(const std::string& where, int64
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     RunInfo r;
     r.id = sqlite3_column_int64(st, 0);
-    r.name = Text(st, 1);
-    auto cmd = nlohmann::json::parse(Text(st, 2), nullptr, false);
+    r.name = ColumnText(st, 1);
+    auto cmd = nlohmann::json::parse(ColumnText(st, 2), nullptr, false);
     if (cmd.is_array())
       for (const auto& a : cmd)
         if (a.is_string()) r.command.push_back(a.get<std::string>());
-    r.cwd = Text(st, 3);
-    r.host = Text(st, 4);
+    r.cwd = ColumnText(st, 3);
+    r.host = ColumnText(st, 4);
     r.start_time = sqlite3_column_double(st, 5);
     if (sqlite3_column_type(st, 6) != SQLITE_NULL) r.end_time = sqlite3_column_double(st, 6);
     if (sqlite3_column_type(st, 7) != SQLITE_NULL) r.exit_code = sqlite3_column_int(st, 7);
-    r.status = Text(st, 8);
+    r.status = ColumnText(st, 8);
     r.recorder_pid = sqlite3_column_int(st, 9);
     r.interval_s = sqlite3_column_double(st, 10);
-    r.config_json = Text(st, 11);
-    r.gpus_json = Text(st, 12);
+    r.config_json = ColumnText(st, 11);
+    r.gpus_json = ColumnText(st, 12);
     r.sample_count = sqlite3_column_int64(st, 13);
     FixStatus(&r);
     runs.push_back(std::move(r));
@@ -283,7 +279,7 @@ Result<std::map<std::string, Series>> RunStore::LoadSamples(int64_t run_id) {
   std::map<std::string, Series> out;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-    out[Text(st, 0)].push_back({sqlite3_column_double(st, 1), sqlite3_column_double(st, 2)});
+    out[ColumnText(st, 0)].push_back({sqlite3_column_double(st, 1), sqlite3_column_double(st, 2)});
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE) return SqlError("cannot read samples");
   return out;
@@ -310,7 +306,7 @@ Result<std::string> RunStore::IntegrityCheck() {
   if (sqlite3_prepare_v2(db_, "PRAGMA integrity_check", -1, &st, nullptr) != SQLITE_OK)
     return SqlError("cannot check");
   std::string out;
-  while (sqlite3_step(st) == SQLITE_ROW) out += (out.empty() ? "" : "; ") + Text(st, 0);
+  while (sqlite3_step(st) == SQLITE_ROW) out += (out.empty() ? "" : "; ") + ColumnText(st, 0);
   sqlite3_finalize(st);
   return out;
 }

@@ -211,11 +211,16 @@ Status CheckpointWriter::status() const {
   return error_;
 }
 
+torch::Tensor& CheckpointWriter::Staging(const std::string& name, const torch::Tensor& like) {
+  torch::Tensor& host = staging_[name];
+  if (!host.defined() || host.sizes() != like.sizes() || host.scalar_type() != like.scalar_type())
+    host = torch::empty(like.sizes(), like.options().device(torch::kCPU));
+  return host;
+}
+
 void CheckpointWriter::Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel) {
   for (auto& [name, t] : *tensors) {
-    torch::Tensor& host = staging_[name];
-    if (!host.defined() || host.sizes() != t.sizes() || host.scalar_type() != t.scalar_type())
-      host = torch::empty(t.sizes(), t.options().device(torch::kCPU));
+    torch::Tensor& host = staging_.at(name);  // made by Save on the caller's thread
     torch::Tensor src = t.detach();
     if (src.is_cpu() && src.is_contiguous()) {
       const char* from = static_cast<const char*>(src.data_ptr());
@@ -237,13 +242,10 @@ void CheckpointWriter::Stage(std::vector<std::pair<std::string, torch::Tensor>>*
 double CheckpointWriter::Save(int64_t step, CheckpointState state) {
   double start = Now();
   Wait();  // one write in flight at most: memory stays bounded, staging reusable
-  // Staging buffers are created here, on the caller's thread, so the writer
+  // Every staging buffer is made here, on the caller's thread, so the writer
   // thread only fills existing ones (no map changes from two threads).
-  for (auto& [name, t] : state.until_update) {
-    torch::Tensor& host = staging_[name];
-    if (!host.defined() || host.sizes() != t.sizes() || host.scalar_type() != t.scalar_type())
-      host = torch::empty(t.sizes(), t.options().device(torch::kCPU));
-  }
+  for (const auto* list : {&state.tensors, &state.until_update})
+    for (const auto& [name, t] : *list) Staging(name, t);
   Stage(&state.tensors, true);
   {
     std::lock_guard<std::mutex> lock(mu_);

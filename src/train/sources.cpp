@@ -1,7 +1,6 @@
 // Batch sources of the trainer.
 #include "sources.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -9,11 +8,6 @@
 
 namespace fullburn {
 namespace {
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 Status MakeDirs(const std::string& path) {
   std::error_code ec;
@@ -180,7 +174,7 @@ Result<std::string> DefaultImages(const std::string& dir, int classes, bool val)
   std::string split = root + (val ? "/val" : "/train");
   // The marker is written last: a half-made set (killed mid-way) is remade.
   std::string done = split + "/.complete";
-  if (Exists(done)) return split;
+  if (std::filesystem::exists(done)) return split;
   if (Status s = MakeDirs(split); !s.ok()) return s;
   SyntheticImagesOptions o;
   o.classes = classes;
@@ -198,7 +192,7 @@ Result<std::string> DefaultImages(const std::string& dir, int classes, bool val)
 Result<std::string> DefaultTokens(const std::string& dir, int vocab) {
   if (Status s = MakeDirs(dir); !s.ok()) return s;
   std::string path = dir + "/synthetic-tokens-v" + std::to_string(vocab) + ".bin";
-  if (Exists(path)) return path;
+  if (std::filesystem::exists(path)) return path;
   SyntheticTokensOptions o;
   o.vocab = vocab;
   std::string tmp = path + ".tmp";

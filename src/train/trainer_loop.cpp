@@ -156,8 +156,10 @@ void Trainer::Progress(const StepRecord& r, bool force) {
                                  util, FormatDuration(eta));
   if (live_ && live_->active())
     live_->Draw(line);
-  else if (!opt_.quiet && (force || now - last_plain_ >= 10))
-    std::fprintf(stderr, "%s\n", line.c_str()), last_plain_ = now;
+  else if (!opt_.quiet && (force || now - last_plain_ >= 10)) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+    last_plain_ = now;
+  }
 }
 
 Status Trainer::Loop() {
