@@ -287,3 +287,29 @@ TEST_F(TrainE2E, ResumingWithADifferentModelShapeIsRefused) {
 
 }  // namespace
 }  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+// Every checkpoint of the run damaged: nothing to resume from, said in one
+// line per refused file plus the verdict, and the files are left as they were.
+TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
+  ASSERT_EQ(Train({"train.steps=20", "checkpoint.every_steps=10"}).code, 0);
+  int64_t run = Store()->GetRun("last").value().id;
+  std::vector<std::string> paths;
+  std::vector<CheckpointRecord> cks = Store()->LoadCheckpoints(run).value();
+  for (const CheckpointRecord& c : cks) {
+    fs::resize_file(c.path, 100);
+    paths.push_back(c.path);
+  }
+  ASSERT_EQ(paths.size(), 2u);
+  auto o = Train({"--resume", std::to_string(run)}, false);
+  EXPECT_NE(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("no usable checkpoint to resume from"), std::string::npos) << o.err;
+  EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 3) << o.err;
+  for (const std::string& p : paths) EXPECT_EQ(fs::file_size(p), 100u);
+  EXPECT_EQ(Store()->ListRuns().value().size(), 1u);  // no half-made run
+}
+
+}  // namespace
+}  // namespace fullburn
