@@ -14,7 +14,8 @@ packages=(
   libtomlplusplus-dev             # fullburn train configs
   libjpeg62-turbo-dev libpng-dev  # input pipeline (JPEG, PNG)
   libgtest-dev libgmock-dev       # tests
-  python3                         # bench/ scripts
+  python3                         # bench/ scripts, examples/scenarios
+  chromium                        # tests: the HTML report in a real browser
 )
 if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)

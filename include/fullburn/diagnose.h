@@ -8,8 +8,12 @@
 //   written down in docs/diagnosis.md with their sources.
 // - Cause identifiers are stable (JSON output and docs use them): a cause is
 //   never renamed, only added.
-// - Findings are sorted by the share of wall time lost, largest first. A run
-//   with no problem gets one `healthy` finding, never an empty list.
+// - Findings are sorted by the share of wall time lost, largest first; then
+//   opportunities that cost no time yet (memory_headroom). A run with no
+//   problem also gets a `healthy` finding, so the list is never empty.
+// - Partial data gives partial findings: a run without GPUs, without step
+//   records, or still running is diagnosed from what is there, and the
+//   evidence says what was missing.
 #pragma once
 
 #include <map>
@@ -21,8 +25,12 @@
 
 namespace fullburn {
 
+// Every cause the rules can name (docs/diagnosis.md has one section each).
+extern const char* const kCauses[];
+extern const size_t kCauseCount;
+
 struct Finding {
-  std::string cause;     // input_cpu, input_io, input_workers, small_batch, ...
+  std::string cause;     // one of kCauses
   std::string title;     // one line for people
   std::string evidence;  // metrics, window and thresholds that fired
   double share_lost = 0; // of wall time (0 for opportunities such as memory_headroom)
@@ -30,10 +38,10 @@ struct Finding {
   std::string fix;       // the knob and a suggested value
 };
 
-std::vector<Finding> Diagnose(const RunInfo& run, const std::map<std::string, Series>& samples,
-                              const std::vector<StepRecord>& steps);
+std::vector<Finding> Diagnose(const RunData& run);
 
 std::string RenderFindings(const std::vector<Finding>& findings, size_t max_shown = 3);
+// [{cause, title, time_lost_pct, confidence, evidence, fix}, ...]
 nlohmann::json FindingsJson(const std::vector<Finding>& findings);
 
 }  // namespace fullburn

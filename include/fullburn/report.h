@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fullburn/diagnose.h"
 #include "fullburn/store.h"
 #include "fullburn/telemetry.h"
 
@@ -102,6 +103,38 @@ class LiveStatus {
   int fd_;
   int rows_ = 0;
 };
+
+// What one run amounts to, for `fullburn compare` and the report's table.
+// NaN where the run has no such data (no GPU, no step records).
+struct RunDigest {
+  int64_t id = 0;
+  std::string name, status;
+  double wall_s = 0;
+  double samples_per_s = NAN;  // median over steps after warm-up (SummarizeSteps)
+  double step_s = NAN;         // median
+  double data_wait_share = NAN, gpu_util = NAN, cpu_util = NAN, gpu_mem_peak_share = NAN;
+  std::map<std::string, double> time_lost;    // cause -> share of wall time
+  std::map<std::string, std::string> config;  // flattened ("train.batch_size") plus "command"
+};
+RunDigest Digest(const RunData& run, const std::vector<Finding>& findings);
+// Rows of measures, one column per run; config rows only where runs differ.
+using ComparisonRow = std::pair<std::string, std::vector<std::string>>;  // label, a cell per run
+std::vector<ComparisonRow> ComparisonTable(const std::vector<RunDigest>& runs);
+std::string RenderComparison(const std::vector<RunDigest>& runs);
+nlohmann::json ComparisonJson(const std::vector<RunDigest>& runs);
+
+// Min/max per bucket so peaks survive; at most about `max_points` points. A
+// gap longer than `gap_s` becomes a NaN point, drawn as a break.
+Series Downsample(const Series& s, size_t max_points, double gap_s);
+
+// One self-contained HTML file (uPlot inlined, no network): findings,
+// comparison (several runs), time-series charts of telemetry and steps, the
+// step-time breakdown, config and environment.
+struct ReportRun {
+  RunData data;
+  std::vector<Finding> findings;
+};
+std::string RenderHtmlReport(const std::vector<ReportRun>& runs);
 
 std::string FormatBytes(double bytes);
 std::string FormatDuration(double seconds);

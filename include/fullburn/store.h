@@ -89,6 +89,15 @@ struct RunEvent {
   std::string data = "{}";
 };
 
+// Everything stored about one run, as the diagnosis and the reports read it.
+struct RunData {
+  RunInfo run;
+  std::map<std::string, Series> samples;
+  std::vector<StepRecord> steps;
+  std::vector<CheckpointRecord> checkpoints;
+  std::vector<RunEvent> events;
+};
+
 class RunStore {
  public:
   // $XDG_DATA_HOME/fullburn/runs.db, else ~/.local/share/fullburn/runs.db.
@@ -120,6 +129,8 @@ class RunStore {
   Result<std::vector<CheckpointRecord>> LoadCheckpoints(int64_t run_id);
   Status AddEvent(int64_t run_id, const RunEvent& event);
   Result<std::vector<RunEvent>> LoadEvents(int64_t run_id);
+  // `ref` as for GetRun; every table of the run.
+  Result<RunData> LoadRun(const std::string& ref);
 
  private:
   RunStore() = default;
@@ -134,6 +145,46 @@ class RunStore {
   std::string path_;
   std::map<std::string, int64_t> metric_ids_;
   sqlite3_stmt* insert_sample_ = nullptr;
+};
+
+// Step events (docs/formats.md, "Step events"): what a wrapped job tells
+// `fullburn run` through the file named by $FULLBURN_EVENTS, one JSON object
+// per line. Writers append whole lines (O_APPEND), so several processes
+// (ranks, workers) may share one file.
+//   {"kind":"step","step":N,"time":UNIX_END,"step_s":S, optional: "rank",
+//    "epoch","samples","loss","lr","loss_scale","skipped","data_wait_s",
+//    "h2d_s","forward_s","backward_s","optimizer_s","comm_s"}
+//   {"kind":"event","name":"evaluation","time":UNIX_END, optional:
+//    "duration_s","rank","data":{...}}
+// python/fullburn_markers.py and fullburn train write this format.
+constexpr const char* kEventsEnvVar = "FULLBURN_EVENTS";
+
+struct MarkerEvent {
+  bool is_step = false;
+  StepRecord step;  // t relative to the run's start
+  RunEvent event;
+};
+std::string StepEventLine(const StepRecord& step, double run_start);
+Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start);
+
+// Follows an events file that other processes append to: each Poll reads the
+// lines completed since the last one. A malformed line is counted and
+// skipped (the first one's reason kept), never fatal: a job's markers must
+// not stop its recording. Used from one thread at a time.
+class EventFileReader {
+ public:
+  explicit EventFileReader(std::string path) : path_(std::move(path)) {}
+  Status Poll(double run_start, std::vector<StepRecord>* steps, std::vector<RunEvent>* events);
+  const std::string& path() const { return path_; }
+  int64_t bad_lines() const { return bad_lines_; }
+  const std::string& first_error() const { return first_error_; }
+
+ private:
+  std::string path_;
+  uint64_t offset_ = 0;
+  std::string partial_;
+  int64_t lines_ = 0, bad_lines_ = 0;
+  std::string first_error_;
 };
 
 // Buffers snapshots of one run and appends them in one transaction once

@@ -46,6 +46,7 @@ void SetupRun(CLI::App& app);
 void SetupWatch(CLI::App& app);
 void SetupRuns(CLI::App& app);
 void SetupServe(CLI::App& app);
+void SetupReport(CLI::App& app);  // diagnose, report, compare
 void SetupData(CLI::App& app);  // make-dataset, bench
 // `fullburn train|export-weights ...`: argv as main got it; handed to fullburn-train.
 int Train(int argc, char** argv);

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "child.h"
@@ -24,6 +25,26 @@ struct RunOptions {
 std::string CurrentDir() {
   char buf[4096];
   return ::getcwd(buf, sizeof buf) ? buf : "";
+}
+
+// A fresh, empty file for the child's step events ($FULLBURN_EVENTS), in the
+// temporary directory; "" if none can be made (markers are then off).
+std::string MakeEventsFile(int64_t run_id) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/fullburn-run-" + std::to_string(run_id) + "-XXXXXX";
+  int fd = ::mkstemp(path.data());
+  if (fd < 0) return "";
+  ::close(fd);
+  return path;
+}
+
+// Moves what the child appended to the events file into the store.
+void DrainEvents(EventFileReader* reader, RunStore* store, const RunInfo& info) {
+  std::vector<StepRecord> steps;
+  std::vector<RunEvent> events;
+  reader->Poll(info.start_time, &steps, &events);
+  if (!steps.empty()) store->AppendSteps(info.id, steps);
+  for (const RunEvent& e : events) store->AddEvent(info.id, e);
 }
 
 std::string GpusJson(const GpuSource& gpus) {
@@ -60,6 +81,9 @@ int Run(const RunOptions& opts) {
 
   std::vector<std::string> child_env = {"FULLBURN_RUN_ID=" + std::to_string(info.id),
                                         "FULLBURN_STORE=" + (*store)->path()};
+  std::string events_path = MakeEventsFile(info.id);
+  if (!events_path.empty()) child_env.push_back(std::string(kEventsEnvVar) + "=" + events_path);
+  EventFileReader events(events_path);
   Result<pid_t> child = SpawnChild(opts.command, child_env);
   if (!child.ok()) {
     (*store)->FinishRun(info.id, env->UnixSeconds(), kExitCannotStart, "failed_to_start");
@@ -81,21 +105,27 @@ int Run(const RunOptions& opts) {
       std::fprintf(stderr, "\nfullburn: %s; the command keeps running, later samples are lost\n",
                    st.message().c_str());
     if (live) live->Draw(RenderLiveLine(s, s.mono_time - t0));
+    if (!events_path.empty()) DrainEvents(&events, store->get(), info);
   });
   int code = WaitChild(*child);
   sampler.Stop();
   live.reset();
   writer.Flush();
+  if (!events_path.empty()) {
+    DrainEvents(&events, store->get(), info);
+    ::unlink(events_path.c_str());
+    if (events.bad_lines() > 0 && !opts.quiet)
+      std::fprintf(stderr, "fullburn: %lld malformed step event line(s) skipped; first: %s\n",
+                   static_cast<long long>(events.bad_lines()), events.first_error().c_str());
+  }
   double end = env->UnixSeconds();
   (*store)->FinishRun(info.id, end, code, "finished");
 
-  if (Result<RunInfo> stored = (*store)->GetRun(std::to_string(info.id)); stored.ok()) {
-    Result<std::map<std::string, Series>> samples = (*store)->LoadSamples(info.id);
-    if (samples.ok() && !opts.quiet) {
-      std::string note = (*gpus)->available() ? "" : (*gpus)->unavailable_reason();
-      std::fputs(RenderSummary(*stored, Summarize(*stored, *samples), note).c_str(), stderr);
-      std::fputs(RenderFindings(Diagnose(*stored, *samples, {})).c_str(), stderr);
-    }
+  if (Result<RunData> stored = (*store)->LoadRun(std::to_string(info.id)); stored.ok() && !opts.quiet) {
+    std::string note = (*gpus)->available() ? "" : (*gpus)->unavailable_reason();
+    std::fputs(RenderSummary(stored->run, Summarize(stored->run, stored->samples), note).c_str(), stderr);
+    if (!stored->steps.empty()) std::fputs(RenderStepsSummary(stored->steps).c_str(), stderr);
+    std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
   }
   if (!opts.quiet)
     std::fprintf(stderr, "fullburn: stored as run %lld in %s (fullburn runs show %lld)\n",

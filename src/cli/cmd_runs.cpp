@@ -66,14 +66,12 @@ int List(const RunsOptions& o) {
 int Show(const RunsOptions& o) {
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
-  auto run = (*store)->GetRun(o.run);
-  if (!run.ok()) return Fail(run.status().message());
-  auto samples = (*store)->LoadSamples(run->id);
-  if (!samples.ok()) return Fail(samples.status().message());
-  RunSummary sum = Summarize(*run, *samples);
-  auto steps = (*store)->LoadSteps(run->id);
-  std::vector<StepRecord> step_records = steps.ok() ? *steps : std::vector<StepRecord>{};
-  std::vector<Finding> findings = Diagnose(*run, *samples, step_records);
+  Result<RunData> data = (*store)->LoadRun(o.run);
+  if (!data.ok()) return Fail(data.status().message());
+  const RunInfo* run = &data->run;
+  RunSummary sum = Summarize(*run, data->samples);
+  const std::vector<StepRecord>& step_records = data->steps;
+  std::vector<Finding> findings = Diagnose(*data);
   if (o.json) {
     nlohmann::json j = RunShowJson(*run, sum);
     j["findings"] = FindingsJson(findings);
@@ -88,10 +86,9 @@ int Show(const RunsOptions& o) {
   std::fputs(RenderSummary(*run, sum, "").c_str(), stdout);
   if (!step_records.empty()) std::fputs(RenderStepsSummary(step_records).c_str(), stdout);
   std::fputs(RenderFindings(findings).c_str(), stdout);
-  auto checkpoints = (*store)->LoadCheckpoints(run->id);
-  if (checkpoints.ok() && !checkpoints->empty()) {
+  if (!data->checkpoints.empty()) {
     std::printf("  checkpoints:\n");
-    for (const CheckpointRecord& c : *checkpoints)
+    for (const CheckpointRecord& c : data->checkpoints)
       std::printf("    step %-7lld %9s  loop blocked %s, written in %s  %s%s\n",
                   static_cast<long long>(c.step), FormatBytes(static_cast<double>(c.bytes)).c_str(),
                   fmt::format("{:.1f} ms", c.stall_s * 1e3).c_str(), fmt::format("{:.0f} ms", c.write_s * 1e3).c_str(), c.path.c_str(),
@@ -110,7 +107,8 @@ int Export(const RunsOptions& o) {
     if (!steps.ok()) return Fail(steps.status().message());
     if (steps->empty())
       return Fail("run " + std::to_string(run->id) +
-                  " has no per-step records (only 'fullburn train' writes them): export "
+                  " has no per-step records (fullburn train writes them, and jobs that mark steps with "
+                  "python/fullburn_markers.py): export "
                   "--table samples instead");
     if (o.format == "json")
       std::printf("%s\n", StepsJson(*steps).dump().c_str());

@@ -11,8 +11,8 @@
 
 namespace {
 
-const char* const kCommands[] = {"run",     "watch", "runs",         "serve",
-                                 "metrics", "bench", "make-dataset", "pack", "version"};
+const char* const kCommands[] = {"run",    "watch",   "runs",  "diagnose",     "report", "compare",
+                                 "serve",  "metrics", "bench", "make-dataset", "pack",   "version"};
 
 std::string TrainingHalf() {
   std::string path = fullburn::cli::TrainingExecutable();
@@ -74,10 +74,13 @@ int main(int argc, char** argv) {
     return Train(argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
-    for (const char* c : kCommands) known |= std::strcmp(argv[1], c) == 0;
+    std::string all = "train";
+    for (const char* c : kCommands) {
+      known |= std::strcmp(argv[1], c) == 0;
+      all += std::string(", ") + c;
+    }
     if (!known)
-      return Fail(std::string("unknown command '") + argv[1] +
-                  "': use run, watch, runs, train, serve, metrics, bench, make-dataset, pack or version (see 'fullburn --help')");
+      return Fail(std::string("unknown command '") + argv[1] + "': use one of " + all + " (see 'fullburn --help')");
   }
   CLI::App app{"fullburn: keep GPUs busy while deep-learning models train"};
   app.require_subcommand(1);
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
   SetupWatch(app);
   SetupRuns(app);
   SetupServe(app);
+  SetupReport(app);
   SetupData(app);
   // Listed for --help; main() hands `train` to Train() before parsing.
   app.add_subcommand("train", "Train a model (libtorch): CONFIG.toml key=value ... (fullburn train --help)");

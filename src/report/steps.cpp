@@ -155,7 +155,7 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
     s.skipped += r.skipped ? 1 : 0;
     if (std::isfinite(r.loss)) finite.push_back(r.loss);
     if (i >= warmup && r.step_s > 0) rates.push_back(r.samples / r.step_s);
-    if (!r.forward_s) continue;  // not a timed step
+    if (!r.forward_s && !r.data_wait_s) continue;  // not a timed step
     timed_total += r.step_s;
     for (size_t p = 0; p < std::size(kPhases); ++p) phase_total[p] += (r.*kPhases[p].field).value_or(0);
   }
@@ -188,7 +188,9 @@ std::string RenderStepsSummary(const std::vector<StepRecord>& steps) {
   o.precision(4);
   o << "  steps:   " << s.steps << " (" << s.samples << " samples";
   if (s.skipped) o << ", " << s.skipped << " skipped by the loss scaler";
-  o << "), loss " << s.first_loss << " -> " << s.final_loss << "\n";
+  o << ")";
+  if (std::isfinite(s.first_loss)) o << ", loss " << s.first_loss << " -> " << s.final_loss;
+  o << "\n";
   o.precision(1);
   o << "  rate:    " << s.median_samples_per_s << " samples/s (median)\n";
   if (!s.phase_share.empty()) {

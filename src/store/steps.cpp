@@ -170,3 +170,27 @@ Result<std::vector<RunEvent>> RunStore::LoadEvents(int64_t run_id) {
 }
 
 }  // namespace fullburn
+
+namespace fullburn {
+
+Result<RunData> RunStore::LoadRun(const std::string& ref) {
+  RunData d;
+  Result<RunInfo> run = GetRun(ref);
+  if (!run.ok()) return run.status();
+  d.run = *run;
+  Result<std::map<std::string, Series>> samples = LoadSamples(d.run.id);
+  if (!samples.ok()) return samples.status();
+  d.samples = std::move(*samples);
+  Result<std::vector<StepRecord>> steps = LoadSteps(d.run.id);
+  if (!steps.ok()) return steps.status();
+  d.steps = std::move(*steps);
+  Result<std::vector<CheckpointRecord>> checkpoints = LoadCheckpoints(d.run.id);
+  if (!checkpoints.ok()) return checkpoints.status();
+  d.checkpoints = std::move(*checkpoints);
+  Result<std::vector<RunEvent>> events = LoadEvents(d.run.id);
+  if (!events.ok()) return events.status();
+  d.events = std::move(*events);
+  return d;
+}
+
+}  // namespace fullburn

@@ -370,10 +370,8 @@ Status Trainer::Run() {
   if (!opt_.quiet) {
     auto steps = store_->LoadSteps(run_.id);
     if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
-    auto stored = store_->GetRun(std::to_string(run_.id));
-    auto samples = store_->LoadSamples(run_.id);
-    if (stored.ok() && samples.ok() && steps.ok())
-      std::fputs(RenderFindings(Diagnose(*stored, *samples, *steps)).c_str(), stderr);
+    if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok())
+      std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
     if (!eval.empty())
       std::fprintf(stderr, "  held-out: loss %.4f, accuracy %.1f%% (%g samples)\n", eval["val_loss"].get<double>(),
                    100 * eval["val_accuracy"].get<double>(), eval["val_samples"].get<double>());

@@ -1,6 +1,8 @@
 // Each rule on synthetic series: a case that triggers it and a near miss that must not.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "fullburn/diagnose.h"
 
 namespace fullburn {
@@ -22,6 +24,12 @@ struct Case {
   std::map<std::string, Series> m;
   std::vector<StepRecord> steps;
   RunInfo run;
+  std::vector<RunEvent> events;
+  Case() {
+    run.config_json = R"({"train": {"precision": "bf16"}})";  // a fullburn train run
+    run.end_time = 60;
+    run.interval_s = 1;
+  }
   Case& Gpu(double util, double mem_share) {
     m["gpu0.util"] = Flat(util);
     m["gpu0.mem_total_bytes"] = Flat(80e9);
@@ -37,14 +45,23 @@ struct Case {
     for (int i = 1; i <= 50; ++i) {
       StepRecord r;
       r.step = i;
-      r.step_s = 0.1;
-      r.data_wait_s = 0.1 * share;
-      r.forward_s = 0.1 * (1 - share);
+      r.step_s = 1.2;  // 50 steps fill the 60 s run
+      r.t = 1.2 * i;
+      r.samples = 64;
+      r.data_wait_s = 1.2 * share;
+      r.forward_s = 1.2 * (1 - share);
       steps.push_back(r);
     }
     return *this;
   }
-  std::vector<Finding> Run() { return Diagnose(run, m, steps); }
+  std::vector<Finding> Run() {
+    RunData d;
+    d.run = run;
+    d.samples = m;
+    d.steps = steps;
+    d.events = events;
+    return Diagnose(d);
+  }
 };
 
 std::vector<std::string> Causes(const std::vector<Finding>& f) {
@@ -143,6 +160,152 @@ TEST(Diagnose, SortedByTimeLostAndRendered) {
   EXPECT_NE(text.find("[throttle_power]"), std::string::npos);
   EXPECT_NE(text.find("fix:"), std::string::npos);
   EXPECT_EQ(FindingsJson(f)[1]["cause"], "input_cpu");
+}
+
+TEST(Diagnose, WrappedJobsGetPyTorchKnobs) {
+  Case c;
+  c.run.config_json = R"({"interval_s": 1})";  // fullburn run -- python train.py
+  auto f = c.Host(40, 2).Wait(0.25).Run();
+  ASSERT_EQ(f[0].cause, "input_workers");
+  EXPECT_NE(f[0].fix.find("num_workers"), std::string::npos) << f[0].fix;
+  EXPECT_EQ(f[0].fix.find("data.threads"), std::string::npos);
+}
+
+TEST(Diagnose, HostToDeviceCopiesMeasuredAndInferred) {
+  Case c;
+  c.Gpu(60, 0.7).Host(40).Wait(0.02);
+  for (StepRecord& r : c.steps) r.h2d_s = r.step_s * 0.25;
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "h2d_copy");
+  EXPECT_NEAR(f[0].share_lost, 0.25, 1e-9);
+  for (StepRecord& r : c.steps) r.h2d_s = r.step_s * 0.08;
+  EXPECT_FALSE(Has(c.Run(), "h2d_copy"));  // near miss
+
+  Case pcie;  // no steps: an idle GPU with a busy PCIe link
+  pcie.Gpu(30, 0.7).Host(40);
+  pcie.m["gpu0.pcie_rx_bytes_per_s"] = Flat(20e9);
+  auto g = pcie.Run();
+  ASSERT_EQ(g[0].cause, "h2d_copy");
+  EXPECT_FALSE(Has(g, "input_cpu"));
+  pcie.m["gpu0.pcie_rx_bytes_per_s"] = Flat(5e9);
+  EXPECT_FALSE(Has(pcie.Run(), "h2d_copy"));
+}
+
+TEST(Diagnose, LaunchBoundWhenStepsWaitLittleYetTheGpuIdles) {
+  Case c;
+  c.Gpu(35, 0.1).Host(40).Wait(0.02);
+  c.m["proc.cpu_util"] = Flat(99);
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "small_batch");
+  EXPECT_NE(f[0].fix.find("batch 64 -> 512"), std::string::npos) << f[0].fix;  // 0.8 / 0.1 = x8
+  EXPECT_FALSE(Has(Case().Gpu(85, 0.1).Host(40).Wait(0.02).Run(), "small_batch"));
+}
+
+TEST(Diagnose, IdlePhasesFromGapsBetweenSteps) {
+  Case c;
+  c.Host(40).Wait(0.02);
+  // A 15 s evaluation after step 25: later steps move 15 s on, the run grows.
+  for (StepRecord& r : c.steps)
+    if (r.step > 25) r.t += 15;
+  c.run.end_time = 75;
+  c.events.push_back({40, "evaluation", "{}"});
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "idle_phases");
+  EXPECT_NEAR(f[0].share_lost, 15.0 / 75, 1e-9);
+  EXPECT_NE(f[0].evidence.find("evaluation 15.0 s"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("evaluate less often"), std::string::npos);
+  for (StepRecord& r : c.steps)
+    if (r.step > 25) r.t -= 11;  // a 4 s gap: 5% of the run, a near miss
+  c.run.end_time = 64;
+  EXPECT_FALSE(Has(c.Run(), "idle_phases"));
+}
+
+TEST(Diagnose, IdlePhasesFromGpuSamplesWithoutSteps) {
+  Case c;
+  c.Gpu(95, 0.7).Host(40);
+  for (int i = 0; i < 12; ++i) c.m["gpu0.util"][i].v = 0;  // 12 s of start-up
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "idle_phases");
+  EXPECT_NE(f[0].evidence.find("start-up"), std::string::npos);
+  for (int i = 4; i < 12; ++i) c.m["gpu0.util"][i].v = 95;  // 4 s: near miss
+  EXPECT_FALSE(Has(c.Run(), "idle_phases"));
+}
+
+TEST(Diagnose, UnevenGpus) {
+  Case c;
+  c.Gpu(95, 0.7).Host(40);
+  c.m["gpu1.util"] = Flat(40);
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "uneven_ranks");
+  EXPECT_NE(f[0].title.find("GPU 1"), std::string::npos);
+  EXPECT_NEAR(f[0].share_lost, 0.275, 1e-9);  // (95 - 40) / 2 GPUs
+  c.m["gpu1.util"] = Flat(85);
+  EXPECT_FALSE(Has(c.Run(), "uneven_ranks"));
+}
+
+// Two ranks of a synchronous job with 1.2 s steps: what a rank does not
+// spend working it spends in communication (waiting for the other).
+Case TwoRanks(double work0, double work1) {
+  Case c;
+  c.Host(40);
+  for (int rank = 0; rank < 2; ++rank)
+    for (int i = 1; i <= 50; ++i) {
+      StepRecord r;
+      r.rank = rank;
+      r.step = i;
+      r.step_s = 1.2;
+      r.t = 1.2 * i;
+      r.samples = 64;
+      r.data_wait_s = 0.01;
+      r.comm_s = 1.2 - (rank == 0 ? work0 : work1);
+      c.steps.push_back(r);
+    }
+  return c;
+}
+
+TEST(Diagnose, StragglerRankFromStepRecords) {
+  auto f = TwoRanks(0.9, 1.1).Run();  // rank 1 works 1.1 s, rank 0 0.9 s and waits
+  ASSERT_EQ(f[0].cause, "uneven_ranks");
+  EXPECT_NE(f[0].title.find("rank 1"), std::string::npos);
+  EXPECT_NEAR(f[0].share_lost, 1 - 1.0 / 1.1, 1e-9);
+  EXPECT_FALSE(Has(f, "communication"));  // the wait is the straggler's
+  EXPECT_FALSE(Has(TwoRanks(1.09, 1.1).Run(), "uneven_ranks"));  // 1 % apart
+}
+
+TEST(Diagnose, CommunicationNotHidden) {
+  auto f = TwoRanks(0.9, 0.9).Run();  // equal ranks, 25 % of each step in communication
+  ASSERT_EQ(f[0].cause, "communication");
+  EXPECT_NEAR(f[0].share_lost, 0.25, 1e-9);
+  EXPECT_FALSE(Has(TwoRanks(1.14, 1.14).Run(), "communication"));  // 5 %: near miss
+}
+
+TEST(Diagnose, PartialDataNeverFails) {
+  Case empty;
+  empty.run.end_time.reset();  // still running, no samples, no steps
+  auto f = empty.Run();
+  ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
+  EXPECT_LT(f[0].confidence, 0.5);
+  EXPECT_NE(f[0].evidence.find("still going"), std::string::npos);
+  Case gaps;  // samples with a hole in the middle
+  gaps.Gpu(95, 0.7).Host(40);
+  gaps.m["gpu0.util"].erase(gaps.m["gpu0.util"].begin() + 10, gaps.m["gpu0.util"].begin() + 30);
+  EXPECT_EQ(gaps.Run().back().cause, "healthy");
+}
+
+TEST(Diagnose, JsonHasTheDocumentedFields) {
+  auto j = FindingsJson(Case().Host(92).Wait(0.3).Run());
+  ASSERT_GE(j.size(), 1u);
+  for (const char* key : {"cause", "time_lost_pct", "confidence", "evidence", "fix"})
+    EXPECT_TRUE(j[0].contains(key)) << key;
+  EXPECT_DOUBLE_EQ(j[0]["time_lost_pct"].get<double>(), 30.0);
+}
+
+TEST(Diagnose, EveryCauseIsDocumented) {
+  std::ifstream in(std::string(SOURCE_DIR) + "/docs/diagnosis.md");
+  std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(doc.empty());
+  for (size_t i = 0; i < kCauseCount; ++i)
+    EXPECT_NE(doc.find(std::string("`") + kCauses[i] + "`"), std::string::npos) << kCauses[i];
 }
 
 }  // namespace

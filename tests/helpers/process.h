@@ -62,7 +62,7 @@ inline void Start(Background* b, const std::vector<std::string>& argv, const std
     ::dup2(in, 0);
     ::dup2(out, 1);
     ::dup2(err, 2);
-    ::execv(args[0], args.data());
+    ::execvp(args[0], args.data());  // PATH lookup for tools such as chromium
     ::_exit(126);
   }
 }

@@ -1,0 +1,165 @@
+"""Step markers for jobs recorded by `fullburn run` (no dependencies).
+
+Two lines give a PyTorch loop the same data-wait diagnosis as `fullburn train`:
+
+    from fullburn_markers import steps
+    for images, labels in steps(loader):      # was: for ... in loader:
+        ...
+
+`steps` times how long each `next(loader)` blocks (data wait) and how long the
+whole step takes (from asking for the batch to asking for the next one), and
+appends one line per step to the file that `fullburn run` names in
+$FULLBURN_EVENTS. Outside `fullburn run` it does nothing but iterate.
+
+On CUDA, kernels run asynchronously: pass `sync=True` (or set
+FULLBURN_MARKERS_SYNC=1) to call torch.cuda.synchronize() at each step's end so
+that step time is device time; it costs a little throughput.
+
+For a loop that is not a `for` over a loader, use `Markers` directly:
+
+    m = Markers()
+    with m.data_wait(): batch = get_batch()
+    ...
+    m.step_end(samples=len(batch), loss=loss.item())
+    with m.phase("evaluation"): evaluate()
+
+The line format is the one in docs/formats.md ("Step events"); fullburn's C++
+trainer writes the same lines.
+"""
+
+import json
+import os
+import time
+from contextlib import contextmanager
+
+ENV_VAR = "FULLBURN_EVENTS"
+
+
+def _rank():
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def _batch_size(batch):
+    """The leading dimension of the first tensor-like thing in a batch."""
+    item = batch
+    for _ in range(3):
+        shape = getattr(item, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(item, dict) and item:
+            item = next(iter(item.values()))
+        elif isinstance(item, (list, tuple)) and item:
+            if not hasattr(item[0], "shape") and not isinstance(item[0], (list, tuple, dict)):
+                return len(item)
+            item = item[0]
+        else:
+            break
+    return 0
+
+
+class Markers:
+    """Writes step and phase events; a no-op when no events file is named."""
+
+    def __init__(self, path=None, rank=None, sync=None):
+        path = path if path is not None else os.environ.get(ENV_VAR)
+        self.enabled = bool(path)
+        self.rank = _rank() if rank is None else int(rank)
+        if sync is None:
+            sync = os.environ.get("FULLBURN_MARKERS_SYNC", "") == "1"
+        self._sync = sync
+        self._file = open(path, "a", buffering=1) if self.enabled else None
+        self.step = 0
+        self._step_start = time.time()
+        self._wait = 0.0
+
+    def _write(self, obj):
+        if self._file is None:
+            return
+        # One write per line: appends of whole short lines do not interleave.
+        self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def _synchronize(self):
+        if not self._sync:
+            return
+        try:
+            import torch  # only when asked for, and only if present
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        except ImportError:
+            pass
+
+    def step_start(self):
+        """Marks where a step begins (`step_end` begins the next one by itself)."""
+        self._step_start = time.time()
+        self._wait = 0.0
+
+    @contextmanager
+    def data_wait(self):
+        """Time spent inside this block counts as the step's data wait."""
+        start = time.time()
+        try:
+            yield
+        finally:
+            self._wait += time.time() - start
+
+    def step_end(self, samples=0, loss=None, lr=None, epoch=None, **phases):
+        """Ends a step; `phases` are extra seconds such as h2d_s=0.01."""
+        self._synchronize()
+        now = time.time()
+        self.step += 1
+        event = {"kind": "step", "rank": self.rank, "step": self.step, "time": now,
+                 "step_s": max(0.0, now - self._step_start), "data_wait_s": self._wait,
+                 "samples": int(samples)}
+        if loss is not None:
+            event["loss"] = float(loss)
+        if lr is not None:
+            event["lr"] = float(lr)
+        if epoch is not None:
+            event["epoch"] = int(epoch)
+        for key, value in phases.items():
+            event[key] = float(value)
+        self._write(event)
+        self._step_start = now
+        self._wait = 0.0
+
+    @contextmanager
+    def phase(self, name, **data):
+        """A named stretch outside the steps (evaluation, checkpoint)."""
+        self._synchronize()
+        start = time.time()
+        try:
+            yield
+        finally:
+            self._synchronize()
+            now = time.time()
+            self._write({"kind": "event", "name": name, "rank": self.rank, "time": now,
+                         "duration_s": now - start, "data": data})
+            self.step_start()
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def steps(iterable, markers=None, sync=None, epoch=None):
+    """Yields from `iterable`, marking each item as one training step."""
+    m = markers or Markers(sync=sync)
+    it = iter(iterable)
+    m.step_start()
+    samples = None
+    while True:
+        if samples is not None:
+            m.step_end(samples=samples, epoch=epoch)
+        with m.data_wait():
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+        samples = _batch_size(batch)
+        yield batch
+    # The time spent finding the loader empty is not a step.
+    m.step_start()

@@ -1,0 +1,135 @@
+// fullburn diagnose | report | compare: findings, the HTML report and the
+// side-by-side table of stored runs.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "cli.h"
+#include "fullburn/diagnose.h"
+#include "fullburn/report.h"
+
+namespace fullburn::cli {
+namespace {
+
+struct ReportOptions {
+  CommonOptions common;
+  std::vector<std::string> runs;
+  std::string output;
+  bool json = false;
+};
+
+// Every run named, with its findings; the first failure as a one-line error.
+Result<std::vector<ReportRun>> LoadRuns(const ReportOptions& o) {
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return store.status();
+  std::vector<ReportRun> out;
+  for (const std::string& ref : o.runs) {
+    Result<RunData> data = (*store)->LoadRun(ref);
+    if (!data.ok()) return data.status();
+    ReportRun r{std::move(*data), {}};
+    r.findings = Diagnose(r.data);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// What a reader of partial data should know first.
+void NotePartial(const RunData& d) {
+  if (!d.run.end_time)
+    std::fprintf(stderr, "fullburn: run %lld is %s: diagnosed from the data so far\n",
+                 static_cast<long long>(d.run.id), d.run.status.c_str());
+  if (d.run.sample_count == 0 && d.steps.empty())
+    std::fprintf(stderr, "fullburn: run %lld has no samples and no step records: nothing to diagnose\n",
+                 static_cast<long long>(d.run.id));
+}
+
+int DiagnoseCommand(const ReportOptions& o) {
+  auto runs = LoadRuns(o);
+  if (!runs.ok()) return Fail(runs.status().message());
+  const ReportRun& r = runs->front();
+  NotePartial(r.data);
+  if (o.json) {
+    std::printf("%s\n", FindingsJson(r.findings).dump(2).c_str());
+    return 0;
+  }
+  std::printf("run %lld \"%s\"\n", static_cast<long long>(r.data.run.id), r.data.run.name.c_str());
+  std::fputs(RenderFindings(r.findings, r.findings.size()).c_str(), stdout);
+  return 0;
+}
+
+// Written beside, then renamed: a reader never sees half a report.
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return Status::IoError("cannot write " + path + ": check the directory exists and is writable");
+    out << text;
+    if (!out.flush()) {
+      ::unlink(tmp.c_str());
+      return Status::IoError("cannot write " + path + " (disk full?)");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::IoError("cannot write " + path + ": check the directory is writable");
+  }
+  return Status::Ok();
+}
+
+int ReportCommand(const ReportOptions& o) {
+  auto runs = LoadRuns(o);
+  if (!runs.ok()) return Fail(runs.status().message());
+  for (const ReportRun& r : *runs) NotePartial(r.data);
+  std::string path = o.output;
+  if (path.empty()) {
+    path = "fullburn-report";
+    for (const ReportRun& r : *runs) path += "-" + std::to_string(r.data.run.id);
+    path += ".html";
+  }
+  std::string html = RenderHtmlReport(*runs);
+  if (Status s = WriteFileAtomically(path, html); !s.ok()) return Fail(s.message());
+  std::fprintf(stderr, "fullburn: wrote %s (%s); open it in a browser, no network needed\n", path.c_str(),
+               FormatBytes(static_cast<double>(html.size())).c_str());
+  return 0;
+}
+
+int CompareCommand(const ReportOptions& o) {
+  if (o.runs.size() < 2) return Fail("compare needs two runs or more: fullburn compare RUN_A RUN_B [...]");
+  auto runs = LoadRuns(o);
+  if (!runs.ok()) return Fail(runs.status().message());
+  std::vector<RunDigest> digests;
+  for (const ReportRun& r : *runs) digests.push_back(Digest(r.data, r.findings));
+  if (o.json)
+    std::printf("%s\n", ComparisonJson(digests).dump(2).c_str());
+  else
+    std::fputs(RenderComparison(digests).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+void SetupReport(CLI::App& app) {
+  auto o = std::make_shared<ReportOptions>();
+  CLI::App* diag = app.add_subcommand("diagnose", "Findings for a stored run: cause, time lost, evidence, fix");
+  diag->add_option("RUN", o->runs, "Run id, or 'last'")->required()->expected(1);
+  diag->add_flag("--json", o->json, "JSON list of {cause, title, time_lost_pct, confidence, evidence, fix}");
+  AddStoreOption(diag, &o->common);
+  diag->callback([o] { ExitCode() = DiagnoseCommand(*o); });
+
+  CLI::App* report = app.add_subcommand(
+      "report", "One self-contained HTML file: findings, charts, step breakdown, config (several runs: compared)");
+  report->add_option("RUN", o->runs, "Run ids, or 'last'")->required();
+  report->add_option("-o,--output", o->output, "Where to write (default: fullburn-report-RUN.html here)");
+  AddStoreOption(report, &o->common);
+  report->callback([o] { ExitCode() = ReportCommand(*o); });
+
+  CLI::App* compare = app.add_subcommand(
+      "compare", "Runs side by side: throughput, utilization, data wait, time lost per cause, config differences");
+  compare->add_option("RUN", o->runs, "Two run ids or more ('last' allowed)")->required();
+  compare->add_flag("--json", o->json, "JSON: one object per run");
+  AddStoreOption(compare, &o->common);
+  compare->callback([o] { ExitCode() = CompareCommand(*o); });
+}
+
+}  // namespace fullburn::cli

@@ -1,0 +1,206 @@
+// Gathers what the diagnosis rules read from a stored run.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "facts.h"
+#include "fullburn/telemetry.h"
+
+namespace fullburn::diagnose {
+namespace {
+
+double MedianOf(const Series& s) {
+  std::vector<double> v;
+  for (const SeriesPoint& p : s) v.push_back(p.v);
+  return Median(v);
+}
+
+double Max(const Series& s) {
+  double m = NAN;
+  for (const SeriesPoint& p : s) m = std::isnan(m) ? p.v : std::max(m, p.v);
+  return m;
+}
+
+const Series* Find(const std::map<std::string, Series>& m, const std::string& name) {
+  auto it = m.find(name);
+  return it == m.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
+  double util_sum = 0;
+  for (int g = 0; g < 64; ++g) {
+    std::string p = "gpu" + std::to_string(g) + ".";
+    const Series* util = Find(m, p + "util");
+    if (!util) continue;
+    GpuFacts gf;
+    gf.index = g;
+    gf.util = MedianOf(*util);
+    util_sum += gf.util;
+    const Series *used = Find(m, p + "mem_used_bytes"), *total = Find(m, p + "mem_total_bytes");
+    if (used && total && Max(*total) > 0) {
+      gf.mem_peak_share = Max(*used) / Max(*total);
+      f->mem_peak_share = std::isnan(f->mem_peak_share) ? gf.mem_peak_share : std::max(f->mem_peak_share, gf.mem_peak_share);
+    }
+    if (const Series* rx = Find(m, p + "pcie_rx_bytes_per_s")) {
+      gf.pcie_rx = MedianOf(*rx);
+      f->pcie_rx = std::isnan(f->pcie_rx) ? gf.pcie_rx : std::max(f->pcie_rx, gf.pcie_rx);
+    }
+    if (const Series* t = Find(m, p + "throttle_reasons")) {
+      double power = 0, thermal = 0;
+      for (const SeriesPoint& s : *t) {
+        power += IsPowerThrottled(static_cast<uint64_t>(s.v));
+        thermal += IsThermalThrottled(static_cast<uint64_t>(s.v));
+      }
+      f->power_share = std::max(f->power_share, power / t->size());
+      f->thermal_share = std::max(f->thermal_share, thermal / t->size());
+    }
+    f->gpus.push_back(gf);
+  }
+  if (!f->gpus.empty()) f->gpu_util = util_sum / f->gpus.size();
+}
+
+void GatherHost(const std::map<std::string, Series>& m, Facts* f) {
+  if (const Series* s = Find(m, "host.cpu_util")) f->cpu = MedianOf(*s);
+  if (const Series* s = Find(m, "host.cpu_iowait")) f->iowait = MedianOf(*s);
+  if (const Series* s = Find(m, "proc.cpu_util")) f->proc_cpu = MedianOf(*s);
+  const Series *in = Find(m, "host.swap_in_per_s"), *out = Find(m, "host.swap_out_per_s");
+  size_t n = 0, swapping = 0;
+  for (const Series* s : {in, out}) {
+    if (!s) continue;
+    n = std::max(n, s->size());
+    for (const SeriesPoint& p : *s) swapping += p.v > 0;
+  }
+  f->swap_share = n ? std::min(1.0, static_cast<double>(swapping) / n) : 0;
+  const Series *avail = Find(m, "host.mem_available_bytes"), *total = Find(m, "host.mem_total_bytes");
+  if (avail && total && Max(*total) > 0) {
+    double lo = INFINITY;
+    for (const SeriesPoint& p : *avail) lo = std::min(lo, p.v);
+    f->host_avail_min_share = lo / Max(*total);
+  }
+  while (Find(m, "host.cpu" + std::to_string(f->cores) + ".util")) ++f->cores;
+}
+
+void GatherSteps(const std::vector<StepRecord>& steps, Facts* f) {
+  double timed = 0, wait = 0, h2d = 0, comm = 0;
+  bool have_h2d = false, have_comm = false;
+  std::map<int, std::vector<const StepRecord*>> by_rank;
+  std::vector<double> batch;
+  for (const StepRecord& r : steps) {
+    by_rank[r.rank].push_back(&r);
+    batch.push_back(static_cast<double>(r.samples));
+    if (!r.data_wait_s) continue;
+    timed += r.step_s;
+    wait += *r.data_wait_s;
+    h2d += r.h2d_s.value_or(0);
+    comm += r.comm_s.value_or(0);
+    have_h2d |= r.h2d_s.has_value();
+    have_comm |= r.comm_s.has_value();
+  }
+  f->have_steps = timed > 0;
+  if (f->have_steps) {
+    f->data_wait_share = wait / timed;
+    if (have_h2d) f->h2d_share = h2d / timed;
+    if (have_comm) f->comm_share = comm / timed;
+  }
+  if (!batch.empty()) f->batch = static_cast<int64_t>(Median(batch));
+  for (const auto& [rank, list] : by_rank) {
+    RankFacts rf;
+    rf.rank = rank;
+    std::vector<double> work;
+    double st = 0, dw = 0;
+    for (const StepRecord* r : list) {
+      work.push_back(r->step_s - r->comm_s.value_or(0));
+      if (r->data_wait_s) st += r->step_s, dw += *r->data_wait_s;
+    }
+    rf.work_s = Median(work);
+    if (st > 0) rf.data_wait_share = dw / st;
+    f->ranks.push_back(rf);
+  }
+}
+
+// What happened inside [start, end]: the first event or checkpoint there.
+std::string Label(const RunData& d, double start, double end, const std::string& fallback) {
+  for (const RunEvent& e : d.events)
+    if (e.t >= start && e.t <= end + 0.5 && e.kind != "loader") return e.kind;
+  for (const CheckpointRecord& c : d.checkpoints)
+    if (c.t >= start && c.t <= end + 0.5) return "checkpoint";
+  return fallback;
+}
+
+// Gaps in the lowest rank's steps: before the first, between, after the last.
+void IdleFromSteps(const RunData& d, Facts* f) {
+  std::vector<const StepRecord*> steps;
+  int rank = f->ranks.front().rank;
+  std::vector<double> durations;
+  for (const StepRecord& r : d.steps)
+    if (r.rank == rank) steps.push_back(&r), durations.push_back(r.step_s);
+  std::sort(steps.begin(), steps.end(), [](const StepRecord* a, const StepRecord* b) { return a->t < b->t; });
+  double min_gap = std::max(kIdleGapMin_s, kIdleGapSteps * Median(durations));
+  double prev_end = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    double start = steps[i]->t - steps[i]->step_s;
+    double gap = start - prev_end;
+    if (i == 0 ? gap >= kIdleGapMin_s : gap >= min_gap)
+      f->idle.push_back({prev_end, start, i == 0 ? "start-up" : Label(d, prev_end, start, "between steps")});
+    prev_end = steps[i]->t;
+  }
+  if (!f->running && f->wall_s - prev_end >= min_gap)
+    f->idle.push_back({prev_end, f->wall_s, Label(d, prev_end, f->wall_s, "end")});
+}
+
+// Without steps: stretches where every GPU idles while the run is otherwise busy.
+void IdleFromGpus(const RunData& d, Facts* f) {
+  if (f->gpus.empty() || !(f->gpu_util >= kGpuLowUtil)) return;
+  const Series* util = Find(d.samples, "gpu" + std::to_string(f->gpus.front().index) + ".util");
+  double interval = d.run.interval_s > 0 ? d.run.interval_s : 1;
+  size_t i = 0;
+  while (i < util->size()) {
+    if ((*util)[i].v >= kGpuIdle) { ++i; continue; }
+    size_t j = i;
+    while (j < util->size() && (*util)[j].v < kGpuIdle) ++j;
+    double start = i == 0 ? 0 : (*util)[i - 1].t, end = j < util->size() ? (*util)[j].t : (*util)[j - 1].t + interval;
+    bool first = i == 0, last = j == util->size();
+    if (end - start >= std::max(kIdleGapMin_s, 2 * interval))
+      f->idle.push_back({start, end, first ? "start-up" : Label(d, start, end, last ? "end" : "between busy stretches")});
+    i = j;
+  }
+}
+
+}  // namespace
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+std::string Pct(double share) { return fmt::format("{:.0f}%", share * 100); }
+
+Facts Gather(const RunData& d) {
+  Facts f;
+  GatherGpus(d.samples, &f);
+  GatherHost(d.samples, &f);
+  GatherSteps(d.steps, &f);
+  f.running = !d.run.end_time.has_value();
+  if (d.run.end_time) {
+    f.wall_s = *d.run.end_time - d.run.start_time;
+  } else {
+    for (const auto& [name, s] : d.samples)
+      if (!s.empty()) f.wall_s = std::max(f.wall_s, s.back().t);
+    for (const StepRecord& r : d.steps) f.wall_s = std::max(f.wall_s, r.t);
+  }
+  if (!f.ranks.empty()) IdleFromSteps(d, &f);
+  else IdleFromGpus(d, &f);
+  auto cfg = nlohmann::json::parse(d.run.config_json, nullptr, false);
+  if (cfg.is_object()) {
+    f.trainer = cfg.contains("train") || cfg.contains("data");
+    if (cfg.contains("train") && cfg["train"].contains("precision") && cfg["train"]["precision"].is_string())
+      f.precision = cfg["train"]["precision"].get<std::string>();
+    if (cfg.contains("data") && cfg["data"].contains("threads") && cfg["data"]["threads"].is_number())
+      f.data_threads = cfg["data"]["threads"].get<int>();
+  }
+  return f;
+}
+
+}  // namespace fullburn::diagnose

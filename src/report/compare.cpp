@@ -1,0 +1,176 @@
+// `fullburn compare`: what each run amounts to, side by side.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "fullburn/report.h"
+
+namespace fullburn {
+namespace {
+
+void Flatten(const nlohmann::json& j, const std::string& prefix, std::map<std::string, std::string>* out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) Flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else {
+    (*out)[prefix] = j.is_string() ? j.get<std::string>() : j.dump();
+  }
+}
+
+double MedianOf(const std::map<std::string, Series>& m, const std::string& name) {
+  auto it = m.find(name);
+  if (it == m.end() || it->second.empty()) return NAN;
+  std::vector<double> v;
+  for (const SeriesPoint& p : it->second) v.push_back(p.v);
+  return Percentile(v, 50);
+}
+
+std::string Cell(double v, const char* format) { return std::isnan(v) ? "-" : fmt::format(fmt::runtime(format), v); }
+
+// "+12%" against the first run's value.
+std::string Change(double v, double base) {
+  if (std::isnan(v) || std::isnan(base) || base == 0) return "";
+  return fmt::format(" ({:+.0f}%)", (v / base - 1) * 100);
+}
+
+}  // namespace
+
+std::vector<ComparisonRow> ComparisonTable(const std::vector<RunDigest>& runs) {
+  using Row = ComparisonRow;
+  std::vector<Row> rows;
+  auto measure = [&](const std::string& label, double RunDigest::*field, const char* format, double scale, bool change) {
+    Row r{label, {}};
+    for (const RunDigest& d : runs)
+      r.second.push_back(Cell(d.*field * scale, format) + (change && &d != &runs[0] ? Change(d.*field, runs[0].*field) : ""));
+    rows.push_back(r);
+  };
+  measure("samples/s (median)", &RunDigest::samples_per_s, "{:.1f}", 1, true);
+  measure("step time (median, ms)", &RunDigest::step_s, "{:.1f}", 1e3, true);
+  measure("data wait (% of step)", &RunDigest::data_wait_share, "{:.0f}%", 100, false);
+  measure("GPU utilization (median)", &RunDigest::gpu_util, "{:.0f}%", 1, false);
+  measure("peak GPU memory", &RunDigest::gpu_mem_peak_share, "{:.0f}%", 100, false);
+  measure("host CPU (median)", &RunDigest::cpu_util, "{:.0f}%", 1, false);
+  measure("wall time (s)", &RunDigest::wall_s, "{:.1f}", 1, false);
+  std::set<std::string> causes;
+  for (const RunDigest& d : runs)
+    for (const auto& [cause, share] : d.time_lost) causes.insert(cause);
+  for (const std::string& cause : causes) {
+    Row r{"time lost: " + cause, {}};
+    for (const RunDigest& d : runs) {
+      auto it = d.time_lost.find(cause);
+      r.second.push_back(it == d.time_lost.end() ? "-" : fmt::format("{:.0f}%", it->second * 100));
+    }
+    rows.push_back(r);
+  }
+  std::set<std::string> keys;
+  for (const RunDigest& d : runs)
+    for (const auto& [k, v] : d.config) keys.insert(k);
+  for (const std::string& k : keys) {
+    std::vector<std::string> values;
+    for (const RunDigest& d : runs) {
+      auto it = d.config.find(k);
+      values.push_back(it == d.config.end() ? "-" : it->second);
+    }
+    if (std::all_of(values.begin(), values.end(), [&](const std::string& v) { return v == values[0]; })) continue;
+    rows.push_back({"config: " + k, values});
+  }
+  return rows;
+}
+
+RunDigest Digest(const RunData& d, const std::vector<Finding>& findings) {
+  RunDigest g;
+  g.id = d.run.id;
+  g.name = d.run.name;
+  g.status = d.run.status;
+  g.wall_s = d.run.end_time ? *d.run.end_time - d.run.start_time : 0;
+  if (!d.steps.empty()) {
+    StepsSummary s = SummarizeSteps(d.steps);
+    if (s.median_samples_per_s > 0) g.samples_per_s = s.median_samples_per_s;
+    std::vector<double> step_s;
+    double wait = 0, timed = 0;
+    for (const StepRecord& r : d.steps) {
+      step_s.push_back(r.step_s);
+      if (r.data_wait_s) wait += *r.data_wait_s, timed += r.step_s;
+    }
+    g.step_s = Percentile(step_s, 50);
+    if (timed > 0) g.data_wait_share = wait / timed;
+  }
+  std::vector<double> utils;
+  double mem = NAN;
+  for (int i = 0; i < 64; ++i) {
+    std::string p = "gpu" + std::to_string(i) + ".";
+    double u = MedianOf(d.samples, p + "util");
+    if (std::isnan(u)) continue;
+    utils.push_back(u);
+    auto used = d.samples.find(p + "mem_used_bytes"), total = d.samples.find(p + "mem_total_bytes");
+    if (used == d.samples.end() || total == d.samples.end() || total->second.empty()) continue;
+    double peak = 0;
+    for (const SeriesPoint& x : used->second) peak = std::max(peak, x.v);
+    if (total->second.back().v > 0) mem = std::isnan(mem) ? peak / total->second.back().v : std::max(mem, peak / total->second.back().v);
+  }
+  if (!utils.empty()) {
+    g.gpu_util = 0;
+    for (double u : utils) g.gpu_util += u / utils.size();
+  }
+  g.gpu_mem_peak_share = mem;
+  g.cpu_util = MedianOf(d.samples, "host.cpu_util");
+  for (const Finding& f : findings)
+    if (f.share_lost > 0) g.time_lost[f.cause] = std::max(g.time_lost[f.cause], f.share_lost);
+  Flatten(nlohmann::json::parse(d.run.config_json, nullptr, false), "", &g.config);
+  g.config.erase("");
+  std::string command;
+  for (const std::string& a : d.run.command) command += (command.empty() ? "" : " ") + a;
+  g.config["command"] = command;
+  return g;
+}
+
+// Long cells (commands) keep their start and end, where runs differ.
+std::string Shorten(const std::string& s, size_t width = 40) {
+  return s.size() <= width ? s : s.substr(0, 14) + "..." + s.substr(s.size() - (width - 17));
+}
+
+std::string RenderComparison(const std::vector<RunDigest>& runs) {
+  std::vector<ComparisonRow> rows = ComparisonTable(runs);
+  std::vector<std::string> header;
+  for (const RunDigest& d : runs) header.push_back(fmt::format("run {} {}", d.id, d.name.substr(0, 24)));
+  size_t label_w = 0;
+  std::vector<size_t> w(runs.size(), 0);
+  for (size_t c = 0; c < runs.size(); ++c) w[c] = header[c].size();
+  for (const auto& [label, cells] : rows) {
+    label_w = std::max(label_w, label.size());
+    for (size_t c = 0; c < cells.size(); ++c) w[c] = std::max(w[c], Shorten(cells[c]).size());
+  }
+  std::string out = fmt::format("{:<{}}", "", label_w);
+  for (size_t c = 0; c < runs.size(); ++c) out += fmt::format("  {:>{}}", header[c], w[c]);
+  out += "\n";
+  for (const auto& [label, cells] : rows) {
+    out += fmt::format("{:<{}}", label, label_w);
+    for (size_t c = 0; c < cells.size(); ++c) out += fmt::format("  {:>{}}", Shorten(cells[c]), w[c]);
+    out += "\n";
+  }
+  return out;
+}
+
+nlohmann::json ComparisonJson(const std::vector<RunDigest>& runs) {
+  auto num = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
+  nlohmann::json out = nlohmann::json::array();
+  for (const RunDigest& d : runs) {
+    nlohmann::json lost = nlohmann::json::object();
+    for (const auto& [cause, share] : d.time_lost) lost[cause] = std::round(share * 1000) / 10;
+    out.push_back({{"run", d.id},
+                   {"name", d.name},
+                   {"status", d.status},
+                   {"wall_s", d.wall_s},
+                   {"samples_per_s", num(d.samples_per_s)},
+                   {"step_s", num(d.step_s)},
+                   {"data_wait_pct", num(d.data_wait_share * 100)},
+                   {"gpu_util_pct", num(d.gpu_util)},
+                   {"gpu_mem_peak_pct", num(d.gpu_mem_peak_share * 100)},
+                   {"cpu_util_pct", num(d.cpu_util)},
+                   {"time_lost_pct", lost},
+                   {"config", d.config}});
+  }
+  return out;
+}
+
+}  // namespace fullburn

@@ -1,0 +1,351 @@
+// `fullburn report`: one self-contained HTML file. Tables and text are made
+// here; the charts are drawn in the browser by uPlot (third_party/uplot,
+// inlined), from series downsampled for display (the store keeps every point).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include "fullburn/report.h"
+
+extern const char kUplotJs[];
+extern const char kUplotCss[];
+
+namespace fullburn {
+namespace {
+
+constexpr size_t kMaxPoints = 2000;  // per series: a 10-hour run at 1 Hz is 36,000
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string LocalTime(double unix_s) {
+  std::time_t t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+struct ChartSpec {
+  const char* title;
+  const char* unit;
+  const char* prefix;  // "gpu" for every GPU, else the metric's full name prefix
+  std::vector<const char*> names;
+  double scale;
+};
+
+const ChartSpec kTelemetryCharts[] = {
+    {"GPU utilization", "%", "gpu", {"util", "sm_active", "tensor_active"}, 1},
+    {"GPU memory", "GiB", "gpu", {"mem_used_bytes", "mem_total_bytes", "proc_mem_used_bytes"}, 1.0 / (1 << 30)},
+    {"GPU power", "W", "gpu", {"power_w", "power_limit_w"}, 1},
+    {"GPU temperature", "°C", "gpu", {"temp_c"}, 1},
+    {"GPU SM clock", "MHz", "gpu", {"sm_clock_mhz", "max_sm_clock_mhz"}, 1},
+    {"PCIe traffic", "GB/s", "gpu", {"pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s"}, 1e-9},
+    {"Host CPU, all cores", "%", "host.", {"cpu_util", "cpu_iowait"}, 1},
+    {"The job's process tree", "% of one core", "proc.", {"cpu_util"}, 1},
+    {"Host memory used", "GiB", "host.", {"mem_used_bytes"}, 1.0 / (1 << 30)},
+};
+
+nlohmann::json SeriesJson(const std::string& label, const Series& s) {
+  nlohmann::json t = nlohmann::json::array(), v = nlohmann::json::array();
+  for (const SeriesPoint& p : s) {
+    t.push_back(std::round(p.t * 1000) / 1000);
+    v.push_back(p.v);  // NaN (a gap) is written as null
+  }
+  return {{"label", label}, {"t", t}, {"v", v}};
+}
+
+std::string RunPrefix(const ReportRun& r, bool several) {
+  return several ? fmt::format("run {}: ", r.data.run.id) : "";
+}
+
+void TelemetryCharts(const std::vector<ReportRun>& runs, nlohmann::json* charts) {
+  bool several = runs.size() > 1;
+  for (const ChartSpec& spec : kTelemetryCharts) {
+    nlohmann::json series = nlohmann::json::array();
+    for (const ReportRun& r : runs) {
+      double gap = 3 * std::max(0.05, r.data.run.interval_s);
+      std::vector<std::string> names;
+      if (std::string(spec.prefix) == "gpu") {
+        for (int g = 0; g < 64; ++g)
+          for (const char* n : spec.names) names.push_back("gpu" + std::to_string(g) + "." + n);
+      } else {
+        for (const char* n : spec.names) names.push_back(std::string(spec.prefix) + n);
+      }
+      for (const std::string& name : names) {
+        auto it = r.data.samples.find(name);
+        if (it == r.data.samples.end() || it->second.empty()) continue;
+        Series scaled = Downsample(it->second, kMaxPoints, gap);
+        for (SeriesPoint& p : scaled) p.v *= spec.scale;
+        series.push_back(SeriesJson(RunPrefix(r, several) + name, scaled));
+      }
+    }
+    if (!series.empty()) charts->push_back({{"title", spec.title}, {"unit", spec.unit}, {"series", series}});
+  }
+}
+
+// Per-rank series of one step quantity.
+void StepChart(const std::vector<ReportRun>& runs, const char* title, const char* unit,
+               double (*value)(const StepRecord&), nlohmann::json* charts) {
+  nlohmann::json series = nlohmann::json::array();
+  for (const ReportRun& r : runs) {
+    std::map<int, Series> by_rank;
+    std::vector<double> durations;
+    for (const StepRecord& s : r.data.steps) {
+      double v = value(s);
+      durations.push_back(s.step_s);
+      if (!std::isnan(v)) by_rank[s.rank].push_back({s.t, v});
+    }
+    double gap = std::max(2.0, 10 * Percentile(durations, 50));
+    for (auto& [rank, s] : by_rank) {
+      std::sort(s.begin(), s.end(), [](const SeriesPoint& a, const SeriesPoint& b) { return a.t < b.t; });
+      std::string label = RunPrefix(r, runs.size() > 1) + (by_rank.size() > 1 ? fmt::format("rank {}", rank) : "all");
+      series.push_back(SeriesJson(label, Downsample(s, kMaxPoints, gap)));
+    }
+  }
+  if (!series.empty()) charts->push_back({{"title", title}, {"unit", unit}, {"series", series}});
+}
+
+// Phases of the lowest rank's timed steps, cumulative, drawn as stacked bands.
+void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
+  struct Phase {
+    const char* name;
+    std::optional<double> StepRecord::*field;
+  };
+  const Phase phases[] = {{"data wait", &StepRecord::data_wait_s}, {"host-to-device", &StepRecord::h2d_s},
+                          {"forward", &StepRecord::forward_s},     {"backward", &StepRecord::backward_s},
+                          {"communication", &StepRecord::comm_s},  {"optimizer", &StepRecord::optimizer_s}};
+  if (r.data.steps.empty()) return;
+  int rank = r.data.steps.front().rank;
+  std::vector<Series> cumulative(std::size(phases) + 1);
+  std::vector<bool> present(std::size(phases), false);
+  std::vector<double> durations;
+  for (const StepRecord& s : r.data.steps) {
+    if (s.rank != rank || (!s.data_wait_s && !s.forward_s)) continue;
+    durations.push_back(s.step_s);
+    double sum = 0;
+    for (size_t p = 0; p < std::size(phases); ++p) {
+      present[p] = present[p] || (s.*phases[p].field).has_value();
+      sum += (s.*phases[p].field).value_or(0) * 1e3;
+      cumulative[p].push_back({s.t, sum});
+    }
+    cumulative.back().push_back({s.t, s.step_s * 1e3});  // the rest of the step: "other"
+  }
+  if (durations.empty()) return;
+  double gap = std::max(2.0, 10 * Percentile(durations, 50));
+  // Painter's order: the tallest band first, each later one drawn over it.
+  nlohmann::json series = nlohmann::json::array();
+  series.push_back(SeriesJson(RunPrefix(r, several) + "other", Downsample(cumulative.back(), kMaxPoints, gap)));
+  for (size_t p = std::size(phases); p-- > 0;)
+    if (present[p])
+      series.push_back(SeriesJson(RunPrefix(r, several) + phases[p].name, Downsample(cumulative[p], kMaxPoints, gap)));
+  charts->push_back({{"title", fmt::format("Step time breakdown{} (stacked)", several ? fmt::format(", run {}", r.data.run.id) : "")},
+                     {"unit", "ms"},
+                     {"stacked", true},
+                     {"series", series}});
+}
+
+nlohmann::json Charts(const std::vector<ReportRun>& runs) {
+  nlohmann::json charts = nlohmann::json::array();
+  TelemetryCharts(runs, &charts);
+  StepChart(runs, "Throughput", "samples/s", [](const StepRecord& s) { return s.step_s > 0 ? s.samples / s.step_s : NAN; }, &charts);
+  StepChart(runs, "Step time", "ms", [](const StepRecord& s) { return s.step_s * 1e3; }, &charts);
+  StepChart(runs, "Data wait", "% of step",
+            [](const StepRecord& s) { return s.data_wait_s && s.step_s > 0 ? 100 * *s.data_wait_s / s.step_s : NAN; },
+            &charts);
+  for (const ReportRun& r : runs) BreakdownChart(r, runs.size() > 1, &charts);
+  return charts;
+}
+
+std::string FindingsHtml(const std::vector<Finding>& findings) {
+  std::string out = "<div class=findings>";
+  for (const Finding& f : findings)
+    out += fmt::format(
+        "<div class=\"finding {}\"><div class=cause><code>{}</code> {}{}</div><div><b>why</b> {}</div>"
+        "<div><b>fix</b> {}</div><div class=conf>confidence {:.0f}%</div></div>",
+        f.cause == "healthy" ? "ok" : (f.share_lost > 0 ? "bad" : "hint"), Escape(f.cause), Escape(f.title),
+        f.share_lost > 0 ? fmt::format(" <span class=lost>~{:.0f}% of the time</span>", f.share_lost * 100) : "",
+        Escape(f.evidence), Escape(f.fix), f.confidence * 100);
+  return out + "</div>";
+}
+
+std::string BreakdownBar(const std::vector<StepRecord>& steps) {
+  StepsSummary s = SummarizeSteps(steps);
+  if (s.phase_share.empty()) return "";
+  static const char* colors[] = {"#e45756", "#f58518", "#4c78a8", "#72b7b2", "#b279a2", "#54a24b", "#9d755d"};
+  std::string bar = "<div class=bar>", legend = "<div class=legend>";
+  for (size_t i = 0; i < s.phase_share.size(); ++i) {
+    const auto& [name, share] = s.phase_share[i];
+    bar += fmt::format("<span style=\"width:{:.2f}%;background:{}\" title=\"{} {:.1f}%\"></span>", share * 100,
+                       colors[i % 7], name, share * 100);
+    legend += fmt::format("<span><i style=\"background:{}\"></i>{} {:.1f}%</span>", colors[i % 7], name, share * 100);
+  }
+  return "<h3>Where step time went (timed steps)</h3>" + bar + "</div>" + legend + "</div>";
+}
+
+std::string RunHtml(const ReportRun& r) {
+  const RunInfo& run = r.data.run;
+  std::string command;
+  for (const std::string& a : run.command) command += (command.empty() ? "" : " ") + a;
+  std::string out = fmt::format("<section class=run><h2>Run {} <small>{}</small></h2><table class=meta>", run.id,
+                                Escape(run.name));
+  auto row = [&](const char* k, const std::string& v) { out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v); };
+  row("command", "<code>" + Escape(command) + "</code>");
+  row("host", Escape(run.host));
+  row("directory", Escape(run.cwd));
+  row("started", LocalTime(run.start_time));
+  row("status", Escape(run.status) + (run.exit_code ? fmt::format(" (exit code {})", *run.exit_code) : "") +
+                    (run.end_time ? fmt::format(", {}", FormatDuration(*run.end_time - run.start_time))
+                                  : " (no end recorded: the data stops where the recording did)"));
+  row("samples", fmt::format("{} every {} s", run.sample_count, run.interval_s));
+  if (!r.data.steps.empty()) row("steps", fmt::format("{} step records", r.data.steps.size()));
+  if (!r.data.checkpoints.empty()) row("checkpoints", std::to_string(r.data.checkpoints.size()));
+  out += "</table>";
+  if (run.sample_count == 0) out += "<p class=note>No telemetry samples were recorded for this run.</p>";
+  out += "<h3>Findings</h3>" + FindingsHtml(r.findings) + BreakdownBar(r.data.steps);
+  auto pretty = [](const std::string& j) {
+    auto parsed = nlohmann::json::parse(j, nullptr, false);
+    return parsed.is_discarded() ? j : parsed.dump(2);
+  };
+  out += fmt::format("<details><summary>Config and environment</summary><pre>{}</pre><pre>GPUs: {}</pre></details>",
+                     Escape(pretty(run.config_json)), Escape(pretty(run.gpus_json)));
+  return out + "</section>";
+}
+
+std::string ComparisonHtml(const std::vector<ReportRun>& runs) {
+  std::vector<RunDigest> digests;
+  for (const ReportRun& r : runs) digests.push_back(Digest(r.data, r.findings));
+  std::string out = "<h2>Comparison</h2><table class=compare><tr><th></th>";
+  for (const RunDigest& d : digests) out += fmt::format("<th>run {}<br><small>{}</small></th>", d.id, Escape(d.name));
+  out += "</tr>";
+  for (const auto& [label, cells] : ComparisonTable(digests)) {
+    out += "<tr><th>" + Escape(label) + "</th>";
+    for (const std::string& c : cells) out += "<td>" + Escape(c) + "</td>";
+    out += "</tr>";
+  }
+  return out + "</table>";
+}
+
+const char kStyle[] = R"(
+body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px}h3{font-size:15px}
+table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;vertical-align:top}
+table.compare td{text-align:right;font-variant-numeric:tabular-nums}table.compare tr:nth-child(even){background:#f4f4f4}
+.finding{border-left:5px solid #999;padding:6px 10px;margin:6px 0;background:#fafafa}
+.finding.bad{border-color:#e45756}.finding.hint{border-color:#f58518}.finding.ok{border-color:#54a24b}
+.cause{font-weight:600}.lost{color:#c0392b}.conf{color:#777;font-size:12px}
+.bar{display:flex;height:22px;width:100%;max-width:900px;border:1px solid #ccc}.bar span{display:block;height:100%}
+.legend span{margin-right:14px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+.chart{margin:10px 0}.note{color:#a15c00}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:300px}
+)";
+
+const char kScript[] = R"(
+(function(){
+  var D = JSON.parse(document.getElementById('fb-data').textContent);
+  var colors = ['#4c78a8','#f58518','#e45756','#72b7b2','#54a24b','#eeca3b','#b279a2','#ff9da6','#9d755d','#bab0ac'];
+  function align(series) {
+    var seen = {}, xs = [];
+    series.forEach(function(s){ s.t.forEach(function(t){ if (!(t in seen)) { seen[t] = 1; xs.push(t); } }); });
+    xs.sort(function(a,b){ return a-b; });
+    var index = {}; xs.forEach(function(t,i){ index[t] = i; });
+    var out = [xs];
+    series.forEach(function(s){
+      var ys = new Array(xs.length).fill(undefined);
+      s.t.forEach(function(t,i){ ys[index[t]] = s.v[i]; });
+      out.push(ys);
+    });
+    return out;
+  }
+  function duration(v, incr) {
+    if (v == null) return '';
+    if (incr < 1) return v.toFixed(incr < 0.1 ? 2 : 1) + 's';
+    var s = Math.round(v), h = Math.floor(s/3600), m = Math.floor(s%3600/60), r = s%60;
+    return h ? h+'h'+String(m).padStart(2,'0') : m ? m+'m'+String(r).padStart(2,'0') : r+'s';
+  }
+  var box = document.getElementById('charts'), drawn = 0;
+  var width = Math.max(480, Math.min(1150, (window.innerWidth || 1200) - 50));
+  D.charts.forEach(function(c){
+    var div = document.createElement('div');
+    div.className = 'chart';
+    box.appendChild(div);
+    var series = [{label: 'time'}];
+    c.series.forEach(function(s, i){
+      var color = colors[i % colors.length];
+      series.push({label: s.label, stroke: color, width: 1.5, spanGaps: false,
+                   fill: c.stacked ? color + 'cc' : undefined,
+                   value: function(u, v){ return v == null ? '-' : v.toFixed(v < 10 ? 2 : 1); }});
+    });
+    new uPlot({title: c.title + ' (' + c.unit + ')', width: width, height: 230,
+               cursor: {sync: {key: 'fullburn'}, drag: {x: true, y: false}},
+               scales: {x: {time: false}},
+               axes: [{values: function(u, vals, ax, space, incr){
+                         return vals.map(function(v){ return duration(v, incr); }); }}, {label: c.unit, size: 60}],
+               series: series}, align(c.series), div);
+    drawn++;
+  });
+  if (!D.charts.length) box.textContent = 'No time series to draw: the run has no samples and no step records.';
+  document.body.setAttribute('data-charts-drawn', String(drawn));
+})();
+)";
+
+}  // namespace
+
+Series Downsample(const Series& s, size_t max_points, double gap_s) {
+  Series reduced;
+  if (s.size() <= max_points || max_points < 4) {
+    reduced = s;
+  } else {
+    size_t buckets = max_points / 2;
+    for (size_t b = 0; b < buckets; ++b) {
+      size_t lo = b * s.size() / buckets, hi = (b + 1) * s.size() / buckets;
+      if (lo >= hi) continue;
+      size_t min_i = lo, max_i = lo;
+      for (size_t i = lo; i < hi; ++i) {
+        if (s[i].v < s[min_i].v) min_i = i;
+        if (s[i].v > s[max_i].v) max_i = i;
+      }
+      reduced.push_back(s[std::min(min_i, max_i)]);
+      if (min_i != max_i) reduced.push_back(s[std::max(min_i, max_i)]);
+    }
+  }
+  Series out;
+  for (size_t i = 0; i < reduced.size(); ++i) {
+    if (i > 0 && reduced[i].t - reduced[i - 1].t > gap_s) out.push_back({(reduced[i].t + reduced[i - 1].t) / 2, NAN});
+    out.push_back(reduced[i]);
+  }
+  return out;
+}
+
+std::string RenderHtmlReport(const std::vector<ReportRun>& runs) {
+  nlohmann::json data{{"charts", Charts(runs)}};
+  std::string json = data.dump();
+  // JSON inside <script>: "</" would end the element early.
+  for (size_t pos = 0; (pos = json.find("</", pos)) != std::string::npos; pos += 3) json.replace(pos, 2, "<\\/");
+  std::string title = runs.size() == 1 ? fmt::format("fullburn report: run {} ({})", runs[0].data.run.id, runs[0].data.run.name)
+                                       : fmt::format("fullburn report: {} runs compared", runs.size());
+  std::string out = "<!doctype html><html lang=en><head><meta charset=utf-8><title>" + Escape(title) +
+                    "</title><style>" + kUplotCss + kStyle + "</style></head><body><h1>" + Escape(title) + "</h1>";
+  if (runs.size() > 1) out += ComparisonHtml(runs);
+  for (const ReportRun& r : runs) out += RunHtml(r);
+  out += "<h2>Time series</h2><p class=note>Drag across a chart to zoom (all charts follow), double-click to "
+         "reset. Series are downsampled for display (min and max kept per bucket); the store keeps every "
+         "sample (fullburn runs export).</p><div id=charts></div>";
+  out += "<script type=\"application/json\" id=fb-data>" + json + "</script>";
+  out += std::string("<script>") + kUplotJs + "</script><script>" + kScript + "</script></body></html>\n";
+  return out;
+}
+
+}  // namespace fullburn

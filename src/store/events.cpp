@@ -1,0 +1,123 @@
+// Step events: the line format that `fullburn run`'s children (the Python
+// helper in python/fullburn_markers.py, fullburn train) append to the file
+// named by $FULLBURN_EVENTS, and the reader that turns it into store records.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fullburn/store.h"
+
+namespace fullburn {
+namespace {
+
+using nlohmann::json;
+
+struct PhaseField {
+  const char* key;
+  std::optional<double> StepRecord::*field;
+};
+const PhaseField kPhaseFields[] = {{"data_wait_s", &StepRecord::data_wait_s}, {"h2d_s", &StepRecord::h2d_s},
+                                   {"forward_s", &StepRecord::forward_s},     {"backward_s", &StepRecord::backward_s},
+                                   {"optimizer_s", &StepRecord::optimizer_s}, {"comm_s", &StepRecord::comm_s}};
+
+// A non-negative finite number, or the reason it is not.
+Status NonNegative(const json& j, const char* key, double* out) {
+  if (!j.contains(key) || j[key].is_null()) return Status::NotFound(key);
+  if (!j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < 0)
+    return Status::InvalidArgument(std::string("\"") + key + "\" must be a non-negative number");
+  *out = j[key].get<double>();
+  return Status::Ok();
+}
+
+Result<StepRecord> ParseStep(const json& j, double run_start) {
+  StepRecord r;
+  double time = 0, step_s = 0;
+  for (const char* key : {"time", "step_s"})
+    if (Status s = NonNegative(j, key, key[0] == 't' ? &time : &step_s); !s.ok())
+      return s.code() == Status::Code::kNotFound ? Status::InvalidArgument(std::string("a step needs \"") + key + "\"")
+                                               : s;
+  if (!j.contains("step") || !j["step"].is_number_integer()) return Status::InvalidArgument("a step needs an integer \"step\"");
+  r.step = j["step"].get<int64_t>();
+  r.t = time - run_start;
+  r.step_s = step_s;
+  r.rank = j.value("rank", 0);
+  r.epoch = j.value("epoch", 0);
+  r.samples = j.value("samples", int64_t{0});
+  r.lr = j.value("lr", 0.0);
+  r.skipped = j.value("skipped", false);
+  r.loss = j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : NAN;
+  if (j.contains("loss_scale") && j["loss_scale"].is_number()) r.loss_scale = j["loss_scale"].get<double>();
+  for (const PhaseField& p : kPhaseFields) {
+    double v = 0;
+    Status s = NonNegative(j, p.key, &v);
+    if (s.ok()) r.*p.field = v;
+    else if (s.code() != Status::Code::kNotFound) return s;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string StepEventLine(const StepRecord& r, double run_start) {
+  json j{{"kind", "step"}, {"rank", r.rank},       {"step", r.step},   {"epoch", r.epoch},
+         {"time", r.t + run_start}, {"step_s", r.step_s}, {"samples", r.samples}, {"lr", r.lr}};
+  if (std::isfinite(r.loss)) j["loss"] = r.loss;
+  if (r.loss_scale) j["loss_scale"] = *r.loss_scale;
+  if (r.skipped) j["skipped"] = true;
+  for (const PhaseField& p : kPhaseFields)
+    if (r.*p.field && std::isfinite(*(r.*p.field))) j[p.key] = *(r.*p.field);
+  return j.dump() + "\n";
+}
+
+Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start) {
+  json j = json::parse(line, nullptr, false);
+  if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
+  std::string kind = j.value("kind", "");
+  MarkerEvent out;
+  if (kind == "step") {
+    Result<StepRecord> r = ParseStep(j, run_start);
+    if (!r.ok()) return r.status();
+    out.is_step = true;
+    out.step = *r;
+    return out;
+  }
+  if (kind != "event") return Status::InvalidArgument("\"kind\" must be \"step\" or \"event\"");
+  double time = 0;
+  if (!NonNegative(j, "time", &time).ok()) return Status::InvalidArgument("an event needs \"time\"");
+  if (!j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty())
+    return Status::InvalidArgument("an event needs a \"name\"");
+  json data = j.contains("data") && j["data"].is_object() ? j["data"] : json::object();
+  if (j.contains("duration_s") && j["duration_s"].is_number()) data["duration_s"] = j["duration_s"];
+  if (j.contains("rank")) data["rank"] = j["rank"];
+  out.event = {time - run_start, j["name"].get<std::string>(), data.dump()};
+  return out;
+}
+
+Status EventFileReader::Poll(double run_start, std::vector<StepRecord>* steps, std::vector<RunEvent>* events) {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return Status::Ok();  // nothing written yet
+  in.seekg(static_cast<std::streamoff>(offset_));
+  std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  offset_ += chunk.size();
+  partial_ += chunk;
+  size_t start = 0;
+  for (size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    std::string line = partial_.substr(start, nl - start);
+    ++lines_;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Result<MarkerEvent> e = ParseEventLine(line, run_start);
+    if (!e.ok()) {
+      if (first_error_.empty())
+        first_error_ = "line " + std::to_string(lines_) + " of " + path_ + ": " + e.status().message();
+      ++bad_lines_;
+    } else if (e->is_step) {
+      steps->push_back(e->step);
+    } else {
+      events->push_back(e->event);
+    }
+  }
+  partial_.erase(0, start);
+  return Status::Ok();
+}
+
+}  // namespace fullburn

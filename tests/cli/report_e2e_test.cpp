@@ -1,0 +1,288 @@
+// End to end: real programs that create a bottleneck run under the real
+// fullburn; the diagnosis must name it. GPU scenarios script the fake NVML
+// (the hardware boundary). The HTML report is opened in a real headless
+// Chromium.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/vfs.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "fullburn/pipeline.h"
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+using testing::RunToEnd;
+
+const std::string kLoop = std::string(SOURCE_DIR) + "/examples/scenarios/loop.py";
+
+class ReportE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::FreshTestDir("fb_report");
+    store_ = dir_ + "/runs.db";
+    ::unsetenv("FULLBURN_NVML_LIBRARY");
+    ::unsetenv("FULLBURN_STORE");
+  }
+  void FakeGpus(const std::string& gpus_json) {
+    std::string script = dir_ + "/nvml.json";
+    std::ofstream(script) << R"({"gpus": )" << gpus_json << "}";
+    ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
+    ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML, 1);
+  }
+  testing::Outcome Record(std::vector<std::string> cmd, const std::string& interval = "0.25") {
+    std::vector<std::string> argv = {FULLBURN_BIN, "run", "-q", "--interval", interval, "--store", store_, "--"};
+    argv.insert(argv.end(), cmd.begin(), cmd.end());
+    return RunToEnd(argv);
+  }
+  testing::Outcome Fullburn(std::vector<std::string> args) {
+    args.insert(args.begin(), FULLBURN_BIN);
+    args.push_back("--store");
+    args.push_back(store_);
+    return RunToEnd(args);
+  }
+  // The findings of a stored run, as `fullburn diagnose --json` gives them.
+  nlohmann::json Findings(const std::string& run = "last") {
+    auto o = Fullburn({"diagnose", run, "--json"});
+    EXPECT_EQ(o.code, 0) << o.err;
+    return nlohmann::json::parse(o.out);
+  }
+  std::string TopCause(const std::string& run = "last") { return Findings(run)[0]["cause"].get<std::string>(); }
+  std::string dir_, store_;
+};
+
+// --- Real bottlenecks on this machine, marked with python/fullburn_markers.py.
+
+TEST_F(ReportE2E, SlowProducerIsInputBound) {
+  auto o = Record({"python3", kLoop, "starved", "--seconds", "4"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto f = Findings();
+  std::string top = f[0]["cause"];
+  EXPECT_TRUE(top == "input_workers" || top == "input_cpu") << f.dump(2);
+  EXPECT_GT(f[0]["time_lost_pct"].get<double>(), 50);  // 40 ms of loading per 10 ms of work
+  // The markers became step records, exportable like fullburn train's.
+  auto steps = Fullburn({"runs", "export", "last", "--table", "steps", "--format", "json"});
+  ASSERT_EQ(steps.code, 0) << steps.err;
+  auto j = nlohmann::json::parse(steps.out);
+  EXPECT_GT(j.size(), 40u);
+  EXPECT_EQ(j[0]["samples"], 32);
+  EXPECT_GT(j[5]["data_wait_s"].get<double>(), 0.02);
+}
+
+TEST_F(ReportE2E, SlowConsumerIsHealthy) {
+  auto o = Record({"python3", kLoop, "compute", "--seconds", "4"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto f = Findings();
+  EXPECT_EQ(f[0]["cause"], "healthy") << f.dump(2);
+  EXPECT_EQ(f.size(), 1u) << f.dump(2);  // no false alarms
+}
+
+TEST_F(ReportE2E, DiskReadsAreInputIo) {
+  std::string data = dir_ + "/shard.bin";
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(dir_.c_str(), &fs), 0);
+  if (fs.f_type == 0x01021994)  // TMPFS_MAGIC: reads never wait on a disk there
+    GTEST_SKIP() << dir_ << " is on tmpfs: no storage to wait on";
+  {
+    std::ofstream out(data, std::ios::binary);
+    std::string block(1 << 20, '\0');
+    for (int i = 0; i < 256; ++i) {
+      for (size_t k = 0; k < block.size(); k += 4096) block[k] = static_cast<char>(i * 31 + k);
+      out << block;
+    }
+  }
+  auto o = Record({"python3", kLoop, "disk", "--seconds", "5", "--file", data});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto f = Findings();
+  EXPECT_EQ(f[0]["cause"], "input_io") << f.dump(2);
+}
+
+TEST_F(ReportE2E, MalformedMarkerLinesAreSkippedNotFatal) {
+  std::string script = dir_ + "/bad_markers.py";
+  std::ofstream(script) << "import os, time\n"
+                           "f = open(os.environ['FULLBURN_EVENTS'], 'a')\n"
+                           "f.write('not json\\n')\n"
+                           "f.write('{\"kind\": \"step\", \"step\": 1}\\n')\n"
+                           "f.write('{\"kind\": \"step\", \"step\": 1, \"time\": %f, \"step_s\": 0.5}\\n' % time.time())\n";
+  std::vector<std::string> argv = {FULLBURN_BIN, "run", "--interval", "0.25", "--store", store_, "--", "python3", script};
+  auto o = RunToEnd(argv);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("2 malformed step event line(s) skipped"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("line 1 of"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("not a JSON object"), std::string::npos) << o.err;
+  auto steps = Fullburn({"runs", "export", "last", "--table", "steps", "--format", "json"});
+  EXPECT_EQ(nlohmann::json::parse(steps.out).size(), 1u);
+}
+
+// --- GPU scenarios through the fake NVML, scripted series.
+
+TEST_F(ReportE2E, IdleGpuWithSaturatedCpuIsInputCpu) {
+  FakeGpus(R"([{"util": [30], "mem_util": [5], "mem_used": [40000000000], "mem_total": 80000000000}])");
+  ASSERT_EQ(Record({WORKLOAD_BIN, "fork", "--workers", "4", "--seconds", "3"}).code, 0);
+  EXPECT_EQ(TopCause(), "input_cpu") << Findings().dump(2);
+}
+
+TEST_F(ReportE2E, BusyGpuIsHealthy) {
+  FakeGpus(R"([{"util": [95], "mem_util": [5], "mem_used": [60000000000], "mem_total": 80000000000}])");
+  ASSERT_EQ(Record({WORKLOAD_BIN, "burn", "--seconds", "2"}).code, 0);
+  auto f = Findings();
+  EXPECT_EQ(f[0]["cause"], "healthy") << f.dump(2);
+  EXPECT_EQ(f.size(), 1u) << f.dump(2);
+}
+
+TEST_F(ReportE2E, MostlyFreeGpuMemoryIsHeadroom) {
+  FakeGpus(R"([{"util": [95], "mem_util": [5], "mem_used": [16000000000], "mem_total": 80000000000}])");
+  ASSERT_EQ(Record({WORKLOAD_BIN, "burn", "--seconds", "2"}).code, 0);
+  auto f = Findings();
+  EXPECT_EQ(f[0]["cause"], "memory_headroom") << f.dump(2);
+  EXPECT_NE(f[0]["evidence"].get<std::string>().find("20%"), std::string::npos);
+}
+
+TEST_F(ReportE2E, PowerThrottledHalfTheRun) {
+  // Sampled every 0.25 s for 3 s: about 12 samples, the first 6 power-capped.
+  FakeGpus(R"([{"util": [95], "mem_util": [5], "mem_used": [60000000000], "mem_total": 80000000000,
+               "throttle": [4, 4, 4, 4, 4, 4, 0]}])");
+  ASSERT_EQ(Record({WORKLOAD_BIN, "burn", "--seconds", "3"}).code, 0);
+  auto f = Findings();
+  ASSERT_EQ(f[0]["cause"], "throttle_power") << f.dump(2);
+  EXPECT_GT(f[0]["time_lost_pct"].get<double>(), 30);
+  EXPECT_LT(f[0]["time_lost_pct"].get<double>(), 70);
+}
+
+TEST_F(ReportE2E, TwoUnevenGpus) {
+  FakeGpus(R"([{"util": [95], "mem_util": [5], "mem_used": [60000000000], "mem_total": 80000000000},
+               {"util": [40], "mem_util": [5], "mem_used": [60000000000], "mem_total": 80000000000}])");
+  ASSERT_EQ(Record({WORKLOAD_BIN, "burn", "--seconds", "2"}).code, 0);
+  auto f = Findings();
+  ASSERT_EQ(f[0]["cause"], "uneven_ranks") << f.dump(2);
+  EXPECT_NE(f[0]["title"].get<std::string>().find("GPU 1"), std::string::npos);
+}
+
+// --- The HTML report in a real browser.
+
+struct Browser {
+  std::string dom, log;
+  int code = -1;
+};
+
+Browser OpenInChromium(const std::string& html, const std::string& profile, const std::string& screenshot) {
+  std::vector<std::string> common = {"chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                                     "--disable-dev-shm-usage", "--user-data-dir=" + profile,
+                                     "--enable-logging=stderr", "--v=0", "--window-size=1280,2400"};
+  Browser b;
+  std::vector<std::string> dump = common;
+  dump.push_back("--dump-dom");
+  dump.push_back("file://" + html);
+  auto o = RunToEnd(dump, 90);
+  b.code = o.code;
+  b.dom = o.out;
+  b.log = o.err;
+  std::vector<std::string> shot = common;
+  shot.push_back("--screenshot=" + screenshot);
+  shot.push_back("file://" + html);
+  auto s = RunToEnd(shot, 90);
+  b.log += s.err;
+  if (s.code != 0) b.code = s.code;
+  return b;
+}
+
+// Share of pixels that are neither white nor near-white.
+double InkShare(const std::string& png_path) {
+  std::ifstream in(png_path, std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  DecodedRegion img;
+  if (bytes.empty() || !DecodePng(bytes.data(), bytes.size(), &img).ok()) return -1;
+  size_t ink = 0, n = static_cast<size_t>(img.width) * img.height;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = &img.rgb[i * 3];
+    ink += p[0] < 230 || p[1] < 230 || p[2] < 230;
+  }
+  return static_cast<double>(ink) / n;
+}
+
+TEST_F(ReportE2E, HtmlReportRendersInChromium) {
+  FakeGpus(R"([{"name": "Fake H100", "util": [0, 0, 60, 95, 97, 40, 96], "mem_util": [5], "mem_used": [30000000000],
+               "mem_total": 80000000000, "power_mw": [350000, 600000], "temp": [60, 75], "sm_clock": [1980]}])");
+  ASSERT_EQ(Record({"python3", kLoop, "starved", "--seconds", "3"}).code, 0);
+  ASSERT_EQ(Record({"python3", kLoop, "compute", "--seconds", "3"}).code, 0);
+  std::string html = dir_ + "/report.html";
+  auto o = Fullburn({"report", "1", "2", "-o", html});
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::string text = testing::ReadText(html);
+  // Nothing is fetched from a network: no external scripts, styles or images.
+  EXPECT_FALSE(std::regex_search(text, std::regex(R"((src|href)\s*=\s*["']?(https?:)?//)")));
+  EXPECT_FALSE(std::regex_search(text, std::regex(R"(url\(\s*["']?https?:|@import)")));
+  EXPECT_NE(text.find("input_workers"), std::string::npos);
+  EXPECT_NE(text.find("config: command"), std::string::npos);  // the comparison table
+
+  Browser b = OpenInChromium(html, dir_ + "/chromium-profile", dir_ + "/report.png");
+  ASSERT_EQ(b.code, 0) << b.log;
+  EXPECT_EQ(b.log.find(":CONSOLE"), std::string::npos) << b.log;  // no console errors or messages
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(b.dom, m, std::regex("data-charts-drawn=\"(\\d+)\""))) << b.dom.substr(0, 2000);
+  int drawn = std::stoi(m[1]);
+  EXPECT_GE(drawn, 10);  // GPU util, memory, power, temperature, clock, CPU, ..., step charts, breakdowns
+  size_t plots = 0;
+  for (size_t pos = 0; (pos = b.dom.find("class=\"uplot", pos)) != std::string::npos; ++pos) ++plots;
+  EXPECT_EQ(plots, static_cast<size_t>(drawn));
+  EXPECT_NE(b.dom.find("<canvas"), std::string::npos);
+  EXPECT_NE(b.dom.find("GPU utilization (%)"), std::string::npos);
+  double ink = InkShare(dir_ + "/report.png");
+  EXPECT_GT(ink, 0.02) << "the screenshot is blank";
+}
+
+// --- Bad input: clear messages, partial reports, never a crash.
+
+TEST_F(ReportE2E, BadInputs) {
+  auto unknown = Fullburn({"report", "42"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("no run 42"), std::string::npos) << unknown.err;
+  EXPECT_EQ(Fullburn({"diagnose", "7", "--json"}).code, 2);
+  ASSERT_EQ(Record({WORKLOAD_BIN, "exit", "--code", "0"}, "5").code, 0);  // ends before a second sample
+  auto one = Fullburn({"compare", "1"});
+  EXPECT_EQ(one.code, 2);
+  EXPECT_NE(one.err.find("two runs or more"), std::string::npos);
+  auto f = Findings("1");  // no GPU, no steps, next to no samples
+  EXPECT_EQ(f[0]["cause"], "healthy");
+  EXPECT_LT(f[0]["confidence"].get<double>(), 0.5);
+  auto report = Fullburn({"report", "1", "-o", dir_ + "/no-such-dir/r.html"});
+  EXPECT_EQ(report.code, 2);
+  EXPECT_NE(report.err.find("cannot write"), std::string::npos) << report.err;
+
+  // A run still recording: diagnosed and reported from what is there.
+  testing::Background live;
+  testing::Start(&live, {FULLBURN_BIN, "run", "-q", "--interval", "0.2", "--store", store_, "--", WORKLOAD_BIN,
+                         "burn", "--seconds", "4"},
+                 "live_run");
+  ::usleep(1500 * 1000);
+  auto running = Fullburn({"diagnose", "2"});
+  EXPECT_EQ(running.code, 0) << running.err;
+  EXPECT_NE(running.err.find("is running"), std::string::npos) << running.err;
+  auto partial = Fullburn({"report", "2", "-o", dir_ + "/partial.html"});
+  EXPECT_EQ(partial.code, 0) << partial.err;
+  EXPECT_NE(testing::ReadText(dir_ + "/partial.html").find("no end recorded"), std::string::npos);
+  EXPECT_EQ(live.Wait(30), 0);
+}
+
+TEST_F(ReportE2E, CompareTwoRuns) {
+  ASSERT_EQ(Record({"python3", kLoop, "starved", "--seconds", "2"}).code, 0);
+  ASSERT_EQ(Record({"python3", kLoop, "compute", "--seconds", "2"}).code, 0);
+  auto o = Fullburn({"compare", "1", "2"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("samples/s (median)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("time lost: input_"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("config: command"), std::string::npos) << o.out;
+  auto j = Fullburn({"compare", "1", "2", "--json"});
+  auto runs = nlohmann::json::parse(j.out);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_GT(runs[0]["data_wait_pct"].get<double>(), 50);
+  EXPECT_LT(runs[1]["data_wait_pct"].get<double>(), 10);
+}
+
+}  // namespace
+}  // namespace fullburn
