@@ -165,6 +165,7 @@ struct MarkerEvent {
   RunEvent event;
 };
 std::string StepEventLine(const StepRecord& step, double run_start);
+std::string RunEventLine(const RunEvent& event, double run_start);
 Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start);
 
 // Follows an events file that other processes append to: each Poll reads the

@@ -303,28 +303,42 @@ const char kScript[] = R"(
 
 }  // namespace
 
-Series Downsample(const Series& s, size_t max_points, double gap_s) {
-  Series reduced;
-  if (s.size() <= max_points || max_points < 4) {
-    reduced = s;
-  } else {
-    size_t buckets = max_points / 2;
-    for (size_t b = 0; b < buckets; ++b) {
-      size_t lo = b * s.size() / buckets, hi = (b + 1) * s.size() / buckets;
-      if (lo >= hi) continue;
-      size_t min_i = lo, max_i = lo;
-      for (size_t i = lo; i < hi; ++i) {
-        if (s[i].v < s[min_i].v) min_i = i;
-        if (s[i].v > s[max_i].v) max_i = i;
-      }
-      reduced.push_back(s[std::min(min_i, max_i)]);
-      if (min_i != max_i) reduced.push_back(s[std::max(min_i, max_i)]);
-    }
+namespace {
+
+// Min and max of each of `buckets` index ranges, in time order.
+void MinMaxBuckets(Series::const_iterator begin, Series::const_iterator end, size_t buckets, Series* out) {
+  size_t n = static_cast<size_t>(end - begin);
+  if (n <= 2 * buckets) {
+    out->insert(out->end(), begin, end);
+    return;
   }
+  for (size_t b = 0; b < buckets; ++b) {
+    size_t lo = b * n / buckets, hi = (b + 1) * n / buckets;
+    size_t min_i = lo, max_i = lo;
+    for (size_t i = lo; i < hi; ++i) {
+      if (begin[i].v < begin[min_i].v) min_i = i;
+      if (begin[i].v > begin[max_i].v) max_i = i;
+    }
+    out->push_back(begin[std::min(min_i, max_i)]);
+    if (min_i != max_i) out->push_back(begin[std::max(min_i, max_i)]);
+  }
+}
+
+}  // namespace
+
+Series Downsample(const Series& s, size_t max_points, double gap_s) {
+  // Segments between gaps in the original; each gets its share of the points.
+  std::vector<size_t> cuts = {0};
+  for (size_t i = 1; i < s.size(); ++i)
+    if (s[i].t - s[i - 1].t > gap_s) cuts.push_back(i);
+  cuts.push_back(s.size());
+  size_t budget = max_points > cuts.size() ? max_points - cuts.size() : 2;
   Series out;
-  for (size_t i = 0; i < reduced.size(); ++i) {
-    if (i > 0 && reduced[i].t - reduced[i - 1].t > gap_s) out.push_back({(reduced[i].t + reduced[i - 1].t) / 2, NAN});
-    out.push_back(reduced[i]);
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    if (k > 0) out.push_back({(s[cuts[k] - 1].t + s[cuts[k]].t) / 2, NAN});
+    size_t n = cuts[k + 1] - cuts[k];
+    size_t buckets = std::max<size_t>(1, budget * n / s.size() / 2);
+    MinMaxBuckets(s.begin() + cuts[k], s.begin() + cuts[k + 1], buckets, &out);
   }
   return out;
 }

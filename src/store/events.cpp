@@ -69,6 +69,14 @@ std::string StepEventLine(const StepRecord& r, double run_start) {
   return j.dump() + "\n";
 }
 
+std::string RunEventLine(const RunEvent& e, double run_start) {
+  json data = json::parse(e.data, nullptr, false);
+  if (!data.is_object()) data = json::object();
+  json j{{"kind", "event"}, {"name", e.kind}, {"time", e.t + run_start}, {"data", data}};
+  if (data.contains("duration_s") && data["duration_s"].is_number()) j["duration_s"] = data["duration_s"];
+  return j.dump() + "\n";
+}
+
 Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start) {
   json j = json::parse(line, nullptr, false);
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -277,6 +278,10 @@ Status Trainer::BeginRun() {
   auto id = store_->BeginRun(run_);
   if (!id.ok()) return id.status();
   run_.id = *id;
+  if (const char* events = std::getenv(kEventsEnvVar); events && *events) {
+    events_out_.reset(std::fopen(events, "a"));
+    if (!events_out_) std::fprintf(stderr, "fullburn: cannot append step events to %s (%s): not sent\n", events, kEventsEnvVar);
+  }
   for (RunEvent& e : pending_events_) store_->AddEvent(run_.id, e);
   pending_events_.clear();
 

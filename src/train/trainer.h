@@ -1,6 +1,8 @@
 // The trainer's internals shared by its files (train component only).
 #pragma once
 
+#include <cstdio>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -117,6 +119,9 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> ckpt_;
   std::unique_ptr<LiveStatus> live_;
   std::vector<StepRecord> pending_steps_;
+  // $FULLBURN_EVENTS of an enclosing `fullburn run`: the same step events a
+  // Python job's markers write, so the outer run gets them too.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_out_{nullptr, &std::fclose};
   std::vector<RunEvent> pending_events_;
   double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0, last_loader_event_ = 0;
   int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;

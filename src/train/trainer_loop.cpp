@@ -125,6 +125,10 @@ void Trainer::FlushSteps(bool force) {
     store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
   }
   if (pending_steps_.empty()) return;
+  if (events_out_) {
+    for (const StepRecord& r : pending_steps_) std::fputs(StepEventLine(r, run_.start_time).c_str(), events_out_.get());
+    std::fflush(events_out_.get());
+  }
   if (Status s = store_->AppendSteps(run_.id, pending_steps_); !s.ok())
     std::fprintf(stderr, "\nfullburn: %s; training goes on, these step records are lost\n", s.message().c_str());
   pending_steps_.clear();

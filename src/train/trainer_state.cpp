@@ -90,6 +90,7 @@ void Trainer::Checkpoint(bool final_one) {
 
 nlohmann::json Trainer::Evaluate() {
   nlohmann::json out;
+  double started = MonoNow();
   SourceSpec es = spec_;
   es.train = false;
   if (cfg_.Str("data.source") == "images") {
@@ -125,8 +126,16 @@ nlohmann::json Trainer::Evaluate() {
   }
   ctx_.model->train();
   if (count == 0) return out;
-  out = {{"val_loss", loss / count}, {"val_accuracy", correct / count}, {"val_samples", count}};
-  store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out.dump()});
+  out = {{"val_loss", loss / count},
+         {"val_accuracy", correct / count},
+         {"val_samples", count},
+         {"duration_s", MonoNow() - started}};
+  RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out.dump()};
+  store_->AddEvent(run_.id, event);
+  if (events_out_) {
+    std::fputs(RunEventLine(event, run_.start_time).c_str(), events_out_.get());
+    std::fflush(events_out_.get());
+  }
   return out;
 }
 

@@ -99,6 +99,37 @@ TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
 
 // kill -9 in the middle, resume, and the remaining losses are those of an
 // uninterrupted run, step for step.
+TEST_F(TrainE2E, WrappedTrainerSendsTheSameStepEventsAsThePythonMarkers) {
+  // fullburn run -- fullburn train: the outer run gets the trainer's steps
+  // through $FULLBURN_EVENTS, the line format python/fullburn_markers.py writes.
+  std::vector<std::string> argv = {FULLBURN_BIN, "run", "-q", "--interval", "0.5", "--store", store_, "--",
+                                   FULLBURN_BIN, "train", "-q", "--store", store_};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  argv.push_back("train.steps=40");
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto runs = Store()->ListRuns().value();
+  ASSERT_EQ(runs.size(), 2u);
+  int64_t outer = 0, inner = 0;
+  for (const RunInfo& r : runs) (nlohmann::json::parse(r.config_json).contains("train") ? inner : outer) = r.id;
+  ASSERT_TRUE(outer && inner);
+  auto outer_steps = Steps(outer), inner_steps = Steps(inner);
+  ASSERT_EQ(outer_steps.size(), 40u);
+  ASSERT_EQ(inner_steps.size(), 40u);
+  RunInfo outer_run = Store()->GetRun(std::to_string(outer)).value(), inner_run = Store()->GetRun(std::to_string(inner)).value();
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(outer_steps[i].step, inner_steps[i].step);
+    EXPECT_DOUBLE_EQ(outer_steps[i].loss, inner_steps[i].loss);
+    EXPECT_DOUBLE_EQ(*outer_steps[i].forward_s, *inner_steps[i].forward_s);
+    // Same moment, each on its own run's clock.
+    EXPECT_NEAR(outer_steps[i].t + outer_run.start_time, inner_steps[i].t + inner_run.start_time, 1e-3);
+  }
+  bool evaluation = false;
+  std::vector<RunEvent> events = Store()->LoadEvents(outer).value();
+  for (const RunEvent& e : events) evaluation |= e.kind == "evaluation";
+  EXPECT_TRUE(evaluation);
+}
+
 TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {
   std::vector<std::string> job = {"train.steps=120", "checkpoint.every_steps=10", "model.dropout=0.1"};
   ASSERT_EQ(Train(job).code, 0);

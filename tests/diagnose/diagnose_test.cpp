@@ -305,7 +305,7 @@ TEST(Diagnose, EveryCauseIsDocumented) {
   std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ASSERT_FALSE(doc.empty());
   for (size_t i = 0; i < kCauseCount; ++i)
-    EXPECT_NE(doc.find(std::string("`") + kCauses[i] + "`"), std::string::npos) << kCauses[i];
+    EXPECT_NE(doc.find(std::string("| `") + kCauses[i] + "` |"), std::string::npos) << kCauses[i] << ": no row in the rules table";
 }
 
 }  // namespace

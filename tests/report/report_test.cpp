@@ -143,10 +143,13 @@ TEST(StepsReport, ChromeTraceNestsPhasesInsideTheirStep) {
     }
     if (e.value("cat", "") == "phase") {
       ++phase_events;
-      if (e["name"] == "data_wait") EXPECT_NEAR(e["dur"].get<double>(), 40000, 1e-3);
+      if (e["name"] == "data_wait") {
+        EXPECT_NEAR(e["dur"].get<double>(), 40000, 1e-3);
+      }
       // Phases are laid end to end from the step's start: forward after the wait.
-      if (e["name"] == "forward" && e["pid"] == 0 && phase_events <= 4)
+      if (e["name"] == "forward" && e["pid"] == 0 && phase_events <= 4) {
         EXPECT_NEAR(e["ts"].get<double>(), (steps[0].t - steps[0].step_s + 0.04) * 1e6, 1e-3);
+      }
     }
     if (e.value("name", "") == "gpu0.util") ++gpu_counters;
     if (e.value("cat", "") == "checkpoint") ++checkpoint_events;
@@ -155,6 +158,84 @@ TEST(StepsReport, ChromeTraceNestsPhasesInsideTheirStep) {
   EXPECT_EQ(phase_events, 8);
   EXPECT_EQ(gpu_counters, 1);  // host.mem_used is not a utilization track
   EXPECT_EQ(checkpoint_events, 1);
+}
+
+}  // namespace
+}  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+TEST(Downsample, KeepsPeaksAndBreaksAtGaps) {
+  Series s;
+  for (int i = 0; i < 36000; ++i) s.push_back({static_cast<double>(i), i == 12345 ? 100.0 : (i == 20000 ? -5.0 : 50.0)});
+  Series d = Downsample(s, 2000, 3);
+  EXPECT_LE(d.size(), 2000u);
+  double hi = 0, lo = 100;
+  for (const SeriesPoint& p : d) hi = std::max(hi, p.v), lo = std::min(lo, p.v);
+  EXPECT_EQ(hi, 100);  // a one-sample spike survives a x18 reduction
+  EXPECT_EQ(lo, -5);
+  for (size_t i = 1; i < d.size(); ++i) EXPECT_LT(d[i - 1].t, d[i].t);  // still in time order
+
+  Series gap = {{0, 1}, {1, 1}, {2, 1}, {30, 1}, {31, 1}};  // the recorder stopped for 28 s
+  Series g = Downsample(gap, 2000, 3);
+  ASSERT_EQ(g.size(), 6u);
+  EXPECT_TRUE(std::isnan(g[3].v));  // drawn as a break, not a line across
+  EXPECT_DOUBLE_EQ(g[3].t, 16);
+}
+
+RunData TwoStepRun(int64_t id, int batch, double step_s) {
+  RunData d;
+  d.run.id = id;
+  d.run.name = "job";
+  d.run.start_time = 1000;
+  d.run.end_time = 1010;
+  d.run.command = {"python3", "train.py"};
+  d.run.config_json = nlohmann::json{{"train", {{"batch_size", batch}, {"precision", "bf16"}}}}.dump();
+  for (int i = 1; i <= 20; ++i) {
+    StepRecord r;
+    r.step = i;
+    r.t = i * step_s;
+    r.step_s = step_s;
+    r.samples = batch;
+    r.data_wait_s = step_s * 0.5;
+    d.steps.push_back(r);
+  }
+  return d;
+}
+
+TEST(Compare, ShowsThroughputChangeAndOnlyTheConfigThatDiffers) {
+  std::vector<RunDigest> runs = {Digest(TwoStepRun(1, 64, 0.1), {}),
+                                 Digest(TwoStepRun(2, 256, 0.2), {{"input_cpu", "", "", 0.5, 0.9, ""}})};
+  EXPECT_DOUBLE_EQ(runs[0].samples_per_s, 640);
+  EXPECT_DOUBLE_EQ(runs[1].samples_per_s, 1280);
+  std::string text = RenderComparison(runs);
+  EXPECT_NE(text.find("1280.0 (+100%)"), std::string::npos) << text;
+  EXPECT_NE(text.find("config: train.batch_size"), std::string::npos) << text;
+  EXPECT_EQ(text.find("config: train.precision"), std::string::npos) << text;  // equal in both
+  EXPECT_EQ(text.find("config: command"), std::string::npos) << text;
+  EXPECT_NE(text.find("time lost: input_cpu"), std::string::npos) << text;
+  auto j = ComparisonJson(runs);
+  EXPECT_EQ(j[1]["time_lost_pct"]["input_cpu"], 50.0);
+  EXPECT_TRUE(j[0]["gpu_util_pct"].is_null());  // no GPU: null, never 0
+}
+
+TEST(HtmlReport, EscapesWhatTheRunRecorded) {
+  RunData d = TwoStepRun(1, 64, 0.1);
+  d.run.name = "</script><script>alert(1)</script>";
+  d.run.config_json = nlohmann::json{{"note", "</script><b>x</b>"}}.dump();
+  d.samples["gpu0.util"] = {{0, 50}, {1, 60}};
+  std::string html = RenderHtmlReport({{d, {{"healthy", "<ok>", "a < b", 0, 0.8, "none & all"}}}});
+  EXPECT_EQ(html.find("<script>alert(1)"), std::string::npos);
+  EXPECT_EQ(html.find("<b>x</b>"), std::string::npos);
+  EXPECT_NE(html.find("&lt;ok&gt;"), std::string::npos);
+  EXPECT_NE(html.find("none &amp; all"), std::string::npos);
+  // One data block, one uPlot, one drawing script; nothing loaded from elsewhere.
+  size_t scripts = 0;
+  for (size_t pos = 0; (pos = html.find("<script", pos)) != std::string::npos; ++pos) ++scripts;
+  EXPECT_EQ(scripts, 3u);
+  EXPECT_NE(html.find("GPU utilization"), std::string::npos);
+  EXPECT_NE(html.find("\"stacked\":true"), std::string::npos);
 }
 
 }  // namespace

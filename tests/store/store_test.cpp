@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "fullburn/store.h"
 #include "replay_env.h"
 
@@ -277,6 +279,97 @@ TEST_F(StoreTest, SchemaV1StoreIsMigrated) {
   EXPECT_EQ(sqlite3_column_int(st, 0), kSchemaVersion);
   sqlite3_finalize(st);
   sqlite3_close(db);
+}
+
+}  // namespace
+}  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+TEST(StepEvents, StepRoundTripsThroughTheLineFormat) {
+  StepRecord r;
+  r.rank = 1;
+  r.step = 42;
+  r.epoch = 3;
+  r.t = 12.5;
+  r.loss = 0.75;
+  r.lr = 0.1;
+  r.loss_scale = 65536;
+  r.samples = 64;
+  r.step_s = 0.2;
+  r.data_wait_s = 0.05;
+  r.forward_s = 0.07;
+  r.comm_s = 0.01;
+  r.skipped = true;
+  std::string line = StepEventLine(r, 1000);
+  ASSERT_EQ(line.back(), '\n');
+  auto e = ParseEventLine(line.substr(0, line.size() - 1), 1000);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  ASSERT_TRUE(e->is_step);
+  EXPECT_EQ(e->step.rank, 1);
+  EXPECT_EQ(e->step.step, 42);
+  EXPECT_EQ(e->step.epoch, 3);
+  EXPECT_DOUBLE_EQ(e->step.t, 12.5);
+  EXPECT_DOUBLE_EQ(e->step.loss, 0.75);
+  EXPECT_DOUBLE_EQ(*e->step.loss_scale, 65536);
+  EXPECT_EQ(e->step.samples, 64);
+  EXPECT_DOUBLE_EQ(*e->step.data_wait_s, 0.05);
+  EXPECT_DOUBLE_EQ(*e->step.comm_s, 0.01);
+  EXPECT_FALSE(e->step.h2d_s.has_value());  // absent stays absent, never 0
+  EXPECT_TRUE(e->step.skipped);
+}
+
+TEST(StepEvents, BadLinesSayWhy) {
+  EXPECT_NE(ParseEventLine("[1,2]", 0).status().message().find("not a JSON object"), std::string::npos);
+  EXPECT_NE(ParseEventLine(R"({"kind":"stop"})", 0).status().message().find("\"kind\""), std::string::npos);
+  EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5})", 0).status().message().find("step_s"),
+            std::string::npos);
+  EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":-1})", 0).status().message().find("non-negative"),
+            std::string::npos);
+  EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":1,"data_wait_s":"x"})", 0)
+                .status().message().find("data_wait_s"),
+            std::string::npos);
+  EXPECT_FALSE(ParseEventLine(R"({"kind":"event","time":5})", 0).ok());  // no name
+  auto ev = ParseEventLine(R"({"kind":"event","name":"evaluation","time":15,"duration_s":4,"data":{"acc":0.9}})", 10);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_FALSE(ev->is_step);
+  EXPECT_EQ(ev->event.kind, "evaluation");
+  EXPECT_DOUBLE_EQ(ev->event.t, 5);
+  auto data = nlohmann::json::parse(ev->event.data);
+  EXPECT_EQ(data["duration_s"], 4);
+  EXPECT_EQ(data["acc"], 0.9);
+  // The trainer's events come back the same way.
+  auto again = ParseEventLine(RunEventLine(ev->event, 10), 10);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->event.kind, "evaluation");
+  EXPECT_EQ(nlohmann::json::parse(again->event.data)["duration_s"], 4);
+}
+
+TEST(StepEvents, ReaderTakesOnlyCompleteLinesAndSkipsBadOnes) {
+  std::string path = ::testing::TempDir() + "/fb_events_reader.jsonl";
+  std::remove(path.c_str());
+  EventFileReader reader(path);
+  std::vector<StepRecord> steps;
+  std::vector<RunEvent> events;
+  ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());  // not there yet: nothing, no error
+  std::string good = R"({"kind":"step","step":1,"time":2,"step_s":0.5})";
+  {
+    std::ofstream out(path, std::ios::app);
+    out << good << "\n" << "garbage\n" << R"({"kind":"step","step":2,"ti)";  // a line half written
+  }
+  ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
+  EXPECT_EQ(steps.size(), 1u);
+  EXPECT_EQ(reader.bad_lines(), 1);
+  EXPECT_NE(reader.first_error().find("line 2"), std::string::npos) << reader.first_error();
+  {
+    std::ofstream out(path, std::ios::app);
+    out << R"(me":3,"step_s":0.5})" << "\n";
+  }
+  ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[1].step, 2);
+  EXPECT_DOUBLE_EQ(steps[1].t, 3);
 }
 
 }  // namespace
