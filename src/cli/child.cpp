@@ -12,20 +12,56 @@
 namespace fullburn::cli {
 namespace {
 
-volatile sig_atomic_t g_child = 0;
+// Every started child (fullburn launch starts several); 0 marks a free slot.
+constexpr int kMaxChildren = 1024;
+volatile sig_atomic_t g_children[kMaxChildren] = {};
 volatile sig_atomic_t g_pending = 0;
+
+bool AnyChild() {
+  for (int i = 0; i < kMaxChildren; ++i)
+    if (g_children[i] > 0) return true;
+  return false;
+}
+
+void Remember(pid_t pid) {
+  for (int i = 0; i < kMaxChildren; ++i)
+    if (g_children[i] == 0) {
+      g_children[i] = pid;
+      return;
+    }
+}
+
+void Forget(pid_t pid) {
+  for (int i = 0; i < kMaxChildren; ++i)
+    if (g_children[i] == pid) g_children[i] = 0;
+}
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
 const int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+}  // namespace
+void SignalChildren(int sig);
+namespace {
 
 void Forward(int sig, siginfo_t* info, void*) {
   // SI_KERNEL: the terminal sent it to the whole process group, child included.
   if (info && info->si_code == SI_KERNEL) return;
-  if (g_child > 0)
-    ::kill(g_child, sig);
+  if (AnyChild())
+    SignalChildren(sig);
   else
     g_pending = sig;
 }
 
 }  // namespace
+
+void SignalChildren(int sig) {
+  for (int i = 0; i < kMaxChildren; ++i)
+    if (g_children[i] > 0) ::kill(g_children[i], sig);
+}
 
 void InstallSignalForwarding() {
   struct sigaction sa;
@@ -83,7 +119,7 @@ Result<pid_t> SpawnChild(const std::vector<std::string>& argv,
                                        : "check the command";
     return Status::NotFound("cannot start '" + argv[0] + "': " + std::strerror(err) + "; " + hint);
   }
-  g_child = pid;
+  Remember(pid);
   if (g_pending) ::kill(pid, g_pending);
   return pid;
 }
@@ -93,10 +129,18 @@ int WaitChild(pid_t pid) {
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return 1;
   }
-  g_child = 0;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  Forget(pid);
+  return ExitCodeOf(status);
+}
+
+std::pair<pid_t, int> WaitAnyChild() {
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, 0)) < 0) {
+    if (errno != EINTR) return {-1, 1};
+  }
+  Forget(pid);
+  return {pid, ExitCodeOf(status)};
 }
 
 }  // namespace fullburn::cli

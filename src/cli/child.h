@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fullburn/status.h"
@@ -11,7 +12,7 @@
 namespace fullburn::cli {
 
 // Installs handlers that forward SIGINT, SIGTERM, SIGHUP and SIGQUIT to the
-// child. A signal the terminal already sent to the whole foreground group
+// children. A signal the terminal already sent to the whole foreground group
 // (Ctrl-C) is not sent twice.
 void InstallSignalForwarding();
 
@@ -23,5 +24,10 @@ Result<pid_t> SpawnChild(const std::vector<std::string>& argv,
 
 // Waits for the child; returns its exit code, or 128 + signal if it was killed.
 int WaitChild(pid_t pid);
+// Waits for any started child: its pid and exit code (as WaitChild), or -1
+// when none is left.
+std::pair<pid_t, int> WaitAnyChild();
+// Sends `sig` to every started child still running.
+void SignalChildren(int sig);
 
 }  // namespace fullburn::cli

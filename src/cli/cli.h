@@ -47,6 +47,7 @@ void SetupWatch(CLI::App& app);
 void SetupRuns(CLI::App& app);
 void SetupServe(CLI::App& app);
 void SetupReport(CLI::App& app);  // diagnose, report, compare
+void SetupLaunch(CLI::App& app);
 void SetupData(CLI::App& app);  // make-dataset, bench
 // `fullburn train|export-weights ...`: argv as main got it; handed to fullburn-train.
 int Train(int argc, char** argv);

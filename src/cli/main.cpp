@@ -12,7 +12,7 @@
 namespace {
 
 const char* const kCommands[] = {"run",    "watch",   "runs",  "diagnose",     "report", "compare",
-                                 "serve",  "metrics", "bench", "make-dataset", "pack",   "version"};
+                                 "launch", "serve",  "metrics", "bench", "make-dataset", "pack",   "version"};
 
 std::string TrainingHalf() {
   std::string path = fullburn::cli::TrainingExecutable();
@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   SetupRuns(app);
   SetupServe(app);
   SetupReport(app);
+  SetupLaunch(app);
   SetupData(app);
   // Listed for --help; main() hands `train` to Train() before parsing.
   app.add_subcommand("train", "Train a model (libtorch): CONFIG.toml key=value ... (fullburn train --help)");

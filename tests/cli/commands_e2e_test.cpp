@@ -1,6 +1,8 @@
 // End to end: watch, runs, serve and the bad inputs of every command.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <chrono>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <stdlib.h>
@@ -339,6 +341,39 @@ TEST_F(CommandsE2E, ServeRejectsBadListen) {
   auto second = Fb({"serve", "--listen", "127.0.0.1:" + std::to_string(port)});
   EXPECT_EQ(second.code, 2);
   EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:"), std::string::npos) << second.err;
+}
+
+}  // namespace
+}  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+TEST(LaunchE2E, StartsRanksWithTorchrunsEnvironment) {
+  auto o = testing::RunToEnd({FULLBURN_BIN, "launch", "--nproc", "3", "--", "sh", "-c",
+                              "echo rank=$RANK/$WORLD_SIZE local=$LOCAL_RANK at=$MASTER_ADDR:$MASTER_PORT"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(o.out.find("rank=" + std::to_string(r) + "/3 local=" + std::to_string(r) + " at=127.0.0.1:"),
+              std::string::npos)
+        << o.out;
+}
+
+TEST(LaunchE2E, OneFailedRankStopsTheOthersWithItsExitCode) {
+  auto start = std::chrono::steady_clock::now();
+  auto o = testing::RunToEnd({FULLBURN_BIN, "launch", "--nproc", "3", "--grace", "2", "--", "sh", "-c",
+                              "if [ $RANK = 2 ]; then sleep 0.2; exit 3; fi; exec sleep 60"});
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(o.code, 3);
+  EXPECT_LT(took, 20);  // not the 60 s the other ranks would sleep
+  EXPECT_NE(o.err.find("rank 2 exited with code 3"), std::string::npos) << o.err;
+  // A rank that ignores SIGTERM is killed after the grace period.
+  auto stubborn = testing::RunToEnd({FULLBURN_BIN, "launch", "--nproc", "2", "--grace", "1", "--", "sh", "-c",
+                                     "trap '' TERM; if [ $RANK = 1 ]; then exit 4; fi; while :; do sleep 0.1; done"});
+  EXPECT_EQ(stubborn.code, 4);
+  auto bad = testing::RunToEnd({FULLBURN_BIN, "launch", "--nnodes", "2", "--", "true"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--master"), std::string::npos);
 }
 
 }  // namespace
