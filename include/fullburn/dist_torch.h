@@ -1,0 +1,86 @@
+// DataParallel: averages gradients across the processes of a job over a
+// torch c10d process group (Gloo on CPU, NCCL for CUDA where libtorch has
+// it), overlapping communication with backward like PyTorch's DDP.
+//
+// Contract
+// - Connect rendezvouses over c10d's TCPStore at the RankInfo's master, checks
+//   that every rank runs the same config (hashes compared at rendezvous) and
+//   creates the process group. Every failure (unreachable master, port in
+//   use, timeout, mismatched configs, backend missing) is a Status with one
+//   line naming the cause and the fix; nothing waits past `timeout_s`.
+// - Gradients are grouped into buckets in reverse registration order (the
+//   order backward produces them): the first small (`first_bucket_mb`), then
+//   up to `bucket_mb`. A post-hook on each parameter's gradient accumulator
+//   copies the gradient into its bucket; a full bucket's all-reduce starts at
+//   once, during the rest of backward. Buckets start in index order on every
+//   rank, so collectives never cross.
+// - SetSync(false) before a micro-batch's backward is DDP's no_sync: gradients
+//   accumulate locally and nothing is sent. FinishGradients after the last
+//   micro-batch waits for every bucket and writes the average into .grad.
+// - One training thread calls these methods; hooks may run on autograd's
+//   threads and take an internal mutex. Not copyable.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fullburn/dist.h"
+#include "fullburn/status.h"
+
+namespace fullburn {
+
+struct DistOptions {
+  std::string backend = "auto";  // auto (nccl for CUDA when built in, else gloo) | gloo | nccl
+  double timeout_s = 120;        // rendezvous and every collective
+  double bucket_mb = 25;
+  double first_bucket_mb = 1;
+  bool overlap = true;             // false: every bucket starts after backward (for comparison)
+  std::string compress = "none";   // none | fp16 | bf16: gradients sent in 16 bits
+  std::string config_hash;         // ranks must agree; empty: not checked
+};
+
+struct DistStats {
+  int64_t buckets = 0;
+  int64_t started_in_backward = 0;  // bucket all-reduces started before FinishGradients
+  int64_t started_after = 0;
+  double wait_s = 0;                // FinishGradients blocked on communication, in total
+};
+
+class DataParallel {
+ public:
+  static Result<std::unique_ptr<DataParallel>> Connect(const RankInfo& rank, const DistOptions& options,
+                                                       torch::Device device);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const std::string& backend() const;
+
+  // Every rank's tensors take rank 0's values (parameters and buffers at start).
+  Status Broadcast(const std::vector<torch::Tensor>& tensors);
+  // Registers the gradient hooks; `params` in registration order.
+  Status Attach(const std::vector<torch::Tensor>& params);
+  size_t bucket_count() const;
+  void SetSync(bool sync);
+  // After the synced backward: waits for the buckets, .grad = mean over ranks.
+  // `wait_s` (optional): time blocked on communication in this call.
+  Status FinishGradients(double* wait_s = nullptr);
+  // True on every rank if `local` is true on any (inf/NaN found, out of memory).
+  Result<bool> AnyRank(bool local);
+  // The smallest value over ranks (a batch size every rank can hold).
+  Result<int64_t> MinOverRanks(int64_t local);
+  const DistStats& stats() const;
+
+  struct Impl;
+
+ private:
+  explicit DataParallel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fullburn

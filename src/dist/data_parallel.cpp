@@ -1,0 +1,298 @@
+// Gradient buckets over a c10d process group (see dist_torch.h).
+#include <fmt/format.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <mutex>
+
+#include "fullburn/dist_torch.h"
+
+namespace fullburn {
+namespace {
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+struct Bucket {
+  std::vector<size_t> params;   // indices into Impl::params
+  std::vector<int64_t> offsets;  // of each parameter in `flat`
+  torch::Tensor flat;            // the gradients, side by side
+  torch::Tensor wire;            // what is sent (flat, or a 16-bit copy)
+  size_t pending = 0;            // gradients not yet copied in
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+}  // namespace
+
+struct DataParallel::Impl {
+  RankInfo rank;
+  DistOptions options;
+  std::string backend;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::vector<torch::Tensor> params;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive for their hooks
+  std::vector<size_t> bucket_of;
+  std::vector<bool> ready;
+  std::vector<Bucket> buckets;
+  size_t next_to_start = 0;
+  bool sync = true;
+  bool in_finish = false;
+  DistStats stats;
+  std::mutex mu;
+
+  Status Lost(const std::exception& e) const {
+    return Status::Unavailable(fmt::format(
+        "rank {} lost contact with the other ranks ({}): a rank died or the network failed; every rank stops "
+        "(dist timeout {} s)",
+        rank.rank, FirstLine(e.what()), options.timeout_s));
+  }
+
+  void StartReadyBuckets() {
+    while (next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
+      Bucket& b = buckets[next_to_start++];
+      b.flat.div_(rank.world_size);  // before the sum: 16-bit sums of many ranks stay in range
+      if (options.compress == "none")
+        b.wire = b.flat;
+      else
+        b.wire = b.flat.to(options.compress == "bf16" ? torch::kBFloat16 : torch::kHalf);
+      std::vector<torch::Tensor> tensors = {b.wire};
+      b.work = group->allreduce(tensors);
+      (in_finish ? stats.started_after : stats.started_in_backward)++;
+    }
+  }
+
+  // A parameter's gradient is final for this backward.
+  void MarkReady(size_t index) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!sync || ready[index]) return;
+    ready[index] = true;
+    Bucket& b = buckets[bucket_of[index]];
+    size_t slot = std::find(b.params.begin(), b.params.end(), index) - b.params.begin();
+    torch::Tensor view = b.flat.narrow(0, b.offsets[slot], params[index].numel());
+    const torch::Tensor& grad = params[index].grad();
+    if (grad.defined())
+      view.copy_(grad.reshape({-1}));
+    else
+      view.zero_();
+    if (--b.pending == 0 && (options.overlap || in_finish)) StartReadyBuckets();
+  }
+};
+
+namespace {
+
+struct GradReadyHook : torch::autograd::FunctionPostHook {
+  GradReadyHook(DataParallel::Impl* impl, size_t index) : impl(impl), index(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    impl->MarkReady(index);
+    return outputs;
+  }
+  DataParallel::Impl* impl;
+  size_t index;
+};
+
+Status CheckSameConfig(c10d::Store& store, const RankInfo& rank, const std::string& hash) {
+  store.set("config/" + std::to_string(rank.rank), std::vector<uint8_t>(hash.begin(), hash.end()));
+  for (int r = 0; r < rank.world_size; ++r) {
+    std::vector<uint8_t> other = store.get("config/" + std::to_string(r));
+    if (std::string(other.begin(), other.end()) != hash)
+      return Status::InvalidArgument(fmt::format(
+          "rank {}'s config differs from rank {}'s: every rank must run the same config (compare the commands "
+          "and FULLBURN_* variables of both)",
+          r, rank.rank));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DataParallel::~DataParallel() = default;
+
+Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank, const DistOptions& options,
+                                                            torch::Device device) {
+  auto impl = std::make_unique<Impl>();
+  impl->rank = rank;
+  impl->options = options;
+  std::string backend = options.backend;
+  if (backend == "auto") backend = device.is_cuda() ? "nccl" : "gloo";
+  if (backend == "nccl") {
+    if (options.backend == "auto") {
+      backend = "gloo";  // this build has no NCCL process group: Gloo handles CUDA tensors too
+    } else {
+      return Status::InvalidArgument("dist.backend = nccl, but fullburn was built without NCCL: use dist.backend = gloo");
+    }
+  }
+  if (backend != "gloo") return Status::InvalidArgument("dist.backend must be auto, gloo or nccl, not " + backend);
+  if (options.compress != "none" && options.compress != "fp16" && options.compress != "bf16")
+    return Status::InvalidArgument("dist.compress must be none, fp16 or bf16");
+  impl->backend = backend;
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(rank.master_port);
+    so.isServer = rank.rank == 0;
+    so.numWorkers = rank.world_size;
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    impl->store = c10::make_intrusive<c10d::TCPStore>(rank.master_addr, so);
+  } catch (const std::exception& e) {
+    std::string why = FirstLine(e.what());
+    if (rank.rank == 0 && why.find("ddress already in use") != std::string::npos)
+      return Status::Unavailable(fmt::format("port {} on {} is in use: choose another MASTER_PORT (fullburn launch "
+                                             "picks a free one)",
+                                             rank.master_port, rank.master_addr));
+    return Status::Unavailable(fmt::format(
+        "rank {} cannot meet the other ranks at {}:{} within {} s ({}): check MASTER_ADDR/MASTER_PORT, that rank 0 "
+        "started, and the firewall",
+        rank.rank, rank.master_addr, rank.master_port, options.timeout_s, why));
+  }
+  try {
+    if (!options.config_hash.empty())
+      if (Status s = CheckSameConfig(*impl->store, rank, options.config_hash); !s.ok()) return s;
+    auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo->devices.push_back(rank.master_addr == "127.0.0.1" || rank.master_addr == "localhost"
+                                ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                : c10d::ProcessGroupGloo::createDefaultDevice());
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store);
+    impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank.rank, rank.world_size, gloo);
+  } catch (const std::exception& e) {
+    return impl->Lost(e);
+  }
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(impl)));
+}
+
+int DataParallel::rank() const { return impl_->rank.rank; }
+int DataParallel::world_size() const { return impl_->rank.world_size; }
+const std::string& DataParallel::backend() const { return impl_->backend; }
+size_t DataParallel::bucket_count() const { return impl_->buckets.size(); }
+const DistStats& DataParallel::stats() const { return impl_->stats; }
+void DataParallel::SetSync(bool sync) { impl_->sync = sync; }
+
+Status DataParallel::Broadcast(const std::vector<torch::Tensor>& tensors) {
+  try {
+    torch::NoGradGuard no_grad;
+    for (const torch::Tensor& t : tensors) {
+      std::vector<torch::Tensor> one = {t.detach()};
+      impl_->group->broadcast(one)->wait();
+    }
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+  return Status::Ok();
+}
+
+Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
+  Impl& m = *impl_;
+  if (!m.params.empty()) return Status::InvalidArgument("DataParallel::Attach called twice");
+  m.params = params;
+  m.bucket_of.assign(params.size(), 0);
+  m.ready.assign(params.size(), false);
+  // Reverse registration order: roughly the order backward finishes them.
+  std::vector<Bucket> buckets(1);
+  double cap = m.options.first_bucket_mb * 1e6, bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    if (!params[i].requires_grad()) continue;
+    double size = static_cast<double>(params[i].numel() * params[i].element_size());
+    if (!buckets.back().params.empty() && bytes + size > cap) {
+      buckets.emplace_back();
+      bytes = 0;
+      cap = m.options.bucket_mb * 1e6;
+    }
+    Bucket& b = buckets.back();
+    b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params[b.params.back()].numel());
+    b.params.push_back(i);
+    m.bucket_of[i] = buckets.size() - 1;
+    bytes += size;
+  }
+  for (Bucket& b : buckets) {
+    if (b.params.empty()) continue;
+    int64_t n = b.offsets.back() + params[b.params.back()].numel();
+    b.flat = torch::zeros({n}, params[b.params.front()].options().requires_grad(false));
+    b.pending = b.params.size();
+    m.buckets.push_back(std::move(b));
+  }
+  for (size_t k = 0; k < m.buckets.size(); ++k)
+    for (size_t i : m.buckets[k].params) m.bucket_of[i] = k;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].requires_grad()) continue;
+    std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(params[i]);
+    acc->add_post_hook(std::make_unique<GradReadyHook>(&m, i));
+    m.accumulators.push_back(acc);
+  }
+  m.stats.buckets = static_cast<int64_t>(m.buckets.size());
+  return Status::Ok();
+}
+
+Status DataParallel::FinishGradients(double* wait_s) {
+  Impl& m = *impl_;
+  double start = Now();
+  try {
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.in_finish = true;
+    }
+    // Parameters backward did not reach (unused this step) count as zeros.
+    for (size_t i = 0; i < m.params.size(); ++i)
+      if (m.params[i].requires_grad() && !m.ready[i]) m.MarkReady(i);
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.StartReadyBuckets();
+    }
+    torch::NoGradGuard no_grad;
+    for (Bucket& b : m.buckets) {
+      b.work->wait();
+      if (b.wire.data_ptr() != b.flat.data_ptr()) b.flat.copy_(b.wire);
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        torch::Tensor& p = m.params[b.params[k]];
+        torch::Tensor avg = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+        if (p.grad().defined())
+          p.mutable_grad().copy_(avg);
+        else
+          p.mutable_grad() = avg.clone();
+      }
+    }
+  } catch (const std::exception& e) {
+    return m.Lost(e);
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  for (Bucket& b : m.buckets) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  std::fill(m.ready.begin(), m.ready.end(), false);
+  m.next_to_start = 0;
+  m.in_finish = false;
+  double waited = Now() - start;
+  m.stats.wait_s += waited;
+  if (wait_s) *wait_s = waited;
+  return Status::Ok();
+}
+
+Result<bool> DataParallel::AnyRank(bool local) {
+  try {
+    std::vector<torch::Tensor> t = {torch::full({1}, local ? 1.0f : 0.0f)};
+    impl_->group->allreduce(t, {c10d::ReduceOp::MAX})->wait();
+    return t[0].item<float>() > 0;
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+}
+
+Result<int64_t> DataParallel::MinOverRanks(int64_t local) {
+  try {
+    std::vector<torch::Tensor> t = {torch::full({1}, static_cast<double>(local), torch::kDouble)};
+    impl_->group->allreduce(t, {c10d::ReduceOp::MIN})->wait();
+    return static_cast<int64_t>(t[0].item<double>());
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+}
+
+}  // namespace fullburn

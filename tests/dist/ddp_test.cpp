@@ -1,0 +1,152 @@
+// Data parallelism end to end: ranks are separate processes started by
+// `fullburn launch`, talking Gloo over loopback (tests/dist/ddp_worker.cpp).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+using testing::RunToEnd;
+
+class DdpTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::FreshTestDir("fb_ddp"); }
+  // Runs `nproc` ranks (0: the single-process reference); the worker's stdout.
+  testing::Outcome Run(int nproc, std::vector<std::string> args, const std::string& name) {
+    std::vector<std::string> argv;
+    if (nproc > 0) argv = {FULLBURN_BIN, "launch", "--nproc", std::to_string(nproc), "--"};
+    argv.push_back(DDP_WORKER);
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--out");
+    argv.push_back(dir_ + "/" + name);
+    if (nproc == 0) argv.push_back("--single");
+    return RunToEnd(argv, 120);
+  }
+  std::vector<float> Params(const std::string& name, int rank) {
+    std::ifstream in(dir_ + "/" + name + "." + std::to_string(rank), std::ios::binary);
+    std::vector<float> v;
+    float x;
+    while (in.read(reinterpret_cast<char*>(&x), sizeof x)) v.push_back(x);
+    return v;
+  }
+  double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double d = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+    return d;
+  }
+  std::string dir_;
+};
+
+TEST_F(DdpTest, TwoAndThreeRanksMatchOneProcessOnTheGlobalBatch) {
+  ASSERT_EQ(Run(0, {"--steps", "8"}, "single").code, 0);
+  std::vector<float> reference = Params("single", 0);
+  ASSERT_GT(reference.size(), 1000u);
+  for (int world : {2, 3}) {
+    std::string name = "ddp" + std::to_string(world);
+    auto o = Run(world, {"--steps", "8"}, name);
+    ASSERT_EQ(o.code, 0) << o.err;
+    std::vector<float> r0 = Params(name, 0);
+    for (int r = 1; r < world; ++r) {
+      std::vector<float> other = Params(name, r);
+      ASSERT_EQ(other.size(), r0.size());
+      EXPECT_EQ(std::memcmp(other.data(), r0.data(), r0.size() * sizeof(float)), 0) << "rank " << r << " differs";
+    }
+    EXPECT_LT(MaxDiff(r0, reference), 1e-5) << world << " ranks";
+  }
+}
+
+TEST_F(DdpTest, AccumulationWithNoSyncMatches) {
+  ASSERT_EQ(Run(0, {"--steps", "6", "--accumulate", "2"}, "single").code, 0);
+  auto o = Run(2, {"--steps", "6", "--accumulate", "2"}, "acc");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_LT(MaxDiff(Params("acc", 0), Params("single", 0)), 1e-5);
+  EXPECT_EQ(Params("acc", 0), Params("acc", 1));
+}
+
+TEST_F(DdpTest, ASkipOnOneRankIsASkipOnEveryRank) {
+  ASSERT_EQ(Run(0, {"--steps", "6", "--skip-step", "2"}, "single").code, 0);
+  ASSERT_EQ(Run(0, {"--steps", "6"}, "noskip").code, 0);
+  auto o = Run(2, {"--steps", "6", "--skip-on-rank", "1", "--skip-step", "2"}, "skip");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(Params("skip", 0), Params("skip", 1));
+  EXPECT_LT(MaxDiff(Params("skip", 0), Params("single", 0)), 1e-5);
+  EXPECT_GT(MaxDiff(Params("skip", 0), Params("noskip", 0)), 1e-4);  // the skip did something
+}
+
+TEST_F(DdpTest, BucketsStartDuringBackward) {
+  // Small buckets: several per backward. With overlap, all but the last start
+  // from the gradient hooks, before backward returns; without, none does.
+  auto o = Run(2, {"--steps", "3", "--bucket-mb", "0.002"}, "overlap");
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.out, m, std::regex("stats buckets=(\\d+) in_backward=(\\d+) after=(\\d+)"))) << o.out;
+  int buckets = std::stoi(m[1]), during = std::stoi(m[2]), after = std::stoi(m[3]);
+  EXPECT_GE(buckets, 3);
+  EXPECT_GE(during, 3 * (buckets - 1));  // 3 steps
+  auto off = Run(2, {"--steps", "3", "--bucket-mb", "0.002", "--no-overlap"}, "off");
+  ASSERT_EQ(off.code, 0) << off.err;
+  ASSERT_TRUE(std::regex_search(off.out, m, std::regex("in_backward=(\\d+) after=(\\d+)")));
+  EXPECT_EQ(std::stoi(m[1]), 0);
+  EXPECT_EQ(Params("overlap", 0), Params("off", 0));  // same numbers either way
+  (void)after;
+}
+
+TEST_F(DdpTest, Fp16CompressionStaysClose) {
+  ASSERT_EQ(Run(0, {"--steps", "5"}, "single").code, 0);
+  auto o = Run(2, {"--steps", "5", "--compress", "fp16"}, "fp16");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(Params("fp16", 0), Params("fp16", 1));
+  EXPECT_LT(MaxDiff(Params("fp16", 0), Params("single", 0)), 1e-2);
+}
+
+TEST_F(DdpTest, ALostRankStopsTheOthersWithinTheTimeout) {
+  // Started directly (not by fullburn launch, which would stop the survivor
+  // itself): rank 1 dies at step 2, rank 0 must notice and exit.
+  std::vector<testing::Background> ranks(2);
+  std::string port = std::to_string(29600 + ::getpid() % 300);
+  for (int r = 0; r < 2; ++r) {
+    ::setenv("RANK", std::to_string(r).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", port.c_str(), 1);
+    testing::Start(&ranks[r], {DDP_WORKER, "--steps", "50", "--die-rank", "1", "--die-step", "2", "--timeout", "10",
+                               "--out", dir_ + "/lost"},
+                   "lost_rank" + std::to_string(r));
+  }
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  EXPECT_EQ(ranks[1].Wait(60), 9);
+  auto start = std::chrono::steady_clock::now();
+  int code = ranks[0].Wait(60);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(ranks[0].Err().find("lost contact with the other ranks"), std::string::npos) << ranks[0].Err();
+  EXPECT_FALSE(std::ifstream(dir_ + "/lost.0").good());  // no result file from a failed job
+}
+
+TEST_F(DdpTest, BadRendezvousIsAClearError) {
+  auto mismatch = RunToEnd({FULLBURN_BIN, "launch", "--nproc", "2", "--", "sh", "-c",
+                            std::string(DDP_WORKER) + " --steps 1 --out " + dir_ + "/m --config-hash h$RANK"},
+                           60);
+  EXPECT_NE(mismatch.code, 0);
+  EXPECT_NE(mismatch.err.find("config differs"), std::string::npos) << mismatch.err;
+  // Nobody at the master: rank 1 gives up after the timeout with the address.
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "9", 1);
+  auto alone = RunToEnd({DDP_WORKER, "--steps", "1", "--timeout", "2", "--out", dir_ + "/a"}, 60);
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  EXPECT_EQ(alone.code, 1);
+  EXPECT_NE(alone.err.find("cannot meet the other ranks at 127.0.0.1:9"), std::string::npos) << alone.err;
+}
+
+}  // namespace
+}  // namespace fullburn
