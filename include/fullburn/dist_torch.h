@@ -75,6 +75,8 @@ class DataParallel {
   // The smallest value over ranks (a batch size every rank can hold).
   Result<int64_t> MinOverRanks(int64_t local);
   const DistStats& stats() const;
+  // Rank 0's `value` for `key`, on every rank (the run id every rank records into).
+  Result<std::string> ShareFromRankZero(const std::string& key, const std::string& value);
 
   struct Impl;
 

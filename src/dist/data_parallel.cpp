@@ -275,6 +275,16 @@ Status DataParallel::FinishGradients(double* wait_s) {
   return Status::Ok();
 }
 
+Result<std::string> DataParallel::ShareFromRankZero(const std::string& key, const std::string& value) {
+  try {
+    if (impl_->rank.rank == 0) impl_->store->set("share/" + key, std::vector<uint8_t>(value.begin(), value.end()));
+    std::vector<uint8_t> v = impl_->store->get("share/" + key);
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+}
+
 Result<bool> DataParallel::AnyRank(bool local) {
   try {
     std::vector<torch::Tensor> t = {torch::full({1}, local ? 1.0f : 0.0f)};

@@ -97,6 +97,7 @@ Result<std::optional<RankInfo>> RankFromEnvironment(const EnvMap& env) {
       return Status::InvalidArgument("RANK and WORLD_SIZE are set but MASTER_PORT is not: set MASTER_ADDR and MASTER_PORT "
                                      "(torchrun and fullburn launch do)");
     }
+    if (const std::string* by = Get(env, "FULLBURN_LAUNCHER"); by && info.launcher == "torchrun") info.launcher = *by;
     return std::optional<RankInfo>(info);
   }
   return std::optional<RankInfo>();

@@ -43,11 +43,16 @@ class ImageSource : public BatchSource {
 // permutation, so the input cost is what a TensorDataset would have at best.
 class TensorSource : public BatchSource {
  public:
-  TensorSource(torch::Tensor x, torch::Tensor y, int batch, uint64_t seed, int64_t classes, bool tokens)
-      : x_(std::move(x)), y_(std::move(y)), batch_(batch), seed_(seed), classes_(classes), tokens_(tokens) {}
-  int64_t batches_per_epoch() const override { return x_.size(0) / batch_; }
+  TensorSource(torch::Tensor x, torch::Tensor y, int batch, uint64_t seed, int64_t classes, bool tokens, int rank,
+               int world)
+      : x_(std::move(x)), y_(std::move(y)), batch_(batch), seed_(seed), classes_(classes), tokens_(tokens),
+        rank_(rank), world_(world) {}
+  int64_t batches_per_epoch() const override { return x_.size(0) / world_ / batch_; }
   void StartEpoch(int epoch, int64_t first) override {
-    std::vector<int64_t> perm = EpochPermutation(x_.size(0), seed_, epoch);
+    std::vector<int64_t> all = EpochPermutation(x_.size(0), seed_, epoch), perm;
+    // Every world-th sample from this rank's offset (DistributedSampler): the
+    // ranks' k-th batches together are one process's k-th batch of world x batch.
+    for (size_t i = static_cast<size_t>(rank_); i < all.size(); i += static_cast<size_t>(world_)) perm.push_back(all[i]);
     order_ = torch::from_blob(perm.data(), {static_cast<int64_t>(perm.size())}, torch::kLong)
                  .to(x_.device(), /*non_blocking=*/false, /*copy=*/true);
     next_ = first;
@@ -70,16 +75,18 @@ class TensorSource : public BatchSource {
   uint64_t seed_;
   int64_t classes_;
   bool tokens_;
+  int rank_, world_;
   int64_t next_ = 0;
 };
 
 class TokenSource : public BatchSource {
  public:
-  TokenSource(std::unique_ptr<TokenShards> shards, int batch, uint64_t seed, torch::Device device,
-              int vocab)
-      : shards_(std::move(shards)), batch_(batch), seed_(seed), device_(device), vocab_(vocab) {}
+  TokenSource(std::unique_ptr<TokenShards> shards, int batch, uint64_t seed, torch::Device device, int vocab,
+              int rank, int world)
+      : shards_(std::move(shards)), batch_(batch), seed_(seed), device_(device), vocab_(vocab), rank_(rank),
+        world_(world) {}
   int64_t batches_per_epoch() const override {
-    return std::max<int64_t>(1, shards_->tokens() / (static_cast<int64_t>(batch_) * shards_->seq_len()));
+    return std::max<int64_t>(1, shards_->tokens() / (static_cast<int64_t>(batch_) * shards_->seq_len() * world_));
   }
   void StartEpoch(int epoch, int64_t first) override {
     epoch_ = epoch;
@@ -89,7 +96,8 @@ class TokenSource : public BatchSource {
     if (next_ >= batches_per_epoch()) return false;
     int t = shards_->seq_len();
     torch::Tensor x = torch::empty({batch_, t}, torch::kInt), y = torch::empty({batch_, t}, torch::kInt);
-    shards_->Batch(seed_, epoch_ * batches_per_epoch() + next_, batch_, x.data_ptr<int32_t>(),
+    // Ranks draw disjoint window sets: batch index k of rank r is k x world + r.
+    shards_->Batch(seed_, (epoch_ * batches_per_epoch() + next_) * world_ + rank_, batch_, x.data_ptr<int32_t>(),
                    y.data_ptr<int32_t>());
     b->inputs = x.to(device_, torch::kLong);
     b->targets = y.to(device_, torch::kLong);
@@ -107,6 +115,7 @@ class TokenSource : public BatchSource {
   uint64_t seed_;
   torch::Device device_;
   int vocab_;
+  int rank_, world_;
   int epoch_ = 0;
   int64_t next_ = 0;
 };
@@ -128,7 +137,8 @@ std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
     x = torch::randn({n, c.Int("data.features")}, gen);
     y = x.matmul(w).argmax(1);
   }
-  return std::make_unique<TensorSource>(x.to(s.device), y.to(s.device), s.batch_size, s.seed, classes, tokens);
+  return std::make_unique<TensorSource>(x.to(s.device), y.to(s.device), s.batch_size, s.seed, classes, tokens, s.rank,
+                                        s.world_size);
 }
 
 }  // namespace
@@ -141,7 +151,7 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
     if (!shards.ok()) return shards.status();
     return std::unique_ptr<BatchSource>(
         new TokenSource(std::move(*shards), s.batch_size, s.seed + (s.train ? 0 : 1000003), s.device,
-                        static_cast<int>(c.Int("data.vocab"))));
+                        static_cast<int>(c.Int("data.vocab")), s.rank, s.world_size));
   }
   TorchLoaderOptions t;
   t.loader.root = s.path;

@@ -87,6 +87,12 @@ Status Trainer::Setup() {
   if (ctx_.device.is_cuda() && !torch::cuda::is_available())
     return Status::InvalidArgument("train.device = " + dev + " but this libtorch sees no GPU (" +
                                    TorchDescription() + "): use train.device=cpu");
+  auto ranks = RankFromEnvironment(EnvironmentMap());
+  if (!ranks.ok()) return ranks.status();
+  if (ranks->has_value()) rank_ = **ranks;
+  // One GPU per local rank, unless the config names one.
+  if (ctx_.device.is_cuda() && rank_.world_size > 1 && !ctx_.device.has_index())
+    ctx_.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank_.local_rank % torch::cuda::device_count()));
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   int threads = static_cast<int>(cfg_.Int("train.threads"));
   if (threads == 0)
@@ -141,6 +147,7 @@ Status Trainer::Setup() {
   spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
   spec_.device = ctx_.device;
   spec_.channels_last = ctx_.channels_last;
+  if (Status s = ConnectRanks(); !s.ok()) return s;
 
   accumulate_ = cfg_.Int("train.accumulate");
   OptimizerOptions oo;
@@ -154,6 +161,11 @@ Status Trainer::Setup() {
   oo.trust = cfg_.Float("optim.trust");
   if (cfg_.IsAuto("train.batch_size")) {
     if (Status s = SearchBatch(oo); !s.ok()) return s;
+    if (dp_) {  // every rank takes the smallest size that fits everywhere
+      Result<int64_t> common = dp_->MinOverRanks(batch_);
+      if (!common.ok()) return common.status();
+      batch_ = *common;
+    }
   } else {
     batch_ = cfg_.Int("train.batch_size");
   }
@@ -167,6 +179,12 @@ Status Trainer::Setup() {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (auto& p : ctx_.model->named_parameters()) params.emplace_back(p.key(), p.value());
   optim_ = std::make_unique<Optimizer>(params, oo);
+  if (dp_) {  // every rank starts from rank 0's weights
+    std::vector<torch::Tensor> state = ctx_.model->parameters();
+    for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
+    if (Status s = dp_->Broadcast(state); !s.ok()) return s;
+    if (Status s = dp_->Attach(ctx_.model->parameters()); !s.ok()) return s;
+  }
 
   LossScalerOptions so;
   so.enabled = precision == "fp16";
@@ -180,7 +198,8 @@ Status Trainer::Setup() {
   total_steps_ = cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps") : per_epoch * cfg_.Int("train.epochs");
   schedule_.peak = cfg_.Float("optim.lr");
   if (cfg_.Bool("optim.scale_lr"))
-    schedule_.peak *= static_cast<double>(batch_ * accumulate_) / static_cast<double>(cfg_.Int("optim.base_batch"));
+    schedule_.peak *= static_cast<double>(batch_ * accumulate_ * rank_.world_size) /
+                      static_cast<double>(cfg_.Int("optim.base_batch"));
   schedule_.min_lr = cfg_.Float("optim.min_lr");
   schedule_.warmup = std::min(cfg_.Int("optim.warmup_steps"), total_steps_);
   schedule_.total = total_steps_;
@@ -258,7 +277,48 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   return Status::Ok();
 }
 
+Status Trainer::ConnectRanks() {
+  if (rank_.world_size <= 1) return Status::Ok();
+  DistOptions o;
+  o.backend = cfg_.Str("dist.backend");
+  o.timeout_s = cfg_.Float("dist.timeout_s");
+  o.bucket_mb = cfg_.Float("dist.bucket_mb");
+  o.first_bucket_mb = cfg_.Float("dist.first_bucket_mb");
+  o.overlap = cfg_.Bool("dist.overlap");
+  o.compress = cfg_.Str("dist.compress");
+  o.config_hash = std::to_string(std::hash<std::string>{}(cfg_.ToJson().dump()));
+  auto dp = DataParallel::Connect(rank_, o, ctx_.device);
+  if (!dp.ok()) {
+    exit_code = kExitFailed;
+    return dp.status();
+  }
+  dp_ = std::move(*dp);
+  spec_.rank = rank_.rank;
+  spec_.world_size = rank_.world_size;
+  if (rank_.rank == 0)
+    std::fprintf(stderr, "fullburn: %d ranks (%s, %s backend), gradients in %zu-MB buckets during backward\n",
+                 rank_.world_size, rank_.launcher.c_str(), dp_->backend().c_str(),
+                 static_cast<size_t>(o.bucket_mb));
+  return Status::Ok();
+}
+
+// Ranks after 0 record into rank 0's run: its id and clock come through the rendezvous store.
+Status Trainer::JoinRun() {
+  Result<std::string> shared = dp_->ShareFromRankZero("run", "");
+  if (!shared.ok()) return shared.status();
+  long long id = 0;
+  double start = 0;
+  if (std::sscanf(shared->c_str(), "%lld %lf", &id, &start) != 2) return Status::Internal("bad run id from rank 0");
+  run_.id = id;
+  run_.start_time = start;
+  return Status::Ok();
+}
+
 Status Trainer::BeginRun() {
+  if (rank_.rank > 0) {
+    if (Status s = JoinRun(); !s.ok()) return s;
+    return OpenCheckpoints();
+  }
   run_.name = opt_.name.empty() ? cfg_.Str("model.name") + " on " + cfg_.Str("data.source") : opt_.name;
   run_.command = opt_.command.empty() ? std::vector<std::string>{"fullburn", "train"} : opt_.command;
   run_.cwd = std::filesystem::current_path().string();
@@ -278,6 +338,10 @@ Status Trainer::BeginRun() {
   auto id = store_->BeginRun(run_);
   if (!id.ok()) return id.status();
   run_.id = *id;
+  if (dp_) {
+    Result<std::string> shared = dp_->ShareFromRankZero("run", fmt::format("{} {:.6f}", run_.id, run_.start_time));
+    if (!shared.ok()) return shared.status();
+  }
   if (const char* events = std::getenv(kEventsEnvVar); events && *events) {
     events_out_.reset(std::fopen(events, "a"));
     if (!events_out_) std::fprintf(stderr, "fullburn: cannot append step events to %s (%s): not sent\n", events, kEventsEnvVar);
@@ -295,7 +359,10 @@ Status Trainer::BeginRun() {
     std::lock_guard<std::mutex> lock(latest_mu_);
     latest_ = s;
   });
+  return OpenCheckpoints();
+}
 
+Status Trainer::OpenCheckpoints() {
   std::string dir = cfg_.Str("checkpoint.dir");
   if (dir.empty()) dir = StoreDir(store_->path()) + "/checkpoints/run-" + std::to_string(run_.id);
   std::error_code ec;
@@ -316,7 +383,7 @@ Status Trainer::BeginRun() {
       });
   mono_start_ = MonoNow();
   last_ckpt_time_ = mono_start_;
-  if (!opt_.quiet) live_ = std::make_unique<LiveStatus>(STDERR_FILENO);
+  if (!opt_.quiet && rank_.rank == 0) live_ = std::make_unique<LiveStatus>(STDERR_FILENO);
   return Status::Ok();
 }
 
@@ -326,7 +393,7 @@ void Trainer::Finish(const std::string& status, int code) {
   if (sampler_) sampler_->Stop();
   if (sample_writer_) sample_writer_->Flush();
   live_.reset();
-  if (run_.id > 0) store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
+  if (run_.id > 0 && rank_.rank == 0) store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
 }
 
 Status Trainer::Run() {
@@ -360,7 +427,8 @@ Status Trainer::Run() {
     exit_code = kExitFailed;
     return b;
   }
-  std::fprintf(stderr, "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
+  if (rank_.rank == 0)
+    std::fprintf(stderr, "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
                static_cast<long long>(run_.id), cfg_.Str("model.name").c_str(),
                static_cast<long long>(ParameterCount(*ctx_.model)), static_cast<long long>(batch_),
                static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
@@ -369,10 +437,10 @@ Status Trainer::Run() {
   // A failed step leaves the weights suspect: the last good checkpoint stands.
   if (s.ok() && (cfg_.Bool("checkpoint.at_end") || exit_code == kExitInterrupted)) Checkpoint(true);
   nlohmann::json eval;
-  if (s.ok() && exit_code == 0) eval = Evaluate();
+  if (s.ok() && exit_code == 0 && rank_.rank == 0) eval = Evaluate();
   Finish(s.ok() ? "finished" : "failed", s.ok() ? exit_code : (exit_code ? exit_code : kExitFailed));
   if (!s.ok()) return s;
-  if (!opt_.quiet) {
+  if (!opt_.quiet && rank_.rank == 0) {
     auto steps = store_->LoadSteps(run_.id);
     if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
     if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok())

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "fullburn/dist_torch.h"
 #include "fullburn/report.h"
 #include "fullburn/store.h"
 #include "fullburn/train.h"
@@ -91,6 +92,9 @@ class Trainer {
   Status BuildModel(const BatchSource& source);
   Status SearchBatch(const OptimizerOptions& oo);
   Status BeginRun();
+  Status ConnectRanks();
+  Status JoinRun();
+  Status OpenCheckpoints();
   Status Loop();
   Status TrainStep(bool timed, StepRecord* rec);
   void Checkpoint(bool final_one);
@@ -118,6 +122,8 @@ class Trainer {
   std::unique_ptr<BatchWriter> sample_writer_;
   std::unique_ptr<CheckpointWriter> ckpt_;
   std::unique_ptr<LiveStatus> live_;
+  RankInfo rank_;                     // world_size 1 without a launcher
+  std::unique_ptr<DataParallel> dp_;  // only when world_size > 1
   std::vector<StepRecord> pending_steps_;
   // $FULLBURN_EVENTS of an enclosing `fullburn run`: the same step events a
   // Python job's markers write, so the outer run gets them too.

@@ -55,11 +55,16 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     }
     ++next_batch_;
     wait += MonoNow() - w0;
+    if (dp_) dp_->SetSync(micro == accumulate_ - 1);  // no_sync until the last micro-batch
     torch::Tensor loss = ForwardBackward(ctx_, b, static_cast<int>(accumulate_), *scaler_, timed, &mt);
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
     samples += b.samples;
   }
+  double comm = 0;
+  if (dp_)
+    if (Status s = dp_->FinishGradients(&comm); !s.ok()) return s;
   double o0 = MonoNow();
+  // Averaged gradients are the same on every rank, so is the inf/NaN verdict.
   torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params());
   // One host read per step, for the loss and the inf/NaN flag together (as
   // GradScaler's step does).
@@ -82,6 +87,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   if (timed && ctx_.sync_timing) torch::cuda::synchronize();
   double end = MonoNow();
   ++step_;
+  rec->rank = rank_.rank;
   rec->step = step_;
   rec->epoch = static_cast<int>(epoch_);
   rec->t = Env::Default()->UnixSeconds() - run_.start_time;
@@ -92,6 +98,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   rec->step_s = end - start;
   rec->skipped = skip;
   rec->data_wait_s = wait;  // always measured: it costs two clock reads
+  if (dp_) rec->comm_s = comm;  // communication not hidden behind backward
   if (timed) {
     rec->forward_s = mt.forward_s;
     rec->backward_s = mt.backward_s;
@@ -135,6 +142,7 @@ void Trainer::FlushSteps(bool force) {
 }
 
 void Trainer::Progress(const StepRecord& r, bool force) {
+  if (rank_.rank != 0) return;  // one progress line per job
   double now = MonoNow();
   // An exponential average over about 20 steps: steady, yet quick to move.
   double rate = r.step_s > 0 ? r.samples / r.step_s : 0;

@@ -81,7 +81,7 @@ Status Trainer::Restore() {
 }
 
 void Trainer::Checkpoint(bool final_one) {
-  if (step_ == last_ckpt_step_) return;
+  if (step_ == last_ckpt_step_ || rank_.rank != 0) return;  // every rank holds the same weights
   last_ckpt_step_ = step_;
   last_ckpt_time_ = MonoNow();
   ckpt_->Save(step_, Snapshot());
@@ -93,6 +93,8 @@ nlohmann::json Trainer::Evaluate() {
   double started = MonoNow();
   SourceSpec es = spec_;
   es.train = false;
+  es.rank = 0;  // rank 0 evaluates the whole held-out set
+  es.world_size = 1;
   if (cfg_.Str("data.source") == "images") {
     std::string val = cfg_.Str("data.val_path");
     if (val.empty() && cfg_.Str("data.path").empty()) {

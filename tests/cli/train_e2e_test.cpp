@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "fullburn/report.h"
+#include "fullburn/train.h"
 #include "fullburn/store.h"
 #include "process.h"
 
@@ -128,6 +129,54 @@ TEST_F(TrainE2E, WrappedTrainerSendsTheSameStepEventsAsThePythonMarkers) {
   std::vector<RunEvent> events = Store()->LoadEvents(outer).value();
   for (const RunEvent& e : events) evaluation |= e.kind == "evaluation";
   EXPECT_TRUE(evaluation);
+}
+
+// The final checkpoint's model weights, by name.
+std::map<std::string, torch::Tensor> CheckpointWeights(RunStore* store, int64_t run) {
+  std::vector<CheckpointRecord> cks = store->LoadCheckpoints(run).value();
+  std::map<std::string, torch::Tensor> out;
+  if (cks.empty()) return out;
+  auto state = ReadCheckpointFile(cks.back().path);
+  EXPECT_TRUE(state.ok()) << state.status().message();
+  if (state.ok())
+    for (auto& [name, t] : state->tensors)
+      if (name.rfind("model.", 0) == 0) out[name] = t;
+  return out;
+}
+
+TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
+  // One process, batch 32 vs two ranks of 16 (fullburn launch, Gloo on loopback).
+  ASSERT_EQ(Train({"train.steps=20", "train.batch_size=32"}).code, 0);
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN, "train", "-q",
+                                   "--store", store_};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  for (const char* a : {"train.steps=20", "train.batch_size=16", "dist.bucket_mb=0.004", "dist.first_bucket_mb=0.002"})
+    argv.push_back(a);
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto store = Store();
+  std::vector<RunInfo> runs = store->ListRuns().value();
+  ASSERT_EQ(runs.size(), 2u) << "the ranks record into one run";
+  int64_t single = std::min(runs[0].id, runs[1].id), ddp = std::max(runs[0].id, runs[1].id);
+  auto steps = Steps(ddp);
+  ASSERT_EQ(steps.size(), 40u);  // 20 per rank
+  int per_rank[2] = {0, 0};
+  for (const StepRecord& r : steps) {
+    ASSERT_TRUE(r.rank == 0 || r.rank == 1);
+    per_rank[r.rank]++;
+    EXPECT_TRUE(r.comm_s.has_value());
+    EXPECT_EQ(r.samples, 16);
+  }
+  EXPECT_EQ(per_rank[0], 20);
+  auto a = CheckpointWeights(store.get(), single), b = CheckpointWeights(store.get(), ddp);
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_LT((t - b[name]).abs().max().item<double>(), 1e-4) << name;
+  }
+  auto trained = RunToEnd({FULLBURN_BIN, "diagnose", std::to_string(ddp), "--json", "--store", store_});
+  EXPECT_EQ(trained.code, 0) << trained.err;
 }
 
 TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {
