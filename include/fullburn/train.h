@@ -221,6 +221,14 @@ int RunTraining(const TrainerOptions& options);
 // out-of-memory once more than `budget_bytes` are live (0: no limit).
 // Installed process-wide on first use; thread-safe.
 void SetCpuMemoryBudget(int64_t budget_bytes);
+// Allocations made by this thread while one lives are not counted: host
+// memory a GPU run would hold outside the device (checkpoint staging).
+struct NotCountedInBudget {
+  NotCountedInBudget();
+  ~NotCountedInBudget();
+  NotCountedInBudget(const NotCountedInBudget&) = delete;
+  NotCountedInBudget& operator=(const NotCountedInBudget&) = delete;
+};
 int64_t CpuBytesInUse();
 int64_t CpuPeakBytes();
 void ResetCpuPeakBytes();

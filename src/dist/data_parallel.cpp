@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "fullburn/dist_torch.h"
 
@@ -46,11 +47,24 @@ struct DataParallel::Impl {
   DistStats stats;
   std::mutex mu;
 
-  Status Lost(const std::exception& e) const {
+  // After a failed collective: survivors check in through the store; the
+  // ranks that do not within a moment are named (all of them if the store,
+  // which lives on rank 0, is gone too).
+  Status Lost(const std::exception& e) {
+    std::string missing;
+    try {
+      store->set("survivor/" + std::to_string(rank.rank), std::vector<uint8_t>{1});
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      for (int r = 0; r < rank.world_size; ++r)
+        if (!store->check({"survivor/" + std::to_string(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    } catch (const std::exception&) {
+      missing = "0 (the rendezvous host)";
+    }
     return Status::Unavailable(fmt::format(
-        "rank {} lost contact with the other ranks ({}): a rank died or the network failed; every rank stops "
+        "rank {} lost contact with the other ranks ({}){}: a rank died or the network failed; every rank stops "
         "(dist timeout {} s)",
-        rank.rank, FirstLine(e.what()), options.timeout_s));
+        rank.rank, FirstLine(e.what()), missing.empty() ? "" : "; not responding: rank " + missing,
+        options.timeout_s));
   }
 
   void StartReadyBuckets() {

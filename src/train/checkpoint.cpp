@@ -213,8 +213,10 @@ Status CheckpointWriter::status() const {
 
 torch::Tensor& CheckpointWriter::Staging(const std::string& name, const torch::Tensor& like) {
   torch::Tensor& host = staging_[name];
-  if (!host.defined() || host.sizes() != like.sizes() || host.scalar_type() != like.scalar_type())
+  if (!host.defined() || host.sizes() != like.sizes() || host.scalar_type() != like.scalar_type()) {
+    NotCountedInBudget host_memory;  // a GPU run stages in host memory, outside the device's
     host = torch::empty(like.sizes(), like.options().device(torch::kCPU));
+  }
   return host;
 }
 
@@ -254,7 +256,18 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
   }
   double stall = Now() - start;
   auto job = [this, step, stall](CheckpointState s) {
-    Stage(&s.until_update, false);
+    NotCountedInBudget host_memory;
+    try {
+      Stage(&s.until_update, false);
+    } catch (const std::exception& e) {  // never leave the loop waiting in BeforeUpdate
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        staged_ = true;
+        if (error_.ok()) error_ = Status::IoError(std::string("checkpoint staging failed: ") + e.what());
+      }
+      staged_cv_.notify_all();
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       staged_ = true;
@@ -262,7 +275,12 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
     staged_cv_.notify_all();
     for (auto& t : s.until_update) s.tensors.push_back(std::move(t));
     s.until_update.clear();
-    Write(step, std::move(s), stall);
+    try {
+      Write(step, std::move(s), stall);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_.ok()) error_ = Status::IoError(std::string("checkpoint write failed: ") + e.what());
+    }
   };
   if (async_) {
     thread_ = std::thread(job, std::move(state));

@@ -37,6 +37,10 @@ void Release(void* data) {
   g_in_use.fetch_sub(a.bytes, std::memory_order_relaxed);
 }  // a.inner frees the memory through the original allocator
 
+// Set on threads (or scopes) whose allocations are host memory even when
+// training on the CPU: checkpoint staging (see NotCountedInBudget).
+thread_local int t_uncounted = 0;
+
 class BudgetAllocator : public c10::Allocator {
  public:
   explicit BudgetAllocator(c10::Allocator* base) : base_(base) {}
@@ -53,6 +57,14 @@ class BudgetAllocator : public c10::Allocator {
 
  private:
   c10::DataPtr Allocate(size_t n) const {
+    if (t_uncounted > 0) {
+      c10::DataPtr inner = base_->allocate(n);
+      void* data = inner.get();
+      c10::Device device = inner.device();
+      std::lock_guard<std::mutex> lock(g_mu);
+      (*g_live)[data] = Allocation{std::move(inner), 0};
+      return {data, data, &Release, device};
+    }
     int64_t bytes = static_cast<int64_t>(n);
     int64_t now = g_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t budget = g_budget.load(std::memory_order_relaxed);
@@ -85,6 +97,9 @@ void Install() {
 }
 
 }  // namespace
+
+NotCountedInBudget::NotCountedInBudget() { ++t_uncounted; }
+NotCountedInBudget::~NotCountedInBudget() { --t_uncounted; }
 
 void SetCpuMemoryBudget(int64_t budget_bytes) {
   Install();

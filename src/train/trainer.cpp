@@ -179,12 +179,6 @@ Status Trainer::Setup() {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (auto& p : ctx_.model->named_parameters()) params.emplace_back(p.key(), p.value());
   optim_ = std::make_unique<Optimizer>(params, oo);
-  if (dp_) {  // every rank starts from rank 0's weights
-    std::vector<torch::Tensor> state = ctx_.model->parameters();
-    for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
-    if (Status s = dp_->Broadcast(state); !s.ok()) return s;
-    if (Status s = dp_->Attach(ctx_.model->parameters()); !s.ok()) return s;
-  }
 
   LossScalerOptions so;
   so.enabled = precision == "fp16";
@@ -233,6 +227,15 @@ Status Trainer::BuildModel(const BatchSource& source) {
   if (ctx_.channels_last)
     for (auto& p : ctx_.model->parameters())
       if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+  if (dp_) {
+    // Every rank starts from rank 0's weights. The buckets are allocated now,
+    // so a batch-size search counts their memory; its trials do not sync.
+    std::vector<torch::Tensor> state = ctx_.model->parameters();
+    for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
+    if (Status s = dp_->Broadcast(state); !s.ok()) return s;
+    if (Status s = dp_->Attach(ctx_.model->parameters()); !s.ok()) return s;
+    dp_->SetSync(false);
+  }
   return Status::Ok();
 }
 
@@ -250,7 +253,8 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   BatchSearchOptions bo;
   bo.max_batch = std::min(cfg_.Int("train.max_batch_size"), (*probe_src)->batches_per_epoch() * 8);
   bo.optimizer = oo;
-  probe_src->reset();  // its loader threads are not needed any more
+  // The probe source stays open through the search: what it holds (an
+  // in-memory dataset, loader buffers) is held while training too.
   std::fprintf(stderr, "fullburn: searching for the largest micro-batch that fits (train.batch_size = auto)\n");
   std::vector<BatchTrial> trials;
   auto chosen = SearchBatchSize(&ctx_, probe, bo, [&](const BatchTrial& t) {
@@ -260,6 +264,7 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     else
       std::fprintf(stderr, "  batch %-6lld %s\n", static_cast<long long>(t.batch), t.error.c_str());
   });
+  probe_src->reset();
   if (!chosen.ok()) {
     exit_code = kExitFailed;
     return chosen.status();
@@ -286,7 +291,15 @@ Status Trainer::ConnectRanks() {
   o.first_bucket_mb = cfg_.Float("dist.first_bucket_mb");
   o.overlap = cfg_.Bool("dist.overlap");
   o.compress = cfg_.Str("dist.compress");
-  o.config_hash = std::to_string(std::hash<std::string>{}(cfg_.ToJson().dump()));
+  // Ranks must train the same job; what describes a rank's machine may differ.
+  nlohmann::json job = cfg_.ToJson();
+  for (const char* key : {"train.memory_budget_mb", "train.threads", "train.device", "data.threads", "data.prefetch",
+                          "data.cache_mb"}) {
+    std::string k = key;
+    size_t dot = k.find('.');
+    if (job.contains(k.substr(0, dot))) job[k.substr(0, dot)].erase(k.substr(dot + 1));
+  }
+  o.config_hash = std::to_string(std::hash<std::string>{}(job.dump()));
   auto dp = DataParallel::Connect(rank_, o, ctx_.device);
   if (!dp.ok()) {
     exit_code = kExitFailed;

@@ -84,8 +84,15 @@ void Trainer::Checkpoint(bool final_one) {
   if (step_ == last_ckpt_step_ || rank_.rank != 0) return;  // every rank holds the same weights
   last_ckpt_step_ = step_;
   last_ckpt_time_ = MonoNow();
-  ckpt_->Save(step_, Snapshot());
-  if (final_one) ckpt_->Wait();
+  try {
+    ckpt_->Save(step_, Snapshot());
+    if (final_one) ckpt_->Wait();
+  } catch (const std::exception& e) {  // the previous checkpoint stands
+    std::string what = e.what();
+    std::fprintf(stderr, "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints are intact\n",
+                 static_cast<long long>(step_), what.substr(0, what.find('\n')).c_str());
+    if (final_one) exit_code = kExitFailed;
+  }
 }
 
 nlohmann::json Trainer::Evaluate() {

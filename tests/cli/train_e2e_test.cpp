@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "fullburn/report.h"
@@ -177,6 +178,28 @@ TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
   }
   auto trained = RunToEnd({FULLBURN_BIN, "diagnose", std::to_string(ddp), "--json", "--store", store_});
   EXPECT_EQ(trained.code, 0) << trained.err;
+}
+
+TEST_F(TrainE2E, RanksAgreeOnTheSearchedBatchSize) {
+  // Rank 1 has less memory than rank 0: both must train with rank 1's size.
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", "sh", "-c",
+                                   std::string(FULLBURN_BIN) + " train -q --store " + store_ +
+                                       " model.name=mlp data.source=synthetic data.synthetic_samples=2048 "
+                                       "data.features=256 model.hidden=256 train.threads=1 train.steps=4 "
+                                       "train.batch_size=auto train.memory_budget_mb=$((5 + 8 * (1 - RANK)))"};
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  // Alone, rank 0 (13 MB) would pick a larger size than rank 1 (5 MB).
+  std::smatch m;
+  std::vector<int> found;
+  std::string err = o.err;
+  std::regex chosen("micro-batch (\\d+) \\(best measured");
+  for (std::sregex_iterator it(err.begin(), err.end(), chosen), end; it != end; ++it) found.push_back(std::stoi((*it)[1]));
+  ASSERT_EQ(found.size(), 2u) << o.err;
+  EXPECT_NE(found[0], found[1]) << "the budgets should lead to different sizes";
+  auto steps = Steps(Store()->GetRun("last").value().id);
+  ASSERT_EQ(steps.size(), 8u);
+  for (const StepRecord& r : steps) EXPECT_EQ(r.samples, std::min(found[0], found[1])) << "rank " << r.rank;
 }
 
 TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {
