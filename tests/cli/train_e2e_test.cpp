@@ -202,6 +202,23 @@ TEST_F(TrainE2E, RanksAgreeOnTheSearchedBatchSize) {
   for (const StepRecord& r : steps) EXPECT_EQ(r.samples, std::min(found[0], found[1])) << "rank " << r.rank;
 }
 
+TEST_F(TrainE2E, TwoRankRunResumesInOneProcess) {
+  // Rank 0's checkpoint holds the one set of weights every rank had: a
+  // single process (a different world size) continues from it.
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN, "train", "-q",
+                                   "--store", store_};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  argv.push_back("train.steps=10");
+  ASSERT_EQ(RunToEnd(argv, 300).code, 0);
+  int64_t ddp = Store()->GetRun("last").value().id;
+  auto o = Train({"--resume", std::to_string(ddp), "train.steps=20"}, /*tiny=*/false);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto steps = Steps(Store()->GetRun("last").value().id);
+  ASSERT_EQ(steps.size(), 10u);
+  EXPECT_EQ(steps.front().step, 11);
+  EXPECT_TRUE(std::isfinite(steps.back().loss));
+}
+
 TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {
   std::vector<std::string> job = {"train.steps=120", "checkpoint.every_steps=10", "model.dropout=0.1"};
   ASSERT_EQ(Train(job).code, 0);

@@ -1,6 +1,9 @@
 // Data parallelism end to end: ranks are separate processes started by
 // `fullburn launch`, talking Gloo over loopback (tests/dist/ddp_worker.cpp).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cmath>
@@ -147,6 +150,25 @@ TEST_F(DdpTest, BadRendezvousIsAClearError) {
   for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
   EXPECT_EQ(alone.code, 1);
   EXPECT_NE(alone.err.find("cannot meet the other ranks at 127.0.0.1:9"), std::string::npos) << alone.err;
+
+  // Rank 0 cannot serve the rendezvous on a port something else holds.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
+  auto busy = RunToEnd({DDP_WORKER, "--steps", "1", "--timeout", "2", "--out", dir_ + "/b"}, 60);
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  ::close(fd);
+  EXPECT_EQ(busy.code, 1);
+  EXPECT_NE(busy.err.find("is in use"), std::string::npos) << busy.err;
 }
 
 }  // namespace
