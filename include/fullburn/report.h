@@ -138,5 +138,7 @@ std::string RenderHtmlReport(const std::vector<ReportRun>& runs);
 
 std::string FormatBytes(double bytes);
 std::string FormatDuration(double seconds);
+std::string FormatLocalTime(double unix_seconds);  // "2026-11-22 08:30:00"
+std::string JoinedCommand(const std::vector<std::string>& argv);
 
 }  // namespace fullburn

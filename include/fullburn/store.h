@@ -72,6 +72,19 @@ struct StepRecord {
   bool skipped = false;  // the loss scaler skipped the update (inf/NaN gradients)
 };
 
+// The phases of a step in the order they happen (also the trace's layout):
+// `name` is the column/JSON stem ("data_wait" -> "data_wait_s"), `label` is
+// for people. Every exporter, reader and chart walks this one table.
+struct StepPhase {
+  const char* name;
+  const char* label;
+  std::optional<double> StepRecord::*field;
+};
+inline constexpr StepPhase kStepPhases[] = {
+    {"data_wait", "data wait", &StepRecord::data_wait_s}, {"h2d", "host-to-device", &StepRecord::h2d_s},
+    {"forward", "forward", &StepRecord::forward_s},       {"backward", "backward", &StepRecord::backward_s},
+    {"comm", "communication", &StepRecord::comm_s},       {"optimizer", "optimizer", &StepRecord::optimizer_s}};
+
 struct CheckpointRecord {
   int64_t step = 0;
   double t = 0;       // seconds since the run's start_time, when the file was complete

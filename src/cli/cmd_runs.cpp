@@ -21,21 +21,6 @@ struct RunsOptions {
   std::string table = "samples";
 };
 
-std::string LocalTime(double unix_time) {
-  std::time_t t = static_cast<std::time_t>(unix_time);
-  std::tm tm{};
-  ::localtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
-}
-
-std::string Joined(const std::vector<std::string>& argv) {
-  std::string out;
-  for (const std::string& a : argv) out += (out.empty() ? "" : " ") + a;
-  return out;
-}
-
 int List(const RunsOptions& o) {
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
@@ -57,8 +42,8 @@ int List(const RunsOptions& o) {
     std::string dur = r.end_time ? FormatDuration(*r.end_time - r.start_time) : "-";
     std::string code = r.exit_code ? std::to_string(*r.exit_code) : "-";
     std::printf("%-5lld %-20.20s %-12s %-5s %-19s %10s %8lld  %.60s\n", static_cast<long long>(r.id),
-                r.name.c_str(), r.status.c_str(), code.c_str(), LocalTime(r.start_time).c_str(),
-                dur.c_str(), static_cast<long long>(r.sample_count), Joined(r.command).c_str());
+                r.name.c_str(), r.status.c_str(), code.c_str(), FormatLocalTime(r.start_time).c_str(),
+                dur.c_str(), static_cast<long long>(r.sample_count), JoinedCommand(r.command).c_str());
   }
   return 0;
 }
@@ -79,8 +64,8 @@ int Show(const RunsOptions& o) {
     return 0;
   }
   std::printf("run %lld \"%s\"\n  command: %s\n  cwd:     %s\n  host:    %s\n  started: %s\n",
-              static_cast<long long>(run->id), run->name.c_str(), Joined(run->command).c_str(),
-              run->cwd.c_str(), run->host.c_str(), LocalTime(run->start_time).c_str());
+              static_cast<long long>(run->id), run->name.c_str(), JoinedCommand(run->command).c_str(),
+              run->cwd.c_str(), run->host.c_str(), FormatLocalTime(run->start_time).c_str());
   std::printf("  samples: %lld every %gs\n", static_cast<long long>(run->sample_count), run->interval_s);
   if (run->sample_count == 0) std::printf("  (no samples were recorded)\n");
   std::fputs(RenderSummary(*run, sum, "").c_str(), stdout);

@@ -39,6 +39,7 @@ struct DataParallel::Impl {
   std::vector<torch::Tensor> params;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive for their hooks
   std::vector<size_t> bucket_of;
+  std::vector<int64_t> offset_of;  // of each parameter's gradient in its bucket's `flat`
   std::vector<bool> ready;
   std::vector<Bucket> buckets;
   size_t next_to_start = 0;
@@ -87,8 +88,7 @@ struct DataParallel::Impl {
     if (!sync || ready[index]) return;
     ready[index] = true;
     Bucket& b = buckets[bucket_of[index]];
-    size_t slot = std::find(b.params.begin(), b.params.end(), index) - b.params.begin();
-    torch::Tensor view = b.flat.narrow(0, b.offsets[slot], params[index].numel());
+    torch::Tensor view = b.flat.narrow(0, offset_of[index], params[index].numel());
     const torch::Tensor& grad = params[index].grad();
     if (grad.defined())
       view.copy_(grad.reshape({-1}));
@@ -207,6 +207,7 @@ Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
   if (!m.params.empty()) return Status::InvalidArgument("DataParallel::Attach called twice");
   m.params = params;
   m.bucket_of.assign(params.size(), 0);
+  m.offset_of.assign(params.size(), 0);
   m.ready.assign(params.size(), false);
   // Reverse registration order: roughly the order backward finishes them.
   std::vector<Bucket> buckets(1);
@@ -222,7 +223,6 @@ Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
     Bucket& b = buckets.back();
     b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params[b.params.back()].numel());
     b.params.push_back(i);
-    m.bucket_of[i] = buckets.size() - 1;
     bytes += size;
   }
   for (Bucket& b : buckets) {
@@ -233,7 +233,10 @@ Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
     m.buckets.push_back(std::move(b));
   }
   for (size_t k = 0; k < m.buckets.size(); ++k)
-    for (size_t i : m.buckets[k].params) m.bucket_of[i] = k;
+    for (size_t slot = 0; slot < m.buckets[k].params.size(); ++slot) {
+      m.bucket_of[m.buckets[k].params[slot]] = k;
+      m.offset_of[m.buckets[k].params[slot]] = m.buckets[k].offsets[slot];
+    }
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].requires_grad()) continue;
     std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(params[i]);

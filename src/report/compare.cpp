@@ -118,9 +118,7 @@ RunDigest Digest(const RunData& d, const std::vector<Finding>& findings) {
     if (f.share_lost > 0) g.time_lost[f.cause] = std::max(g.time_lost[f.cause], f.share_lost);
   Flatten(nlohmann::json::parse(d.run.config_json, nullptr, false), "", &g.config);
   g.config.erase("");
-  std::string command;
-  for (const std::string& a : d.run.command) command += (command.empty() ? "" : " ") + a;
-  g.config["command"] = command;
+  g.config["command"] = JoinedCommand(d.run.command);
   return g;
 }
 

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <ctime>
 
 #include "fullburn/report.h"
 
@@ -28,15 +27,6 @@ std::string Escape(const std::string& s) {
     }
   }
   return out;
-}
-
-std::string LocalTime(double unix_s) {
-  std::time_t t = static_cast<std::time_t>(unix_s);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
 }
 
 struct ChartSpec {
@@ -121,13 +111,7 @@ void StepChart(const std::vector<ReportRun>& runs, const char* title, const char
 
 // Phases of the lowest rank's timed steps, cumulative, drawn as stacked bands.
 void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
-  struct Phase {
-    const char* name;
-    std::optional<double> StepRecord::*field;
-  };
-  const Phase phases[] = {{"data wait", &StepRecord::data_wait_s}, {"host-to-device", &StepRecord::h2d_s},
-                          {"forward", &StepRecord::forward_s},     {"backward", &StepRecord::backward_s},
-                          {"communication", &StepRecord::comm_s},  {"optimizer", &StepRecord::optimizer_s}};
+  const auto& phases = kStepPhases;
   if (r.data.steps.empty()) return;
   int rank = r.data.steps.front().rank;
   std::vector<Series> cumulative(std::size(phases) + 1);
@@ -151,7 +135,7 @@ void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
   series.push_back(SeriesJson(RunPrefix(r, several) + "other", Downsample(cumulative.back(), kMaxPoints, gap)));
   for (size_t p = std::size(phases); p-- > 0;)
     if (present[p])
-      series.push_back(SeriesJson(RunPrefix(r, several) + phases[p].name, Downsample(cumulative[p], kMaxPoints, gap)));
+      series.push_back(SeriesJson(RunPrefix(r, several) + phases[p].label, Downsample(cumulative[p], kMaxPoints, gap)));
   charts->push_back({{"title", fmt::format("Step time breakdown{} (stacked)", several ? fmt::format(", run {}", r.data.run.id) : "")},
                      {"unit", "ms"},
                      {"stacked", true},
@@ -198,15 +182,13 @@ std::string BreakdownBar(const std::vector<StepRecord>& steps) {
 
 std::string RunHtml(const ReportRun& r) {
   const RunInfo& run = r.data.run;
-  std::string command;
-  for (const std::string& a : run.command) command += (command.empty() ? "" : " ") + a;
   std::string out = fmt::format("<section class=run><h2>Run {} <small>{}</small></h2><table class=meta>", run.id,
                                 Escape(run.name));
   auto row = [&](const char* k, const std::string& v) { out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v); };
-  row("command", "<code>" + Escape(command) + "</code>");
+  row("command", "<code>" + Escape(JoinedCommand(run.command)) + "</code>");
   row("host", Escape(run.host));
   row("directory", Escape(run.cwd));
-  row("started", LocalTime(run.start_time));
+  row("started", FormatLocalTime(run.start_time));
   row("status", Escape(run.status) + (run.exit_code ? fmt::format(" (exit code {})", *run.exit_code) : "") +
                     (run.end_time ? fmt::format(", {}", FormatDuration(*run.end_time - run.start_time))
                                   : " (no end recorded: the data stops where the recording did)"));

@@ -11,14 +11,6 @@
 namespace fullburn {
 namespace {
 
-struct Phase {
-  const char* name;
-  std::optional<double> StepRecord::*field;
-};
-// The order phases happen in within a step, which is also the trace's layout.
-const Phase kPhases[] = {{"data_wait", &StepRecord::data_wait_s}, {"h2d", &StepRecord::h2d_s},
-                         {"forward", &StepRecord::forward_s},     {"backward", &StepRecord::backward_s},
-                         {"comm", &StepRecord::comm_s},           {"optimizer", &StepRecord::optimizer_s}};
 
 std::string Cell(const std::optional<double>& v) {
   if (!v) return "";
@@ -40,14 +32,14 @@ std::string StepsCsv(const std::vector<StepRecord>& steps) {
   std::ostringstream o;
   o.precision(9);
   o << "rank,step,epoch,t,loss,lr,loss_scale,samples,samples_per_s,step_s";
-  for (const Phase& p : kPhases) o << ',' << p.name << "_s";
+  for (const StepPhase& p : kStepPhases) o << ',' << p.name << "_s";
   o << ",skipped\n";
   for (const StepRecord& r : steps) {
     o << r.rank << ',' << r.step << ',' << r.epoch << ',' << r.t << ','
       << (std::isfinite(r.loss) ? Cell(r.loss) : "") << ',' << r.lr << ',' << Cell(r.loss_scale)
       << ',' << r.samples << ',' << Cell(r.step_s > 0 ? std::optional<double>(r.samples / r.step_s) : std::nullopt)
       << ',' << r.step_s;
-    for (const Phase& p : kPhases) o << ',' << Cell(r.*p.field);
+    for (const StepPhase& p : kStepPhases) o << ',' << Cell(r.*p.field);
     o << ',' << (r.skipped ? 1 : 0) << '\n';
   }
   return o.str();
@@ -61,7 +53,7 @@ nlohmann::json StepsJson(const std::vector<StepRecord>& steps) {
                      {"lr", r.lr},         {"loss_scale", OptionalJson(r.loss_scale)},
                      {"samples", r.samples}, {"step_s", r.step_s}, {"skipped", r.skipped}};
     j["samples_per_s"] = r.step_s > 0 ? nlohmann::json(r.samples / r.step_s) : nlohmann::json();
-    for (const Phase& p : kPhases) j[std::string(p.name) + "_s"] = OptionalJson(r.*p.field);
+    for (const StepPhase& p : kStepPhases) j[std::string(p.name) + "_s"] = OptionalJson(r.*p.field);
     out.push_back(j);
   }
   return out;
@@ -89,7 +81,7 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
                         {"samples", r.samples},
                         {"skipped", r.skipped}}}});
     double at = start;
-    for (const Phase& p : kPhases) {
+    for (const StepPhase& p : kStepPhases) {
       const std::optional<double>& d = r.*p.field;
       if (!d || *d <= 0) continue;
       events.push_back({{"name", p.name}, {"cat", "phase"}, {"ph", "X"}, {"ts", Micros(at)},
@@ -147,7 +139,7 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
   s.steps = static_cast<int64_t>(steps.size());
   std::vector<double> finite, rates;
   double timed_total = 0;
-  std::vector<double> phase_total(std::size(kPhases), 0.0);
+  std::vector<double> phase_total(std::size(kStepPhases), 0.0);
   size_t warmup = steps.size() / 10;
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepRecord& r = steps[i];
@@ -157,7 +149,7 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
     if (i >= warmup && r.step_s > 0) rates.push_back(r.samples / r.step_s);
     if (!r.forward_s && !r.data_wait_s) continue;  // not a timed step
     timed_total += r.step_s;
-    for (size_t p = 0; p < std::size(kPhases); ++p) phase_total[p] += (r.*kPhases[p].field).value_or(0);
+    for (size_t p = 0; p < std::size(kStepPhases); ++p) phase_total[p] += (r.*kStepPhases[p].field).value_or(0);
   }
   auto mean = [](auto begin, auto end) {
     double sum = 0;
@@ -170,9 +162,9 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
   if (!rates.empty()) s.median_samples_per_s = Percentile(rates, 50);
   if (timed_total > 0) {
     double accounted = 0;
-    for (size_t p = 0; p < std::size(kPhases); ++p) {
+    for (size_t p = 0; p < std::size(kStepPhases); ++p) {
       if (phase_total[p] <= 0) continue;
-      s.phase_share.emplace_back(kPhases[p].name, phase_total[p] / timed_total);
+      s.phase_share.emplace_back(kStepPhases[p].name, phase_total[p] / timed_total);
       accounted += phase_total[p];
     }
     if (timed_total - accounted > 1e-3 * timed_total)

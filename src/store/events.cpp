@@ -12,14 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-struct PhaseField {
-  const char* key;
-  std::optional<double> StepRecord::*field;
-};
-const PhaseField kPhaseFields[] = {{"data_wait_s", &StepRecord::data_wait_s}, {"h2d_s", &StepRecord::h2d_s},
-                                   {"forward_s", &StepRecord::forward_s},     {"backward_s", &StepRecord::backward_s},
-                                   {"optimizer_s", &StepRecord::optimizer_s}, {"comm_s", &StepRecord::comm_s}};
-
 // A non-negative finite number, or the reason it is not.
 Status NonNegative(const json& j, const char* key, double* out) {
   if (!j.contains(key) || j[key].is_null()) return Status::NotFound(key);
@@ -47,9 +39,10 @@ Result<StepRecord> ParseStep(const json& j, double run_start) {
   r.skipped = j.value("skipped", false);
   r.loss = j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : NAN;
   if (j.contains("loss_scale") && j["loss_scale"].is_number()) r.loss_scale = j["loss_scale"].get<double>();
-  for (const PhaseField& p : kPhaseFields) {
+  for (const StepPhase& p : kStepPhases) {
+    std::string key = std::string(p.name) + "_s";
     double v = 0;
-    Status s = NonNegative(j, p.key, &v);
+    Status s = NonNegative(j, key.c_str(), &v);
     if (s.ok()) r.*p.field = v;
     else if (s.code() != Status::Code::kNotFound) return s;
   }
@@ -64,8 +57,8 @@ std::string StepEventLine(const StepRecord& r, double run_start) {
   if (std::isfinite(r.loss)) j["loss"] = r.loss;
   if (r.loss_scale) j["loss_scale"] = *r.loss_scale;
   if (r.skipped) j["skipped"] = true;
-  for (const PhaseField& p : kPhaseFields)
-    if (r.*p.field && std::isfinite(*(r.*p.field))) j[p.key] = *(r.*p.field);
+  for (const StepPhase& p : kStepPhases)
+    if (r.*p.field && std::isfinite(*(r.*p.field))) j[std::string(p.name) + "_s"] = *(r.*p.field);
   return j.dump() + "\n";
 }
 
