@@ -69,6 +69,8 @@ class Config {
   std::map<std::string, nlohmann::json> values_;
 };
 
+// Levenshtein distance: the nearest-name suggestions of configs and knobs.
+size_t EditDistance(const std::string& a, const std::string& b);
 // The closest known key by edit distance, or "" when nothing is close.
 std::string ClosestOption(const std::string& key);
 // docs/config.md.

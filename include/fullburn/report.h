@@ -135,6 +135,13 @@ struct ReportRun {
   std::vector<Finding> findings;
 };
 std::string RenderHtmlReport(const std::vector<ReportRun>& runs);
+std::string HtmlEscape(const std::string& s);
+
+// A tuning run (fullburn tune): it has `tune_trial` events (docs/tune.md).
+// The report shows its trials as a table and a bar chart instead of findings.
+bool IsTuning(const RunData& run);
+std::string TuningHtml(const RunData& run);
+nlohmann::json TuningChart(const RunData& run);  // a chart of the report's JSON
 
 std::string FormatBytes(double bytes);
 std::string FormatDuration(double seconds);

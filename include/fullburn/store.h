@@ -29,7 +29,7 @@ struct sqlite3_stmt;
 
 namespace fullburn {
 
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;
 
 struct RunInfo {
   int64_t id = 0;
@@ -47,6 +47,8 @@ struct RunInfo {
   std::string config_json = "{}";  // effective configuration, JSON object
   std::string gpus_json = "[]";    // [{index, name, uuid}], JSON array
   int64_t sample_count = 0;        // filled by reads
+  // The run this one belongs to (schema v3): a tuning, for its trials.
+  std::optional<int64_t> parent_id;
 };
 
 struct SeriesPoint {

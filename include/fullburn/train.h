@@ -206,6 +206,7 @@ struct TrainerOptions {
   std::string store_path;  // empty: the default store
   std::string name;
   std::string resume;  // a run id / "last" or a checkpoint file
+  std::optional<int64_t> parent_run;  // the tuning this run is a trial of
   bool quiet = false;
   std::vector<std::string> command;  // argv, stored with the run
   // A user's own network instead of model.name (C++ API only).

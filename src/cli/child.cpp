@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 namespace fullburn::cli {
 namespace {
@@ -16,6 +17,7 @@ namespace {
 constexpr int kMaxChildren = 1024;
 volatile sig_atomic_t g_children[kMaxChildren] = {};
 volatile sig_atomic_t g_pending = 0;
+volatile sig_atomic_t g_received = 0;
 
 bool AnyChild() {
   for (int i = 0; i < kMaxChildren; ++i)
@@ -48,6 +50,7 @@ void SignalChildren(int sig);
 namespace {
 
 void Forward(int sig, siginfo_t* info, void*) {
+  g_received = sig;
   // SI_KERNEL: the terminal sent it to the whole process group, child included.
   if (info && info->si_code == SI_KERNEL) return;
   if (AnyChild())
@@ -72,12 +75,21 @@ void InstallSignalForwarding() {
   for (int sig : kForwarded) ::sigaction(sig, &sa, nullptr);
 }
 
-Result<pid_t> SpawnChild(const std::vector<std::string>& argv,
-                         const std::vector<std::string>& extra_env) {
+int ReceivedSignal() { return g_received; }
+
+Result<pid_t> SpawnChild(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
+                         const std::string& output_path) {
   if (argv.empty()) return Status::InvalidArgument("no command given: use fullburn run -- CMD ARGS...");
+  int out = -1;
+  if (!output_path.empty()) {
+    out = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) return Status::IoError("cannot write " + output_path + ": " + std::strerror(errno));
+  }
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0)
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    if (out >= 0) ::close(out);
     return Status::IoError(std::string("cannot create a pipe: ") + std::strerror(errno));
+  }
   pid_t parent = ::getpid();
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -93,12 +105,17 @@ Result<pid_t> SpawnChild(const std::vector<std::string>& argv,
   if (pid < 0) {
     ::close(fds[0]);
     ::close(fds[1]);
+    if (out >= 0) ::close(out);
     return Status::IoError(std::string("cannot fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
     ::close(fds[0]);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(128 + SIGTERM);  // fullburn died before prctl
+    if (out >= 0) {
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(out, STDERR_FILENO);
+    }
     ::execvpe(args[0], args.data(), envp.data());
     int err = errno;
     ssize_t ignored = ::write(fds[1], &err, sizeof err);
@@ -106,6 +123,7 @@ Result<pid_t> SpawnChild(const std::vector<std::string>& argv,
     ::_exit(127);
   }
   ::close(fds[1]);
+  if (out >= 0) ::close(out);
   int err = 0;
   ssize_t n;
   do {
@@ -128,6 +146,33 @@ int WaitChild(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return 1;
+  }
+  Forget(pid);
+  return ExitCodeOf(status);
+}
+
+int WaitChildFor(pid_t pid, double timeout_s, bool* timed_out) {
+  *timed_out = false;
+  timespec start{};
+  ::clock_gettime(CLOCK_MONOTONIC, &start);
+  double stop_at = timeout_s, kill_at = timeout_s + 10;  // SIGTERM, then 10 s to finish
+  int status = 0;
+  for (;;) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return 1;
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    double elapsed = static_cast<double>(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) * 1e-9;
+    if (elapsed >= kill_at) {
+      ::kill(pid, SIGKILL);
+      kill_at = 1e300;
+    } else if (elapsed >= stop_at) {
+      *timed_out = true;
+      ::kill(pid, SIGTERM);
+      stop_at = 1e300;
+    }
+    ::usleep(20000);
   }
   Forget(pid);
   return ExitCodeOf(status);

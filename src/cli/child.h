@@ -16,14 +16,23 @@ namespace fullburn::cli {
 // (Ctrl-C) is not sent twice.
 void InstallSignalForwarding();
 
-// Starts argv[0] (searched in PATH) with fullburn's stdin, stdout and stderr.
-// The child gets SIGTERM if fullburn dies, so it is never orphaned. Failure to
-// start (not found, not executable) comes back as a Status naming the cause.
-Result<pid_t> SpawnChild(const std::vector<std::string>& argv,
-                         const std::vector<std::string>& extra_env);
+// Starts argv[0] (searched in PATH) with fullburn's stdin, stdout and stderr
+// (stdout and stderr into `output_path` instead, when given: fullburn tune's
+// trial logs). The child gets SIGTERM if fullburn dies, so it is never
+// orphaned. Failure to start (not found, not executable, the log cannot be
+// written) comes back as a Status naming the cause.
+Result<pid_t> SpawnChild(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
+                         const std::string& output_path = "");
+
+// The last signal the forwarding handlers saw (0: none), including one the
+// terminal sent to the whole group: fullburn tune stops after its trial.
+int ReceivedSignal();
 
 // Waits for the child; returns its exit code, or 128 + signal if it was killed.
 int WaitChild(pid_t pid);
+// As WaitChild, but after `timeout_s` the child gets SIGTERM (and SIGKILL 10 s
+// later); *timed_out says whether that happened.
+int WaitChildFor(pid_t pid, double timeout_s, bool* timed_out);
 // Waits for any started child: its pid and exit code (as WaitChild), or -1
 // when none is left.
 std::pair<pid_t, int> WaitAnyChild();

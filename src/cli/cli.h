@@ -39,6 +39,11 @@ Result<std::unique_ptr<GpuSource>> OpenGpus();
 // The one line saying GPU metrics are unavailable and why (if they are).
 void NoteIfGpusUnavailable(const GpuSource& gpus);
 
+// Written beside, then renamed: a reader never sees half a file.
+Status WriteFileAtomically(const std::string& path, const std::string& text);
+// This process's argv (argv[0] as "fullburn"), as stored with a run.
+std::vector<std::string> OwnCommandLine();
+
 // fullburn-train beside this executable (the libtorch half), or "" if not built.
 std::string TrainingExecutable();
 
@@ -49,6 +54,7 @@ void SetupServe(CLI::App& app);
 void SetupReport(CLI::App& app);  // diagnose, report, compare
 void SetupLaunch(CLI::App& app);
 void SetupData(CLI::App& app);  // make-dataset, bench
+void SetupTune(CLI::App& app);
 // `fullburn train|export-weights ...`: argv as main got it; handed to fullburn-train.
 int Train(int argc, char** argv);
 

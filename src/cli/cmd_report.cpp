@@ -36,6 +36,7 @@ Result<std::vector<ReportRun>> LoadRuns(const ReportOptions& o) {
 
 // What a reader of partial data should know first.
 void NotePartial(const RunData& d) {
+  if (IsTuning(d)) return;  // its trials are the runs with data
   if (!d.run.end_time)
     std::fprintf(stderr, "fullburn: run %lld is %s: diagnosed from the data so far\n",
                  static_cast<long long>(d.run.id), d.run.status.c_str());
@@ -56,25 +57,6 @@ int DiagnoseCommand(const ReportOptions& o) {
   std::printf("run %lld \"%s\"\n", static_cast<long long>(r.data.run.id), r.data.run.name.c_str());
   std::fputs(RenderFindings(r.findings, r.findings.size()).c_str(), stdout);
   return 0;
-}
-
-// Written beside, then renamed: a reader never sees half a report.
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return Status::IoError("cannot write " + path + ": check the directory exists and is writable");
-    out << text;
-    if (!out.flush()) {
-      ::unlink(tmp.c_str());
-      return Status::IoError("cannot write " + path + " (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return Status::IoError("cannot write " + path + ": check the directory is writable");
-  }
-  return Status::Ok();
 }
 
 int ReportCommand(const ReportOptions& o) {

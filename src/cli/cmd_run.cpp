@@ -18,6 +18,7 @@ namespace {
 struct RunOptions {
   CommonOptions common;
   std::string name;
+  int64_t parent = 0;  // 0: none
   bool quiet = false;
   std::vector<std::string> command;
 };
@@ -73,6 +74,7 @@ int Run(const RunOptions& opts) {
   info.recorder_pid = static_cast<int>(::getpid());
   info.interval_s = opts.common.interval_s;
   info.gpus_json = GpusJson(**gpus);
+  if (opts.parent > 0) info.parent_id = opts.parent;
   nlohmann::json config{{"interval_s", opts.common.interval_s}};
   info.config_json = config.dump();
   Result<int64_t> run_id = (*store)->BeginRun(info);
@@ -143,6 +145,7 @@ void SetupRun(CLI::App& app) {
   run->footer("Usage: fullburn run [OPTIONS] -- CMD [ARGS...]");
   run->add_option("--name", opts->name, "Name of the run (default: the command)");
   run->add_flag("-q,--quiet", opts->quiet, "No live line and no summary");
+  run->add_option("--parent", opts->parent, "Record the run as part of another (fullburn tune's trials)");
   AddIntervalOption(run, &opts->common, 1.0);
   AddStoreOption(run, &opts->common);
   run->add_option("command", opts->command, "The command to run, after --")->required();

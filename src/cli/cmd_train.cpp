@@ -21,6 +21,7 @@ const char* const kTrainUsage =
     "Options:\n"
     "  --resume RUN|PATH   Continue a run (its last good checkpoint) or a checkpoint file\n"
     "  --name NAME         Name of the run (default: model and data)\n"
+    "  --parent RUN        Record the run as part of another (fullburn tune's trials)\n"
     "  --store PATH        Run store (env FULLBURN_STORE)\n"
     "  -q, --quiet         No live progress line\n"
     "  --print-config      Print the effective config as TOML and exit\n"

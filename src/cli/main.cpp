@@ -12,7 +12,7 @@
 namespace {
 
 const char* const kCommands[] = {"run",    "watch",   "runs",  "diagnose",     "report", "compare",
-                                 "launch", "serve",  "metrics", "bench", "make-dataset", "pack",   "version"};
+                                 "launch", "serve",  "metrics", "bench", "make-dataset", "pack",   "tune", "version"};
 
 std::string TrainingHalf() {
   std::string path = fullburn::cli::TrainingExecutable();
@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   SetupReport(app);
   SetupLaunch(app);
   SetupData(app);
+  SetupTune(app);
   // Listed for --help; main() hands `train` to Train() before parsing.
   app.add_subcommand("train", "Train a model (libtorch): CONFIG.toml key=value ... (fullburn train --help)");
   app.add_subcommand("export-weights", "CHECKPOINT OUT.safetensors: a checkpoint's model weights for Python");

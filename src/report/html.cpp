@@ -15,19 +15,7 @@ namespace {
 
 constexpr size_t kMaxPoints = 2000;  // per series: a 10-hour run at 1 Hz is 36,000
 
-std::string Escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+std::string Escape(const std::string& s) { return HtmlEscape(s); }
 
 struct ChartSpec {
   const char* title;
@@ -151,6 +139,8 @@ nlohmann::json Charts(const std::vector<ReportRun>& runs) {
             [](const StepRecord& s) { return s.data_wait_s && s.step_s > 0 ? 100 * *s.data_wait_s / s.step_s : NAN; },
             &charts);
   for (const ReportRun& r : runs) BreakdownChart(r, runs.size() > 1, &charts);
+  for (const ReportRun& r : runs)
+    if (IsTuning(r.data)) charts.push_back(TuningChart(r.data));
   return charts;
 }
 
@@ -196,8 +186,12 @@ std::string RunHtml(const ReportRun& r) {
   if (!r.data.steps.empty()) row("steps", fmt::format("{} step records", r.data.steps.size()));
   if (!r.data.checkpoints.empty()) row("checkpoints", std::to_string(r.data.checkpoints.size()));
   out += "</table>";
-  if (run.sample_count == 0) out += "<p class=note>No telemetry samples were recorded for this run.</p>";
-  out += "<h3>Findings</h3>" + FindingsHtml(r.findings) + BreakdownBar(r.data.steps);
+  if (IsTuning(r.data)) {
+    out += TuningHtml(r.data);  // each trial is a run of its own, with its findings
+  } else {
+    if (run.sample_count == 0) out += "<p class=note>No telemetry samples were recorded for this run.</p>";
+    out += "<h3>Findings</h3>" + FindingsHtml(r.findings) + BreakdownBar(r.data.steps);
+  }
   auto pretty = [](const std::string& j) {
     auto parsed = nlohmann::json::parse(j, nullptr, false);
     return parsed.is_discarded() ? j : parsed.dump(2);
@@ -263,18 +257,26 @@ const char kScript[] = R"(
     var div = document.createElement('div');
     div.className = 'chart';
     box.appendChild(div);
-    var series = [{label: 'time'}];
+    var series = [{label: c.bars ? 'trial' : 'time'}];
     c.series.forEach(function(s, i){
       var color = colors[i % colors.length];
-      series.push({label: s.label, stroke: color, width: 1.5, spanGaps: false,
-                   fill: c.stacked ? color + 'cc' : undefined,
-                   value: function(u, v){ return v == null ? '-' : v.toFixed(v < 10 ? 2 : 1); }});
+      var spec = {label: s.label, stroke: color, width: 1.5, spanGaps: false,
+                  fill: c.stacked ? color + 'cc' : undefined,
+                  value: function(u, v){ return v == null ? '-' : v.toFixed(v < 10 ? 2 : 1); }};
+      // Trials: the median as bars, the slowest and fastest windows as points.
+      if (c.bars && i == 0) { spec.paths = uPlot.paths.bars({size: [0.6, 80]}); spec.fill = color + '99'; }
+      if (c.bars && i > 0) { spec.paths = function(){ return null; }; spec.points = {show: true, size: 7}; }
+      series.push(spec);
     });
-    new uPlot({title: c.title + ' (' + c.unit + ')', width: width, height: 230,
-               cursor: {sync: {key: 'fullburn'}, drag: {x: true, y: false}},
-               scales: {x: {time: false}},
-               axes: [{values: function(u, vals, ax, space, incr){
-                         return vals.map(function(v){ return duration(v, incr); }); }}, {label: c.unit, size: 60}],
+    var xaxis = c.bars
+        ? {values: function(u, vals){ return vals.map(function(v){
+             var i = c.series[0].t.indexOf(v); return i < 0 ? '' : '#' + v + ' ' + c.labels[i]; }); }}
+        : {values: function(u, vals, ax, space, incr){ return vals.map(function(v){ return duration(v, incr); }); }};
+    new uPlot({title: c.title + ' (' + c.unit + ')', width: width, height: c.bars ? 300 : 230,
+               cursor: {sync: {key: c.bars ? 'trials' : 'fullburn'}, drag: {x: !c.bars, y: false}},
+               scales: {x: {time: false, range: c.bars ? function(u, lo, hi){ return [lo - 0.5, hi + 0.5]; } : undefined},
+                        y: c.bars ? {range: function(u, lo, hi){ return [0, hi * 1.1]; }} : {}},
+               axes: [xaxis, {label: c.unit, size: 60}],
                series: series}, align(c.series), div);
     drawn++;
   });
@@ -307,6 +309,20 @@ void MinMaxBuckets(Series::const_iterator begin, Series::const_iterator end, siz
 }
 
 }  // namespace
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
 
 Series Downsample(const Series& s, size_t max_points, double gap_s) {
   // Segments between gaps in the original; each gets its share of the points.

@@ -77,8 +77,14 @@ CREATE TABLE events (
 CREATE INDEX events_by_run ON events (run_id, t);
 )sql";
 
+// v3: a run can belong to another (a tuner's trials to their tuning).
+const char* const kSchemaV3 = R"sql(
+ALTER TABLE runs ADD COLUMN parent_id INTEGER;  -- NULL: a run of its own
+CREATE INDEX runs_by_parent ON runs (parent_id);
+)sql";
+
 // Script i takes the store from version i to version i + 1.
-const char* const kMigrations[] = {kSchemaV1, kSchemaV2};
+const char* const kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion);
 
 }  // namespace

@@ -104,7 +104,7 @@ Result<int64_t> RunStore::BeginRun(const RunInfo& run) {
   sqlite3_stmt* st = nullptr;
   const char* sql =
       "INSERT INTO runs (name, command, cwd, host, start_time, status, recorder_pid, interval_s, "
-      "config, gpus) VALUES (?,?,?,?,?,?,?,?,?,?)";
+      "config, gpus, parent_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)";
   if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return SqlError("cannot add a run");
   std::string cmd = nlohmann::json(run.command).dump();
   std::string host = run.host.empty() ? HostName() : run.host;
@@ -118,6 +118,10 @@ Result<int64_t> RunStore::BeginRun(const RunInfo& run) {
   sqlite3_bind_double(st, 8, run.interval_s);
   sqlite3_bind_text(st, 9, run.config_json.c_str(), -1, SQLITE_TRANSIENT);
   sqlite3_bind_text(st, 10, run.gpus_json.c_str(), -1, SQLITE_TRANSIENT);
+  if (run.parent_id)
+    sqlite3_bind_int64(st, 11, *run.parent_id);
+  else
+    sqlite3_bind_null(st, 11);
   int rc = sqlite3_step(st);
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE) return SqlError("cannot add a run");
@@ -209,7 +213,7 @@ Status RunStore::FinishRun(int64_t run_id, double end_time, std::optional<int> e
 Result<std::vector<RunInfo>> RunStore::QueryRuns(const std::string& where, int64_t id) {
   std::string sql =
       "SELECT id, name, command, cwd, host, start_time, end_time, exit_code, status, recorder_pid, "
-      "interval_s, config, gpus, samples "
+      "interval_s, config, gpus, samples, parent_id "
       "FROM runs " + where;
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK)
@@ -236,6 +240,7 @@ Result<std::vector<RunInfo>> RunStore::QueryRuns(const std::string& where, int64
     r.config_json = ColumnText(st, 11);
     r.gpus_json = ColumnText(st, 12);
     r.sample_count = sqlite3_column_int64(st, 13);
+    if (sqlite3_column_type(st, 14) != SQLITE_NULL) r.parent_id = sqlite3_column_int64(st, 14);
     FixStatus(&r);
     runs.push_back(std::move(r));
   }

@@ -37,18 +37,6 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 std::string UnknownKey(const std::string& key, const std::string& origin) {
   std::string msg = "unknown config key '" + key + "' (" + origin + ")";
   std::string close = ClosestOption(key);
@@ -136,6 +124,18 @@ std::string OptionEnvVar(const OptionDef& def) {
   std::string out = "FULLBURN_";
   for (const char* c = def.key; *c; ++c) out += *c == '.' ? '_' : static_cast<char>(std::toupper(*c));
   return out;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
 }
 
 std::string ClosestOption(const std::string& key) {

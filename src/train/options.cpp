@@ -57,6 +57,8 @@ const std::vector<OptionDef>& TrainOptions() {
        "Autocast precision: fp32, bf16, or fp16 (with dynamic loss scaling; CUDA only)",
        "fp32|bf16|fp16"},
       {"train.tf32", T::kBool, "true", "Allow TF32 matmuls and convolutions on CUDA"},
+      {"train.cudnn_benchmark", T::kBool, "false",
+       "CUDA: let cuDNN time its algorithms for each new input shape and keep the fastest"},
       {"train.clip_grad_norm", T::kFloat, "0", "Clip the global gradient norm to this; 0: off", "",
        ">=0"},
       {"train.seed", T::kInt, "0", "Seed of weights, data order and augmentation", "", ">=0"},

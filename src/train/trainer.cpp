@@ -112,6 +112,7 @@ Status Trainer::Setup() {
   if (ctx_.device.is_cuda()) {
     at::globalContext().setAllowTF32CuBLAS(cfg_.Bool("train.tf32"));
     at::globalContext().setAllowTF32CuDNN(cfg_.Bool("train.tf32"));
+    at::globalContext().setBenchmarkCuDNN(cfg_.Bool("train.cudnn_benchmark"));
   }
   if (int64_t mb = cfg_.Int("train.memory_budget_mb"); mb > 0) {
     if (ctx_.device.is_cuda())
@@ -338,8 +339,11 @@ Status Trainer::BeginRun() {
   run_.start_time = Env::Default()->UnixSeconds();
   run_.recorder_pid = static_cast<int>(::getpid());
   run_.interval_s = 1.0;
+  run_.parent_id = opt_.parent_run;
   nlohmann::json config = cfg_.ToJson();
   if (resume_) config["resumed_from"] = resume_->path;
+  // What "auto" became on this machine (the tuner reads the device).
+  config["resolved"] = {{"device", ctx_.device.str()}, {"threads", torch::get_num_threads()}};
   run_.config_json = config.dump();
   auto gpus = GpuSource::Open();
   if (gpus.ok()) gpus_ = std::move(*gpus);

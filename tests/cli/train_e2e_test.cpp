@@ -433,3 +433,62 @@ TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
 
 }  // namespace
 }  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+// fullburn tune on the demo from a deliberately bad start: one loader thread
+// and micro-batch 8 (x 8 accumulated). The tuning must end measurably faster,
+// write a config fullburn train takes as is, and its report lists every trial.
+TEST(TuneTrainE2E, FindsAFasterDemoConfigFromABadStart) {
+  std::string dir = testing::FreshTestDir("fb_tune_train"), store = dir + "/runs.db", toml = dir + "/tuned.toml";
+  ::unsetenv("FULLBURN_STORE");
+  auto o = testing::RunToEnd({FULLBURN_BIN, "tune", "--store", store, "train.batch_size=8", "train.accumulate=8",
+                              "data.threads=1", "--knobs", "batch,loader_threads", "--trial", "8s", "--budget", "5m",
+                              "-o", toml},
+                             600);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto db = std::move(RunStore::Open(store).value());
+  RunInfo tuning = db->GetRun("1").value();
+  EXPECT_FALSE(tuning.parent_id);
+  std::vector<nlohmann::json> trials;
+  nlohmann::json result;
+  std::vector<RunEvent> events = db->LoadEvents(tuning.id).value();
+  for (const RunEvent& e : events) {
+    if (e.kind == "tune_trial") trials.push_back(nlohmann::json::parse(e.data));
+    if (e.kind == "tune_result") result = nlohmann::json::parse(e.data);
+  }
+  ASSERT_GE(trials.size(), 3u) << o.out;
+  EXPECT_EQ(trials[0]["knob"], "start");
+  EXPECT_GT(result.value("ratio", 0.0), 1.03) << o.out;
+  bool kept = false;
+  for (const auto& t : trials) {
+    kept |= t["verdict"].get<std::string>().rfind("kept", 0) == 0;
+    if (t["status"] == "skipped") continue;
+    EXPECT_EQ(t["status"], "ok") << t.dump();
+    RunInfo run = db->GetRun(std::to_string(t["run_id"].get<int64_t>())).value();
+    EXPECT_EQ(run.parent_id, tuning.id);
+    EXPECT_GT(db->LoadSteps(run.id).value().size(), 10u);
+  }
+  EXPECT_TRUE(kept) << o.out;
+  // The winner is a config fullburn train accepts as is, with the effective batch kept.
+  auto printed = testing::RunToEnd({FULLBURN_BIN, "train", toml, "--print-config"});
+  ASSERT_EQ(printed.code, 0) << printed.err;
+  auto config = nlohmann::json::parse(db->GetRun(std::to_string(trials[result["best_trial"].get<int>() - 1]["run_id"].get<int64_t>()))
+                                          .value()
+                                          .config_json);
+  EXPECT_EQ(config["train"]["batch_size"].get<int64_t>() * config["train"]["accumulate"].get<int64_t>(), 64);
+  EXPECT_NE(printed.out.find("batch_size = " + std::to_string(config["train"]["batch_size"].get<int64_t>())),
+            std::string::npos)
+      << printed.out;
+  std::string html = dir + "/tuning.html";
+  auto report = testing::RunToEnd({FULLBURN_BIN, "report", "1", "--store", store, "-o", html});
+  ASSERT_EQ(report.code, 0) << report.err;
+  std::string page = testing::ReadText(html);
+  size_t rows = 0;
+  for (size_t pos = 0; (pos = page.find("<tr class=trial>", pos)) != std::string::npos; ++pos) ++rows;
+  EXPECT_EQ(rows, trials.size());
+}
+
+}  // namespace
+}  // namespace fullburn

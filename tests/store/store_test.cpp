@@ -268,9 +268,16 @@ TEST_F(StoreTest, SchemaV1StoreIsMigrated) {
   auto samples = store->LoadSamples((*runs)[0].id);
   ASSERT_TRUE(samples.ok());
   EXPECT_FALSE(samples->empty());
+  EXPECT_FALSE((*runs)[0].parent_id);
   StepRecord r;
   r.step = 1;
   EXPECT_TRUE(store->AppendSteps((*runs)[0].id, {r}).ok());
+  RunInfo child;
+  child.name = "trial";
+  child.parent_id = (*runs)[0].id;
+  auto child_id = store->BeginRun(child);
+  ASSERT_TRUE(child_id.ok());
+  EXPECT_EQ(store->GetRun(std::to_string(*child_id))->parent_id, (*runs)[0].id);
   sqlite3* db = nullptr;
   sqlite3_open(path_.c_str(), &db);
   sqlite3_stmt* st = nullptr;

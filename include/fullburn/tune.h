@@ -1,0 +1,136 @@
+// Tune: what `fullburn tune` decides, separated from how it runs trials.
+// A tuning measures short trials, each a run in the store, changing one knob
+// at a time from the best setting so far and keeping a change only when it
+// beats the noise. The knobs are tried in the order the starting run's
+// diagnosis suggests (the bottleneck first).
+//
+// Contract
+// - Pure functions of their inputs: no processes, no files, no clocks; safe
+//   from any thread. src/cli/cmd_tune.cpp starts the trials and owns the store.
+// - Expected failures (an unknown knob, an empty or malformed grid, a run too
+//   short to measure) are a Status with a one-line message naming the input
+//   and the fix; nothing here throws.
+// - A trial's JSON (TrialJson) is the `tune_trial` event of the tuning run, as
+//   docs/tune.md describes; the HTML report reads it from there.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fullburn/diagnose.h"
+#include "fullburn/status.h"
+#include "fullburn/store.h"
+
+namespace fullburn {
+
+// ---- Knobs --------------------------------------------------------------
+
+struct KnobDef {
+  const char* name;  // what --knobs takes
+  const char* key;   // the config key it sets ("" for batch: two keys)
+  const char* help;
+};
+const std::vector<KnobDef>& TuneKnobs();
+// "a,b" -> the knobs in that order; an unknown one suggests the closest.
+Result<std::vector<std::string>> ParseKnobList(const std::string& csv);
+
+// What the tuner knows when it picks candidate values.
+struct TuneContext {
+  std::map<std::string, std::string> config;  // flattened effective config of the best run so far
+  bool cuda = false;                          // the trials run on a CUDA device
+  int cores = 1;
+  double host_memory_bytes = 0;
+  bool input_bound = false;  // the diagnosis names the input pipeline
+  bool keep_effective_batch = true;
+};
+
+// One value of a knob to try: the config overrides it stands for.
+struct Candidate {
+  std::string value;  // for people: "4", "bf16", "auto (largest that fits)"
+  std::map<std::string, std::string> overrides;
+};
+// Values of `knob` other than the current one; none with `skip_reason` set
+// when the knob does not apply (no CUDA, not an image model, ...).
+std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx, std::string* skip_reason);
+
+// The bottleneck first: loader knobs when the top finding is the input
+// pipeline, batch size for small_batch/memory_headroom, else compute knobs.
+// Keeps only the knobs in `selected` (all when empty).
+std::vector<std::string> KnobOrder(const std::vector<Finding>& findings, const std::vector<std::string>& selected);
+
+// The micro-batch to use after a batch-size search chose `searched`, keeping
+// `effective` = micro x accumulate: the largest divisor of `effective` not
+// above `searched` (and its accumulate).
+std::pair<int64_t, int64_t> KeepEffectiveBatch(int64_t searched, int64_t effective);
+
+// ---- Measuring ------------------------------------------------------------
+
+enum class Objective { kSamplesPerSecond, kSamplesPerJoule };
+Result<Objective> ParseObjective(const std::string& name);
+const char* ObjectiveName(Objective o);
+
+struct Measure {
+  double value = NAN;   // the objective, median over windows after warm-up
+  double spread = NAN;  // interquartile range of the windows / median
+  double low = NAN, high = NAN;  // smallest and largest window
+  std::string unit;     // "samples/s", "steps/s", "samples/J", or the metric's name
+  int64_t steps = 0;    // steps (or metric lines) measured, warm-up excluded
+  double gpu_util = NAN, data_wait_share = NAN, peak_memory_bytes = NAN;
+};
+// From a trial's step records: the steps of the first 20% of the time (at
+// least 3) are warm-up; the rest are cut into up to 8 windows of equal step
+// count, each giving samples over the window's time. Needs 8 steps measured.
+Result<Measure> MeasureRun(const RunData& run, Objective objective);
+// From numbers the command printed (--metric-regex): the first 20% are
+// warm-up; needs 3 values after it.
+Result<Measure> MeasureValues(const std::vector<double>& values, const std::string& unit);
+
+// ---- Trials ----------------------------------------------------------------
+
+struct Trial {
+  int index = 0;
+  std::string knob;   // "start" for the first, "grid" for --grid trials
+  std::string value;  // the candidate's value, or the grid combination
+  std::map<std::string, std::string> overrides;  // everything changed from the start
+  int64_t run_id = 0;                            // 0: no run was recorded
+  std::string status = "ok";                     // ok | failed | skipped | interrupted
+  std::string reason;                            // why failed/skipped
+  Measure measure;
+  std::string verdict;  // "start", "kept +12%", "within noise +1%", "slower -8%", "failed"
+  double wall_s = 0;
+  std::string log;  // the trial's output file
+};
+nlohmann::json TrialJson(const Trial& t);
+Trial TrialFromJson(const nlohmann::json& j);
+
+// Is `candidate` better than `best` by more than the noise: by `min_gain`
+// and by the average of their spreads? *gain is candidate/best - 1.
+bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, double* gain);
+
+// The table `fullburn tune` prints: knob, value, objective with spread, GPU
+// util, data wait, peak memory, verdict, run.
+std::string RenderTrialTable(const std::vector<Trial>& trials);
+
+// ---- Grids (external commands) --------------------------------------------
+
+struct GridAxis {
+  std::string name;
+  std::vector<std::string> values;
+};
+// "batch=64,128,256".
+Result<GridAxis> ParseGridAxis(const std::string& spec);
+// Every combination, the first axis varying slowest.
+std::vector<std::map<std::string, std::string>> ExpandGrid(const std::vector<GridAxis>& axes);
+// Replaces {name} in each argument; a placeholder with no axis, or an axis
+// used nowhere, is an error (checked before any trial runs).
+Result<std::vector<std::string>> Substitute(const std::vector<std::string>& command,
+                                            const std::map<std::string, std::string>& values);
+
+// "90", "90s", "10m", "1h", "1m30s" -> seconds.
+Result<double> ParseDuration(const std::string& text);
+
+}  // namespace fullburn

@@ -1,0 +1,520 @@
+// fullburn tune: short measured trials, one knob at a time, each a run linked
+// to the tuning; the winner written as a config `fullburn train` takes as is.
+// --grid: the same for any command, over the combinations given.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <regex>
+#include <set>
+
+#include "child.h"
+#include "cli.h"
+#include "fullburn/config.h"
+#include "fullburn/report.h"
+#include "fullburn/tune.h"
+#include "tune_trial.h"
+
+namespace fullburn::cli {
+namespace {
+
+struct TuneOptions {
+  CommonOptions common;
+  std::vector<std::string> args;  // CONFIG.toml and key=value, or the command with --grid
+  std::vector<std::string> grids;
+  std::string budget = "10m", trial, objective = "samples_per_s", knobs, output, metric_regex;
+  bool free_batch = false;
+  double min_gain = 0.03;
+};
+
+// Everything checked before the first trial.
+struct Plan {
+  bool grid = false;
+  double budget_s = 0, trial_s = 0;
+  Objective objective = Objective::kSamplesPerSecond;
+  std::vector<std::string> knobs;  // empty: all
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::vector<GridAxis> axes;
+};
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+constexpr double kDefaultTrainTrialS = 20, kDefaultGridTrialS = 60;
+// Start-up, data set creation and the batch-size search come before a
+// training trial's clock starts.
+constexpr double kTrainTrialAllowanceS = 180;
+
+Status CheckPowerReadings() {
+  auto gpus = OpenGpus();
+  if (!gpus.ok()) return gpus.status();
+  if (!(*gpus)->available())
+    return Status::InvalidArgument("--objective samples_per_joule needs GPU power readings, and there are none (" +
+                                   (*gpus)->unavailable_reason() + "): use --objective samples_per_s");
+  for (const GpuSample& g : (*gpus)->Collect({}, 0))
+    if (g.power_w) return Status::Ok();
+  return Status::InvalidArgument(
+      "--objective samples_per_joule needs GPU power readings, and NVML reports none for these GPUs: use "
+      "--objective samples_per_s");
+}
+
+Result<Plan> MakePlan(const TuneOptions& o) {
+  Plan p;
+  p.grid = !o.grids.empty();
+  auto objective = ParseObjective(o.objective);
+  if (!objective.ok()) return objective.status();
+  p.objective = *objective;
+  auto budget = ParseDuration(o.budget);
+  if (!budget.ok()) return Status::InvalidArgument("--budget: " + budget.status().message());
+  p.budget_s = *budget;
+  auto trial = o.trial.empty() ? Result<double>(p.grid ? kDefaultGridTrialS : kDefaultTrainTrialS) : ParseDuration(o.trial);
+  if (!trial.ok()) return Status::InvalidArgument("--trial: " + trial.status().message());
+  p.trial_s = *trial;
+  if (p.budget_s < p.trial_s)
+    return Status::InvalidArgument(fmt::format("--budget {} is shorter than one trial (--trial {}): raise --budget or "
+                                               "lower --trial",
+                                               FormatDuration(p.budget_s), FormatDuration(p.trial_s)));
+  if (!o.metric_regex.empty()) {
+    if (!p.grid) return Status::InvalidArgument("--metric-regex measures an external command: use it with --grid");
+    try {
+      std::regex re(o.metric_regex);
+    } catch (const std::regex_error& e) {
+      return Status::InvalidArgument("--metric-regex '" + o.metric_regex + "' is not a regular expression: " + e.what());
+    }
+    if (p.objective == Objective::kSamplesPerJoule)
+      return Status::InvalidArgument("--metric-regex gives a rate, not energy: use --objective samples_per_s with it");
+  }
+  if (p.grid) {
+    std::set<std::string> names;
+    for (const std::string& spec : o.grids) {
+      auto axis = ParseGridAxis(spec);
+      if (!axis.ok()) return axis.status();
+      if (!names.insert(axis->name).second)
+        return Status::InvalidArgument("--grid " + axis->name + " is given twice: list all its values in one --grid");
+      p.axes.push_back(*axis);
+    }
+    if (o.args.empty())
+      return Status::InvalidArgument("--grid needs a command: fullburn tune --grid 'batch=64,128' -- CMD --batch {batch}");
+    for (const auto& combo : ExpandGrid(p.axes))
+      if (auto cmd = Substitute(o.args, combo); !cmd.ok()) return cmd.status();
+    if (!o.knobs.empty()) return Status::InvalidArgument("--knobs tunes fullburn train; with --grid the axes are the knobs");
+  } else {
+    if (!o.knobs.empty()) {
+      auto knobs = ParseKnobList(o.knobs);
+      if (!knobs.ok()) return knobs.status();
+      p.knobs = *knobs;
+    }
+    for (const std::string& a : o.args) {
+      if (a.find('=') != std::string::npos)
+        p.overrides.push_back(a);
+      else if (p.config_path.empty())
+        p.config_path = a;
+      else
+        return Status::InvalidArgument("two config files given ('" + p.config_path + "' and '" + a +
+                                       "'): give one, and key=value for the rest (a command needs --grid)");
+    }
+    auto config = Config::Load(p.config_path, p.overrides);
+    if (!config.ok()) return config.status();
+    if (TrainingExecutable().empty())
+      return Status::InvalidArgument("tuning fullburn train needs the training half (fullburn-train), which was not "
+                                     "built: install libtorch (scripts/install-deps.sh) and rebuild, or use --grid");
+  }
+  if (p.objective == Objective::kSamplesPerJoule)
+    if (Status s = CheckPowerReadings(); !s.ok()) return s;
+  return p;
+}
+
+std::string SelfExecutable() {
+  char self[4096] = {0};
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  return n > 0 ? std::string(self, static_cast<size_t>(n)) : "fullburn";
+}
+
+// The tuning as it goes: the run that holds it, its trials, the clock.
+class Tuning {
+ public:
+  Tuning(RunStore* store, RunInfo run, const Plan& plan)
+      : store_(store), run_(std::move(run)), plan_(plan), start_(Now()),
+        log_dir_(TrialLogDir(store->path(), run_.id)) {}
+
+  int64_t id() const { return run_.id; }
+  const Plan& plan() const { return plan_; }
+  RunStore* store() const { return store_; }
+  const std::vector<Trial>& trials() const { return trials_; }
+  bool interrupted() const { return interrupted_; }
+
+  std::string NextLog() const { return log_dir_ + "/trial-" + std::to_string(trials_.size() + 1) + ".log"; }
+
+  // Room for one more trial, judged by the longest so far.
+  bool BudgetAllows() const {
+    double longest = plan_.trial_s;
+    for (const Trial& t : trials_) longest = std::max(longest, t.wall_s);
+    return Now() - start_ + longest <= plan_.budget_s;
+  }
+
+  void Record(Trial t) {
+    t.index = static_cast<int>(trials_.size()) + 1;
+    if (t.status == "interrupted") interrupted_ = true;
+    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_trial", TrialJson(t).dump()});
+    std::string line = fmt::format("tune: #{} {}={}: ", t.index, t.knob, t.value);
+    if (t.status == "ok")
+      line += fmt::format("{:.1f} {} (±{:.0f}%) {}", t.measure.value, t.measure.unit, t.measure.spread * 50, t.verdict);
+    else
+      line += t.status + (t.reason.empty() ? "" : ": " + t.reason);
+    if (t.run_id > 0) line += fmt::format(" (run {})", t.run_id);
+    std::fprintf(stderr, "%s\n", line.c_str());
+    trials_.push_back(std::move(t));
+  }
+
+  void Finish(const std::string& summary, const nlohmann::json& result, int code) {
+    nlohmann::json j = result;
+    j["summary"] = summary;
+    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_result", j.dump()});
+    store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, "finished");
+    std::fputs(("\n" + RenderTrialTable(trials_) + "\n").c_str(), stdout);
+    std::printf("%s\n", summary.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  RunStore* store_;
+  RunInfo run_;
+  Plan plan_;
+  double start_;
+  std::string log_dir_;
+  std::vector<Trial> trials_;
+  bool interrupted_ = false;
+};
+
+std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept) {
+  double gain = 0;
+  *kept = BeatsBest(t.measure, best.measure, min_gain, &gain);
+  if (*kept) return fmt::format("kept {:+.0f}%", gain * 100);
+  return fmt::format("{} {:+.0f}%", gain < 0 ? "slower" : "within noise", gain * 100);
+}
+
+// ---- fullburn train trials --------------------------------------------------
+
+class TrainTuner {
+ public:
+  TrainTuner(Tuning* tuning, const TuneOptions& o) : t_(tuning), o_(o), exe_(TrainingExecutable()) {}
+
+  int Run() {
+    Trial start = RunOne("start", "as given", {});
+    if (start.status == "ok") start.verdict = "start";
+    bool ok = start.status == "ok";
+    t_->Record(start);
+    if (!ok) return Finish(t_->interrupted() ? 130 : 1, "the starting config failed (" + start.reason + "): nothing to compare with");
+    best_ = t_->trials().back();
+    start_ = best_;
+    auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
+    std::vector<Finding> findings = data.ok() ? Diagnose(*data) : std::vector<Finding>{};
+    std::vector<std::string> order = KnobOrder(findings, t_->plan().knobs);
+    std::string top = findings.empty() ? "none" : findings.front().cause;
+    std::fprintf(stderr, "tune: the start's top finding is %s; knobs in this order: %s\n", top.c_str(),
+                 fmt::format("{}", fmt::join(order, ", ")).c_str());
+    for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
+      if (!TryKnob(order[k], findings)) {
+        for (size_t r = k; r < order.size(); ++r) Skip(order[r], "budget (" + o_.budget + ") used up");
+        break;
+      }
+    }
+    return Finish(t_->interrupted() ? 130 : 0, "");
+  }
+
+ private:
+  // False when the budget ran out before the knob was done.
+  bool TryKnob(const std::string& knob, const std::vector<Finding>& findings) {
+    TuneContext ctx = Context(findings);
+    std::string skip;
+    std::vector<Candidate> candidates = KnobCandidates(knob, ctx, &skip);
+    if (!skip.empty()) Skip(knob, skip);
+    for (const Candidate& c : candidates) {
+      if (t_->interrupted()) return true;
+      if (!t_->BudgetAllows()) return false;
+      std::map<std::string, std::string> merged = best_.overrides;
+      for (const auto& [key, v] : c.overrides) merged[key] = v;
+      Trial trial = RunOne(knob, c.value, merged);
+      if (knob == "batch" && trial.status == "ok") trial = SettleBatch(trial, ctx);
+      Judge(&trial);
+    }
+    return true;
+  }
+
+  void Judge(Trial* trial) {
+    bool kept = false;
+    if (trial->status == "ok") trial->verdict = Verdict(*trial, best_, o_.min_gain, &kept);
+    t_->Record(*trial);
+    if (kept) best_ = t_->trials().back();
+  }
+
+  // The search trial chose a micro-batch; keep the effective batch by
+  // accumulation, measuring again when that changes what was measured.
+  Trial SettleBatch(Trial search, const TuneContext& ctx) {
+    auto data = t_->store()->LoadRun(std::to_string(search.run_id));
+    if (!data.ok()) return search;
+    RunDigest d = Digest(*data, {});
+    int64_t chosen = std::stoll(d.config["train.batch_size"]);
+    std::map<std::string, std::string> overrides = best_.overrides;
+    overrides.erase("train.max_batch_size");
+    if (!ctx.keep_effective_batch) {
+      overrides["train.batch_size"] = std::to_string(chosen);
+      search.overrides = overrides;
+      search.value = std::to_string(chosen);
+      return search;
+    }
+    int64_t effective = std::stoll(ctx.config.at("train.batch_size")) * std::stoll(ctx.config.at("train.accumulate"));
+    auto [micro, accumulate] = KeepEffectiveBatch(chosen, effective);
+    overrides["train.batch_size"] = std::to_string(micro);
+    overrides["train.accumulate"] = std::to_string(accumulate);
+    if (micro == chosen && accumulate == 1) {
+      search.overrides = overrides;
+      search.value = std::to_string(micro);
+      return search;
+    }
+    search.verdict = fmt::format("search chose {}", chosen);
+    t_->Record(search);
+    return RunOne("batch", fmt::format("{} x {}", micro, accumulate), overrides);
+  }
+
+  TuneContext Context(const std::vector<Finding>& findings) {
+    TuneContext ctx;
+    auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
+    if (data.ok()) ctx.config = Digest(*data, {}).config;
+    ctx.cuda = ctx.config["resolved.device"].rfind("cuda", 0) == 0;
+    ctx.cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+    static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers", "h2d_copy"};
+    for (const Finding& f : findings)
+      if (f.cause != "healthy") {
+        ctx.input_bound = kInput.count(f.cause) > 0;
+        break;
+      }
+    ctx.keep_effective_batch = !o_.free_batch;
+    return ctx;
+  }
+
+  Trial RunOne(const std::string& knob, const std::string& value, const std::map<std::string, std::string>& overrides) {
+    Trial trial;
+    trial.knob = knob;
+    trial.value = value;
+    trial.overrides = overrides;
+    trial.log = t_->NextLog();
+    TrialSpec spec;
+    spec.argv = {exe_, "train"};
+    const Plan& p = t_->plan();
+    if (!p.config_path.empty()) spec.argv.push_back(p.config_path);
+    for (const std::string& kv : p.overrides) spec.argv.push_back(kv);
+    // A trial is a fixed stretch of training: no checkpoints, no early end.
+    for (const char* kv : {"checkpoint.at_end=false", "checkpoint.every_steps=0", "checkpoint.every_minutes=0",
+                           "train.steps=1000000000"})
+      spec.argv.push_back(kv);
+    spec.argv.push_back(fmt::format("train.time_limit_s={}", p.trial_s));
+    for (const auto& [key, v] : overrides) spec.argv.push_back(key + "=" + v);
+    spec.argv.insert(spec.argv.end(), {"-q", "--parent", std::to_string(t_->id()), "--name",
+                                       fmt::format("tune {} #{}: {}={}", t_->id(), t_->trials().size() + 1, knob, value),
+                                       "--store", t_->store()->path()});
+    spec.tuning_id = t_->id();
+    spec.timeout_s = p.trial_s + kTrainTrialAllowanceS;
+    spec.objective = p.objective;
+    RunTrial(spec, t_->store(), &trial);
+    return trial;
+  }
+
+  void Skip(const std::string& knob, const std::string& reason) {
+    Trial t;
+    t.knob = knob;
+    t.value = "-";
+    t.status = "skipped";
+    t.reason = reason;
+    t_->Record(t);
+  }
+
+  // The winner as a complete config file; the summary line.
+  int Finish(int code, const std::string& failure) {
+    const Plan& p = t_->plan();
+    nlohmann::json result{{"objective", ObjectiveName(p.objective)}};
+    if (!failure.empty()) {
+      t_->Finish("tuning " + std::to_string(t_->id()) + " stopped: " + failure, result, code);
+      return code;
+    }
+    std::vector<std::string> overrides = p.overrides;
+    for (const auto& [key, v] : best_.overrides) overrides.push_back(key + "=" + v);
+    auto config = Config::Load(p.config_path, overrides);
+    std::string path = o_.output.empty() ? fmt::format("fullburn-tuned-{}.toml", t_->id()) : o_.output;
+    double ratio = best_.measure.value / start_.measure.value;
+    std::string header = fmt::format(
+        "# fullburn tune (tuning run {}): {:.1f} {} with these settings, {:.1f} at the start ({:.2f}x).\n"
+        "# Changed: {}\n",
+        t_->id(), best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
+        best_.overrides.empty() ? "nothing" : fmt::format("{}", fmt::join(overrides.end() - static_cast<long>(best_.overrides.size()), overrides.end(), " ")));
+    Status written = config.ok() ? WriteFileAtomically(path, header + config->ToToml()) : config.status();
+    std::string summary = fmt::format("tuning {}: {:.1f} {} vs {:.1f} at the start ({:.2f}x){}; ", t_->id(),
+                                      best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
+                                      t_->interrupted() ? ", interrupted" : "");
+    summary += written.ok() ? "config written to " + path + " (fullburn train " + path + ")"
+                            : "the config could not be written: " + written.message();
+    result["config_path"] = written.ok() ? path : "";
+    result["start"] = start_.measure.value;
+    result["best"] = best_.measure.value;
+    result["ratio"] = ratio;
+    result["best_trial"] = best_.index;
+    result["overrides"] = best_.overrides;
+    t_->Finish(summary, result, written.ok() ? code : 1);
+    return written.ok() ? code : 1;
+  }
+
+  Tuning* t_;
+  const TuneOptions& o_;
+  std::string exe_;
+  Trial best_, start_;
+};
+
+// ---- --grid: any command -----------------------------------------------------
+
+std::string GridValue(const std::vector<GridAxis>& axes, const std::map<std::string, std::string>& combo) {
+  std::string value;
+  for (const GridAxis& a : axes) value += (value.empty() ? "" : " ") + a.name + "=" + combo.at(a.name);
+  return value;
+}
+
+// The fastest measured trial, or -1.
+int BestTrial(const std::vector<Trial>& trials) {
+  int best = -1;
+  for (size_t i = 0; i < trials.size(); ++i)
+    if (trials[i].status == "ok" && (best < 0 || trials[i].measure.value > trials[best].measure.value))
+      best = static_cast<int>(i);
+  return best;
+}
+
+int TuneGrid(Tuning* t, const TuneOptions& o) {
+  const Plan& p = t->plan();
+  std::vector<std::map<std::string, std::string>> combos = ExpandGrid(p.axes);
+  size_t i = 0;
+  for (; i < combos.size() && !t->interrupted(); ++i) {
+    if (!t->trials().empty() && !t->BudgetAllows()) break;
+    Trial trial;
+    trial.knob = "grid";
+    trial.value = GridValue(p.axes, combos[i]);
+    trial.overrides = combos[i];
+    trial.log = t->NextLog();
+    TrialSpec spec;
+    spec.argv = {SelfExecutable(), "run", "-q", "--parent", std::to_string(t->id()), "--name",
+                 fmt::format("tune {} #{}: {}", t->id(), t->trials().size() + 1, trial.value), "--store",
+                 t->store()->path(), "--"};
+    Result<std::vector<std::string>> command = Substitute(o.args, combos[i]);  // checked before any trial
+    spec.argv.insert(spec.argv.end(), command->begin(), command->end());
+    spec.tuning_id = t->id();
+    spec.timeout_s = p.trial_s;
+    spec.stop_is_normal = true;
+    spec.metric_regex = o.metric_regex;
+    spec.objective = p.objective;
+    RunTrial(spec, t->store(), &trial);
+    int best = BestTrial(t->trials());
+    if (trial.status == "ok" && best >= 0) {
+      double gain = trial.measure.value / t->trials()[best].measure.value - 1;
+      trial.verdict = gain > 0 ? fmt::format("fastest so far ({:+.0f}%)", gain * 100)
+                               : fmt::format("{:+.0f}% vs #{}", gain * 100, t->trials()[best].index);
+    } else if (trial.status == "ok") {
+      trial.verdict = "first";
+    }
+    t->Record(trial);
+  }
+  for (; i < combos.size(); ++i) {
+    Trial skipped;
+    skipped.knob = "grid";
+    skipped.value = GridValue(p.axes, combos[i]);
+    skipped.status = "skipped";
+    skipped.reason = t->interrupted() ? "interrupted" : "budget (" + o.budget + ") used up";
+    t->Record(skipped);
+  }
+  int code = t->interrupted() ? 130 : 0;
+  nlohmann::json result{{"objective", ObjectiveName(p.objective)}};
+  int best_index = BestTrial(t->trials());
+  if (best_index < 0) {
+    t->Finish(fmt::format("tuning {}: no trial could be measured (the reasons are above; the outputs in {})", t->id(),
+                          TrialLogDir(t->store()->path(), t->id())),
+              result, code ? code : 1);
+    return code ? code : 1;
+  }
+  const Trial& best = t->trials()[best_index];
+  std::string command = JoinedCommand(*Substitute(o.args, best.overrides));
+  result["best"] = best.measure.value;
+  result["best_trial"] = best.index;
+  result["overrides"] = best.overrides;
+  result["command"] = command;
+  t->Finish(fmt::format("tuning {}: best {} at {:.1f} {} (trial #{}, run {}){}\n  {}", t->id(), best.value,
+                        best.measure.value, best.measure.unit, best.index, best.run_id,
+                        t->interrupted() ? ", interrupted" : "", command),
+            result, code);
+  return code;
+}
+
+int Tune(const TuneOptions& o) {
+  auto plan = MakePlan(o);
+  if (!plan.ok()) return Fail(plan.status().message());
+  InstallSignalForwarding();
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  RunInfo info;
+  info.name = plan->grid ? "tune: " + o.args.front() : "tune: fullburn train" + (plan->config_path.empty() ? "" : " " + plan->config_path);
+  info.command = OwnCommandLine();
+  char cwd[4096];
+  info.cwd = ::getcwd(cwd, sizeof cwd) ? cwd : "";
+  info.start_time = Env::Default()->UnixSeconds();
+  info.recorder_pid = static_cast<int>(::getpid());
+  info.config_json = nlohmann::json{{"tuning",
+                                     {{"objective", o.objective},
+                                      {"budget_s", plan->budget_s},
+                                      {"trial_s", plan->trial_s},
+                                      {"knobs", plan->knobs},
+                                      {"grid", o.grids},
+                                      {"free_batch", o.free_batch},
+                                      {"min_gain", o.min_gain}}}}
+                         .dump();
+  auto id = (*store)->BeginRun(info);
+  if (!id.ok()) return Fail(id.status().message());
+  info.id = *id;
+  std::fprintf(stderr, "tune: tuning %lld, budget %s, %s per trial; trials are runs of their own (fullburn report %lld)\n",
+               static_cast<long long>(info.id), FormatDuration(plan->budget_s).c_str(),
+               FormatDuration(plan->trial_s).c_str(), static_cast<long long>(info.id));
+  Tuning tuning(store->get(), info, *plan);
+  return plan->grid ? TuneGrid(&tuning, o) : TrainTuner(&tuning, o).Run();
+}
+
+}  // namespace
+
+void SetupTune(CLI::App& app) {
+  auto o = std::make_shared<TuneOptions>();
+  CLI::App* tune = app.add_subcommand(
+      "tune", "Find faster settings by measuring short trials, one knob at a time (or a --grid for any command)");
+  tune->footer(
+      "Usage: fullburn tune [CONFIG.toml] [key=value ...] [OPTIONS]\n"
+      "       fullburn tune --grid 'batch=64,128' [--grid ...] [OPTIONS] -- CMD ... {batch} ...\n"
+      "Knobs: batch, loader_threads, prefetch, threads, precision, channels_last, cache, cudnn_benchmark, cuda_graphs");
+  tune->add_option("args", o->args, "CONFIG.toml and key=value overrides; with --grid, the command after --");
+  tune->add_option("--budget", o->budget, "Time for the whole tuning (90s, 10m, 1h)")->capture_default_str();
+  tune->add_option("--trial", o->trial,
+                   "Training time per trial (default 20s); with --grid, a command still running after it (default "
+                   "60s) is stopped and measured");
+  tune->add_option("--objective", o->objective, "samples_per_s, or samples_per_joule (needs GPU power readings)")
+      ->capture_default_str();
+  tune->add_option("--knobs", o->knobs, "Only these knobs, comma-separated (default: all, bottleneck first)");
+  tune->add_flag("--free-batch", o->free_batch,
+                 "Let the batch-size search change the effective batch (default: train.accumulate keeps it)");
+  tune->add_option("--min-gain", o->min_gain, "Keep a change only if it is this much faster (and beyond the noise)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10.0));
+  tune->add_option("-o,--output", o->output, "The winning config (default: fullburn-tuned-TUNING.toml here)");
+  tune->add_option("--grid", o->grids, "NAME=V1,V2,...: values for {NAME} in the command; repeat for more axes")
+      ->allow_extra_args(false);  // one value per --grid, so "-- CMD" is never taken for more
+  tune->add_option("--metric-regex", o->metric_regex,
+                   "With --grid: rank by the number this pattern (its first group) finds in the output, instead of "
+                   "step markers");
+  AddStoreOption(tune, &o->common);
+  tune->callback([o] { ExitCode() = Tune(*o); });
+}
+
+
+}  // namespace fullburn::cli

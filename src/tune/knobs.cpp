@@ -1,0 +1,182 @@
+// The knobs `fullburn tune` turns, the values it tries, and their order.
+#include <algorithm>
+#include <set>
+
+#include "fullburn/config.h"
+#include "fullburn/tune.h"
+
+namespace fullburn {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string Get(const TuneContext& ctx, const std::string& key) {
+  auto it = ctx.config.find(key);
+  if (it != ctx.config.end()) return it->second;
+  const OptionDef* def = FindOption(key);
+  return def ? def->default_value : "";
+}
+
+int64_t GetInt(const TuneContext& ctx, const std::string& key) {
+  try {
+    return std::stoll(Get(ctx, key));
+  } catch (...) {
+    return 0;
+  }
+}
+
+// One override per value, the current value left out, in the order given.
+std::vector<Candidate> Values(const std::string& key, const std::vector<std::string>& values,
+                              const std::string& current) {
+  std::vector<Candidate> out;
+  std::set<std::string> seen = {current};
+  for (const std::string& v : values) {
+    if (!seen.insert(v).second) continue;
+    std::string shown = v == "0" && (key == "data.threads" || key == "data.prefetch" || key == "train.threads")
+                            ? "0 (auto)"
+                            : v;
+    out.push_back({shown, {{key, v}}});
+  }
+  return out;
+}
+
+std::vector<Candidate> BatchCandidates(const TuneContext& ctx, std::string* skip) {
+  if (Get(ctx, "train.batch_size") == "auto") {
+    *skip = "train.batch_size is already auto (searched)";
+    return {};
+  }
+  int64_t batch = GetInt(ctx, "train.batch_size"), accumulate = std::max<int64_t>(1, GetInt(ctx, "train.accumulate"));
+  int64_t effective = batch * accumulate;
+  if (!ctx.keep_effective_batch)
+    return {{"auto (largest that fits)", {{"train.batch_size", "auto"}}}};
+  if (accumulate == 1) {
+    *skip = "the effective batch (" + std::to_string(effective) +
+            ") is already one micro-batch; --free-batch lets the search change it";
+    return {};
+  }
+  return {{"auto (<= " + std::to_string(effective) + ")",
+           {{"train.batch_size", "auto"}, {"train.max_batch_size", std::to_string(effective)}, {"train.accumulate", "1"}}}};
+}
+
+}  // namespace
+
+const std::vector<KnobDef>& TuneKnobs() {
+  static const std::vector<KnobDef> knobs = {
+      {"batch", "train.batch_size", "Micro-batch from the batch-size search; train.accumulate keeps the effective batch"},
+      {"loader_threads", "data.threads", "Loader worker threads"},
+      {"prefetch", "data.prefetch", "Batches the loader prepares ahead"},
+      {"threads", "train.threads", "Intra-op threads of the training step"},
+      {"precision", "train.precision", "bf16 (and fp16 on CUDA) autocast"},
+      {"channels_last", "model.channels_last", "Channels-last memory format (ResNets)"},
+      {"cache", "data.cache_mb", "RAM cache of encoded images, when the input pipeline is the bottleneck"},
+      {"cudnn_benchmark", "train.cudnn_benchmark", "cuDNN picks the fastest convolution algorithms (CUDA)"},
+      {"cuda_graphs", "", "The whole step captured in a CUDA graph (CUDA)"},
+  };
+  return knobs;
+}
+
+Result<std::vector<std::string>> ParseKnobList(const std::string& csv) {
+  std::vector<std::string> out;
+  std::string names;
+  for (const KnobDef& k : TuneKnobs()) names += (names.empty() ? "" : ", ") + std::string(k.name);
+  size_t pos = 0;
+  while (pos <= csv.size()) {
+    size_t comma = csv.find(',', pos);
+    std::string name = csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? csv.size() + 1 : comma + 1;
+    if (name.empty()) continue;
+    auto it = std::find_if(TuneKnobs().begin(), TuneKnobs().end(),
+                           [&](const KnobDef& k) { return name == k.name || name == k.key; });
+    if (it == TuneKnobs().end()) {
+      std::string best;
+      size_t best_d = 4;
+      for (const KnobDef& k : TuneKnobs()) {
+        size_t d = EditDistance(name, k.name);
+        if (d < best_d) best_d = d, best = k.name;
+      }
+      return Status::InvalidArgument("unknown knob '" + name + "'" +
+                                     (best.empty() ? "" : " (did you mean '" + best + "'?)") + "; knobs: " + names);
+    }
+    if (std::find(out.begin(), out.end(), it->name) == out.end()) out.push_back(it->name);
+  }
+  if (out.empty()) return Status::InvalidArgument("--knobs names no knob; knobs: " + names);
+  return out;
+}
+
+std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx, std::string* skip) {
+  skip->clear();
+  int cores = std::max(1, ctx.cores);
+  auto n = [](int v) { return std::to_string(std::max(1, v)); };
+  std::vector<Candidate> out;
+  if (knob == "batch") {
+    out = BatchCandidates(ctx, skip);
+  } else if (knob == "loader_threads") {
+    out = Values("data.threads", {"0", n(cores / 2), n(cores - 1), n(cores)}, Get(ctx, "data.threads"));
+  } else if (knob == "prefetch") {
+    out = Values("data.prefetch", {"0", "2", "8"}, Get(ctx, "data.prefetch"));
+  } else if (knob == "threads") {
+    out = Values("train.threads", {"0", n(cores / 2), n(cores)}, Get(ctx, "train.threads"));
+  } else if (knob == "precision") {
+    std::vector<std::string> v = ctx.cuda ? std::vector<std::string>{"bf16", "fp16"} : std::vector<std::string>{"bf16"};
+    out = Values("train.precision", v, Get(ctx, "train.precision"));
+  } else if (knob == "channels_last") {
+    if (Get(ctx, "model.name").rfind("resnet", 0) != 0)
+      *skip = "only ResNets have a channels-last option";
+    else
+      out = Values("model.channels_last", {Get(ctx, "model.channels_last") == "true" ? "false" : "true"},
+                   Get(ctx, "model.channels_last"));
+  } else if (knob == "cache") {
+    std::string source = Get(ctx, "data.source");
+    int64_t mb = static_cast<int64_t>(std::min(8192.0, ctx.host_memory_bytes / 4 / kMiB));
+    if (!ctx.input_bound)
+      *skip = "the input pipeline is not the bottleneck";
+    else if (source != "images")
+      *skip = "data.source = " + source + " has nothing to decode and cache";
+    else if (mb < 64 || GetInt(ctx, "data.cache_mb") >= mb)
+      *skip = "no room for a larger cache";
+    else
+      out = Values("data.cache_mb", {std::to_string(mb)}, Get(ctx, "data.cache_mb"));
+  } else if (knob == "cudnn_benchmark") {
+    if (!ctx.cuda)
+      *skip = "CPU trials: no cuDNN";
+    else
+      out = Values("train.cudnn_benchmark", {"true"}, Get(ctx, "train.cudnn_benchmark"));
+  } else if (knob == "cuda_graphs") {
+    *skip = ctx.cuda ? "fullburn train cannot capture CUDA graphs yet" : "CPU trials: no CUDA graphs";
+  } else {
+    *skip = "unknown knob";
+  }
+  if (out.empty() && skip->empty()) *skip = "already at every value tried";
+  return out;
+}
+
+std::vector<std::string> KnobOrder(const std::vector<Finding>& findings, const std::vector<std::string>& selected) {
+  static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers", "h2d_copy"};
+  std::string top;
+  for (const Finding& f : findings)
+    if (f.cause != "healthy") {
+      top = f.cause;
+      break;
+    }
+  std::vector<std::string> order;
+  if (kInput.count(top))
+    order = {"cache", "loader_threads", "prefetch", "batch", "threads", "precision", "channels_last",
+             "cudnn_benchmark", "cuda_graphs"};
+  else
+    order = {"batch", "precision", "channels_last", "cudnn_benchmark", "cuda_graphs", "threads", "loader_threads",
+             "prefetch", "cache"};
+  if (selected.empty()) return order;
+  std::vector<std::string> out;
+  for (const std::string& k : order)
+    if (std::find(selected.begin(), selected.end(), k) != selected.end()) out.push_back(k);
+  return out;
+}
+
+std::pair<int64_t, int64_t> KeepEffectiveBatch(int64_t searched, int64_t effective) {
+  if (effective <= 0 || searched <= 0) return {std::max<int64_t>(1, searched), 1};
+  for (int64_t m = std::min(searched, effective); m > 1; --m)
+    if (effective % m == 0) return {m, effective / m};
+  return {1, effective};
+}
+
+}  // namespace fullburn

@@ -1,0 +1,124 @@
+// Trials as records: their JSON (the tuning run's `tune_trial` events), the
+// keep-or-drop rule, and the table people read.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "fullburn/report.h"
+#include "fullburn/tune.h"
+
+namespace fullburn {
+namespace {
+
+nlohmann::json Number(double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
+double Number(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+std::string Pct(double share) { return std::isnan(share) ? "-" : fmt::format("{:.0f}%", share * 100); }
+
+std::string MeasureCell(const Measure& m) {
+  if (std::isnan(m.value)) return "-";
+  std::string v = m.value >= 100 ? fmt::format("{:.0f}", m.value) : fmt::format("{:.3g}", m.value);
+  if (!std::isnan(m.spread)) v += fmt::format(" ±{:.0f}%", m.spread * 50);  // half the IQR, as a ±
+  return v;
+}
+
+}  // namespace
+
+nlohmann::json TrialJson(const Trial& t) {
+  const Measure& m = t.measure;
+  return {{"index", t.index},
+          {"knob", t.knob},
+          {"value", t.value},
+          {"overrides", t.overrides},
+          {"run_id", t.run_id},
+          {"status", t.status},
+          {"reason", t.reason},
+          {"verdict", t.verdict},
+          {"wall_s", t.wall_s},
+          {"log", t.log},
+          {"objective", Number(m.value)},
+          {"unit", m.unit},
+          {"spread", Number(m.spread)},
+          {"low", Number(m.low)},
+          {"high", Number(m.high)},
+          {"steps", m.steps},
+          {"gpu_util", Number(m.gpu_util)},
+          {"data_wait_share", Number(m.data_wait_share)},
+          {"peak_memory_bytes", Number(m.peak_memory_bytes)}};
+}
+
+Trial TrialFromJson(const nlohmann::json& j) {
+  Trial t;
+  t.index = j.value("index", 0);
+  t.knob = j.value("knob", "");
+  t.value = j.value("value", "");
+  if (j.contains("overrides") && j["overrides"].is_object())
+    for (auto& [k, v] : j["overrides"].items())
+      if (v.is_string()) t.overrides[k] = v.get<std::string>();
+  t.run_id = j.value("run_id", int64_t{0});
+  t.status = j.value("status", "");
+  t.reason = j.value("reason", "");
+  t.verdict = j.value("verdict", "");
+  t.wall_s = Number(j, "wall_s");
+  t.log = j.value("log", "");
+  Measure& m = t.measure;
+  m.value = Number(j, "objective");
+  m.unit = j.value("unit", "");
+  m.spread = Number(j, "spread");
+  m.low = Number(j, "low");
+  m.high = Number(j, "high");
+  m.steps = j.value("steps", int64_t{0});
+  m.gpu_util = Number(j, "gpu_util");
+  m.data_wait_share = Number(j, "data_wait_share");
+  m.peak_memory_bytes = Number(j, "peak_memory_bytes");
+  return t;
+}
+
+bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, double* gain) {
+  *gain = NAN;
+  if (std::isnan(candidate.value) || std::isnan(best.value) || best.value <= 0) return false;
+  *gain = candidate.value / best.value - 1;
+  double noise = 0;
+  for (double s : {candidate.spread, best.spread}) noise += std::isnan(s) ? 0 : s / 2;
+  return *gain > std::max(min_gain, noise);
+}
+
+std::string RenderTrialTable(const std::vector<Trial>& trials) {
+  std::string unit = "samples/s";
+  for (const Trial& t : trials)
+    if (!t.measure.unit.empty()) {
+      unit = t.measure.unit;
+      break;
+    }
+  std::vector<std::vector<std::string>> rows = {
+      {"#", "knob", "value", unit, "GPU util", "data wait", "peak mem", "verdict", "run"}};
+  for (const Trial& t : trials) {
+    const Measure& m = t.measure;
+    std::string verdict = t.status == "ok" ? t.verdict : t.status + (t.reason.empty() ? "" : ": " + t.reason);
+    rows.push_back({std::to_string(t.index), t.knob, t.value, MeasureCell(m),
+                    std::isnan(m.gpu_util) ? "-" : fmt::format("{:.0f}%", m.gpu_util), Pct(m.data_wait_share),
+                    std::isnan(m.peak_memory_bytes) ? "-" : FormatBytes(m.peak_memory_bytes), verdict,
+                    t.run_id > 0 ? std::to_string(t.run_id) : "-"});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c + 1 < r.size(); ++c)
+      if (c != 7) width[c] = std::max(width[c], r[c].size());
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      // The verdict goes last so a long failure reason does not push the run id away.
+      if (c == 7) continue;
+      line += fmt::format("{:<{}}  ", r[c], width[c]);
+    }
+    line += r[7];
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace fullburn

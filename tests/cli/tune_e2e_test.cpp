@@ -1,0 +1,179 @@
+// End to end: fullburn tune --grid over a real script (examples/tune/toy_train.py,
+// whose speed depends on its arguments), its bad inputs, and Ctrl-C.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "fullburn/store.h"
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+using nlohmann::json;
+using testing::Background;
+using testing::RunToEnd;
+
+const std::string kToy = std::string(SOURCE_DIR) + "/examples/tune/toy_train.py";
+
+class TuneE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::FreshTestDir("fb_tune");
+    store_ = dir_ + "/runs.db";
+    ::unsetenv("FULLBURN_NVML_LIBRARY");
+    ::unsetenv("FULLBURN_STORE");
+  }
+  testing::Outcome Tune(std::vector<std::string> args, double timeout_s = 120) {
+    args.insert(args.begin(), {FULLBURN_BIN, "tune", "--store", store_});
+    return RunToEnd(args, timeout_s);
+  }
+  std::unique_ptr<RunStore> Store() {
+    auto s = RunStore::Open(store_);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  // The tuning run (the first run without a parent) and its trials' events.
+  std::vector<json> Trials(int64_t* tuning_id = nullptr) {
+    auto store = Store();
+    std::vector<json> out;
+    std::vector<RunInfo> runs = store->ListRuns().value();
+    for (const RunInfo& r : runs) {
+      if (r.parent_id) continue;
+      if (tuning_id) *tuning_id = r.id;
+      std::vector<RunEvent> events = store->LoadEvents(r.id).value();
+      for (const RunEvent& e : events)
+        if (e.kind == "tune_trial") out.push_back(json::parse(e.data));
+      break;
+    }
+    return out;
+  }
+  std::string dir_, store_;
+};
+
+TEST_F(TuneE2E, GridPicksTheFastestCombinationAndRecordsFailures) {
+  auto o = Tune({"--grid", "batch=16,128,1024", "--grid", "workers=1,2", "--trial", "30s", "--budget", "5m", "--",
+                 "python3", kToy, "--batch-size", "{batch}", "--workers", "{workers}", "--seconds", "2"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("best batch=128 workers=2"), std::string::npos) << o.out;
+  int64_t tuning = 0;
+  std::vector<json> trials = Trials(&tuning);
+  ASSERT_EQ(trials.size(), 6u);
+  auto store = Store();
+  for (const json& t : trials) {
+    bool oom = t["value"].get<std::string>().find("batch=1024") != std::string::npos;
+    EXPECT_EQ(t["status"], oom ? "failed" : "ok") << t.dump();
+    if (oom) EXPECT_NE(t["reason"].get<std::string>().find("out of memory"), std::string::npos);
+    // Every trial is a run of its own, linked to the tuning.
+    auto run = store->GetRun(std::to_string(t["run_id"].get<int64_t>()));
+    ASSERT_TRUE(run.ok());
+    EXPECT_EQ(run->parent_id, tuning);
+  }
+  // The report of the tuning lists every trial.
+  std::string html = dir_ + "/tuning.html";
+  auto r = RunToEnd({FULLBURN_BIN, "report", std::to_string(tuning), "--store", store_, "-o", html});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string page = testing::ReadText(html);
+  size_t rows = 0;
+  for (size_t pos = 0; (pos = page.find("<tr class=trial>", pos)) != std::string::npos; ++pos) ++rows;
+  EXPECT_EQ(rows, 6u);
+  EXPECT_NE(page.find("Tuning trials"), std::string::npos);
+}
+
+TEST_F(TuneE2E, MetricRegexRanksByTheCommandsOwnNumbers) {
+  auto o = Tune({"--grid", "batch=8,256", "--metric-regex", "throughput: ([0-9.]+)", "--trial", "30s", "--",
+                 "python3", kToy, "--batch-size", "{batch}", "--workers", "2", "--seconds", "1.5", "--print"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("best batch=256"), std::string::npos) << o.out;
+  for (const json& t : Trials()) EXPECT_EQ(t["unit"], "metric");
+}
+
+TEST_F(TuneE2E, SamplesPerJouleUsesThePowerReadings) {
+  std::string script = dir_ + "/nvml.json";
+  std::ofstream(script) << R"({"driver": "550.1", "gpus": [{"name": "Fake H100", "uuid": "GPU-tune",
+    "util": [90], "mem_util": [3], "mem_used": [2147483648], "mem_total": 4294967296,
+    "power_mw": [200000], "temp": [55], "throttle": [0], "processes": [[]]}]})";
+  ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
+  ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML, 1);
+  auto o = Tune({"--grid", "batch=32", "--objective", "samples_per_joule", "--trial", "30s", "--", "python3", kToy,
+                 "--batch-size", "{batch}", "--workers", "2", "--seconds", "3"});
+  ::unsetenv("FULLBURN_NVML_LIBRARY");
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<json> trials = Trials();
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_EQ(trials[0]["unit"], "samples/J");
+  // 32 samples per ~5.9 ms step is about 5400 samples/s; at 200 W, about 27 samples/J.
+  EXPECT_GT(trials[0]["objective"].get<double>(), 5.0);
+  EXPECT_LT(trials[0]["objective"].get<double>(), 40.0);
+}
+
+TEST_F(TuneE2E, BadInputIsRefusedBeforeAnyTrial) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  std::vector<Case> cases = {
+      {{"--grid", "batch=", "--", "python3", kToy, "--batch-size", "{batch}"}, "empty value"},
+      {{"--grid", "batch=1,2", "--", "python3", kToy, "--batch-size", "{batch}", "--workers", "{workers}"},
+       "{workers}"},
+      {{"--grid", "batch=1,2", "--", "python3", kToy}, "not used"},
+      {{"--grid", "batch=1", "--budget", "10s", "--trial", "1m", "--", "echo", "{batch}"}, "shorter than one trial"},
+      {{"--grid", "batch=1", "--objective", "samples_per_joule", "--", "echo", "{batch}"}, "power readings"},
+      {{"--grid", "batch=1", "--objective", "speed", "--", "echo", "{batch}"}, "unknown objective"},
+      {{"--knobs", "batch,thread"}, "did you mean 'threads'"},
+      {{"train.batchsize=8"}, "train.batch_size"},
+      {{"--budget", "soon"}, "not a duration"},
+  };
+  for (const Case& c : cases) {
+    auto o = Tune(c.args);
+    EXPECT_EQ(o.code, 2) << c.says << ": " << o.err;
+    EXPECT_NE(o.err.find(c.says), std::string::npos) << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  }
+  // Nothing ran: the store holds no tuning and no trial.
+  auto store = RunStore::Open(store_);
+  if (store.ok()) EXPECT_TRUE((*store)->ListRuns()->empty());
+}
+
+TEST_F(TuneE2E, InterruptLeavesAValidPartialTable) {
+  Background b;
+  testing::Start(&b,
+                 {FULLBURN_BIN, "tune", "--store", store_, "--grid", "batch=16,32,64", "--trial", "60s", "--", "python3",
+                  kToy, "--batch-size", "{batch}", "--workers", "2", "--seconds", "60"},
+                 "tune_interrupt");
+  // Wait for the first trial to be running (its run exists), then Ctrl-C.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool started = false;
+  while (!started && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto store = RunStore::Open(store_);
+    if (!store.ok()) continue;
+    auto runs = (*store)->ListRuns();
+    if (runs.ok())
+      for (const RunInfo& r : *runs) started |= r.parent_id.has_value();
+  }
+  ASSERT_TRUE(started) << b.Err();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ::kill(b.pid, SIGINT);
+  ASSERT_EQ(b.Wait(30), 130) << b.Err();
+  std::string out = b.Out();
+  EXPECT_NE(out.find("interrupted"), std::string::npos) << out;
+  std::vector<json> trials = Trials();
+  ASSERT_EQ(trials.size(), 3u);
+  EXPECT_EQ(trials[0]["status"], "interrupted");
+  EXPECT_EQ(trials[1]["status"], "skipped");
+  EXPECT_EQ(trials[1]["reason"], "interrupted");
+  auto store = Store();
+  auto tuning = store->GetRun("1");
+  ASSERT_TRUE(tuning.ok());
+  EXPECT_EQ(tuning->status, "finished");
+  EXPECT_EQ(tuning->exit_code, 130);
+}
+
+}  // namespace
+}  // namespace fullburn

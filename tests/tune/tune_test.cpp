@@ -1,0 +1,235 @@
+// fullburn tune's decisions: knobs, measuring, keeping, grids, durations.
+#include <gtest/gtest.h>
+
+#include "fullburn/tune.h"
+
+namespace fullburn {
+namespace {
+
+// Steps of `samples` each taking `step_s`, ending at t = (i + 1) * step_s.
+RunData StepsRun(int n, double step_s, int64_t samples, int ranks = 1) {
+  RunData d;
+  d.run.id = 7;
+  for (int r = 0; r < ranks; ++r)
+    for (int i = 0; i < n; ++i) {
+      StepRecord s;
+      s.rank = r;
+      s.step = i + 1;
+      s.t = (i + 1) * step_s;
+      s.step_s = step_s;
+      s.samples = samples;
+      d.steps.push_back(s);
+    }
+  return d;
+}
+
+TEST(TuneMeasure, SteadyStepsGiveTheirThroughputWithNoSpread) {
+  auto m = MeasureRun(StepsRun(50, 0.1, 32), Objective::kSamplesPerSecond);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_NEAR(m->value, 320, 1e-6);
+  EXPECT_NEAR(m->spread, 0, 1e-9);
+  EXPECT_EQ(m->unit, "samples/s");
+  EXPECT_LT(m->steps, 50);  // warm-up left out
+  EXPECT_GE(m->steps, 8);
+}
+
+TEST(TuneMeasure, SlowWarmupStepsAreLeftOut) {
+  RunData d = StepsRun(40, 0.1, 10);
+  // The first three steps take 2 s each (compilation, cache warm-up).
+  double shift = 0;
+  for (size_t i = 0; i < d.steps.size(); ++i) {
+    if (i < 3) {
+      d.steps[i].step_s = 2.0;
+      shift += 1.9;
+    }
+    d.steps[i].t += shift;
+  }
+  auto m = MeasureRun(d, Objective::kSamplesPerSecond);
+  ASSERT_TRUE(m.ok());
+  EXPECT_NEAR(m->value, 100, 1e-6);
+}
+
+TEST(TuneMeasure, ThroughputCountsEveryRank) {
+  auto m = MeasureRun(StepsRun(40, 0.1, 16, 2), Objective::kSamplesPerSecond);
+  ASSERT_TRUE(m.ok());
+  EXPECT_NEAR(m->value, 320, 1e-6);
+}
+
+TEST(TuneMeasure, MarkersWithoutSamplesCountSteps) {
+  auto m = MeasureRun(StepsRun(40, 0.05, 0), Objective::kSamplesPerSecond);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->unit, "steps/s");
+  EXPECT_NEAR(m->value, 20, 1e-6);
+}
+
+TEST(TuneMeasure, TooFewStepsIsAnErrorNamingTheFix) {
+  auto m = MeasureRun(StepsRun(6, 0.1, 32), Objective::kSamplesPerSecond);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("--trial"), std::string::npos);
+}
+
+TEST(TuneMeasure, SamplesPerJouleIntegratesPower) {
+  RunData d = StepsRun(60, 0.1, 50);  // 500 samples/s for 6 s
+  for (int i = 0; i <= 7; ++i) d.samples["gpu0.power_w"].push_back({static_cast<double>(i), 250.0});
+  auto m = MeasureRun(d, Objective::kSamplesPerJoule);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_NEAR(m->value, 2.0, 1e-6);  // 500 samples/s / 250 W
+  EXPECT_EQ(m->unit, "samples/J");
+  RunData no_power = StepsRun(60, 0.1, 50);
+  auto e = MeasureRun(no_power, Objective::kSamplesPerJoule);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("samples_per_s"), std::string::npos);
+}
+
+TEST(TuneMeasure, ValuesFromOutputDropWarmup) {
+  auto m = MeasureValues({1, 100, 100, 100, 100}, "metric");
+  ASSERT_TRUE(m.ok());
+  EXPECT_DOUBLE_EQ(m->value, 100);
+  EXPECT_FALSE(MeasureValues({100, 100}, "metric").ok());
+}
+
+TEST(TuneKeep, AChangeMustBeatTheNoise) {
+  Measure best, quiet, noisy;
+  best.value = 100, best.spread = 0.02;
+  quiet.value = 110, quiet.spread = 0.02;
+  noisy.value = 110, noisy.spread = 0.4;
+  double gain = 0;
+  EXPECT_TRUE(BeatsBest(quiet, best, 0.03, &gain));
+  EXPECT_NEAR(gain, 0.10, 1e-9);
+  EXPECT_FALSE(BeatsBest(noisy, best, 0.03, &gain));  // (0.4 + 0.02) / 2 > 10%
+  Measure small = quiet;
+  small.value = 102;
+  EXPECT_FALSE(BeatsBest(small, best, 0.03, &gain));
+  Measure failed;
+  EXPECT_FALSE(BeatsBest(failed, best, 0.03, &gain));
+}
+
+TEST(TuneKnobs, UnknownKnobSuggestsTheClosest) {
+  auto k = ParseKnobList("batch,thread");
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(k.status().message().find("did you mean 'threads'"), std::string::npos);
+  auto ok = ParseKnobList("precision,data.threads,batch");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, (std::vector<std::string>{"precision", "loader_threads", "batch"}));
+  EXPECT_FALSE(ParseKnobList(",").ok());
+}
+
+TEST(TuneKnobs, TheBottleneckIsTunedFirst) {
+  Finding input{"input_workers", "", "", 0.4, 0.9, ""};
+  Finding healthy{"healthy", "", "", 0, 0.9, ""};
+  EXPECT_EQ(KnobOrder({input}, {}).front(), "cache");
+  EXPECT_EQ(KnobOrder({input}, {"batch", "loader_threads"}), (std::vector<std::string>{"loader_threads", "batch"}));
+  EXPECT_EQ(KnobOrder({healthy}, {"batch", "loader_threads"}), (std::vector<std::string>{"batch", "loader_threads"}));
+}
+
+TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
+  TuneContext ctx;
+  ctx.cores = 8;
+  ctx.config = {{"data.threads", "4"}, {"train.precision", "fp32"}, {"model.name", "mlp"}};
+  std::string skip;
+  auto threads = KnobCandidates("loader_threads", ctx, &skip);
+  ASSERT_TRUE(skip.empty());
+  std::vector<std::string> values;
+  for (const Candidate& c : threads) values.push_back(c.overrides.at("data.threads"));
+  EXPECT_EQ(values, (std::vector<std::string>{"0", "7", "8"}));
+  auto precision = KnobCandidates("precision", ctx, &skip);
+  ASSERT_EQ(precision.size(), 1u);  // CPU: bf16 only
+  EXPECT_EQ(precision[0].overrides.at("train.precision"), "bf16");
+  ctx.cuda = true;
+  EXPECT_EQ(KnobCandidates("precision", ctx, &skip).size(), 2u);
+  EXPECT_TRUE(KnobCandidates("channels_last", ctx, &skip).empty());
+  EXPECT_NE(skip.find("ResNet"), std::string::npos);
+  ctx.cuda = false;
+  EXPECT_TRUE(KnobCandidates("cudnn_benchmark", ctx, &skip).empty());
+  EXPECT_FALSE(skip.empty());
+  EXPECT_TRUE(KnobCandidates("cache", ctx, &skip).empty());
+  EXPECT_NE(skip.find("not the bottleneck"), std::string::npos);
+}
+
+TEST(TuneKnobs, BatchSearchKeepsTheEffectiveBatch) {
+  TuneContext ctx;
+  ctx.config = {{"train.batch_size", "8"}, {"train.accumulate", "8"}};
+  std::string skip;
+  auto c = KnobCandidates("batch", ctx, &skip);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].overrides.at("train.batch_size"), "auto");
+  EXPECT_EQ(c[0].overrides.at("train.max_batch_size"), "64");
+  EXPECT_EQ(c[0].overrides.at("train.accumulate"), "1");
+  ctx.config["train.accumulate"] = "1";
+  EXPECT_TRUE(KnobCandidates("batch", ctx, &skip).empty());
+  EXPECT_NE(skip.find("--free-batch"), std::string::npos);
+  ctx.keep_effective_batch = false;
+  EXPECT_EQ(KnobCandidates("batch", ctx, &skip).size(), 1u);
+
+  EXPECT_EQ(KeepEffectiveBatch(64, 64), (std::pair<int64_t, int64_t>(64, 1)));
+  EXPECT_EQ(KeepEffectiveBatch(48, 64), (std::pair<int64_t, int64_t>(32, 2)));
+  EXPECT_EQ(KeepEffectiveBatch(100, 96), (std::pair<int64_t, int64_t>(96, 1)));
+  EXPECT_EQ(KeepEffectiveBatch(7, 64), (std::pair<int64_t, int64_t>(4, 16)));
+}
+
+TEST(TuneGrid, AxesExpandAndSubstitute) {
+  auto a = ParseGridAxis("batch=64,128");
+  auto b = ParseGridAxis("workers=4");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto combos = ExpandGrid({*a, *b});
+  ASSERT_EQ(combos.size(), 2u);
+  EXPECT_EQ(combos[1].at("batch"), "128");
+  auto cmd = Substitute({"train.py", "--batch-size={batch}", "-j", "{workers}", "{not a name}"}, combos[1]);
+  ASSERT_TRUE(cmd.ok()) << cmd.status().message();
+  EXPECT_EQ(*cmd, (std::vector<std::string>{"train.py", "--batch-size=128", "-j", "4", "{not a name}"}));
+}
+
+TEST(TuneGrid, BadGridsAreErrorsBeforeAnyTrial) {
+  EXPECT_FALSE(ParseGridAxis("batch=").ok());
+  EXPECT_FALSE(ParseGridAxis("batch=64,,128").ok());
+  EXPECT_FALSE(ParseGridAxis("=64").ok());
+  EXPECT_FALSE(ParseGridAxis("batch").ok());
+  auto missing = Substitute({"x", "{batch}", "{lr}"}, {{"batch", "1"}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("{lr}"), std::string::npos);
+  auto unused = Substitute({"x", "{batch}"}, {{"batch", "1"}, {"lr", "2"}});
+  ASSERT_FALSE(unused.ok());
+  EXPECT_NE(unused.status().message().find("{lr}"), std::string::npos);
+}
+
+TEST(TuneDuration, UnitsAndErrors) {
+  EXPECT_DOUBLE_EQ(*ParseDuration("90"), 90);
+  EXPECT_DOUBLE_EQ(*ParseDuration("90s"), 90);
+  EXPECT_DOUBLE_EQ(*ParseDuration("10m"), 600);
+  EXPECT_DOUBLE_EQ(*ParseDuration("1h"), 3600);
+  EXPECT_DOUBLE_EQ(*ParseDuration("1m30s"), 90);
+  EXPECT_DOUBLE_EQ(*ParseDuration("0.5s"), 0.5);
+  for (const char* bad : {"", "0", "-5s", "10x", "1m30", "inf", "ten"}) EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
+}
+
+TEST(TuneTrials, JsonRoundTripsAndTheTableShowsEveryTrial) {
+  Trial t;
+  t.index = 2;
+  t.knob = "loader_threads";
+  t.value = "4";
+  t.overrides = {{"data.threads", "4"}};
+  t.run_id = 12;
+  t.verdict = "kept +20%";
+  t.measure.value = 512;
+  t.measure.spread = 0.04;
+  t.measure.unit = "samples/s";
+  Trial back = TrialFromJson(TrialJson(t));
+  EXPECT_EQ(back.knob, t.knob);
+  EXPECT_EQ(back.overrides, t.overrides);
+  EXPECT_EQ(back.run_id, 12);
+  EXPECT_DOUBLE_EQ(back.measure.value, 512);
+  EXPECT_TRUE(std::isnan(back.measure.gpu_util));
+  Trial failed;
+  failed.index = 3;
+  failed.knob = "batch";
+  failed.value = "auto";
+  failed.status = "failed";
+  failed.reason = "exit code 1: out of memory";
+  std::string table = RenderTrialTable({t, failed});
+  EXPECT_NE(table.find("512 ±2%"), std::string::npos) << table;
+  EXPECT_NE(table.find("failed: exit code 1: out of memory"), std::string::npos);
+  EXPECT_NE(table.find("kept +20%"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fullburn
