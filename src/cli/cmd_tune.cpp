@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <regex>
 #include <set>
@@ -207,13 +208,14 @@ class TrainTuner {
     t_->Record(start);
     if (!ok) return Finish(t_->interrupted() ? 130 : 1, "the starting config failed (" + start.reason + "): nothing to compare with");
     best_ = t_->trials().back();
+    MeasureNoise();
     start_ = best_;
     auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
     std::vector<Finding> findings = data.ok() ? Diagnose(*data) : std::vector<Finding>{};
     std::vector<std::string> order = KnobOrder(findings, t_->plan().knobs);
     std::string top = findings.empty() ? "none" : findings.front().cause;
-    std::fprintf(stderr, "tune: the start's top finding is %s; knobs in this order: %s\n", top.c_str(),
-                 fmt::format("{}", fmt::join(order, ", ")).c_str());
+    std::fprintf(stderr, "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this order: %s\n",
+                 noise_ * 100, top.c_str(), fmt::format("{}", fmt::join(order, ", ")).c_str());
     for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
       if (!TryKnob(order[k], findings)) {
         for (size_t r = k; r < order.size(); ++r) Skip(order[r], "budget (" + o_.budget + ") used up");
@@ -242,9 +244,26 @@ class TrainTuner {
     return true;
   }
 
+  // The start again: windows within one trial vary less than whole trials
+  // do (other load, clocks, caches), so a change must also beat the
+  // difference between two runs of the same settings. The start counts as
+  // their mean.
+  void MeasureNoise() {
+    if (!t_->BudgetAllows()) return;
+    Trial again = RunOne("start", "again", {});
+    if (again.status == "ok") {
+      double a = best_.measure.value, b = again.measure.value;
+      noise_ = std::abs(a - b) / ((a + b) / 2);
+      again.verdict = fmt::format("run-to-run noise {:.0f}%", noise_ * 100);
+      best_.measure.value = (a + b) / 2;
+      best_.measure.spread = std::max(best_.measure.spread, again.measure.spread);
+    }
+    t_->Record(again);
+  }
+
   void Judge(Trial* trial) {
     bool kept = false;
-    if (trial->status == "ok") trial->verdict = Verdict(*trial, best_, o_.min_gain, &kept);
+    if (trial->status == "ok") trial->verdict = Verdict(*trial, best_, std::max(o_.min_gain, noise_), &kept);
     t_->Record(*trial);
     if (kept) best_ = t_->trials().back();
   }
@@ -255,7 +274,15 @@ class TrainTuner {
     auto data = t_->store()->LoadRun(std::to_string(search.run_id));
     if (!data.ok()) return search;
     RunDigest d = Digest(*data, {});
-    int64_t chosen = std::stoll(d.config["train.batch_size"]);
+    int64_t chosen = 0, effective = 0;
+    try {
+      chosen = std::stoll(d.config["train.batch_size"]);
+      effective = std::stoll(ctx.config.at("train.batch_size")) * std::stoll(ctx.config.at("train.accumulate"));
+    } catch (const std::exception&) {
+      search.status = "failed";
+      search.reason = "run " + std::to_string(search.run_id) + " does not record the chosen batch size";
+      return search;
+    }
     std::map<std::string, std::string> overrides = best_.overrides;
     overrides.erase("train.max_batch_size");
     if (!ctx.keep_effective_batch) {
@@ -264,7 +291,6 @@ class TrainTuner {
       search.value = std::to_string(chosen);
       return search;
     }
-    int64_t effective = std::stoll(ctx.config.at("train.batch_size")) * std::stoll(ctx.config.at("train.accumulate"));
     auto [micro, accumulate] = KeepEffectiveBatch(chosen, effective);
     overrides["train.batch_size"] = std::to_string(micro);
     overrides["train.accumulate"] = std::to_string(accumulate);
@@ -369,6 +395,7 @@ class TrainTuner {
   const TuneOptions& o_;
   std::string exe_;
   Trial best_, start_;
+  double noise_ = 0;  // relative difference of two runs of the start
 };
 
 // ---- --grid: any command -----------------------------------------------------
@@ -489,10 +516,13 @@ void SetupTune(CLI::App& app) {
   auto o = std::make_shared<TuneOptions>();
   CLI::App* tune = app.add_subcommand(
       "tune", "Find faster settings by measuring short trials, one knob at a time (or a --grid for any command)");
+  std::string knobs;
+  for (const KnobDef& k : TuneKnobs())
+    knobs += fmt::format("  {:<16} {}{}\n", k.name, k.help, *k.key ? fmt::format(" ({})", k.key) : "");
   tune->footer(
       "Usage: fullburn tune [CONFIG.toml] [key=value ...] [OPTIONS]\n"
       "       fullburn tune --grid 'batch=64,128' [--grid ...] [OPTIONS] -- CMD ... {batch} ...\n"
-      "Knobs: batch, loader_threads, prefetch, threads, precision, channels_last, cache, cudnn_benchmark, cuda_graphs");
+      "Knobs (docs/tune.md):\n" + knobs);
   tune->add_option("args", o->args, "CONFIG.toml and key=value overrides; with --grid, the command after --");
   tune->add_option("--budget", o->budget, "Time for the whole tuning (90s, 10m, 1h)")->capture_default_str();
   tune->add_option("--trial", o->trial,

@@ -17,6 +17,8 @@ void FreeDeviceCache(const torch::Device& device) {
 
 namespace {
 
+constexpr const char* kCannotTrainAtOne = "cannot train at batch 1";
+
 struct Trial {
   StepContext* ctx;
   const TrainBatch& probe;
@@ -52,8 +54,16 @@ struct Trial {
       t.samples_per_s = static_cast<double>(batch) * o.steps / (MonoNow() - start);
       t.fits = true;
     } catch (const std::exception& e) {
-      if (!IsOutOfMemory(e)) throw;
-      t.error = "out of memory";
+      if (IsOutOfMemory(e)) {
+        t.error = "out of memory";
+      } else if (batch == 1) {
+        // BatchNorm cannot train on one sample whose feature map ends at 1x1
+        // (small images): not a memory limit, so the search goes on at 2.
+        std::string what = e.what();
+        t.error = std::string(kCannotTrainAtOne) + " (" + what.substr(0, what.find('\n')) + ")";
+      } else {
+        throw;
+      }
     }
     for (auto& p : ctx->model->parameters()) p.mutable_grad() = torch::Tensor();
     FreeDeviceCache(ctx->device);
@@ -90,6 +100,7 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe, const
   auto run = [&](int64_t batch) {
     BatchTrial t = trial.Run(batch);
     report(t);
+    if (t.error.rfind(kCannotTrainAtOne, 0) == 0) return true;  // try 2
     if (t.fits) {
       fits.push_back(t);
       last_fit = std::max(last_fit, batch);
