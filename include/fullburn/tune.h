@@ -79,11 +79,14 @@ struct Measure {
   double low = NAN, high = NAN;  // smallest and largest window
   std::string unit;     // "samples/s", "steps/s", "samples/J", or the metric's name
   int64_t steps = 0;    // steps (or metric lines) measured, warm-up excluded
+  bool rough = false;   // too few steps for windows: one window after the first step
   double gpu_util = NAN, data_wait_share = NAN, peak_memory_bytes = NAN;
 };
 // From a trial's step records: the steps of the first 20% of the time (at
 // least 3) are warm-up; the rest are cut into up to 8 windows of equal step
-// count, each giving samples over the window's time. Needs 8 steps measured.
+// count, each giving samples over the window's time. With fewer than 8 steps
+// after warm-up (a very slow setting) the measure is `rough`: one window
+// after the first step, no spread. Fewer than 3 steps is an error.
 Result<Measure> MeasureRun(const RunData& run, Objective objective);
 // From numbers the command printed (--metric-regex): the first 20% are
 // warm-up; needs 3 values after it.

@@ -10,7 +10,7 @@ namespace fullburn {
 namespace {
 
 constexpr double kWarmupShare = 0.2;
-constexpr size_t kMinWarmupSteps = 3, kMaxWindows = 8, kMinMeasuredSteps = 8;
+constexpr size_t kMinWarmupSteps = 3, kMaxWindows = 8, kMinMeasuredSteps = 8, kMinRoughSteps = 3;
 
 double Quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -92,17 +92,18 @@ Result<Measure> MeasureRun(const RunData& run, Objective objective) {
   }
   std::sort(steps.begin(), steps.end(), [](const StepRecord& a, const StepRecord& b) { return a.step < b.step; });
   std::string run_name = "run " + std::to_string(run.run.id);
-  if (steps.size() < kMinWarmupSteps + kMinMeasuredSteps)
+  if (steps.size() < kMinRoughSteps)
     return Status::InvalidArgument(run_name + " recorded " + std::to_string(steps.size()) + " steps, too few to measure (" +
                                    std::to_string(kMinWarmupSteps + kMinMeasuredSteps) +
                                    " needed): lengthen the trial (--trial)");
   double start = steps.front().t - steps.front().step_s, end = steps.back().t;
   size_t warm = kMinWarmupSteps;
   while (warm < steps.size() && steps[warm - 1].t - start < kWarmupShare * (end - start)) ++warm;
-  size_t n = steps.size() - warm;
-  if (n < kMinMeasuredSteps)
-    return Status::InvalidArgument(run_name + " has " + std::to_string(n) +
-                                   " steps after warm-up, too few to measure: lengthen the trial (--trial)");
+  size_t n = steps.size() >= warm ? steps.size() - warm : 0;
+  // A setting so slow that a trial holds only a few steps is still measured,
+  // roughly: one window after the first step, no spread.
+  bool rough = n < kMinMeasuredSteps;
+  if (rough) warm = 1, n = steps.size() - 1;
   bool have_samples = std::any_of(steps.begin(), steps.end(), [](const StepRecord& s) { return s.samples > 0; });
   std::vector<const Series*> power;
   if (objective == Objective::kSamplesPerJoule) {
@@ -114,7 +115,8 @@ Result<Measure> MeasureRun(const RunData& run, Objective objective) {
   m.steps = static_cast<int64_t>(n);
   m.unit = objective == Objective::kSamplesPerJoule ? (have_samples ? "samples/J" : "steps/J")
                                                     : (have_samples ? "samples/s" : "steps/s");
-  size_t windows = std::min(kMaxWindows, n), per = n / windows;
+  m.rough = rough;
+  size_t windows = rough ? 1 : std::min(kMaxWindows, n), per = n / windows;
   std::vector<double> values;
   for (size_t w = 0; w < windows; ++w) {
     size_t a = warm + w * per, b = w + 1 == windows ? steps.size() - 1 : a + per - 1;
@@ -132,6 +134,7 @@ Result<Measure> MeasureRun(const RunData& run, Objective objective) {
   }
   if (values.empty()) return Status::InvalidArgument(run_name + ": step times do not advance; nothing to measure");
   Summarize(values, &m);
+  if (rough) m.spread = NAN;
   Resources(run, &m);
   return m;
 }

@@ -22,6 +22,7 @@ std::string MeasureCell(const Measure& m) {
   if (std::isnan(m.value)) return "-";
   std::string v = m.value >= 100 ? fmt::format("{:.0f}", m.value) : fmt::format("{:.3g}", m.value);
   if (!std::isnan(m.spread)) v += fmt::format(" ±{:.0f}%", m.spread * 50);  // half the IQR, as a ±
+  if (m.rough) v += fmt::format(" ({} steps)", m.steps);
   return v;
 }
 
@@ -45,6 +46,7 @@ nlohmann::json TrialJson(const Trial& t) {
           {"low", Number(m.low)},
           {"high", Number(m.high)},
           {"steps", m.steps},
+          {"rough", m.rough},
           {"gpu_util", Number(m.gpu_util)},
           {"data_wait_share", Number(m.data_wait_share)},
           {"peak_memory_bytes", Number(m.peak_memory_bytes)}};
@@ -71,6 +73,7 @@ Trial TrialFromJson(const nlohmann::json& j) {
   m.low = Number(j, "low");
   m.high = Number(j, "high");
   m.steps = j.value("steps", int64_t{0});
+  m.rough = j.value("rough", false);
   m.gpu_util = Number(j, "gpu_util");
   m.data_wait_share = Number(j, "data_wait_share");
   m.peak_memory_bytes = Number(j, "peak_memory_bytes");

@@ -62,8 +62,15 @@ TEST(TuneMeasure, MarkersWithoutSamplesCountSteps) {
   EXPECT_NEAR(m->value, 20, 1e-6);
 }
 
-TEST(TuneMeasure, TooFewStepsIsAnErrorNamingTheFix) {
-  auto m = MeasureRun(StepsRun(6, 0.1, 32), Objective::kSamplesPerSecond);
+TEST(TuneMeasure, FewStepsAreMeasuredRoughlyAndTooFewAreAnError) {
+  auto rough = MeasureRun(StepsRun(6, 0.5, 32), Objective::kSamplesPerSecond);
+  ASSERT_TRUE(rough.ok());
+  EXPECT_TRUE(rough->rough);
+  EXPECT_NEAR(rough->value, 64, 1e-6);
+  EXPECT_TRUE(std::isnan(rough->spread));
+  EXPECT_EQ(rough->steps, 5);
+  EXPECT_FALSE(MeasureRun(StepsRun(50, 0.1, 32), Objective::kSamplesPerSecond)->rough);
+  auto m = MeasureRun(StepsRun(2, 0.1, 32), Objective::kSamplesPerSecond);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("--trial"), std::string::npos);
 }
