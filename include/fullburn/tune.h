@@ -57,6 +57,10 @@ struct Candidate {
 // when the knob does not apply (no CUDA, not an image model, ...).
 std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx, std::string* skip_reason);
 
+// Whether the top finding other than `healthy` names the input pipeline
+// (input_cpu, input_io, input_workers, h2d_copy).
+bool InputBound(const std::vector<Finding>& findings);
+
 // The bottleneck first: loader knobs when the top finding is the input
 // pipeline, batch size for small_batch/memory_headroom, else compute knobs.
 // Keeps only the knobs in `selected` (all when empty).
@@ -113,6 +117,9 @@ Trial TrialFromJson(const nlohmann::json& j);
 // Is `candidate` better than `best` by more than the noise: by `min_gain`
 // and by the average of their spreads? *gain is candidate/best - 1.
 bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, double* gain);
+
+// "512 ±2%" (half the IQR as a ±), "64 (5 steps)" for a rough measure, "-".
+std::string FormatMeasure(const Measure& m);
 
 // The table `fullburn tune` prints: knob, value, objective with spread, GPU
 // util, data wait, peak memory, verdict, run.

@@ -44,6 +44,10 @@ Status WriteFileAtomically(const std::string& path, const std::string& text);
 // This process's argv (argv[0] as "fullburn"), as stored with a run.
 std::vector<std::string> OwnCommandLine();
 
+// This executable's path ("" if /proc/self/exe cannot be read).
+std::string SelfExecutable();
+std::string CurrentDir();
+
 // fullburn-train beside this executable (the libtorch half), or "" if not built.
 std::string TrainingExecutable();
 

@@ -23,11 +23,6 @@ struct RunOptions {
   std::vector<std::string> command;
 };
 
-std::string CurrentDir() {
-  char buf[4096];
-  return ::getcwd(buf, sizeof buf) ? buf : "";
-}
-
 // A fresh, empty file for the child's step events ($FULLBURN_EVENTS), in the
 // temporary directory; "" if none can be made (markers are then off).
 std::string MakeEventsFile(int64_t run_id) {

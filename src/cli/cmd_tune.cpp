@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <regex>
@@ -13,6 +12,7 @@
 #include "child.h"
 #include "cli.h"
 #include "fullburn/config.h"
+#include "fullburn/env.h"
 #include "fullburn/report.h"
 #include "fullburn/tune.h"
 #include "tune_trial.h"
@@ -40,7 +40,7 @@ struct Plan {
   std::vector<GridAxis> axes;
 };
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double Now() { return Env::Default()->MonotonicSeconds(); }
 
 constexpr double kDefaultTrainTrialS = 20, kDefaultGridTrialS = 60;
 // Start-up, data set creation and the batch-size search come before a
@@ -126,12 +126,6 @@ Result<Plan> MakePlan(const TuneOptions& o) {
   return p;
 }
 
-std::string SelfExecutable() {
-  char self[4096] = {0};
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  return n > 0 ? std::string(self, static_cast<size_t>(n)) : "fullburn";
-}
-
 // The tuning as it goes: the run that holds it, its trials, the clock.
 class Tuning {
  public:
@@ -160,7 +154,7 @@ class Tuning {
     store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_trial", TrialJson(t).dump()});
     std::string line = fmt::format("tune: #{} {}={}: ", t.index, t.knob, t.value);
     if (t.status == "ok")
-      line += fmt::format("{:.1f} {} (±{:.0f}%) {}", t.measure.value, t.measure.unit, t.measure.spread * 50, t.verdict);
+      line += FormatMeasure(t.measure) + " " + t.measure.unit + " " + t.verdict;
     else
       line += t.status + (t.reason.empty() ? "" : ": " + t.reason);
     if (t.run_id > 0) line += fmt::format(" (run {})", t.run_id);
@@ -271,12 +265,10 @@ class TrainTuner {
   // The search trial chose a micro-batch; keep the effective batch by
   // accumulation, measuring again when that changes what was measured.
   Trial SettleBatch(Trial search, const TuneContext& ctx) {
-    auto data = t_->store()->LoadRun(std::to_string(search.run_id));
-    if (!data.ok()) return search;
-    RunDigest d = Digest(*data, {});
+    std::map<std::string, std::string> searched = FlatConfig(search.run_id);
     int64_t chosen = 0, effective = 0;
     try {
-      chosen = std::stoll(d.config["train.batch_size"]);
+      chosen = std::stoll(searched.at("train.batch_size"));
       effective = std::stoll(ctx.config.at("train.batch_size")) * std::stoll(ctx.config.at("train.accumulate"));
     } catch (const std::exception&) {
       search.status = "failed";
@@ -306,19 +298,22 @@ class TrainTuner {
 
   TuneContext Context(const std::vector<Finding>& findings) {
     TuneContext ctx;
-    auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
-    if (data.ok()) ctx.config = Digest(*data, {}).config;
+    ctx.config = FlatConfig(best_.run_id);
     ctx.cuda = ctx.config["resolved.device"].rfind("cuda", 0) == 0;
     ctx.cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
     ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-    static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers", "h2d_copy"};
-    for (const Finding& f : findings)
-      if (f.cause != "healthy") {
-        ctx.input_bound = kInput.count(f.cause) > 0;
-        break;
-      }
+    ctx.input_bound = InputBound(findings);
     ctx.keep_effective_batch = !o_.free_batch;
     return ctx;
+  }
+
+  // A run's effective config, flattened ("train.batch_size"); its samples are not needed.
+  std::map<std::string, std::string> FlatConfig(int64_t run_id) {
+    auto run = t_->store()->GetRun(std::to_string(run_id));
+    if (!run.ok()) return {};
+    RunData only_info;
+    only_info.run = *run;
+    return Digest(only_info, {}).config;
   }
 
   Trial RunOne(const std::string& knob, const std::string& value, const std::map<std::string, std::string>& overrides) {
@@ -365,8 +360,9 @@ class TrainTuner {
       t_->Finish("tuning " + std::to_string(t_->id()) + " stopped: " + failure, result, code);
       return code;
     }
-    std::vector<std::string> overrides = p.overrides;
-    for (const auto& [key, v] : best_.overrides) overrides.push_back(key + "=" + v);
+    std::vector<std::string> overrides = p.overrides, changed;
+    for (const auto& [key, v] : best_.overrides) changed.push_back(key + "=" + v);
+    overrides.insert(overrides.end(), changed.begin(), changed.end());
     auto config = Config::Load(p.config_path, overrides);
     std::string path = o_.output.empty() ? fmt::format("fullburn-tuned-{}.toml", t_->id()) : o_.output;
     double ratio = best_.measure.value / start_.measure.value;
@@ -374,7 +370,7 @@ class TrainTuner {
         "# fullburn tune (tuning run {}): {:.1f} {} with these settings, {:.1f} at the start ({:.2f}x).\n"
         "# Changed: {}\n",
         t_->id(), best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
-        best_.overrides.empty() ? "nothing" : fmt::format("{}", fmt::join(overrides.end() - static_cast<long>(best_.overrides.size()), overrides.end(), " ")));
+        changed.empty() ? "nothing" : fmt::format("{}", fmt::join(changed, " ")));
     Status written = config.ok() ? WriteFileAtomically(path, header + config->ToToml()) : config.status();
     std::string summary = fmt::format("tuning {}: {:.1f} {} vs {:.1f} at the start ({:.2f}x){}; ", t_->id(),
                                       best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
@@ -487,8 +483,7 @@ int Tune(const TuneOptions& o) {
   RunInfo info;
   info.name = plan->grid ? "tune: " + o.args.front() : "tune: fullburn train" + (plan->config_path.empty() ? "" : " " + plan->config_path);
   info.command = OwnCommandLine();
-  char cwd[4096];
-  info.cwd = ::getcwd(cwd, sizeof cwd) ? cwd : "";
+  info.cwd = CurrentDir();
   info.start_time = Env::Default()->UnixSeconds();
   info.recorder_pid = static_cast<int>(::getpid());
   info.config_json = nlohmann::json{{"tuning",

@@ -27,10 +27,20 @@ void AddIntervalOption(CLI::App* app, CommonOptions* opts, double default_s) {
       ->type_name("S");
 }
 
-std::string TrainingExecutable() {
+std::string SelfExecutable() {
   char self[4096] = {0};
-  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return "";
-  std::string path(self);
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  return n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
+}
+
+std::string CurrentDir() {
+  char buf[4096];
+  return ::getcwd(buf, sizeof buf) ? buf : "";
+}
+
+std::string TrainingExecutable() {
+  std::string path = SelfExecutable();
+  if (path.empty()) return "";
   path = path.substr(0, path.rfind('/') + 1) + "fullburn-train";
   return ::access(path.c_str(), X_OK) == 0 ? path : "";
 }

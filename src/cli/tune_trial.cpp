@@ -6,18 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fstream>
 #include <regex>
 
 #include "child.h"
+#include "fullburn/env.h"
 
 namespace fullburn::cli {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The line that says why a child failed: its last "fullburn:" line, else its
 // last line, shortened.
@@ -71,7 +67,8 @@ std::string TrialLogDir(const std::string& store_path, int64_t tuning_id) {
 }
 
 void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
-  double start = Now();
+  const Env* env = Env::Default();
+  double start = env->MonotonicSeconds();
   int64_t before = FindTrialRun(store, spec.tuning_id, 0);
   auto child = SpawnChild(spec.argv, {}, trial->log);
   if (!child.ok()) {
@@ -81,7 +78,7 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   }
   bool timed_out = false;
   int code = WaitChildFor(*child, spec.timeout_s, &timed_out);
-  trial->wall_s = Now() - start;
+  trial->wall_s = env->MonotonicSeconds() - start;
   trial->run_id = FindTrialRun(store, spec.tuning_id, before);
   if (ReceivedSignal()) {
     trial->status = "interrupted";

@@ -150,16 +150,16 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
   return out;
 }
 
-std::vector<std::string> KnobOrder(const std::vector<Finding>& findings, const std::vector<std::string>& selected) {
+bool InputBound(const std::vector<Finding>& findings) {
   static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers", "h2d_copy"};
-  std::string top;
   for (const Finding& f : findings)
-    if (f.cause != "healthy") {
-      top = f.cause;
-      break;
-    }
+    if (f.cause != "healthy") return kInput.count(f.cause) > 0;
+  return false;
+}
+
+std::vector<std::string> KnobOrder(const std::vector<Finding>& findings, const std::vector<std::string>& selected) {
   std::vector<std::string> order;
-  if (kInput.count(top))
+  if (InputBound(findings))
     order = {"cache", "loader_threads", "prefetch", "batch", "threads", "precision", "channels_last",
              "cudnn_benchmark", "cuda_graphs"};
   else

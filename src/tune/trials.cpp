@@ -18,14 +18,6 @@ double Number(const nlohmann::json& j, const char* key) {
 
 std::string Pct(double share) { return std::isnan(share) ? "-" : fmt::format("{:.0f}%", share * 100); }
 
-std::string MeasureCell(const Measure& m) {
-  if (std::isnan(m.value)) return "-";
-  std::string v = m.value >= 100 ? fmt::format("{:.0f}", m.value) : fmt::format("{:.3g}", m.value);
-  if (!std::isnan(m.spread)) v += fmt::format(" ±{:.0f}%", m.spread * 50);  // half the IQR, as a ±
-  if (m.rough) v += fmt::format(" ({} steps)", m.steps);
-  return v;
-}
-
 }  // namespace
 
 nlohmann::json TrialJson(const Trial& t) {
@@ -80,6 +72,14 @@ Trial TrialFromJson(const nlohmann::json& j) {
   return t;
 }
 
+std::string FormatMeasure(const Measure& m) {
+  if (std::isnan(m.value)) return "-";
+  std::string v = m.value >= 100 ? fmt::format("{:.0f}", m.value) : fmt::format("{:.3g}", m.value);
+  if (!std::isnan(m.spread)) v += fmt::format(" ±{:.0f}%", m.spread * 50);  // half the IQR, as a ±
+  if (m.rough) v += fmt::format(" ({} steps)", m.steps);
+  return v;
+}
+
 bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, double* gain) {
   *gain = NAN;
   if (std::isnan(candidate.value) || std::isnan(best.value) || best.value <= 0) return false;
@@ -96,30 +96,24 @@ std::string RenderTrialTable(const std::vector<Trial>& trials) {
       unit = t.measure.unit;
       break;
     }
+  // The verdict goes last so a long failure reason does not push the run id away.
   std::vector<std::vector<std::string>> rows = {
-      {"#", "knob", "value", unit, "GPU util", "data wait", "peak mem", "verdict", "run"}};
+      {"#", "knob", "value", unit, "GPU util", "data wait", "peak mem", "run", "verdict"}};
   for (const Trial& t : trials) {
     const Measure& m = t.measure;
     std::string verdict = t.status == "ok" ? t.verdict : t.status + (t.reason.empty() ? "" : ": " + t.reason);
-    rows.push_back({std::to_string(t.index), t.knob, t.value, MeasureCell(m),
+    rows.push_back({std::to_string(t.index), t.knob, t.value, FormatMeasure(m),
                     std::isnan(m.gpu_util) ? "-" : fmt::format("{:.0f}%", m.gpu_util), Pct(m.data_wait_share),
-                    std::isnan(m.peak_memory_bytes) ? "-" : FormatBytes(m.peak_memory_bytes), verdict,
-                    t.run_id > 0 ? std::to_string(t.run_id) : "-"});
+                    std::isnan(m.peak_memory_bytes) ? "-" : FormatBytes(m.peak_memory_bytes),
+                    t.run_id > 0 ? std::to_string(t.run_id) : "-", verdict});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows)
-    for (size_t c = 0; c + 1 < r.size(); ++c)
-      if (c != 7) width[c] = std::max(width[c], r[c].size());
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
   std::string out;
   for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < r.size(); ++c) {
-      // The verdict goes last so a long failure reason does not push the run id away.
-      if (c == 7) continue;
-      line += fmt::format("{:<{}}  ", r[c], width[c]);
-    }
-    line += r[7];
-    out += line + "\n";
+    for (size_t c = 0; c + 1 < r.size(); ++c) out += fmt::format("{:<{}}  ", r[c], width[c]);
+    out += r.back() + "\n";
   }
   return out;
 }
