@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,13 +47,27 @@ struct TuneContext {
   double host_memory_bytes = 0;
   bool input_bound = false;  // the diagnosis names the input pipeline
   bool keep_effective_batch = true;
+  std::string pack_dir;       // where the tuner may write a packed copy of the images
+  bool data_is_pack = false;  // resolved.data_path already is a pack
+};
+
+// A packed copy of an image folder to write before a trial (fullburn pack
+// SRC DST --format raw --max-side N).
+struct PackJob {
+  std::string src, dst;
+  int max_side = 0;
 };
 
 // One value of a knob to try: the config overrides it stands for.
 struct Candidate {
   std::string value;  // for people: "4", "bf16", "auto (largest that fits)"
   std::map<std::string, std::string> overrides;
+  std::optional<PackJob> pack;  // to write first (the pack knob)
 };
+// The side a pack keeps for crops of `image_size`: twice the crop, so random
+// resized crops of a quarter of the image still come from full-resolution
+// pixels (docs/tune.md).
+int PackMaxSide(int image_size);
 // Values of `knob` other than the current one; none with `skip_reason` set
 // when the knob does not apply (no CUDA, not an image model, ...).
 std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx, std::string* skip_reason);

@@ -2,9 +2,11 @@
 // to the tuning; the winner written as a config `fullburn train` takes as is.
 // --grid: the same for any command, over the combinations given.
 #include <fmt/format.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <regex>
 #include <set>
@@ -13,6 +15,7 @@
 #include "cli.h"
 #include "fullburn/config.h"
 #include "fullburn/env.h"
+#include "fullburn/pipeline.h"
 #include "fullburn/report.h"
 #include "fullburn/tune.h"
 #include "tune_trial.h"
@@ -231,11 +234,59 @@ class TrainTuner {
       if (!t_->BudgetAllows()) return false;
       std::map<std::string, std::string> merged = best_.overrides;
       for (const auto& [key, v] : c.overrides) merged[key] = v;
+      if (c.pack) {
+        if (Status packed = WritePackFor(*c.pack); !packed.ok()) {
+          Trial failed;
+          failed.knob = knob;
+          failed.value = c.value;
+          failed.overrides = merged;
+          failed.status = "failed";
+          failed.reason = packed.message();
+          t_->Record(failed);
+          continue;
+        }
+      }
       Trial trial = RunOne(knob, c.value, merged);
       if (knob == "batch" && trial.status == "ok") trial = SettleBatch(trial, ctx);
       Judge(&trial);
     }
     return true;
+  }
+
+  // The pack knob's data, written once per tuning into its directory. The
+  // time it takes counts against the budget like a trial's.
+  Status WritePackFor(const PackJob& job) {
+    if (PackReader::IsPack(job.dst)) return Status::Ok();
+    auto folder = ScanImageFolder(job.src);
+    if (!folder.ok()) return folder.status();
+    // Raw RGB is at most max_side^2 x 3 bytes an image; half the free space at most.
+    double most = static_cast<double>(folder->files.size()) * job.max_side * job.max_side * 3;
+    std::string parent = job.dst.substr(0, job.dst.rfind('/'));
+    struct statvfs fsinfo {};
+    if (::statvfs(parent.c_str(), &fsinfo) == 0) {
+      double free_bytes = static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
+      if (most > free_bytes / 2)
+        return Status::IoError(fmt::format("a raw pack of {} images may need {:.1f} GiB and {} has {:.1f} GiB free: "
+                                           "pack by hand elsewhere (fullburn pack) and set data.path",
+                                           folder->files.size(), most / (1 << 30), parent, free_bytes / (1 << 30)));
+    }
+    std::fprintf(stderr, "tune: packing the %zu images of %s into %s (raw, max side %d)\n", folder->files.size(),
+                 job.src.c_str(), job.dst.c_str(), job.max_side);
+    double started = Now();
+    PackOptions po;
+    po.format = PackFormat::kRaw;
+    po.max_side = job.max_side;
+    auto report = WritePack(job.src, job.dst, po);
+    if (!report.ok()) {
+      std::error_code ec;
+      std::filesystem::remove_all(job.dst, ec);  // a half-written pack is no use to anyone
+      return Status::IoError("packing " + job.src + " failed: " + report.status().message());
+    }
+    packed_ = job;
+    std::fprintf(stderr, "tune: packed %lld images (%.0f MiB) in %.1fs%s\n", static_cast<long long>(report->images),
+                 report->bytes / 1048576.0, Now() - started,
+                 report->skipped ? fmt::format(", {} unreadable left out", report->skipped).c_str() : "");
+    return Status::Ok();
   }
 
   // The start again: windows within one trial vary less than whole trials
@@ -304,6 +355,8 @@ class TrainTuner {
     ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
     ctx.input_bound = InputBound(findings);
     ctx.keep_effective_batch = !o_.free_batch;
+    ctx.pack_dir = TrialLogDir(t_->store()->path(), t_->id()) + "/pack";
+    ctx.data_is_pack = PackReader::IsPack(ctx.config["resolved.data_path"]);
     return ctx;
   }
 
@@ -371,6 +424,11 @@ class TrainTuner {
         "# Changed: {}\n",
         t_->id(), best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
         changed.empty() ? "nothing" : fmt::format("{}", fmt::join(changed, " ")));
+    auto path_it = best_.overrides.find("data.path");
+    if (packed_ && path_it != best_.overrides.end() && path_it->second == packed_->dst)
+      header += fmt::format("# data.path is a pack the tuner wrote; to rebuild it: fullburn pack {} {} --format raw "
+                            "--max-side {}\n",
+                            packed_->src, packed_->dst, packed_->max_side);
     Status written = config.ok() ? WriteFileAtomically(path, header + config->ToToml()) : config.status();
     std::string summary = fmt::format("tuning {}: {:.1f} {} vs {:.1f} at the start ({:.2f}x){}; ", t_->id(),
                                       best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
@@ -391,6 +449,7 @@ class TrainTuner {
   const TuneOptions& o_;
   std::string exe_;
   Trial best_, start_;
+  std::optional<PackJob> packed_;
   double noise_ = 0;  // relative difference of two runs of the start
 };
 

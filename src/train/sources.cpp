@@ -179,9 +179,12 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
   return std::unique_ptr<BatchSource>(std::move(src));
 }
 
+std::string DefaultImagesPath(const std::string& dir, int classes, bool val) {
+  return dir + "/synthetic-images-" + std::to_string(classes) + "c" + (val ? "/val" : "/train");
+}
+
 Result<std::string> DefaultImages(const std::string& dir, int classes, bool val) {
-  std::string root = dir + "/synthetic-images-" + std::to_string(classes) + "c";
-  std::string split = root + (val ? "/val" : "/train");
+  std::string split = DefaultImagesPath(dir, classes, val);
   // The marker is written last: a half-made set (killed mid-way) is remade.
   std::string done = split + "/.complete";
   if (std::filesystem::exists(done)) return split;

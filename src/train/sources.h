@@ -47,6 +47,8 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& config, const Sour
 
 // The defaults used when data.path is empty: a synthetic JPEG folder (train
 // and val splits) or token file under `dir`, created on first use.
+// Where DefaultImages keeps a split (nothing is created).
+std::string DefaultImagesPath(const std::string& dir, int classes, bool val);
 Result<std::string> DefaultImages(const std::string& dir, int classes, bool val);
 Result<std::string> DefaultTokens(const std::string& dir, int vocab);
 

@@ -135,7 +135,7 @@ Status Trainer::Setup() {
   ctx_.channels_last = cfg_.Bool("model.channels_last") && model.rfind("resnet", 0) == 0;
 
   spec_.path = cfg_.Str("data.path");
-  std::string data_dir = StoreDir(store_->path()) + "/datasets";
+  std::string data_dir = DatasetsDir();
   if (spec_.path.empty() && source == "images") {
     auto p = DefaultImages(data_dir, static_cast<int>(cfg_.Int("data.classes")), false);
     if (!p.ok()) return p.status();
@@ -342,8 +342,10 @@ Status Trainer::BeginRun() {
   run_.parent_id = opt_.parent_run;
   nlohmann::json config = cfg_.ToJson();
   if (resume_) config["resumed_from"] = resume_->path;
-  // What "auto" became on this machine (the tuner reads the device).
-  config["resolved"] = {{"device", ctx_.device.str()}, {"threads", torch::get_num_threads()}};
+  // What "auto" and the empty defaults became on this machine (the tuner reads
+  // the device, and packs the data it was given).
+  config["resolved"] = {{"device", ctx_.device.str()}, {"threads", torch::get_num_threads()},
+                        {"data_path", spec_.path}, {"val_path", ResolvedValPath()}};
   run_.config_json = config.dump();
   auto gpus = GpuSource::Open();
   if (gpus.ok()) gpus_ = std::move(*gpus);

@@ -102,6 +102,8 @@ class Trainer {
   void FlushSteps(bool force);
   void Progress(const StepRecord& r, bool force);
   nlohmann::json Evaluate();
+  std::string DatasetsDir() const;
+  std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);
   CheckpointState Snapshot();
 

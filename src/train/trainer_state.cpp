@@ -95,6 +95,17 @@ void Trainer::Checkpoint(bool final_one) {
   }
 }
 
+std::string Trainer::DatasetsDir() const { return StoreDir(store_->path()) + "/datasets"; }
+
+// The held-out images Evaluate() reads ("" for none); nothing is created.
+std::string Trainer::ResolvedValPath() const {
+  if (cfg_.Str("data.source") != "images") return "";
+  std::string val = cfg_.Str("data.val_path");
+  if (val.empty() && cfg_.Str("data.path").empty())
+    val = DefaultImagesPath(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
+  return val;
+}
+
 nlohmann::json Trainer::Evaluate() {
   nlohmann::json out;
   double started = MonoNow();
@@ -105,7 +116,7 @@ nlohmann::json Trainer::Evaluate() {
   if (cfg_.Str("data.source") == "images") {
     std::string val = cfg_.Str("data.val_path");
     if (val.empty() && cfg_.Str("data.path").empty()) {
-      auto p = DefaultImages(StoreDir(store_->path()) + "/datasets", static_cast<int>(cfg_.Int("data.classes")), true);
+      auto p = DefaultImages(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
       if (!p.ok()) return out;
       val = *p;
     }

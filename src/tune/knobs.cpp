@@ -58,7 +58,31 @@ std::vector<Candidate> BatchCandidates(const TuneContext& ctx, std::string* skip
            {{"train.batch_size", "auto"}, {"train.max_batch_size", std::to_string(effective)}, {"train.accumulate", "1"}}}};
 }
 
+// The images as a raw pack in the tuning's directory; the held-out split
+// stays where it was (an empty data.path meant the default's split too).
+std::vector<Candidate> PackCandidates(const TuneContext& ctx, std::string* skip) {
+  std::string source = Get(ctx, "data.source"), src = Get(ctx, "resolved.data_path");
+  if (!ctx.input_bound) {
+    *skip = "the input pipeline is not the bottleneck";
+  } else if (source != "images") {
+    *skip = "data.source = " + source + " has no images to pack";
+  } else if (ctx.data_is_pack) {
+    *skip = "the data is already a pack";
+  } else if (src.empty() || ctx.pack_dir.empty()) {
+    *skip = "the runs do not record where their images are";
+  } else {
+    int side = PackMaxSide(static_cast<int>(GetInt(ctx, "data.image_size")));
+    Candidate c{"raw, max side " + std::to_string(side), {{"data.path", ctx.pack_dir}}, PackJob{src, ctx.pack_dir, side}};
+    std::string val = Get(ctx, "resolved.val_path");
+    if (Get(ctx, "data.val_path").empty() && !val.empty()) c.overrides["data.val_path"] = val;
+    return {c};
+  }
+  return {};
+}
+
 }  // namespace
+
+int PackMaxSide(int image_size) { return 2 * std::max(1, image_size); }
 
 const std::vector<KnobDef>& TuneKnobs() {
   static const std::vector<KnobDef> knobs = {
@@ -68,6 +92,9 @@ const std::vector<KnobDef>& TuneKnobs() {
       {"threads", "train.threads", "Intra-op threads of the training step"},
       {"precision", "train.precision", "bf16 (and fp16 on CUDA) autocast"},
       {"channels_last", "model.channels_last", "Channels-last memory format (ResNets)"},
+      {"pack", "data.path",
+       "A packed copy of the images (decoded pixels read through mmap: no JPEG decoding), when the input pipeline "
+       "is the bottleneck"},
       {"cache", "data.cache_mb", "RAM cache of encoded images, when the input pipeline is the bottleneck"},
       {"cudnn_benchmark", "train.cudnn_benchmark", "cuDNN picks the fastest convolution algorithms (CUDA)"},
       {"cuda_graphs", "", "The whole step captured in a CUDA graph (CUDA)"},
@@ -125,6 +152,8 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
     else
       out = Values("model.channels_last", {Get(ctx, "model.channels_last") == "true" ? "false" : "true"},
                    Get(ctx, "model.channels_last"));
+  } else if (knob == "pack") {
+    out = PackCandidates(ctx, skip);
   } else if (knob == "cache") {
     std::string source = Get(ctx, "data.source");
     int64_t mb = static_cast<int64_t>(std::min(8192.0, ctx.host_memory_bytes / 4 / kMiB));
@@ -132,6 +161,8 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
       *skip = "the input pipeline is not the bottleneck";
     else if (source != "images")
       *skip = "data.source = " + source + " has nothing to decode and cache";
+    else if (ctx.data_is_pack)
+      *skip = "the data is a pack, which the page cache already holds";
     else if (mb < 64 || GetInt(ctx, "data.cache_mb") >= mb)
       *skip = "no room for a larger cache";
     else
@@ -160,11 +191,11 @@ bool InputBound(const std::vector<Finding>& findings) {
 std::vector<std::string> KnobOrder(const std::vector<Finding>& findings, const std::vector<std::string>& selected) {
   std::vector<std::string> order;
   if (InputBound(findings))
-    order = {"cache", "loader_threads", "prefetch", "batch", "threads", "precision", "channels_last",
+    order = {"pack", "cache", "loader_threads", "prefetch", "batch", "threads", "precision", "channels_last",
              "cudnn_benchmark", "cuda_graphs"};
   else
     order = {"batch", "precision", "channels_last", "cudnn_benchmark", "cuda_graphs", "threads", "loader_threads",
-             "prefetch", "cache"};
+             "prefetch", "pack", "cache"};
   if (selected.empty()) return order;
   std::vector<std::string> out;
   for (const std::string& k : order)

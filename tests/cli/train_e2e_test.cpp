@@ -8,6 +8,7 @@
 #include <regex>
 #include <thread>
 
+#include "fullburn/pipeline.h"
 #include "fullburn/report.h"
 #include "fullburn/train.h"
 #include "fullburn/store.h"
@@ -490,6 +491,45 @@ TEST(TuneTrainE2E, FindsAFasterDemoConfigFromABadStart) {
   size_t rows = 0;
   for (size_t pos = 0; (pos = page.find("<tr class=trial>", pos)) != std::string::npos; ++pos) ++rows;
   EXPECT_EQ(rows, trials.size());
+}
+
+// Large JPEGs into a tiny model through one loader thread: the diagnosis names
+// the input pipeline, so the tuner packs the images and trains on the pack.
+TEST(TuneTrainE2E, PacksTheImagesWhenTheLoaderIsTheBottleneck) {
+  std::string dir = testing::FreshTestDir("fb_tune_pack"), store = dir + "/runs.db", toml = dir + "/tuned.toml";
+  ::unsetenv("FULLBURN_STORE");
+  auto made = testing::RunToEnd({FULLBURN_BIN, "make-dataset", "images", dir + "/big", "--classes", "4", "--per-class",
+                                 "60", "--size", "640x480"});
+  ASSERT_EQ(made.code, 0) << made.err;
+  auto o = testing::RunToEnd({FULLBURN_BIN, "tune", "--store", store, "model.name=mlp", "optim.lr=0.01",
+                              "train.batch_size=32", "data.threads=1", "data.image_size=24", "data.classes=4",
+                              "data.path=" + dir + "/big", "--knobs", "pack", "--trial", "6s", "--budget", "3m", "-o",
+                              toml},
+                             400);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto db = std::move(RunStore::Open(store).value());
+  nlohmann::json pack_trial;
+  std::vector<RunEvent> events = db->LoadEvents(1).value();
+  for (const RunEvent& e : events)
+    if (e.kind == "tune_trial" && nlohmann::json::parse(e.data)["knob"] == "pack") pack_trial = nlohmann::json::parse(e.data);
+  ASSERT_FALSE(pack_trial.is_null()) << o.err;
+  ASSERT_EQ(pack_trial["status"], "ok") << pack_trial.dump() << "\n" << o.err;
+  EXPECT_EQ(pack_trial["value"], "raw, max side 48");
+  // The trial trained on the pack the tuner wrote, with every image in it.
+  std::string pack = dir + "/tune-1/pack";
+  RunInfo run = db->GetRun(std::to_string(pack_trial["run_id"].get<int64_t>())).value();
+  EXPECT_EQ(nlohmann::json::parse(run.config_json)["data"]["path"], pack);
+  auto reader = PackReader::Open(pack);
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  EXPECT_EQ((*reader)->format(), PackFormat::kRaw);
+  EXPECT_EQ((*reader)->records().size(), 240u);
+  for (const PackRecord& r : (*reader)->records()) EXPECT_LE(std::max(r.width, r.height), 48);
+  EXPECT_GT(db->LoadSteps(run.id).value().size(), 10u);
+  // Kept or not, the config written is one fullburn train takes.
+  auto printed = testing::RunToEnd({FULLBURN_BIN, "train", toml, "--print-config"});
+  EXPECT_EQ(printed.code, 0) << printed.err;
+  if (pack_trial["verdict"].get<std::string>().rfind("kept", 0) == 0)
+    EXPECT_NE(testing::ReadText(toml).find("fullburn pack " + dir + "/big " + pack), std::string::npos);
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ TEST(TuneKnobs, UnknownKnobSuggestsTheClosest) {
 TEST(TuneKnobs, TheBottleneckIsTunedFirst) {
   Finding input{"input_workers", "", "", 0.4, 0.9, ""};
   Finding healthy{"healthy", "", "", 0, 0.9, ""};
-  EXPECT_EQ(KnobOrder({input}, {}).front(), "cache");
+  EXPECT_EQ(KnobOrder({input}, {}).front(), "pack");
   EXPECT_EQ(KnobOrder({input}, {"batch", "loader_threads"}), (std::vector<std::string>{"loader_threads", "batch"}));
   EXPECT_EQ(KnobOrder({healthy}, {"batch", "loader_threads"}), (std::vector<std::string>{"batch", "loader_threads"}));
 }
@@ -151,6 +151,42 @@ TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
   EXPECT_FALSE(skip.empty());
   EXPECT_TRUE(KnobCandidates("cache", ctx, &skip).empty());
   EXPECT_NE(skip.find("not the bottleneck"), std::string::npos);
+}
+
+TEST(TuneKnobs, PackOnlyWhenTheInputIsTheBottleneckAndKeepsTheHeldOutSplit) {
+  TuneContext ctx;
+  ctx.config = {{"data.source", "images"},
+                {"data.path", ""},
+                {"data.val_path", ""},
+                {"data.image_size", "48"},
+                {"resolved.data_path", "/s/datasets/imgs/train"},
+                {"resolved.val_path", "/s/datasets/imgs/val"}};
+  ctx.pack_dir = "/s/tune-3/pack";
+  std::string skip;
+  EXPECT_TRUE(KnobCandidates("pack", ctx, &skip).empty());
+  EXPECT_NE(skip.find("not the bottleneck"), std::string::npos);
+  ctx.input_bound = true;
+  auto c = KnobCandidates("pack", ctx, &skip);
+  ASSERT_EQ(c.size(), 1u) << skip;
+  ASSERT_TRUE(c[0].pack.has_value());
+  EXPECT_EQ(c[0].pack->src, "/s/datasets/imgs/train");
+  EXPECT_EQ(c[0].pack->dst, "/s/tune-3/pack");
+  EXPECT_EQ(c[0].pack->max_side, 96);
+  EXPECT_EQ(c[0].overrides.at("data.path"), "/s/tune-3/pack");
+  // An empty data.path also meant the default held-out split: keep evaluating it.
+  EXPECT_EQ(c[0].overrides.at("data.val_path"), "/s/datasets/imgs/val");
+  ctx.config["data.val_path"] = "/mine/val";
+  EXPECT_EQ(KnobCandidates("pack", ctx, &skip)[0].overrides.count("data.val_path"), 0u);
+  ctx.data_is_pack = true;
+  EXPECT_TRUE(KnobCandidates("pack", ctx, &skip).empty());
+  EXPECT_NE(skip.find("already a pack"), std::string::npos);
+  ctx.host_memory_bytes = 64.0 * (1 << 30);
+  EXPECT_TRUE(KnobCandidates("cache", ctx, &skip).empty());  // the page cache holds a pack
+  EXPECT_NE(skip.find("page cache"), std::string::npos);
+  ctx.data_is_pack = false;
+  ctx.config["data.source"] = "tokens";
+  EXPECT_TRUE(KnobCandidates("pack", ctx, &skip).empty());
+  EXPECT_NE(skip.find("tokens"), std::string::npos);
 }
 
 TEST(TuneKnobs, BatchSearchKeepsTheEffectiveBatch) {
