@@ -58,6 +58,9 @@ struct HostSample {
 
 // The monitored process and all its descendants (e.g. data-loader workers).
 struct ProcTreeSample {
+  // Whose tree: 0 for the monitored job (or rank 0 of a data-parallel job),
+  // stored as proc.*; R > 0 for rank R, stored as rankR.proc.*.
+  int rank = 0;
   Value cpu_util;  // percent of one core: 100 = one core busy
   Value rss_bytes, threads, processes;
   std::vector<int> pids;
@@ -109,7 +112,8 @@ struct MetricDef {
 };
 
 const std::vector<MetricDef>& MetricCatalog();
-// The stored name of a definition for a given GPU or core index.
+// The stored name of a definition for a given GPU, core or rank index
+// ("gpu3.util", "host.cpu3.user", "rank3.proc.cpu_util"; rank 0 is "proc.*").
 std::string MetricName(const MetricDef& def, int index);
 // Finds the definition of a stored name ("gpu3.util" -> the gpuN.util entry),
 // and its index (3); nullptr for unknown names.
@@ -213,6 +217,10 @@ class GpuSource {
 struct SamplerOptions {
   double interval_s = 1.0;
   int root_pid = -1;  // < 0: no process tree
+  // Host readings (CPU, memory, disks). Off for data-parallel ranks after 0,
+  // whose host another rank samples: only their own process tree is theirs.
+  bool host = true;
+  int rank = 0;  // stored in ProcTreeSample::rank
 };
 
 class Sampler {

@@ -81,7 +81,7 @@ void GatherHost(const std::map<std::string, Series>& m, Facts* f) {
   while (Find(m, "host.cpu" + std::to_string(f->cores) + ".util")) ++f->cores;
 }
 
-void GatherSteps(const std::vector<StepRecord>& steps, Facts* f) {
+void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::string, Series>& samples, Facts* f) {
   double timed = 0, wait = 0, h2d = 0, comm = 0;
   bool have_h2d = false, have_comm = false;
   std::map<int, std::vector<const StepRecord*>> by_rank;
@@ -115,6 +115,8 @@ void GatherSteps(const std::vector<StepRecord>& steps, Facts* f) {
     }
     rf.work_s = Median(work);
     if (st > 0) rf.data_wait_share = dw / st;
+    std::string cpu = (rank > 0 ? "rank" + std::to_string(rank) + "." : std::string()) + "proc.cpu_util";
+    if (const Series* series = Find(samples, cpu); series && !series->empty()) rf.proc_cpu = MedianOf(*series);
     f->ranks.push_back(rf);
   }
 }
@@ -181,7 +183,7 @@ Facts Gather(const RunData& d) {
   Facts f;
   GatherGpus(d.samples, &f);
   GatherHost(d.samples, &f);
-  GatherSteps(d.steps, &f);
+  GatherSteps(d.steps, d.samples, &f);
   f.running = !d.run.end_time.has_value();
   if (d.run.end_time) {
     f.wall_s = *d.run.end_time - d.run.start_time;

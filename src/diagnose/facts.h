@@ -43,6 +43,7 @@ struct RankFacts {
   int rank = 0;
   double work_s = NAN;          // median step time outside communication
   double data_wait_share = NAN; // of step time
+  double proc_cpu = NAN;        // median % of one core of the rank's process tree
 };
 
 struct IdleSpan {

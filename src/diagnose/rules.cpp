@@ -202,6 +202,9 @@ void RankRules(const Facts& f, std::vector<Finding>* out) {
       std::string wait = std::isnan(hi->data_wait_share) ? ""
                          : fmt::format(" (data wait {} of its steps, rank {} {})", Pct(hi->data_wait_share), lo->rank,
                                        Pct(lo->data_wait_share));
+      if (!std::isnan(hi->proc_cpu) && !std::isnan(lo->proc_cpu))
+        wait += fmt::format("; its process used {:.0f}% of a core, rank {}'s {:.0f}%", hi->proc_cpu, lo->rank,
+                            lo->proc_cpu);
       out->push_back({"uneven_ranks", fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
                       fmt::format("median step work {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
                                   hi->work_s * 1e3, hi->rank, lo->work_s * 1e3, lo->rank, Pct(spread),

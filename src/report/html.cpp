@@ -33,7 +33,8 @@ const ChartSpec kTelemetryCharts[] = {
     {"GPU SM clock", "MHz", "gpu", {"sm_clock_mhz", "max_sm_clock_mhz"}, 1},
     {"PCIe traffic", "GB/s", "gpu", {"pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s"}, 1e-9},
     {"Host CPU, all cores", "%", "host.", {"cpu_util", "cpu_iowait"}, 1},
-    {"The job's process tree", "% of one core", "proc.", {"cpu_util"}, 1},
+    {"The job's process tree (each rank's)", "% of one core", "proc.", {"cpu_util"}, 1},
+    {"Process memory (RSS)", "GiB", "proc.", {"rss_bytes"}, 1.0 / (1 << 30)},
     {"Host memory used", "GiB", "host.", {"mem_used_bytes"}, 1.0 / (1 << 30)},
 };
 
@@ -62,6 +63,9 @@ void TelemetryCharts(const std::vector<ReportRun>& runs, nlohmann::json* charts)
           for (const char* n : spec.names) names.push_back("gpu" + std::to_string(g) + "." + n);
       } else {
         for (const char* n : spec.names) names.push_back(std::string(spec.prefix) + n);
+        if (std::string(spec.prefix) == "proc.")  // rank 0 is proc.*, rank R rankR.proc.*
+          for (int rank = 1; rank < 1024; ++rank)
+            for (const char* n : spec.names) names.push_back("rank" + std::to_string(rank) + ".proc." + n);
       }
       for (const std::string& name : names) {
         auto it = r.data.samples.find(name);

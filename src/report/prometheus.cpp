@@ -57,6 +57,8 @@ std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus
                            Escape(uuid), Escape(model), Escape(hostname));
     } else if (def->scope == MetricScope::kCore) {
       labels = fmt::format("cpu=\"{}\",Hostname=\"{}\"", index, Escape(hostname));
+    } else if (def->scope == MetricScope::kProc && index > 0) {
+      labels = fmt::format("rank=\"{}\",Hostname=\"{}\"", index, Escape(hostname));
     } else {
       labels = fmt::format("Hostname=\"{}\"", Escape(hostname));
     }

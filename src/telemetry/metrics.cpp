@@ -135,7 +135,7 @@ std::string MetricName(const MetricDef& def, int index) {
   switch (def.scope) {
     case MetricScope::kGpu: return "gpu" + i + "." + def.suffix;
     case MetricScope::kCore: return "host.cpu" + i + "." + def.suffix;
-    case MetricScope::kProc: return std::string("proc.") + def.suffix;
+    case MetricScope::kProc: return (index > 0 ? "rank" + i + "." : std::string()) + "proc." + def.suffix;
     case MetricScope::kHostCpu: return std::string("host.cpu_") + def.suffix;
     case MetricScope::kHost: break;
   }
@@ -149,6 +149,7 @@ const MetricDef* FindMetric(const std::string& name, int* index) {
     const char* digits = nullptr;
     if (d.scope == MetricScope::kGpu && name.rfind("gpu", 0) == 0) digits = name.c_str() + 3;
     if (d.scope == MetricScope::kCore && name.rfind("host.cpu", 0) == 0) digits = name.c_str() + 8;
+    if (d.scope == MetricScope::kProc && name.rfind("rank", 0) == 0) digits = name.c_str() + 4;
     if (digits) {
       char* end = nullptr;
       long v = std::strtol(digits, &end, 10);
@@ -185,7 +186,7 @@ std::vector<std::pair<std::string, double>> Flatten(const Snapshot& s) {
       case MetricScope::kProc:
         if (s.proc) {
           const Value& v = (*s.proc).*(e.get.proc);
-          if (v) out.emplace_back(MetricName(defs[k], 0), *v);
+          if (v) out.emplace_back(MetricName(defs[k], s.proc->rank), *v);
         }
         break;
       case MetricScope::kHostCpu:

@@ -331,6 +331,7 @@ Status Trainer::JoinRun() {
 Status Trainer::BeginRun() {
   if (rank_.rank > 0) {
     if (Status s = JoinRun(); !s.ok()) return s;
+    StartSampler();
     return OpenCheckpoints();
   }
   run_.name = opt_.name.empty() ? cfg_.Str("model.name") + " on " + cfg_.Str("data.source") : opt_.name;
@@ -368,17 +369,26 @@ Status Trainer::BeginRun() {
   for (RunEvent& e : pending_events_) store_->AddEvent(run_.id, e);
   pending_events_.clear();
 
+  StartSampler();
+  return OpenCheckpoints();
+}
+
+// Rank 0 samples the host, its GPUs and its own process tree; every other
+// rank only its own process tree (rankR.proc.*), so the host is not counted
+// twice and each rank's CPU and memory can be told apart.
+void Trainer::StartSampler() {
   SamplerOptions so;
   so.interval_s = 1.0;
   so.root_pid = static_cast<int>(::getpid());
-  sampler_ = std::make_unique<Sampler>(Env::Default(), gpus_.get(), so);
+  so.host = rank_.rank == 0;
+  so.rank = rank_.rank;
+  sampler_ = std::make_unique<Sampler>(Env::Default(), rank_.rank == 0 ? gpus_.get() : nullptr, so);
   sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
   sampler_->Start([this](const fullburn::Snapshot& s) {
     sample_writer_->Add(s);
     std::lock_guard<std::mutex> lock(latest_mu_);
     latest_ = s;
   });
-  return OpenCheckpoints();
 }
 
 Status Trainer::OpenCheckpoints() {

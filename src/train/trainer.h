@@ -102,6 +102,7 @@ class Trainer {
   void FlushSteps(bool force);
   void Progress(const StepRecord& r, bool force);
   nlohmann::json Evaluate();
+  void StartSampler();
   std::string DatasetsDir() const;
   std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);

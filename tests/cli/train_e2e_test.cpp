@@ -170,6 +170,13 @@ TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
     EXPECT_EQ(r.samples, 16);
   }
   EXPECT_EQ(per_rank[0], 20);
+  // Telemetry per rank: rank 0 samples the host and its process, rank 1 only
+  // its own process (the host's series are not doubled).
+  RunData data = store->LoadRun(std::to_string(ddp)).value();
+  ASSERT_TRUE(data.samples.count("proc.rss_bytes")) << "rank 0's process";
+  ASSERT_TRUE(data.samples.count("rank1.proc.rss_bytes")) << "rank 1's process";
+  EXPECT_EQ(data.samples.count("rank0.proc.rss_bytes"), 0u);
+  EXPECT_EQ(data.samples["host.mem_used_bytes"].size(), data.samples["proc.rss_bytes"].size());
   auto a = CheckpointWeights(store.get(), single), b = CheckpointWeights(store.get(), ddp);
   ASSERT_FALSE(a.empty());
   ASSERT_EQ(a.size(), b.size());

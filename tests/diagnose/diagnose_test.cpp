@@ -270,6 +270,18 @@ TEST(Diagnose, StragglerRankFromStepRecords) {
   EXPECT_NEAR(f[0].share_lost, 1 - 1.0 / 1.1, 1e-9);
   EXPECT_FALSE(Has(f, "communication"));  // the wait is the straggler's
   EXPECT_FALSE(Has(TwoRanks(1.09, 1.1).Run(), "uneven_ranks"));  // 1 % apart
+  EXPECT_EQ(f[0].evidence.find("of a core"), std::string::npos);  // no per-rank telemetry: not claimed
+}
+
+// Each rank's process tree is sampled (proc.*, rank1.proc.*): the straggler's
+// evidence says how busy its process was against the fastest rank's.
+TEST(Diagnose, StragglerEvidenceNamesEachRanksProcessCpu) {
+  Case c = TwoRanks(0.9, 1.1);
+  c.m["proc.cpu_util"] = Flat(190);
+  c.m["rank1.proc.cpu_util"] = Flat(95);
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "uneven_ranks");
+  EXPECT_NE(f[0].evidence.find("its process used 95% of a core, rank 0's 190%"), std::string::npos) << f[0].evidence;
 }
 
 TEST(Diagnose, CommunicationNotHidden) {

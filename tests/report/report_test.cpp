@@ -60,6 +60,13 @@ TEST(Report, PrometheusUsesDcgmNamesUnitsAndLabels) {
   EXPECT_NE(text.find("fullburn_host_core_cpu_util{cpu=\"0\",Hostname=\"node1\"} 33\n"),
             std::string::npos);
   EXPECT_EQ(text.find("power"), std::string::npos);  // absent metrics are not exported
+  // A data-parallel rank's process tree carries its rank as a label.
+  Snapshot rank;
+  rank.proc = ProcTreeSample{};
+  rank.proc->rank = 2;
+  rank.proc->cpu_util = 150;
+  EXPECT_NE(RenderPrometheus(rank, {}, "node1").find("fullburn_proc_cpu_util{rank=\"2\",Hostname=\"node1\"} 150\n"),
+            std::string::npos);
 }
 
 TEST(Report, CsvHasOneRowPerTimeAndBlanksForAbsent) {

@@ -15,13 +15,34 @@ TEST(Metrics, NamesRoundTripThroughTheCatalog) {
     int index = -1;
     const MetricDef* found = FindMetric(name, &index);
     ASSERT_EQ(found, &d) << name;
-    if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore) {
+    if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore || d.scope == MetricScope::kProc) {
       EXPECT_EQ(index, 3);
     }
   }
   EXPECT_EQ(FindMetric("gpu.util"), nullptr);
   EXPECT_EQ(FindMetric("gpux.util"), nullptr);
   EXPECT_EQ(FindMetric("nonsense"), nullptr);
+  EXPECT_EQ(FindMetric("rank0.proc.cpu_util"), nullptr);  // rank 0 is proc.*
+  EXPECT_EQ(FindMetric("rank.proc.cpu_util"), nullptr);
+  int index = -1;
+  ASSERT_NE(FindMetric("proc.cpu_util", &index), nullptr);
+  EXPECT_EQ(index, 0);
+}
+
+// A data-parallel rank after 0 samples only its own process tree: no host
+// readings that would double rank 0's, and its names carry the rank.
+TEST(Metrics, RanksAfterZeroStoreOnlyTheirProcessTree) {
+  Snapshot s;
+  ProcTreeSample p;
+  p.rank = 2;
+  p.cpu_util = 180.0;
+  p.rss_bytes = 1e9;
+  s.proc = p;
+  auto flat = Flatten(s);
+  std::map<std::string, double> m(flat.begin(), flat.end());
+  EXPECT_EQ(m.size(), 2u);
+  EXPECT_DOUBLE_EQ(m.at("rank2.proc.cpu_util"), 180.0);
+  EXPECT_DOUBLE_EQ(m.at("rank2.proc.rss_bytes"), 1e9);
 }
 
 TEST(Metrics, IssueNamesExist) {

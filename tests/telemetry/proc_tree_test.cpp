@@ -78,5 +78,36 @@ TEST(ProcTree, LiveTreeOfThisProcess) {
   EXPECT_GT(*s.rss_bytes, 1024 * 1024);
 }
 
+// A data-parallel rank after 0: its sampler reads only its own tree, and the
+// names it stores carry its rank.
+TEST(ProcTree, ARankSamplerReadsOnlyItsTree) {
+  ReplayEnv env(kT0);
+  SamplerOptions o;
+  o.root_pid = RootPid();
+  o.host = false;
+  o.rank = 1;
+  Sampler sampler(&env, nullptr, o);
+  sampler.SampleOnce();
+  env.SetRoot(kT1);
+  env.SetTime(2.0);
+  Snapshot s = sampler.SampleOnce();
+  ASSERT_TRUE(s.proc.has_value());
+  EXPECT_EQ(s.proc->rank, 1);
+  EXPECT_FALSE(s.host.cpu.util.has_value());
+  EXPECT_FALSE(s.host.mem_used_bytes.has_value());
+  std::vector<std::string> names;
+  for (const auto& [name, value] : Flatten(s)) names.push_back(name);
+  EXPECT_FALSE(names.empty());
+  for (const std::string& n : names) EXPECT_EQ(n.rfind("rank1.proc.", 0), 0u) << n;
+  // The same recordings with host readings on give host.* too.
+  ReplayEnv env2(kT0);
+  o.host = true;
+  Sampler full(&env2, nullptr, o);
+  full.SampleOnce();
+  env2.SetRoot(kT1);
+  env2.SetTime(2.0);
+  EXPECT_TRUE(full.SampleOnce().host.cpu.util.has_value());
+}
+
 }  // namespace
 }  // namespace fullburn
