@@ -78,6 +78,17 @@ class DataParallel {
   // Rank 0's `value` for `key`, on every rank (the run id every rank records into).
   Result<std::string> ShareFromRankZero(const std::string& key, const std::string& value);
 
+  // Records for rank 0 from ranks that cannot write its run store (another
+  // node's disk), through the rendezvous store: a rank after 0 sends
+  // payloads in order and then Done(); rank 0 takes what has arrived
+  // (Receive, never blocking) and at the end waits up to `timeout_s` for
+  // every sender's Done (WaitForSenders) before taking the rest. Only
+  // ranks that called Send count as senders. Training thread only.
+  Status Send(const std::string& payload);
+  Status Done();
+  std::vector<std::string> Receive();
+  void WaitForSenders(double timeout_s);
+
   struct Impl;
 
  private:

@@ -51,6 +51,13 @@ struct RunInfo {
   std::optional<int64_t> parent_id;
 };
 
+// One reading by its stored name ("rank1.proc.cpu_util"), t relative to the run's start.
+struct NamedSample {
+  std::string name;
+  double t;
+  double v;
+};
+
 struct SeriesPoint {
   double t;  // seconds since the run's start_time
   double v;
@@ -125,6 +132,9 @@ class RunStore {
 
   Result<int64_t> BeginRun(const RunInfo& run);
   Status AppendSamples(int64_t run_id, double run_start, const std::vector<Snapshot>& batch);
+  // Readings already named (forwarded by another process); `snapshots` is
+  // added to the run's snapshot count.
+  Status AppendNamedSamples(int64_t run_id, const std::vector<NamedSample>& samples, int64_t snapshots = 0);
   Status FinishRun(int64_t run_id, double end_time, std::optional<int> exit_code,
                    const std::string& status);
 

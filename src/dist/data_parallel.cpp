@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
@@ -35,6 +36,7 @@ struct DataParallel::Impl {
   DistOptions options;
   std::string backend;
   c10::intrusive_ptr<c10d::Store> store;
+  std::vector<int64_t> next_payload;  // rank 0: the next payload of each rank to take
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   std::vector<torch::Tensor> params;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive for their hooks
@@ -299,6 +301,66 @@ Result<std::string> DataParallel::ShareFromRankZero(const std::string& key, cons
     return std::string(v.begin(), v.end());
   } catch (const std::exception& e) {
     return impl_->Lost(e);
+  }
+}
+
+// Keys: fwd/R/n counts rank R's payloads, fwd/R/K holds payload K (from 1),
+// fwd/R/done is set after R's last one.
+Status DataParallel::Send(const std::string& payload) {
+  std::string prefix = "fwd/" + std::to_string(impl_->rank.rank) + "/";
+  try {
+    int64_t seq = impl_->store->add(prefix + "n", 1);
+    impl_->store->set(prefix + std::to_string(seq), std::vector<uint8_t>(payload.begin(), payload.end()));
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return Status::IoError(std::string("cannot send records to rank 0: ") + e.what());
+  }
+}
+
+Status DataParallel::Done() {
+  try {
+    impl_->store->set("fwd/" + std::to_string(impl_->rank.rank) + "/done", std::vector<uint8_t>{1});
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return Status::IoError(std::string("cannot reach rank 0: ") + e.what());
+  }
+}
+
+std::vector<std::string> DataParallel::Receive() {
+  std::vector<std::string> out;
+  Impl& m = *impl_;
+  if (m.rank.rank != 0) return out;
+  m.next_payload.resize(static_cast<size_t>(m.rank.world_size), 1);
+  try {
+    for (int r = 1; r < m.rank.world_size; ++r) {
+      std::string prefix = "fwd/" + std::to_string(r) + "/";
+      for (;;) {
+        std::string key = prefix + std::to_string(m.next_payload[r]);
+        if (!m.store->check({key})) break;
+        std::vector<uint8_t> v = m.store->get(key);
+        m.store->deleteKey(key);
+        out.emplace_back(v.begin(), v.end());
+        ++m.next_payload[r];
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\nfullburn: records of other ranks lost: %s\n", e.what());
+  }
+  return out;
+}
+
+void DataParallel::WaitForSenders(double timeout_s) {
+  Impl& m = *impl_;
+  if (m.rank.rank != 0) return;
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  try {
+    for (int r = 1; r < m.rank.world_size; ++r) {
+      std::string prefix = "fwd/" + std::to_string(r) + "/";
+      if (!m.store->check({prefix + "n"})) continue;  // not a sender
+      while (!m.store->check({prefix + "done"}) && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception&) {
   }
 }
 

@@ -150,7 +150,19 @@ Result<int64_t> RunStore::MetricId(const std::string& name) {
 }
 
 Status RunStore::AppendSamples(int64_t run_id, double run_start, const std::vector<Snapshot>& batch) {
-  if (batch.empty()) return Status::Ok();
+  std::vector<NamedSample> named;
+  int64_t snapshots = 0;
+  for (const Snapshot& snap : batch) {
+    // A data-parallel rank's own process tree is part of rank 0's snapshot
+    // count, not a snapshot of its own.
+    if (!(snap.proc && snap.proc->rank > 0)) ++snapshots;
+    for (const auto& [name, value] : Flatten(snap)) named.push_back({name, snap.unix_time - run_start, value});
+  }
+  return AppendNamedSamples(run_id, named, snapshots);
+}
+
+Status RunStore::AppendNamedSamples(int64_t run_id, const std::vector<NamedSample>& samples, int64_t snapshots) {
+  if (samples.empty() && snapshots == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
   if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   if (!insert_sample_ &&
@@ -161,27 +173,24 @@ Status RunStore::AppendSamples(int64_t run_id, double run_start, const std::vect
     Exec("ROLLBACK");
     return s;
   }
-  for (const Snapshot& snap : batch) {
-    double t = snap.unix_time - run_start;
-    for (const auto& [name, value] : Flatten(snap)) {
-      Result<int64_t> id = MetricId(name);
-      if (!id.ok()) {
-        Exec("ROLLBACK");
-        return id.status();
-      }
-      sqlite3_reset(insert_sample_);
-      sqlite3_bind_int64(insert_sample_, 1, run_id);
-      sqlite3_bind_int64(insert_sample_, 2, *id);
-      sqlite3_bind_double(insert_sample_, 3, t);
-      sqlite3_bind_double(insert_sample_, 4, value);
-      if (sqlite3_step(insert_sample_) != SQLITE_DONE) {
-        Status s = SqlError("cannot write samples");
-        Exec("ROLLBACK");
-        return s;
-      }
+  for (const NamedSample& sample : samples) {
+    Result<int64_t> id = MetricId(sample.name);
+    if (!id.ok()) {
+      Exec("ROLLBACK");
+      return id.status();
+    }
+    sqlite3_reset(insert_sample_);
+    sqlite3_bind_int64(insert_sample_, 1, run_id);
+    sqlite3_bind_int64(insert_sample_, 2, *id);
+    sqlite3_bind_double(insert_sample_, 3, sample.t);
+    sqlite3_bind_double(insert_sample_, 4, sample.v);
+    if (sqlite3_step(insert_sample_) != SQLITE_DONE) {
+      Status s = SqlError("cannot write samples");
+      Exec("ROLLBACK");
+      return s;
     }
   }
-  std::string count = "UPDATE runs SET samples = samples + " + std::to_string(batch.size()) +
+  std::string count = "UPDATE runs SET samples = samples + " + std::to_string(snapshots) +
                       " WHERE id = " + std::to_string(run_id);
   Status s = Exec(count.c_str());
   if (s.ok()) s = Exec("COMMIT");

@@ -331,6 +331,7 @@ Status Trainer::JoinRun() {
 Status Trainer::BeginRun() {
   if (rank_.rank > 0) {
     if (Status s = JoinRun(); !s.ok()) return s;
+    DecideForwarding();
     StartSampler();
     return OpenCheckpoints();
   }
@@ -383,11 +384,13 @@ void Trainer::StartSampler() {
   so.host = rank_.rank == 0;
   so.rank = rank_.rank;
   sampler_ = std::make_unique<Sampler>(Env::Default(), rank_.rank == 0 ? gpus_.get() : nullptr, so);
-  sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
+  if (!forward_) sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
   sampler_->Start([this](const fullburn::Snapshot& s) {
-    sample_writer_->Add(s);
+    if (sample_writer_) sample_writer_->Add(s);
     std::lock_guard<std::mutex> lock(latest_mu_);
     latest_ = s;
+    if (forward_)
+      for (const auto& [name, value] : Flatten(s)) forward_samples_.push_back({name, s.unix_time - run_.start_time, value});
   });
 }
 
@@ -421,6 +424,8 @@ void Trainer::Finish(const std::string& status, int code) {
   if (ckpt_) ckpt_->Wait();
   if (sampler_) sampler_->Stop();
   if (sample_writer_) sample_writer_->Flush();
+  if (forward_) SendForwarded(true);
+  if (dp_ && rank_.rank == 0) ApplyForwarded(true);
   live_.reset();
   if (run_.id > 0 && rank_.rank == 0) store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
 }

@@ -103,6 +103,11 @@ class Trainer {
   void Progress(const StepRecord& r, bool force);
   nlohmann::json Evaluate();
   void StartSampler();
+  // Records of a rank whose store is not rank 0's (another node's disk) go
+  // through the rendezvous store (trainer_records.cpp).
+  void DecideForwarding();
+  void SendForwarded(bool last);
+  void ApplyForwarded(bool last);
   std::string DatasetsDir() const;
   std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);
@@ -132,6 +137,9 @@ class Trainer {
   // Python job's markers write, so the outer run gets them too.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_out_{nullptr, &std::fclose};
   std::vector<RunEvent> pending_events_;
+  bool forward_ = false;                    // a rank after 0 that cannot write rank 0's store
+  std::vector<RunEvent> forward_events_;    // training thread
+  std::vector<NamedSample> forward_samples_;  // under latest_mu_ (the sampler thread adds)
   double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0, last_loader_event_ = 0;
   int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;

@@ -129,7 +129,17 @@ void Trainer::FlushSteps(bool force) {
                      {"cache_hits", ls->cache_hits},   {"cache_bytes", ls->cache_bytes},
                      {"read_s", ls->stages.read_s},    {"decode_s", ls->stages.decode_s},
                      {"augment_s", ls->stages.augment_s}, {"wait_s", ls->consumer_wait_s}};
-    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
+    if (rank_.world_size > 1) j["rank"] = rank_.rank;
+    RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()};
+    if (forward_)
+      forward_events_.push_back(event);
+    else
+      store_->AddEvent(run_.id, event);
+  }
+  if (dp_ && rank_.rank == 0) ApplyForwarded(false);
+  if (forward_) {
+    SendForwarded(false);
+    return;
   }
   if (pending_steps_.empty()) return;
   if (events_out_) {

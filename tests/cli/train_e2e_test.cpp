@@ -1,6 +1,9 @@
 // `fullburn train` end to end: the real binaries, a real store, real
 // checkpoints, SIGKILL and resume.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cmath>
 #include <filesystem>
@@ -144,6 +147,47 @@ std::map<std::string, torch::Tensor> CheckpointWeights(RunStore* store, int64_t 
     for (auto& [name, t] : state->tensors)
       if (name.rfind("model.", 0) == 0) out[name] = t;
   return out;
+}
+
+// Two "nodes": the ranks are started by hand (torchrun's variables) with
+// stores on different paths, as on machines that share no disk. Rank 1's
+// steps and process telemetry reach rank 0's run through the rendezvous.
+TEST_F(TrainE2E, RanksWithTheirOwnStoreSendTheirRecordsToRankZero) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::string port = std::to_string(ntohs(a.sin_port));
+  ::close(fd);
+  std::string other = dir_ + "/node1";
+  fs::create_directories(other);
+  testing::Background ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> argv = {"env", "RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=0",
+                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, FULLBURN_BIN, "train", "-q",
+                                     "--store", r == 0 ? store_ : other + "/runs.db"};
+    argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+    argv.push_back("train.steps=300");
+    testing::Start(&ranks[r], argv, "fwd_rank" + std::to_string(r) + "_" + std::to_string(::getpid()));
+  }
+  ASSERT_EQ(ranks[1].Wait(300), 0) << ranks[1].Err();
+  ASSERT_EQ(ranks[0].Wait(60), 0) << ranks[0].Err();
+  EXPECT_NE(ranks[1].Err().find("records go to rank 0"), std::string::npos) << ranks[1].Err();
+  auto store = Store();
+  RunData data = store->LoadRun("last").value();
+  int per_rank[2] = {0, 0};
+  for (const StepRecord& r : data.steps) per_rank[r.rank == 1]++;
+  EXPECT_EQ(per_rank[0], 300);
+  EXPECT_EQ(per_rank[1], 300);
+  EXPECT_TRUE(data.samples.count("proc.rss_bytes"));
+  EXPECT_TRUE(data.samples.count("rank1.proc.rss_bytes"));
+  // Rank 1's own store holds no run: nothing was written into a run it does not have.
+  auto own = RunStore::Open(other + "/runs.db");
+  ASSERT_TRUE(own.ok());
+  EXPECT_TRUE((*own)->ListRuns().value().empty());
 }
 
 TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {

@@ -1,0 +1,68 @@
+// Records of ranks that cannot write rank 0's run store. On one node every
+// rank opens the same SQLite file and writes its own steps and samples; on
+// several nodes each has its own disk, so ranks after 0 send their records
+// to rank 0 through the rendezvous store, and rank 0 writes them.
+#include <cmath>
+
+#include "trainer.h"
+
+namespace fullburn {
+
+// The same file is recognised by the run rank 0 created in it: its id and
+// start time, which came through the rendezvous.
+void Trainer::DecideForwarding() {
+  auto local = store_->GetRun(std::to_string(run_.id));
+  forward_ = !(local.ok() && std::abs(local->start_time - run_.start_time) < 1e-3);
+  if (forward_)
+    std::fprintf(stderr, "fullburn: rank %d: %s is not rank 0's store; this rank's records go to rank 0\n",
+                 rank_.rank, store_->path().c_str());
+}
+
+void Trainer::SendForwarded(bool last) {
+  if (!dp_) return;
+  nlohmann::json payload{{"steps", nlohmann::json::array()}, {"events", nlohmann::json::array()},
+                         {"samples", nlohmann::json::array()}};
+  for (const StepRecord& r : pending_steps_) payload["steps"].push_back(StepEventLine(r, run_.start_time));
+  for (const RunEvent& e : forward_events_) payload["events"].push_back(RunEventLine(e, run_.start_time));
+  {
+    std::lock_guard<std::mutex> lock(latest_mu_);
+    for (const NamedSample& s : forward_samples_) payload["samples"].push_back({s.name, s.t, s.v});
+    forward_samples_.clear();
+  }
+  pending_steps_.clear();
+  forward_events_.clear();
+  bool empty = payload["steps"].empty() && payload["events"].empty() && payload["samples"].empty();
+  Status s = empty ? Status::Ok() : dp_->Send(payload.dump());
+  if (s.ok() && last) s = dp_->Done();
+  if (!s.ok()) {
+    std::fprintf(stderr, "\nfullburn: rank %d: %s; its records from now on are lost\n", rank_.rank,
+                 s.message().c_str());
+    forward_ = false;  // nothing to send them to
+  }
+}
+
+void Trainer::ApplyForwarded(bool last) {
+  if (last) dp_->WaitForSenders(10.0);
+  std::vector<StepRecord> steps;
+  std::vector<NamedSample> samples;
+  for (const std::string& text : dp_->Receive()) {
+    nlohmann::json payload = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (payload.is_discarded()) continue;
+    for (const auto& line : payload.value("steps", nlohmann::json::array())) {
+      auto m = ParseEventLine(line.get<std::string>(), run_.start_time);
+      if (m.ok() && m->is_step) steps.push_back(m->step);
+    }
+    for (const auto& line : payload.value("events", nlohmann::json::array())) {
+      auto m = ParseEventLine(line.get<std::string>(), run_.start_time);
+      if (m.ok() && !m->is_step) store_->AddEvent(run_.id, m->event);
+    }
+    for (const auto& s : payload.value("samples", nlohmann::json::array()))
+      if (s.is_array() && s.size() == 3) samples.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>()});
+  }
+  if (Status s = store_->AppendSteps(run_.id, steps); !s.ok())
+    std::fprintf(stderr, "\nfullburn: %s; other ranks' step records are lost\n", s.message().c_str());
+  if (Status s = store_->AppendNamedSamples(run_.id, samples); !s.ok())
+    std::fprintf(stderr, "\nfullburn: %s; other ranks' samples are lost\n", s.message().c_str());
+}
+
+}  // namespace fullburn
