@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 #include <set>
 

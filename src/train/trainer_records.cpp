@@ -19,7 +19,6 @@ void Trainer::DecideForwarding() {
 }
 
 void Trainer::SendForwarded(bool last) {
-  if (!dp_) return;
   nlohmann::json payload{{"steps", nlohmann::json::array()}, {"events", nlohmann::json::array()},
                          {"samples", nlohmann::json::array()}};
   for (const StepRecord& r : pending_steps_) payload["steps"].push_back(StepEventLine(r, run_.start_time));

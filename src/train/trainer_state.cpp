@@ -114,14 +114,12 @@ nlohmann::json Trainer::Evaluate() {
   es.rank = 0;  // rank 0 evaluates the whole held-out set
   es.world_size = 1;
   if (cfg_.Str("data.source") == "images") {
-    std::string val = cfg_.Str("data.val_path");
-    if (val.empty() && cfg_.Str("data.path").empty()) {
-      auto p = DefaultImages(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
-      if (!p.ok()) return out;
-      val = *p;
-    }
-    if (val.empty()) return out;
-    es.path = val;
+    es.path = ResolvedValPath();
+    if (es.path.empty()) return out;
+    // The default's held-out split is made on first use.
+    if (cfg_.Str("data.val_path").empty() &&
+        !DefaultImages(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true).ok())
+      return out;
   }
   auto src = OpenSource(cfg_, es);
   if (!src.ok()) {
