@@ -30,18 +30,21 @@ struct Trial {
     ResetCpuPeakBytes();
     try {
       TrainBatch b;
-      torch::Tensor idx = torch::randint(probe.inputs.size(0), {batch},
-                                         torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
+      torch::Tensor idx =
+          torch::randint(probe.inputs.size(0), {batch},
+                         torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
       b.inputs = probe.inputs.index_select(0, idx);
-      if (ctx->channels_last && b.inputs.dim() == 4) b.inputs = b.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
+      if (ctx->channels_last && b.inputs.dim() == 4)
+        b.inputs = b.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
       b.targets = probe.targets.index_select(0, idx);
       b.samples = batch;
       std::vector<std::pair<std::string, torch::Tensor>> params;
       for (auto& p : ctx->model->named_parameters()) params.emplace_back(p.key(), p.value());
       Optimizer optim(params, o.optimizer);  // its state counts against memory too
       LossScaler scaler(LossScalerOptions{});
-      double start = 0;
-      for (int k = 0; k <= o.steps; ++k) {
+      double start = 0, elapsed = 0;
+      int timed = 0;
+      for (int k = 0; k <= o.steps || elapsed < o.min_seconds; ++k) {
         if (k == 1) {
           if (ctx->device.is_cuda()) torch::cuda::synchronize();
           start = MonoNow();
@@ -49,9 +52,17 @@ struct Trial {
         ForwardBackward(*ctx, b, 1, scaler, false, nullptr);
         optim.Step(1e-6);
         optim.ZeroGrad();
+        if (k >= 1) {
+          ++timed;
+          // On CUDA reading the clock means a sync, so it is read only from
+          // the last fixed step on.
+          if (k >= o.steps) {
+            if (ctx->device.is_cuda()) torch::cuda::synchronize();
+            elapsed = MonoNow() - start;
+          }
+        }
       }
-      if (ctx->device.is_cuda()) torch::cuda::synchronize();
-      t.samples_per_s = static_cast<double>(batch) * o.steps / (MonoNow() - start);
+      t.samples_per_s = static_cast<double>(batch) * timed / elapsed;
       t.fits = true;
     } catch (const std::exception& e) {
       if (IsOutOfMemory(e)) {
@@ -74,7 +85,8 @@ struct Trial {
 
 }  // namespace
 
-Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe, const BatchSearchOptions& o,
+Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
+                                const BatchSearchOptions& o,
                                 const std::function<void(const BatchTrial&)>& report) {
   // Trials train for real; the weights (and BatchNorm statistics) they change
   // are put back afterwards so the search leaves no trace in the run.
@@ -124,11 +136,19 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe, const
   }
   restore();
   if (fits.empty()) return no_fit;
+  return PickSearchedBatch(fits, first_fail);
+}
+
+int64_t PickSearchedBatch(const std::vector<BatchTrial>& fits, int64_t first_fail) {
+  int64_t last_fit = 0;
+  for (const BatchTrial& t : fits) last_fit = std::max(last_fit, t.batch);
   // The run holds more than a trial (its data source, evaluation, the
-  // allocator's fragmentation), so sizes within 10% of the limit are left out.
+  // allocator's fragmentation), so sizes within 10% of a memory limit are
+  // left out; the smallest size always stays eligible.
+  int64_t cap = first_fail > 0 ? last_fit * 9 / 10 : last_fit;
   const BatchTrial* best = &fits.front();
   for (const BatchTrial& t : fits)
-    if (t.batch <= last_fit * 9 / 10 && t.samples_per_s > best->samples_per_s) best = &t;
+    if (t.batch <= cap && t.samples_per_s > best->samples_per_s) best = &t;
   return best->batch;
 }
 

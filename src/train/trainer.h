@@ -1,10 +1,9 @@
 // The trainer's internals shared by its files (train component only).
 #pragma once
 
-#include <cstdio>
-
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 
 #include "fullburn/dist_torch.h"
@@ -52,11 +51,17 @@ struct BatchTrial {
 struct BatchSearchOptions {
   int64_t max_batch = 4096;  // also capped by the samples in one epoch
   int steps = 3;             // timed steps per trial after one warm-up step
+  double min_seconds = 0.3;  // and at least this long, so small batches are not timed on a blip
   OptimizerOptions optimizer;
 };
+// The fastest trial that fit, leaving out sizes within 10% of an
+// out-of-memory limit (`first_fail` > 0): the run holds more than a trial.
+// A search stopped by max_batch found no limit, so its last size counts.
+int64_t PickSearchedBatch(const std::vector<BatchTrial>& fits, int64_t first_fail);
 // Trials run on batches drawn from `probe` (real samples, so shapes and
 // values are the data's) and leave the model's weights as they found them.
-Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe, const BatchSearchOptions& o,
+Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
+                                const BatchSearchOptions& o,
                                 const std::function<void(const BatchTrial&)>& trial);
 
 bool IsOutOfMemory(const std::exception& e);
@@ -137,10 +142,11 @@ class Trainer {
   // Python job's markers write, so the outer run gets them too.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_out_{nullptr, &std::fclose};
   std::vector<RunEvent> pending_events_;
-  bool forward_ = false;                    // a rank after 0 that cannot write rank 0's store
-  std::vector<RunEvent> forward_events_;    // training thread
+  bool forward_ = false;                      // a rank after 0 that cannot write rank 0's store
+  std::vector<RunEvent> forward_events_;      // training thread
   std::vector<NamedSample> forward_samples_;  // under latest_mu_ (the sampler thread adds)
-  double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0, last_loader_event_ = 0;
+  double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0,
+         last_loader_event_ = 0;
   int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
   double recent_rate_ = 0, recent_wait_share_ = 0;

@@ -1,15 +1,16 @@
 // The training runtime's pieces, on CPU: loss scaler, autocast guard,
 // accumulation, optimizers against torch::optim, schedule, checkpoints, the
 // memory budget and the batch-size search.
-#include <gtest/gtest.h>
+#include "fullburn/train.h"
+
 #include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "fullburn/train.h"
-#include "replay_env.h"
 #include "../../src/train/trainer.h"
+#include "replay_env.h"
 
 namespace fullburn {
 namespace {
@@ -84,7 +85,8 @@ TEST(Accumulation, KMicroBatchesEqualOneBatchKTimesAsLarge) {
     p.mutable_grad() = torch::Tensor();
   }
   for (int k = 0; k < 4; ++k) {
-    TrainBatch part{whole.inputs.slice(0, 2 * k, 2 * k + 2), whole.targets.slice(0, 2 * k, 2 * k + 2), 2};
+    TrainBatch part{whole.inputs.slice(0, 2 * k, 2 * k + 2),
+                    whole.targets.slice(0, 2 * k, 2 * k + 2), 2};
     ForwardBackward(ctx, part, 4, scaler, false, nullptr);
   }
   auto params = ctx.model->parameters();
@@ -93,10 +95,12 @@ TEST(Accumulation, KMicroBatchesEqualOneBatchKTimesAsLarge) {
 }
 
 // Our optimizers against libtorch's own on the same gradients.
-void CompareWithTorch(const std::string& name, torch::optim::Optimizer* reference, OptimizerOptions o) {
+void CompareWithTorch(const std::string& name, torch::optim::Optimizer* reference,
+                      OptimizerOptions o) {
   torch::manual_seed(1);
   torch::Tensor w0 = torch::randn({3, 4});
-  torch::Tensor ours = w0.clone().requires_grad_(), theirs = reference->param_groups()[0].params()[0];
+  torch::Tensor ours = w0.clone().requires_grad_(),
+                theirs = reference->param_groups()[0].params()[0];
   {
     torch::NoGradGuard g;
     theirs.copy_(w0);
@@ -119,7 +123,8 @@ TEST(Optimizer, SgdAndAdamWMatchLibtorch) {
   o.weight_decay = 0.01;
   o.nesterov = true;
   torch::Tensor p1 = torch::zeros({3, 4}, torch::requires_grad());
-  torch::optim::SGD sgd({p1}, torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true));
+  torch::optim::SGD sgd(
+      {p1}, torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true));
   CompareWithTorch("sgd", &sgd, o);
   torch::Tensor p2 = torch::zeros({3, 4}, torch::requires_grad());
   torch::optim::AdamW adamw({p2}, torch::optim::AdamWOptions(0.1).weight_decay(0.01));
@@ -132,7 +137,7 @@ TEST(Optimizer, LarsScalesEachLayersStepByItsTrustRatio) {
   o.momentum = 0;
   o.trust = 0.01;
   torch::Tensor w = torch::full({2, 2}, 3.0).requires_grad_();  // |w| = 6
-  w.mutable_grad() = torch::full({2, 2}, 0.5);                    // |g| = 1
+  w.mutable_grad() = torch::full({2, 2}, 0.5);                  // |g| = 1
   Optimizer opt({{"w", w}}, o);
   opt.Step(1.0);
   // step = lr * trust * |w| / |g| * g = 0.01 * 6 * 0.5 = 0.03 per element
@@ -201,7 +206,8 @@ TEST(Checkpoint, TruncatedOrFlippedFilesAreRefused) {
   }
   auto c = ReadCheckpointFile(dir + "/b.safetensors");
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("checksum mismatch"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("checksum mismatch"), std::string::npos)
+      << c.status().message();
   EXPECT_EQ(ReadCheckpointFile(dir + "/none").status().code(), Status::Code::kNotFound);
 }
 
@@ -267,8 +273,10 @@ TEST(BatchSearch, FindsTheLargestBatchUnderABudgetAndRecovers) {
   ASSERT_TRUE(chosen.ok()) << chosen.status().message();
   int64_t largest_fit = 0, smallest_fail = 1 << 30;
   for (const BatchTrial& t : trials) {
-    if (t.fits) largest_fit = std::max(largest_fit, t.batch);
-    else smallest_fail = std::min(smallest_fail, t.batch);
+    if (t.fits)
+      largest_fit = std::max(largest_fit, t.batch);
+    else
+      smallest_fail = std::min(smallest_fail, t.batch);
   }
   ASSERT_LT(largest_fit, smallest_fail);  // fits and failures do not interleave
   EXPECT_LE(smallest_fail - largest_fit, std::max<int64_t>(1, largest_fit / 16));
@@ -277,9 +285,30 @@ TEST(BatchSearch, FindsTheLargestBatchUnderABudgetAndRecovers) {
   // the chosen size within the same budget, and the weights are untouched.
   EXPECT_TRUE(ctx.model->parameters()[0].equal(before));
   LossScaler scaler(LossScalerOptions{});
-  TrainBatch b{torch::randn({*chosen, 3, 16, 16}), torch::randint(0, 10, {*chosen}, torch::kLong), *chosen};
+  TrainBatch b{torch::randn({*chosen, 3, 16, 16}), torch::randint(0, 10, {*chosen}, torch::kLong),
+               *chosen};
   EXPECT_NO_THROW(ForwardBackward(ctx, b, 1, scaler, false, nullptr));
   SetCpuMemoryBudget(0);
+}
+
+TEST(BatchSearch, KeepsTheFastestSizeAndLeavesRoomOnlyBelowAMemoryLimit) {
+  auto fit = [](int64_t batch, double samples_per_s) {
+    BatchTrial t;
+    t.batch = batch;
+    t.fits = true;
+    t.samples_per_s = samples_per_s;
+    return t;
+  };
+  std::vector<BatchTrial> fits = {fit(8, 100), fit(16, 180), fit(32, 250), fit(64, 300)};
+  // Stopped by max_batch: no memory limit was found, so 64 counts.
+  EXPECT_EQ(PickSearchedBatch(fits, 0), 64);
+  // 128 ran out of memory: 64 is at the limit, so the run gets 32.
+  EXPECT_EQ(PickSearchedBatch(fits, 128), 32);
+  // A slower larger size is not chosen for being larger.
+  fits[3].samples_per_s = 200;
+  EXPECT_EQ(PickSearchedBatch(fits, 0), 32);
+  // Only the smallest fits: it is chosen even at the limit.
+  EXPECT_EQ(PickSearchedBatch({fit(2, 10)}, 3), 2);
 }
 
 TEST(BatchSearch, AModelThatDoesNotFitAtBatchOneIsAClearError) {
