@@ -58,9 +58,6 @@ struct HostSample {
 
 // The monitored process and all its descendants (e.g. data-loader workers).
 struct ProcTreeSample {
-  // Whose tree: 0 for the monitored job (or rank 0 of a data-parallel job),
-  // stored as proc.*; R > 0 for rank R, stored as rankR.proc.*.
-  int rank = 0;
   Value cpu_util;  // percent of one core: 100 = one core busy
   Value rss_bytes, threads, processes;
   std::vector<int> pids;
@@ -96,6 +93,10 @@ struct Snapshot {
   HostSample host;
   std::optional<ProcTreeSample> proc;
   std::vector<GpuSample> gpus;
+  // The data-parallel rank that took it: 0 for the monitored job (or rank 0),
+  // whose names are bare ("gpu0.util", "proc.cpu_util"); R > 0 prefixes every
+  // name with "rankR." ("rank4.host.cpu_util", "rank4.gpu0.util").
+  int rank = 0;
 };
 
 // ---- Metric catalog -------------------------------------------------------
@@ -112,12 +113,13 @@ struct MetricDef {
 };
 
 const std::vector<MetricDef>& MetricCatalog();
-// The stored name of a definition for a given GPU, core or rank index
-// ("gpu3.util", "host.cpu3.user", "rank3.proc.cpu_util"; rank 0 is "proc.*").
-std::string MetricName(const MetricDef& def, int index);
-// Finds the definition of a stored name ("gpu3.util" -> the gpuN.util entry),
-// and its index (3); nullptr for unknown names.
-const MetricDef* FindMetric(const std::string& name, int* index = nullptr);
+// The stored name of a definition for a GPU or core index and the rank that
+// sampled it ("gpu3.util", "host.cpu3.user", "rank2.proc.cpu_util",
+// "rank4.gpu0.util"; rank 0 has no prefix).
+std::string MetricName(const MetricDef& def, int index, int rank = 0);
+// Finds the definition of a stored name ("rank4.gpu3.util" -> the gpuN.util
+// entry), its index (3) and rank (4); nullptr for unknown names.
+const MetricDef* FindMetric(const std::string& name, int* index = nullptr, int* rank = nullptr);
 // Every valid reading of a snapshot as (name, value).
 std::vector<std::pair<std::string, double>> Flatten(const Snapshot& s);
 
@@ -217,10 +219,10 @@ class GpuSource {
 struct SamplerOptions {
   double interval_s = 1.0;
   int root_pid = -1;  // < 0: no process tree
-  // Host readings (CPU, memory, disks). Off for data-parallel ranks after 0,
-  // whose host another rank samples: only their own process tree is theirs.
+  // Host readings (CPU, memory, disks). Off for data-parallel ranks whose
+  // host another rank samples: only their own process tree is theirs.
   bool host = true;
-  int rank = 0;  // stored in ProcTreeSample::rank
+  int rank = 0;  // stored in Snapshot::rank
 };
 
 class Sampler {

@@ -1,10 +1,11 @@
 // Gathers what the diagnosis rules read from a stored run.
+#include "facts.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <map>
 
-#include "facts.h"
 #include "fullburn/telemetry.h"
 
 namespace fullburn::diagnose {
@@ -27,20 +28,48 @@ const Series* Find(const std::map<std::string, Series>& m, const std::string& na
   return it == m.end() || it->second.empty() ? nullptr : &it->second;
 }
 
+// The ranks that sampled a host: 0 (bare names), then the first rank of every
+// other node (rankR.host.*), found by their host.cpu_util series.
+std::vector<int> HostRanks(const std::map<std::string, Series>& m) {
+  std::vector<int> ranks;
+  for (const auto& [name, series] : m) {
+    int index = 0, rank = 0;
+    const MetricDef* def = FindMetric(name, &index, &rank);
+    if (def && def->scope == MetricScope::kHostCpu && std::string(def->suffix) == "util" &&
+        !series.empty())
+      ranks.push_back(rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+std::string RankPrefix(int rank) { return rank > 0 ? "rank" + std::to_string(rank) + "." : ""; }
+
 void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
   double util_sum = 0;
-  for (int g = 0; g < 64; ++g) {
-    std::string p = "gpu" + std::to_string(g) + ".";
+  std::vector<std::pair<int, int>> found;  // (rank, gpu) with a util series
+  for (const auto& [name, series] : m) {
+    int index = 0, rank = 0;
+    const MetricDef* def = FindMetric(name, &index, &rank);
+    if (def && def->scope == MetricScope::kGpu && std::string(def->suffix) == "util")
+      found.emplace_back(rank, index);
+  }
+  std::sort(found.begin(), found.end());
+  for (const auto& [rank, g] : found) {
+    std::string p = RankPrefix(rank) + "gpu" + std::to_string(g) + ".";
     const Series* util = Find(m, p + "util");
     if (!util) continue;
     GpuFacts gf;
     gf.index = g;
+    gf.rank = rank;
     gf.util = MedianOf(*util);
     util_sum += gf.util;
     const Series *used = Find(m, p + "mem_used_bytes"), *total = Find(m, p + "mem_total_bytes");
     if (used && total && Max(*total) > 0) {
       gf.mem_peak_share = Max(*used) / Max(*total);
-      f->mem_peak_share = std::isnan(f->mem_peak_share) ? gf.mem_peak_share : std::max(f->mem_peak_share, gf.mem_peak_share);
+      f->mem_peak_share = std::isnan(f->mem_peak_share)
+                              ? gf.mem_peak_share
+                              : std::max(f->mem_peak_share, gf.mem_peak_share);
     }
     if (const Series* rx = Find(m, p + "pcie_rx_bytes_per_s")) {
       gf.pcie_rx = MedianOf(*rx);
@@ -60,28 +89,42 @@ void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
   if (!f->gpus.empty()) f->gpu_util = util_sum / f->gpus.size();
 }
 
-void GatherHost(const std::map<std::string, Series>& m, Facts* f) {
-  if (const Series* s = Find(m, "host.cpu_util")) f->cpu = MedianOf(*s);
-  if (const Series* s = Find(m, "host.cpu_iowait")) f->iowait = MedianOf(*s);
-  if (const Series* s = Find(m, "proc.cpu_util")) f->proc_cpu = MedianOf(*s);
-  const Series *in = Find(m, "host.swap_in_per_s"), *out = Find(m, "host.swap_out_per_s");
+// One node's host readings; Facts keeps the worst node's of each.
+void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
+  std::string p = RankPrefix(rank) + "host.";
+  if (const Series* s = Find(m, p + "cpu_util"); s && !(MedianOf(*s) <= f->cpu)) {
+    f->cpu = MedianOf(*s);
+    f->cpu_rank = rank;
+  }
+  if (const Series* s = Find(m, p + "cpu_iowait"); s && !(MedianOf(*s) <= f->iowait)) {
+    f->iowait = MedianOf(*s);
+    f->iowait_rank = rank;
+  }
+  const Series *in = Find(m, p + "swap_in_per_s"), *out = Find(m, p + "swap_out_per_s");
   size_t n = 0, swapping = 0;
   for (const Series* s : {in, out}) {
     if (!s) continue;
     n = std::max(n, s->size());
-    for (const SeriesPoint& p : *s) swapping += p.v > 0;
+    for (const SeriesPoint& pt : *s) swapping += pt.v > 0;
   }
-  f->swap_share = n ? std::min(1.0, static_cast<double>(swapping) / n) : 0;
-  const Series *avail = Find(m, "host.mem_available_bytes"), *total = Find(m, "host.mem_total_bytes");
+  if (n) f->swap_share = std::max(f->swap_share, std::min(1.0, static_cast<double>(swapping) / n));
+  const Series *avail = Find(m, p + "mem_available_bytes"), *total = Find(m, p + "mem_total_bytes");
   if (avail && total && Max(*total) > 0) {
     double lo = INFINITY;
-    for (const SeriesPoint& p : *avail) lo = std::min(lo, p.v);
-    f->host_avail_min_share = lo / Max(*total);
+    for (const SeriesPoint& pt : *avail) lo = std::min(lo, pt.v);
+    if (!(lo / Max(*total) >= f->host_avail_min_share)) f->host_avail_min_share = lo / Max(*total);
   }
+}
+
+void GatherHost(const std::map<std::string, Series>& m, Facts* f) {
+  for (int rank : HostRanks(m)) GatherNode(m, rank, f);
+  if (f->cpu_rank < 0) GatherNode(m, 0, f);  // iowait or memory without a CPU series
+  if (const Series* s = Find(m, "proc.cpu_util")) f->proc_cpu = MedianOf(*s);
   while (Find(m, "host.cpu" + std::to_string(f->cores) + ".util")) ++f->cores;
 }
 
-void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::string, Series>& samples, Facts* f) {
+void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::string, Series>& samples,
+                 Facts* f) {
   double timed = 0, wait = 0, h2d = 0, comm = 0;
   bool have_h2d = false, have_comm = false;
   std::map<int, std::vector<const StepRecord*>> by_rank;
@@ -115,8 +158,10 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
     }
     rf.work_s = Median(work);
     if (st > 0) rf.data_wait_share = dw / st;
-    std::string cpu = (rank > 0 ? "rank" + std::to_string(rank) + "." : std::string()) + "proc.cpu_util";
-    if (const Series* series = Find(samples, cpu); series && !series->empty()) rf.proc_cpu = MedianOf(*series);
+    std::string cpu =
+        (rank > 0 ? "rank" + std::to_string(rank) + "." : std::string()) + "proc.cpu_util";
+    if (const Series* series = Find(samples, cpu); series && !series->empty())
+      rf.proc_cpu = MedianOf(*series);
     f->ranks.push_back(rf);
   }
 }
@@ -137,14 +182,16 @@ void IdleFromSteps(const RunData& d, Facts* f) {
   std::vector<double> durations;
   for (const StepRecord& r : d.steps)
     if (r.rank == rank) steps.push_back(&r), durations.push_back(r.step_s);
-  std::sort(steps.begin(), steps.end(), [](const StepRecord* a, const StepRecord* b) { return a->t < b->t; });
+  std::sort(steps.begin(), steps.end(),
+            [](const StepRecord* a, const StepRecord* b) { return a->t < b->t; });
   double min_gap = std::max(kIdleGapMin_s, kIdleGapSteps * Median(durations));
   double prev_end = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     double start = steps[i]->t - steps[i]->step_s;
     double gap = start - prev_end;
     if (i == 0 ? gap >= kIdleGapMin_s : gap >= min_gap)
-      f->idle.push_back({prev_end, start, i == 0 ? "start-up" : Label(d, prev_end, start, "between steps")});
+      f->idle.push_back(
+          {prev_end, start, i == 0 ? "start-up" : Label(d, prev_end, start, "between steps")});
     prev_end = steps[i]->t;
   }
   if (!f->running && f->wall_s - prev_end >= min_gap)
@@ -154,17 +201,25 @@ void IdleFromSteps(const RunData& d, Facts* f) {
 // Without steps: stretches where every GPU idles while the run is otherwise busy.
 void IdleFromGpus(const RunData& d, Facts* f) {
   if (f->gpus.empty() || !(f->gpu_util >= kGpuLowUtil)) return;
-  const Series* util = Find(d.samples, "gpu" + std::to_string(f->gpus.front().index) + ".util");
+  const GpuFacts& first = f->gpus.front();
+  const Series* util =
+      Find(d.samples, RankPrefix(first.rank) + "gpu" + std::to_string(first.index) + ".util");
   double interval = d.run.interval_s > 0 ? d.run.interval_s : 1;
   size_t i = 0;
   while (i < util->size()) {
-    if ((*util)[i].v >= kGpuIdle) { ++i; continue; }
+    if ((*util)[i].v >= kGpuIdle) {
+      ++i;
+      continue;
+    }
     size_t j = i;
     while (j < util->size() && (*util)[j].v < kGpuIdle) ++j;
-    double start = i == 0 ? 0 : (*util)[i - 1].t, end = j < util->size() ? (*util)[j].t : (*util)[j - 1].t + interval;
+    double start = i == 0 ? 0 : (*util)[i - 1].t,
+           end = j < util->size() ? (*util)[j].t : (*util)[j - 1].t + interval;
     bool first = i == 0, last = j == util->size();
     if (end - start >= std::max(kIdleGapMin_s, 2 * interval))
-      f->idle.push_back({start, end, first ? "start-up" : Label(d, start, end, last ? "end" : "between busy stretches")});
+      f->idle.push_back(
+          {start, end,
+           first ? "start-up" : Label(d, start, end, last ? "end" : "between busy stretches")});
     i = j;
   }
 }
@@ -179,6 +234,13 @@ double Median(std::vector<double> v) {
 
 std::string Pct(double share) { return fmt::format("{:.0f}%", share * 100); }
 
+std::string GpuFacts::Name() const {
+  return rank > 0 ? fmt::format("GPU {} of rank {}'s node", index, rank)
+                  : fmt::format("GPU {}", index);
+}
+
+std::string NodeNote(int rank) { return rank > 0 ? fmt::format(" on rank {}'s node", rank) : ""; }
+
 Facts Gather(const RunData& d) {
   Facts f;
   GatherGpus(d.samples, &f);
@@ -192,14 +254,18 @@ Facts Gather(const RunData& d) {
       if (!s.empty()) f.wall_s = std::max(f.wall_s, s.back().t);
     for (const StepRecord& r : d.steps) f.wall_s = std::max(f.wall_s, r.t);
   }
-  if (!f.ranks.empty()) IdleFromSteps(d, &f);
-  else IdleFromGpus(d, &f);
+  if (!f.ranks.empty())
+    IdleFromSteps(d, &f);
+  else
+    IdleFromGpus(d, &f);
   auto cfg = nlohmann::json::parse(d.run.config_json, nullptr, false);
   if (cfg.is_object()) {
     f.trainer = cfg.contains("train") || cfg.contains("data");
-    if (cfg.contains("train") && cfg["train"].contains("precision") && cfg["train"]["precision"].is_string())
+    if (cfg.contains("train") && cfg["train"].contains("precision") &&
+        cfg["train"]["precision"].is_string())
       f.precision = cfg["train"]["precision"].get<std::string>();
-    if (cfg.contains("data") && cfg["data"].contains("threads") && cfg["data"]["threads"].is_number())
+    if (cfg.contains("data") && cfg["data"].contains("threads") &&
+        cfg["data"]["threads"].is_number())
       f.data_threads = cfg["data"]["threads"].get<int>();
   }
   return f;

@@ -10,40 +10,42 @@
 
 namespace fullburn::diagnose {
 
-constexpr double kDataWaitShare = 0.10;   // of step time: the input pipeline is a bottleneck
-constexpr double kH2dShare = 0.10;        // of step time: copies to the device are a bottleneck
-constexpr double kCommShare = 0.10;       // of step time: communication not hidden behind backward
-constexpr double kCpuSaturated = 80;      // host.cpu_util %, all cores
-constexpr double kLauncherBusy = 80;      // proc.cpu_util %, one core: the launching thread is busy
-constexpr double kIoWait = 10;            // host.cpu_iowait %
-constexpr double kGpuLowUtil = 50;        // gpuN.util %, median
-constexpr double kGpuBusy = 80;           // gpuN.util %, median: healthy
-constexpr double kGpuIdle = 10;           // gpuN.util %: a sample of an idle GPU
-constexpr double kPcieBusy = 12e9;        // bytes/s host-to-device: about half a Gen4 x16 link
-constexpr double kMemHeadroom = 0.5;      // peak GPU memory / total below this: the batch can grow
-constexpr double kMemNearFull = 0.95;     // peak GPU memory / total above this: near OOM
-constexpr double kHostMemLow = 0.05;      // host available / total below this
-constexpr double kSwapShare = 0.10;       // share of samples swapping
-constexpr double kThrottleShare = 0.05;   // share of samples throttled
-constexpr double kUnevenUtil = 20;        // points between the busiest and the idlest GPU
-constexpr double kUnevenRanks = 0.10;     // spread of per-rank work time / the slowest rank's
-constexpr double kIdleGapSteps = 5;       // a gap between steps longer than this many median steps...
-constexpr double kIdleGapMin_s = 1.0;     // ...and this many seconds is an idle phase
-constexpr double kIdleShare = 0.10;       // of wall time idle outside steps
-constexpr double kMinShare = 0.05;        // smaller losses are not reported as problems
+constexpr double kDataWaitShare = 0.10;  // of step time: the input pipeline is a bottleneck
+constexpr double kH2dShare = 0.10;       // of step time: copies to the device are a bottleneck
+constexpr double kCommShare = 0.10;      // of step time: communication not hidden behind backward
+constexpr double kCpuSaturated = 80;     // host.cpu_util %, all cores
+constexpr double kLauncherBusy = 80;     // proc.cpu_util %, one core: the launching thread is busy
+constexpr double kIoWait = 10;           // host.cpu_iowait %
+constexpr double kGpuLowUtil = 50;       // gpuN.util %, median
+constexpr double kGpuBusy = 80;          // gpuN.util %, median: healthy
+constexpr double kGpuIdle = 10;          // gpuN.util %: a sample of an idle GPU
+constexpr double kPcieBusy = 12e9;       // bytes/s host-to-device: about half a Gen4 x16 link
+constexpr double kMemHeadroom = 0.5;     // peak GPU memory / total below this: the batch can grow
+constexpr double kMemNearFull = 0.95;    // peak GPU memory / total above this: near OOM
+constexpr double kHostMemLow = 0.05;     // host available / total below this
+constexpr double kSwapShare = 0.10;      // share of samples swapping
+constexpr double kThrottleShare = 0.05;  // share of samples throttled
+constexpr double kUnevenUtil = 20;       // points between the busiest and the idlest GPU
+constexpr double kUnevenRanks = 0.10;    // spread of per-rank work time / the slowest rank's
+constexpr double kIdleGapSteps = 5;    // a gap between steps longer than this many median steps...
+constexpr double kIdleGapMin_s = 1.0;  // ...and this many seconds is an idle phase
+constexpr double kIdleShare = 0.10;    // of wall time idle outside steps
+constexpr double kMinShare = 0.05;     // smaller losses are not reported as problems
 
 struct GpuFacts {
   int index = 0;
+  int rank = 0;                 // 0: rank 0's node; R: sampled by rank R on its node (rankR.gpuN.*)
   double util = NAN;            // median %
   double mem_peak_share = NAN;  // peak used / total
   double pcie_rx = NAN;         // median bytes/s, host to device
+  std::string Name() const;     // "GPU 1", or "GPU 1 of rank 4's node"
 };
 
 struct RankFacts {
   int rank = 0;
-  double work_s = NAN;          // median step time outside communication
-  double data_wait_share = NAN; // of step time
-  double proc_cpu = NAN;        // median % of one core of the rank's process tree
+  double work_s = NAN;           // median step time outside communication
+  double data_wait_share = NAN;  // of step time
+  double proc_cpu = NAN;         // median % of one core of the rank's process tree
 };
 
 struct IdleSpan {
@@ -57,14 +59,17 @@ struct Facts {
   double gpu_util = NAN;        // mean over GPUs of the median
   double mem_peak_share = NAN;  // max over GPUs
   double pcie_rx = NAN;         // max over GPUs of the median
+  // Host readings: the worst node's (every node's first rank samples its
+  // host), with the rank that sampled it; -1 when there was no reading.
   double cpu = NAN, iowait = NAN, proc_cpu = NAN;
+  int cpu_rank = -1, iowait_rank = -1;
   double swap_share = 0, host_avail_min_share = NAN;
   double power_share = 0, thermal_share = 0;
   bool have_steps = false;
   double data_wait_share = NAN, h2d_share = NAN, comm_share = NAN;  // of timed step time
-  int64_t batch = 0;            // median samples per step
+  int64_t batch = 0;                                                // median samples per step
   std::vector<RankFacts> ranks;
-  std::vector<IdleSpan> idle;   // from steps, or from GPU samples without steps
+  std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
   double wall_s = 0;
   bool running = false;
   std::string precision;
@@ -75,6 +80,8 @@ struct Facts {
 Facts Gather(const RunData& run);
 double Median(std::vector<double> v);
 std::string Pct(double share);
+// " on rank R's node" for readings another node's first rank sampled; "" for rank 0's.
+std::string NodeNote(int rank);
 
 void InputRules(const Facts& f, std::vector<Finding>* out);
 void TransferRules(const Facts& f, std::vector<Finding>* out);

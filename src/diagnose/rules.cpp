@@ -19,8 +19,8 @@ std::string Choose(const Facts& f, const std::string& trainer, const std::string
 std::string BatchSuggestion(const Facts& f) {
   if (f.batch <= 0 || !(f.mem_peak_share > 0) || f.mem_peak_share >= kMemHeadroom) return "";
   double grow = std::max(2.0, std::floor(0.8 / f.mem_peak_share));
-  return fmt::format("batch {} -> {} (GPU memory {} used)", f.batch, static_cast<int64_t>(f.batch * grow),
-                     Pct(f.mem_peak_share));
+  return fmt::format("batch {} -> {} (GPU memory {} used)", f.batch,
+                     static_cast<int64_t>(f.batch * grow), Pct(f.mem_peak_share));
 }
 
 void SmallBatch(const Facts& f, const std::string& wait, double share, std::vector<Finding>* out) {
@@ -30,14 +30,17 @@ void SmallBatch(const Facts& f, const std::string& wait, double share, std::vect
     evidence += fmt::format("; the job's processes use {:.0f}% of a core", f.proc_cpu);
     if (f.proc_cpu >= kLauncherBusy) conf = 0.75;  // the launching thread is the limit
   }
-  if (!std::isnan(f.mem_peak_share)) evidence += fmt::format("; peak GPU memory {} of total", Pct(f.mem_peak_share));
+  if (!std::isnan(f.mem_peak_share))
+    evidence += fmt::format("; peak GPU memory {} of total", Pct(f.mem_peak_share));
   std::string batch = BatchSuggestion(f);
-  std::string fix = Choose(f, "train.batch_size = auto (the largest that fits, fastest measured)",
-                           "raise the batch size") +
-                    (batch.empty() ? "" : ": " + batch) +
-                    Choose(f, "; on CUDA, capture the step in a CUDA graph",
-                           "; fewer, larger kernels: torch.compile(mode=\"reduce-overhead\") (CUDA graphs)");
-  out->push_back({"small_batch", "GPU underused: small batches or launch overhead", evidence, share, conf, fix});
+  std::string fix =
+      Choose(f, "train.batch_size = auto (the largest that fits, fastest measured)",
+             "raise the batch size") +
+      (batch.empty() ? "" : ": " + batch) +
+      Choose(f, "; on CUDA, capture the step in a CUDA graph",
+             "; fewer, larger kernels: torch.compile(mode=\"reduce-overhead\") (CUDA graphs)");
+  out->push_back({"small_batch", "GPU underused: small batches or launch overhead", evidence, share,
+                  conf, fix});
 }
 
 }  // namespace
@@ -45,111 +48,137 @@ void SmallBatch(const Facts& f, const std::string& wait, double share, std::vect
 void InputRules(const Facts& f, std::vector<Finding>* out) {
   // With step records the data wait is measured; without, a GPU that idles
   // while the host works stands in for it (unless copies explain it).
-  bool copies = std::any_of(out->begin(), out->end(), [](const Finding& x) { return x.cause == "h2d_copy"; });
+  bool copies =
+      std::any_of(out->begin(), out->end(), [](const Finding& x) { return x.cause == "h2d_copy"; });
   bool measured = f.have_steps && f.data_wait_share >= kDataWaitShare;
   bool inferred = !f.have_steps && f.gpu_util < kGpuLowUtil && !copies;
   if (!measured && !inferred) {
     // Measured steps with little data wait, yet an idle GPU: launch-bound.
     if (f.have_steps && f.gpu_util < kGpuLowUtil)
-      SmallBatch(f, fmt::format("data wait {} of step time (< {}) yet GPU utilization median {:.0f}% (< {:.0f}%)",
-                                Pct(f.data_wait_share), Pct(kDataWaitShare), f.gpu_util, kGpuLowUtil),
-                 1 - f.gpu_util / 100, out);
+      SmallBatch(
+          f,
+          fmt::format(
+              "data wait {} of step time (< {}) yet GPU utilization median {:.0f}% (< {:.0f}%)",
+              Pct(f.data_wait_share), Pct(kDataWaitShare), f.gpu_util, kGpuLowUtil),
+          1 - f.gpu_util / 100, out);
     return;
   }
   double share = measured ? f.data_wait_share : 1 - f.gpu_util / 100;
-  std::string wait = measured ? fmt::format("the training loop waited for data {} of step time (>= {})",
-                                            Pct(f.data_wait_share), Pct(kDataWaitShare))
-                              : fmt::format("GPU utilization median {:.0f}% (< {:.0f}%)", f.gpu_util, kGpuLowUtil);
+  std::string wait =
+      measured ? fmt::format("the training loop waited for data {} of step time (>= {})",
+                             Pct(f.data_wait_share), Pct(kDataWaitShare))
+               : fmt::format("GPU utilization median {:.0f}% (< {:.0f}%)", f.gpu_util, kGpuLowUtil);
   double conf = measured ? 0.9 : 0.6;
   int workers = std::max(2, f.cores - 1);
   if (f.iowait >= kIoWait) {
-    out->push_back({"input_io", "Input-bound: waiting on storage",
-                    wait + fmt::format("; CPU iowait median {:.0f}% (>= {:.0f}%)", f.iowait, kIoWait), share, conf,
-                    Choose(f,
-                           "read from local SSD or RAM: data.cache_mb = the dataset size, or pack it once "
-                           "(fullburn pack SRC DST --format raw) for sequential reads",
-                           "copy the data to local SSD or RAM (/dev/shm), pack small files into large shards "
-                           "(fullburn pack, WebDataset), DataLoader(prefetch_factor=4)")});
+    out->push_back(
+        {"input_io", "Input-bound: waiting on storage",
+         wait + fmt::format("; CPU iowait median {:.0f}%{} (>= {:.0f}%)", f.iowait,
+                            NodeNote(f.iowait_rank), kIoWait),
+         share, conf,
+         Choose(f,
+                "read from local SSD or RAM: data.cache_mb = the dataset size, or pack it once "
+                "(fullburn pack SRC DST --format raw) for sequential reads",
+                "copy the data to local SSD or RAM (/dev/shm), pack small files into large shards "
+                "(fullburn pack, WebDataset), DataLoader(prefetch_factor=4)")});
   } else if (f.cpu >= kCpuSaturated) {
-    std::string fix = Choose(f,
-                             "decode less: fullburn pack SRC DST --format raw --max-side 256 (decoding "
-                             "disappears), smaller source images, or more cores for the loader",
-                             "decode and augment less on the CPU: pre-decode once (fullburn pack), smaller "
-                             "source images, augment on the GPU (DALI, torchvision v2 on tensors), more cores");
+    std::string fix =
+        Choose(f,
+               "decode less: fullburn pack SRC DST --format raw --max-side 256 (decoding "
+               "disappears), smaller source images, or more cores for the loader",
+               "decode and augment less on the CPU: pre-decode once (fullburn pack), smaller "
+               "source images, augment on the GPU (DALI, torchvision v2 on tensors), more cores");
     // A fixed worker count below the cores a loader may use comes first.
     if (f.trainer && f.data_threads > 0 && f.cores > 2 && f.data_threads < f.cores - 1)
-      fix = fmt::format("data.threads {} -> {} (or 0: tuned); then ", f.data_threads, f.cores - 1) + fix;
+      fix = fmt::format("data.threads {} -> {} (or 0: tuned); then ", f.data_threads, f.cores - 1) +
+            fix;
     out->push_back({"input_cpu", "Input-bound: the CPU cannot prepare batches fast enough",
-                    wait + fmt::format("; host CPU median {:.0f}% (>= {:.0f}%)", f.cpu, kCpuSaturated), share, conf,
-                    fix});
+                    wait + fmt::format("; host CPU median {:.0f}%{} (>= {:.0f}%)", f.cpu,
+                                       NodeNote(f.cpu_rank), kCpuSaturated),
+                    share, conf, fix});
   } else if (measured) {
-    out->push_back({"input_workers", "Input-bound with idle cores: too few loader workers",
-                    wait + fmt::format("; host CPU median {:.0f}% (< {:.0f}%)", f.cpu, kCpuSaturated), share, conf,
-                    Choose(f, "data.threads = 0 (tuned) or raise it; data.prefetch = 0 (tuned) absorbs bursts",
-                           fmt::format("DataLoader(num_workers={}, persistent_workers=True, pin_memory=True); "
-                                       "or fullburn train's loader",
-                                       workers))});
+    out->push_back(
+        {"input_workers", "Input-bound with idle cores: too few loader workers",
+         wait + fmt::format("; host CPU median {:.0f}% (< {:.0f}%)", f.cpu, kCpuSaturated), share,
+         conf,
+         Choose(f, "data.threads = 0 (tuned) or raise it; data.prefetch = 0 (tuned) absorbs bursts",
+                fmt::format("DataLoader(num_workers={}, persistent_workers=True, pin_memory=True); "
+                            "or fullburn train's loader",
+                            workers))});
   } else if (f.mem_peak_share < kMemHeadroom) {
     SmallBatch(f, wait + fmt::format("; host CPU median {:.0f}%", f.cpu), share, out);
   }
 }
 
 void TransferRules(const Facts& f, std::vector<Finding>* out) {
-  std::string fix = Choose(f,
-                           "keep the inputs small on the wire: uint8 images normalized on the device, "
-                           "data.image_size; the loader pins and copies ahead (data.prefetch = 0 tunes it)",
-                           "DataLoader(pin_memory=True) and .to(device, non_blocking=True); send uint8 and "
-                           "normalize on the GPU; copy the next batch while this one computes");
+  std::string fix =
+      Choose(f,
+             "keep the inputs small on the wire: uint8 images normalized on the device, "
+             "data.image_size; the loader pins and copies ahead (data.prefetch = 0 tunes it)",
+             "DataLoader(pin_memory=True) and .to(device, non_blocking=True); send uint8 and "
+             "normalize on the GPU; copy the next batch while this one computes");
   if (f.have_steps && f.h2d_share >= kH2dShare) {
     out->push_back({"h2d_copy", "Host-to-device copies take a large share of each step",
-                    fmt::format("copies to the device took {} of step time (>= {})", Pct(f.h2d_share),
-                                Pct(kH2dShare)),
+                    fmt::format("copies to the device took {} of step time (>= {})",
+                                Pct(f.h2d_share), Pct(kH2dShare)),
                     f.h2d_share, 0.9, fix});
   } else if (!f.have_steps && f.gpu_util < kGpuLowUtil && f.pcie_rx >= kPcieBusy) {
-    out->push_back({"h2d_copy", "Host-to-device copies likely limit the GPU",
-                    fmt::format("GPU utilization median {:.0f}% (< {:.0f}%) while PCIe host-to-device traffic "
-                                "runs at {:.1f} GB/s (>= {:.0f} GB/s)",
-                                f.gpu_util, kGpuLowUtil, f.pcie_rx / 1e9, kPcieBusy / 1e9),
-                    1 - f.gpu_util / 100, 0.5, fix});
+    out->push_back(
+        {"h2d_copy", "Host-to-device copies likely limit the GPU",
+         fmt::format("GPU utilization median {:.0f}% (< {:.0f}%) while PCIe host-to-device traffic "
+                     "runs at {:.1f} GB/s (>= {:.0f} GB/s)",
+                     f.gpu_util, kGpuLowUtil, f.pcie_rx / 1e9, kPcieBusy / 1e9),
+         1 - f.gpu_util / 100, 0.5, fix});
   }
 }
 
 void MemoryRules(const Facts& f, std::vector<Finding>* out) {
   if (f.mem_peak_share < kMemHeadroom) {
     std::string batch = BatchSuggestion(f);
-    out->push_back({"memory_headroom", "GPU memory headroom: the batch can grow",
-                    fmt::format("peak GPU memory {} of total (< {}), GPU utilization median {:.0f}%",
-                                Pct(f.mem_peak_share), Pct(kMemHeadroom), f.gpu_util),
-                    0, 0.8,
-                    Choose(f, "train.batch_size = auto", "raise the batch size") +
-                        (batch.empty() ? fmt::format(" (about x{:.0f})", std::floor(0.8 / f.mem_peak_share))
-                                       : ": " + batch)});
+    out->push_back(
+        {"memory_headroom", "GPU memory headroom: the batch can grow",
+         fmt::format("peak GPU memory {} of total (< {}), GPU utilization median {:.0f}%",
+                     Pct(f.mem_peak_share), Pct(kMemHeadroom), f.gpu_util),
+         0, 0.8,
+         Choose(f, "train.batch_size = auto", "raise the batch size") +
+             (batch.empty() ? fmt::format(" (about x{:.0f})", std::floor(0.8 / f.mem_peak_share))
+                            : ": " + batch)});
   }
   if (f.mem_peak_share > kMemNearFull)
-    out->push_back({"memory_pressure", "GPU memory near full: out-of-memory risk",
-                    fmt::format("peak GPU memory {} of total (> {})", Pct(f.mem_peak_share), Pct(kMemNearFull)), 0, 0.7,
-                    Choose(f, "lower train.batch_size and raise train.accumulate, or train.precision = bf16",
-                           "smaller batch with gradient accumulation, bf16 autocast, activation checkpointing")});
+    out->push_back(
+        {"memory_pressure", "GPU memory near full: out-of-memory risk",
+         fmt::format("peak GPU memory {} of total (> {})", Pct(f.mem_peak_share),
+                     Pct(kMemNearFull)),
+         0, 0.7,
+         Choose(
+             f, "lower train.batch_size and raise train.accumulate, or train.precision = bf16",
+             "smaller batch with gradient accumulation, bf16 autocast, activation checkpointing")});
   bool swapping = f.swap_share >= kSwapShare;
   bool low = f.host_avail_min_share < kHostMemLow;
   if (swapping || low)
-    out->push_back({"memory_pressure", "Host memory pressure",
-                    fmt::format("swapping in {} of samples (>= {}); lowest available memory {} of total", Pct(f.swap_share),
-                                Pct(kSwapShare), std::isnan(f.host_avail_min_share) ? "-" : Pct(f.host_avail_min_share)),
-                    swapping ? f.swap_share : 0, 0.7,
-                    Choose(f, "lower data.cache_mb or data.threads, or add RAM",
-                           "fewer DataLoader workers or a smaller prefetch_factor, or add RAM")});
+    out->push_back(
+        {"memory_pressure", "Host memory pressure",
+         fmt::format("swapping in {} of samples (>= {}); lowest available memory {} of total",
+                     Pct(f.swap_share), Pct(kSwapShare),
+                     std::isnan(f.host_avail_min_share) ? "-" : Pct(f.host_avail_min_share)),
+         swapping ? f.swap_share : 0, 0.7,
+         Choose(f, "lower data.cache_mb or data.threads, or add RAM",
+                "fewer DataLoader workers or a smaller prefetch_factor, or add RAM")});
 }
 
 void ThrottleRules(const Facts& f, std::vector<Finding>* out) {
   if (f.power_share >= kThrottleShare)
     out->push_back({"throttle_power", "Clocks held down by the power limit",
-                    fmt::format("power-capped in {} of samples (>= {})", Pct(f.power_share), Pct(kThrottleShare)),
-                    f.power_share, 0.8, "check the enforced power limit (nvidia-smi -q -d POWER) and the supply"});
+                    fmt::format("power-capped in {} of samples (>= {})", Pct(f.power_share),
+                                Pct(kThrottleShare)),
+                    f.power_share, 0.8,
+                    "check the enforced power limit (nvidia-smi -q -d POWER) and the supply"});
   if (f.thermal_share >= kThrottleShare)
     out->push_back({"throttle_thermal", "Clocks held down by temperature",
-                    fmt::format("thermally throttled in {} of samples (>= {})", Pct(f.thermal_share), Pct(kThrottleShare)),
-                    f.thermal_share, 0.8, "improve cooling: airflow, fan curve, ambient temperature"});
+                    fmt::format("thermally throttled in {} of samples (>= {})",
+                                Pct(f.thermal_share), Pct(kThrottleShare)),
+                    f.thermal_share, 0.8,
+                    "improve cooling: airflow, fan curve, ambient temperature"});
 }
 
 void IdleRules(const Facts& f, std::vector<Finding>* out) {
@@ -164,84 +193,110 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
   double share = idle / f.wall_s;
   if (share < kIdleShare) return;
   std::vector<std::pair<std::string, std::pair<int, double>>> parts(by_what.begin(), by_what.end());
-  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
-  std::string evidence = fmt::format("{} of the run ({:.1f} s of {:.1f} s, >= {}) outside training steps:", Pct(share),
-                                     idle, f.wall_s, Pct(kIdleShare));
+  std::sort(parts.begin(), parts.end(),
+            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::string evidence =
+      fmt::format("{} of the run ({:.1f} s of {:.1f} s, >= {}) outside training steps:", Pct(share),
+                  idle, f.wall_s, Pct(kIdleShare));
   std::string fix;
   for (const auto& [what, cs] : parts) {
-    evidence += fmt::format(" {}{} {:.1f} s;", what, cs.first > 1 ? fmt::format(" x{}", cs.first) : "", cs.second);
+    evidence += fmt::format(" {}{} {:.1f} s;", what,
+                            cs.first > 1 ? fmt::format(" x{}", cs.first) : "", cs.second);
     std::string step;
     if (what == "start-up")
-      step = Choose(f, "start-up: reuse the batch-size search (set train.batch_size to the chosen value), keep the "
-                       "dataset on local disk",
-                    "start-up: spawn loader workers once (persistent_workers=True), load data lazily");
+      step =
+          Choose(f,
+                 "start-up: reuse the batch-size search (set train.batch_size to the chosen "
+                 "value), keep the "
+                 "dataset on local disk",
+                 "start-up: spawn loader workers once (persistent_workers=True), load data lazily");
     else if (what == "evaluation")
       step = Choose(f, "evaluation: evaluate less often or on fewer batches",
                     "evaluation: evaluate less often, on a subset, or with a larger batch");
     else if (what == "checkpoint")
-      step = Choose(f, "checkpoints: raise checkpoint.every_steps (writes are already asynchronous)",
-                    "checkpoints: save less often, or asynchronously (torch.distributed.checkpoint.async_save)");
+      step =
+          Choose(f, "checkpoints: raise checkpoint.every_steps (writes are already asynchronous)",
+                 "checkpoints: save less often, or asynchronously "
+                 "(torch.distributed.checkpoint.async_save)");
     else
       step = what + ": find what the job does there (fullburn runs trace RUN)";
     fix += (fix.empty() ? "" : "; ") + step;
   }
   evidence.pop_back();
-  out->push_back({"idle_phases", "The device idles between phases", evidence, share, f.ranks.empty() ? 0.6 : 0.8, fix});
+  out->push_back({"idle_phases", "The device idles between phases", evidence, share,
+                  f.ranks.empty() ? 0.6 : 0.8, fix});
 }
 
 void RankRules(const Facts& f, std::vector<Finding>* out) {
   double uneven_share = 0;
   if (f.ranks.size() >= 2) {
-    auto [lo, hi] = std::minmax_element(f.ranks.begin(), f.ranks.end(),
-                                        [](const RankFacts& a, const RankFacts& b) { return a.work_s < b.work_s; });
+    auto [lo, hi] = std::minmax_element(
+        f.ranks.begin(), f.ranks.end(),
+        [](const RankFacts& a, const RankFacts& b) { return a.work_s < b.work_s; });
     double spread = (hi->work_s - lo->work_s) / hi->work_s;
     if (hi->work_s > 0 && spread >= kUnevenRanks) {
       double mean = 0;
       for (const RankFacts& r : f.ranks) mean += r.work_s / f.ranks.size();
       uneven_share = 1 - mean / hi->work_s;
-      std::string wait = std::isnan(hi->data_wait_share) ? ""
-                         : fmt::format(" (data wait {} of its steps, rank {} {})", Pct(hi->data_wait_share), lo->rank,
-                                       Pct(lo->data_wait_share));
+      std::string wait =
+          std::isnan(hi->data_wait_share)
+              ? ""
+              : fmt::format(" (data wait {} of its steps, rank {} {})", Pct(hi->data_wait_share),
+                            lo->rank, Pct(lo->data_wait_share));
       if (!std::isnan(hi->proc_cpu) && !std::isnan(lo->proc_cpu))
-        wait += fmt::format("; its process used {:.0f}% of a core, rank {}'s {:.0f}%", hi->proc_cpu, lo->rank,
-                            lo->proc_cpu);
-      out->push_back({"uneven_ranks", fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
-                      fmt::format("median step work {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
-                                  hi->work_s * 1e3, hi->rank, lo->work_s * 1e3, lo->rank, Pct(spread),
-                                  Pct(kUnevenRanks), wait),
-                      uneven_share, 0.8,
-                      fmt::format("look at rank {}: its input pipeline, its GPU's clocks and PCIe slot, other jobs "
-                                  "on its host; give every rank equal shards and batch sizes",
-                                  hi->rank)});
+        wait += fmt::format("; its process used {:.0f}% of a core, rank {}'s {:.0f}%", hi->proc_cpu,
+                            lo->rank, lo->proc_cpu);
+      out->push_back(
+          {"uneven_ranks",
+           fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
+           fmt::format(
+               "median step work {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
+               hi->work_s * 1e3, hi->rank, lo->work_s * 1e3, lo->rank, Pct(spread),
+               Pct(kUnevenRanks), wait),
+           uneven_share, 0.8,
+           fmt::format(
+               "look at rank {}: its input pipeline, its GPU's clocks and PCIe slot, other jobs "
+               "on its host; give every rank equal shards and batch sizes",
+               hi->rank)});
     }
   } else if (f.gpus.size() >= 2) {
-    auto [lo, hi] = std::minmax_element(f.gpus.begin(), f.gpus.end(),
-                                        [](const GpuFacts& a, const GpuFacts& b) { return a.util < b.util; });
+    auto [lo, hi] =
+        std::minmax_element(f.gpus.begin(), f.gpus.end(),
+                            [](const GpuFacts& a, const GpuFacts& b) { return a.util < b.util; });
     if (hi->util - lo->util >= kUnevenUtil && lo->util < kGpuBusy) {
       double lost = 0;
       for (const GpuFacts& g : f.gpus) lost += (hi->util - g.util) / 100 / f.gpus.size();
-      out->push_back({"uneven_ranks", fmt::format("Uneven GPUs: GPU {} is busy far less than GPU {}", lo->index, hi->index),
-                      fmt::format("GPU utilization median {:.0f}% on GPU {} vs {:.0f}% on GPU {} ({:.0f} points apart, "
-                                  ">= {:.0f})",
-                                  lo->util, lo->index, hi->util, hi->index, hi->util - lo->util, kUnevenUtil),
-                      lost, 0.6,
-                      fmt::format("give every GPU the same work (equal shards, same batch per rank); if GPU {} waits "
-                                  "on GPU {}, look at GPU {}'s rank (clocks, input, PCIe); if GPU {} is not part of "
-                                  "the job, ignore this",
-                                  lo->index, hi->index, hi->index, lo->index)});
+      out->push_back(
+          {"uneven_ranks",
+           fmt::format("Uneven GPUs: {} is busy far less than {}", lo->Name(), hi->Name()),
+           fmt::format(
+               "GPU utilization median {:.0f}% on {} vs {:.0f}% on {} ({:.0f} points apart, "
+               ">= {:.0f})",
+               lo->util, lo->Name(), hi->util, hi->Name(), hi->util - lo->util, kUnevenUtil),
+           lost, 0.6,
+           fmt::format(
+               "give every GPU the same work (equal shards, same batch per rank); if {} waits "
+               "on {}, look at {}'s rank (clocks, input, PCIe); if {} is not part of "
+               "the job, ignore this",
+               lo->Name(), hi->Name(), hi->Name(), lo->Name())});
     }
   }
   // Communication a straggler explains is the straggler's, not the network's.
   double comm = f.comm_share - uneven_share;
   if (f.have_steps && comm >= kCommShare)
-    out->push_back({"communication", "Communication not hidden behind backward",
-                    fmt::format("gradient communication took {} of step time (>= {}) beyond waiting for stragglers",
-                                Pct(comm), Pct(kCommShare)),
-                    comm, 0.8,
-                    Choose(f, "overlap more: smaller first buckets, bf16 gradient compression, raise train.accumulate "
-                              "(one reduction per effective batch); check the interconnect (NCCL_DEBUG=INFO)",
-                           "DDP(bucket_cap_mb=...), bf16 compression hook, no_sync() with gradient accumulation; "
-                           "check the interconnect (NCCL_DEBUG=INFO)")});
+    out->push_back(
+        {"communication", "Communication not hidden behind backward",
+         fmt::format(
+             "gradient communication took {} of step time (>= {}) beyond waiting for stragglers",
+             Pct(comm), Pct(kCommShare)),
+         comm, 0.8,
+         Choose(
+             f,
+             "overlap more: smaller first buckets, bf16 gradient compression, raise "
+             "train.accumulate "
+             "(one reduction per effective batch); check the interconnect (NCCL_DEBUG=INFO)",
+             "DDP(bucket_cap_mb=...), bf16 compression hook, no_sync() with gradient accumulation; "
+             "check the interconnect (NCCL_DEBUG=INFO)")});
 }
 
 }  // namespace fullburn::diagnose

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "fullburn/report.h"
 
@@ -27,7 +29,11 @@ struct ChartSpec {
 
 const ChartSpec kTelemetryCharts[] = {
     {"GPU utilization", "%", "gpu", {"util", "sm_active", "tensor_active"}, 1},
-    {"GPU memory", "GiB", "gpu", {"mem_used_bytes", "mem_total_bytes", "proc_mem_used_bytes"}, 1.0 / (1 << 30)},
+    {"GPU memory",
+     "GiB",
+     "gpu",
+     {"mem_used_bytes", "mem_total_bytes", "proc_mem_used_bytes"},
+     1.0 / (1 << 30)},
     {"GPU power", "W", "gpu", {"power_w", "power_limit_w"}, 1},
     {"GPU temperature", "°C", "gpu", {"temp_c"}, 1},
     {"GPU SM clock", "MHz", "gpu", {"sm_clock_mhz", "max_sm_clock_mhz"}, 1},
@@ -51,31 +57,47 @@ std::string RunPrefix(const ReportRun& r, bool several) {
   return several ? fmt::format("run {}: ", r.data.run.id) : "";
 }
 
+// The stored series a chart draws, for every rank that sampled them (rank 0's
+// bare names, then rankR.*: other ranks' process trees, other nodes' hosts
+// and GPUs), ordered by rank, GPU and the spec's order of names.
+std::vector<std::string> ChartSeriesNames(const ChartSpec& spec,
+                                          const std::map<std::string, Series>& samples) {
+  std::vector<std::tuple<int, int, size_t, std::string>> found;
+  for (const auto& [name, series] : samples) {
+    int index = 0, rank = 0;
+    const MetricDef* def = FindMetric(name, &index, &rank);
+    if (!def) continue;
+    std::string bare = MetricName(*def, index);
+    for (size_t k = 0; k < spec.names.size(); ++k) {
+      bool gpu = std::string(spec.prefix) == "gpu";
+      std::string want = gpu ? "gpu" + std::to_string(index) + "." + spec.names[k]
+                             : spec.prefix + std::string(spec.names[k]);
+      if (bare == want && (def->scope == MetricScope::kGpu) == gpu)
+        found.emplace_back(rank, index, k, name);
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> names;
+  for (const auto& f : found) names.push_back(std::get<3>(f));
+  return names;
+}
+
 void TelemetryCharts(const std::vector<ReportRun>& runs, nlohmann::json* charts) {
   bool several = runs.size() > 1;
   for (const ChartSpec& spec : kTelemetryCharts) {
     nlohmann::json series = nlohmann::json::array();
     for (const ReportRun& r : runs) {
       double gap = 3 * std::max(0.05, r.data.run.interval_s);
-      std::vector<std::string> names;
-      if (std::string(spec.prefix) == "gpu") {
-        for (int g = 0; g < 64; ++g)
-          for (const char* n : spec.names) names.push_back("gpu" + std::to_string(g) + "." + n);
-      } else {
-        for (const char* n : spec.names) names.push_back(std::string(spec.prefix) + n);
-        if (std::string(spec.prefix) == "proc.")  // rank 0 is proc.*, rank R rankR.proc.*
-          for (int rank = 1; rank < 1024; ++rank)
-            for (const char* n : spec.names) names.push_back("rank" + std::to_string(rank) + ".proc." + n);
-      }
-      for (const std::string& name : names) {
+      for (const std::string& name : ChartSeriesNames(spec, r.data.samples)) {
         auto it = r.data.samples.find(name);
-        if (it == r.data.samples.end() || it->second.empty()) continue;
+        if (it->second.empty()) continue;
         Series scaled = Downsample(it->second, kMaxPoints, gap);
         for (SeriesPoint& p : scaled) p.v *= spec.scale;
         series.push_back(SeriesJson(RunPrefix(r, several) + name, scaled));
       }
     }
-    if (!series.empty()) charts->push_back({{"title", spec.title}, {"unit", spec.unit}, {"series", series}});
+    if (!series.empty())
+      charts->push_back({{"title", spec.title}, {"unit", spec.unit}, {"series", series}});
   }
 }
 
@@ -93,8 +115,10 @@ void StepChart(const std::vector<ReportRun>& runs, const char* title, const char
     }
     double gap = std::max(2.0, 10 * Percentile(durations, 50));
     for (auto& [rank, s] : by_rank) {
-      std::sort(s.begin(), s.end(), [](const SeriesPoint& a, const SeriesPoint& b) { return a.t < b.t; });
-      std::string label = RunPrefix(r, runs.size() > 1) + (by_rank.size() > 1 ? fmt::format("rank {}", rank) : "all");
+      std::sort(s.begin(), s.end(),
+                [](const SeriesPoint& a, const SeriesPoint& b) { return a.t < b.t; });
+      std::string label = RunPrefix(r, runs.size() > 1) +
+                          (by_rank.size() > 1 ? fmt::format("rank {}", rank) : "all");
       series.push_back(SeriesJson(label, Downsample(s, kMaxPoints, gap)));
     }
   }
@@ -124,11 +148,14 @@ void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
   double gap = std::max(2.0, 10 * Percentile(durations, 50));
   // Painter's order: the tallest band first, each later one drawn over it.
   nlohmann::json series = nlohmann::json::array();
-  series.push_back(SeriesJson(RunPrefix(r, several) + "other", Downsample(cumulative.back(), kMaxPoints, gap)));
+  series.push_back(
+      SeriesJson(RunPrefix(r, several) + "other", Downsample(cumulative.back(), kMaxPoints, gap)));
   for (size_t p = std::size(phases); p-- > 0;)
     if (present[p])
-      series.push_back(SeriesJson(RunPrefix(r, several) + phases[p].label, Downsample(cumulative[p], kMaxPoints, gap)));
-  charts->push_back({{"title", fmt::format("Step time breakdown{} (stacked)", several ? fmt::format(", run {}", r.data.run.id) : "")},
+      series.push_back(SeriesJson(RunPrefix(r, several) + phases[p].label,
+                                  Downsample(cumulative[p], kMaxPoints, gap)));
+  charts->push_back({{"title", fmt::format("Step time breakdown{} (stacked)",
+                                           several ? fmt::format(", run {}", r.data.run.id) : "")},
                      {"unit", "ms"},
                      {"stacked", true},
                      {"series", series}});
@@ -137,11 +164,17 @@ void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
 nlohmann::json Charts(const std::vector<ReportRun>& runs) {
   nlohmann::json charts = nlohmann::json::array();
   TelemetryCharts(runs, &charts);
-  StepChart(runs, "Throughput", "samples/s", [](const StepRecord& s) { return s.step_s > 0 ? s.samples / s.step_s : NAN; }, &charts);
-  StepChart(runs, "Step time", "ms", [](const StepRecord& s) { return s.step_s * 1e3; }, &charts);
-  StepChart(runs, "Data wait", "% of step",
-            [](const StepRecord& s) { return s.data_wait_s && s.step_s > 0 ? 100 * *s.data_wait_s / s.step_s : NAN; },
-            &charts);
+  StepChart(
+      runs, "Throughput", "samples/s",
+      [](const StepRecord& s) { return s.step_s > 0 ? s.samples / s.step_s : NAN; }, &charts);
+  StepChart(
+      runs, "Step time", "ms", [](const StepRecord& s) { return s.step_s * 1e3; }, &charts);
+  StepChart(
+      runs, "Data wait", "% of step",
+      [](const StepRecord& s) {
+        return s.data_wait_s && s.step_s > 0 ? 100 * *s.data_wait_s / s.step_s : NAN;
+      },
+      &charts);
   for (const ReportRun& r : runs) BreakdownChart(r, runs.size() > 1, &charts);
   for (const ReportRun& r : runs)
     if (IsTuning(r.data)) charts.push_back(TuningChart(r.data));
@@ -152,10 +185,14 @@ std::string FindingsHtml(const std::vector<Finding>& findings) {
   std::string out = "<div class=findings>";
   for (const Finding& f : findings)
     out += fmt::format(
-        "<div class=\"finding {}\"><div class=cause><code>{}</code> {}{}</div><div><b>why</b> {}</div>"
+        "<div class=\"finding {}\"><div class=cause><code>{}</code> {}{}</div><div><b>why</b> "
+        "{}</div>"
         "<div><b>fix</b> {}</div><div class=conf>confidence {:.0f}%</div></div>",
-        f.cause == "healthy" ? "ok" : (f.share_lost > 0 ? "bad" : "hint"), Escape(f.cause), Escape(f.title),
-        f.share_lost > 0 ? fmt::format(" <span class=lost>~{:.0f}% of the time</span>", f.share_lost * 100) : "",
+        f.cause == "healthy" ? "ok" : (f.share_lost > 0 ? "bad" : "hint"), Escape(f.cause),
+        Escape(f.title),
+        f.share_lost > 0
+            ? fmt::format(" <span class=lost>~{:.0f}% of the time</span>", f.share_lost * 100)
+            : "",
         Escape(f.evidence), Escape(f.fix), f.confidence * 100);
   return out + "</div>";
 }
@@ -163,29 +200,35 @@ std::string FindingsHtml(const std::vector<Finding>& findings) {
 std::string BreakdownBar(const std::vector<StepRecord>& steps) {
   StepsSummary s = SummarizeSteps(steps);
   if (s.phase_share.empty()) return "";
-  static const char* colors[] = {"#e45756", "#f58518", "#4c78a8", "#72b7b2", "#b279a2", "#54a24b", "#9d755d"};
+  static const char* colors[] = {"#e45756", "#f58518", "#4c78a8", "#72b7b2",
+                                 "#b279a2", "#54a24b", "#9d755d"};
   std::string bar = "<div class=bar>", legend = "<div class=legend>";
   for (size_t i = 0; i < s.phase_share.size(); ++i) {
     const auto& [name, share] = s.phase_share[i];
-    bar += fmt::format("<span style=\"width:{:.2f}%;background:{}\" title=\"{} {:.1f}%\"></span>", share * 100,
-                       colors[i % 7], name, share * 100);
-    legend += fmt::format("<span><i style=\"background:{}\"></i>{} {:.1f}%</span>", colors[i % 7], name, share * 100);
+    bar += fmt::format("<span style=\"width:{:.2f}%;background:{}\" title=\"{} {:.1f}%\"></span>",
+                       share * 100, colors[i % 7], name, share * 100);
+    legend += fmt::format("<span><i style=\"background:{}\"></i>{} {:.1f}%</span>", colors[i % 7],
+                          name, share * 100);
   }
   return "<h3>Where step time went (timed steps)</h3>" + bar + "</div>" + legend + "</div>";
 }
 
 std::string RunHtml(const ReportRun& r) {
   const RunInfo& run = r.data.run;
-  std::string out = fmt::format("<section class=run><h2>Run {} <small>{}</small></h2><table class=meta>", run.id,
-                                Escape(run.name));
-  auto row = [&](const char* k, const std::string& v) { out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v); };
+  std::string out =
+      fmt::format("<section class=run><h2>Run {} <small>{}</small></h2><table class=meta>", run.id,
+                  Escape(run.name));
+  auto row = [&](const char* k, const std::string& v) {
+    out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v);
+  };
   row("command", "<code>" + Escape(JoinedCommand(run.command)) + "</code>");
   row("host", Escape(run.host));
   row("directory", Escape(run.cwd));
   row("started", FormatLocalTime(run.start_time));
-  row("status", Escape(run.status) + (run.exit_code ? fmt::format(" (exit code {})", *run.exit_code) : "") +
-                    (run.end_time ? fmt::format(", {}", FormatDuration(*run.end_time - run.start_time))
-                                  : " (no end recorded: the data stops where the recording did)"));
+  row("status",
+      Escape(run.status) + (run.exit_code ? fmt::format(" (exit code {})", *run.exit_code) : "") +
+          (run.end_time ? fmt::format(", {}", FormatDuration(*run.end_time - run.start_time))
+                        : " (no end recorded: the data stops where the recording did)"));
   row("samples", fmt::format("{} every {} s", run.sample_count, run.interval_s));
   if (!r.data.steps.empty()) row("steps", fmt::format("{} step records", r.data.steps.size()));
   if (!r.data.checkpoints.empty()) row("checkpoints", std::to_string(r.data.checkpoints.size()));
@@ -193,15 +236,18 @@ std::string RunHtml(const ReportRun& r) {
   if (IsTuning(r.data)) {
     out += TuningHtml(r.data);  // each trial is a run of its own, with its findings
   } else {
-    if (run.sample_count == 0) out += "<p class=note>No telemetry samples were recorded for this run.</p>";
+    if (run.sample_count == 0)
+      out += "<p class=note>No telemetry samples were recorded for this run.</p>";
     out += "<h3>Findings</h3>" + FindingsHtml(r.findings) + BreakdownBar(r.data.steps);
   }
   auto pretty = [](const std::string& j) {
     auto parsed = nlohmann::json::parse(j, nullptr, false);
     return parsed.is_discarded() ? j : parsed.dump(2);
   };
-  out += fmt::format("<details><summary>Config and environment</summary><pre>{}</pre><pre>GPUs: {}</pre></details>",
-                     Escape(pretty(run.config_json)), Escape(pretty(run.gpus_json)));
+  out += fmt::format(
+      "<details><summary>Config and environment</summary><pre>{}</pre><pre>GPUs: "
+      "{}</pre></details>",
+      Escape(pretty(run.config_json)), Escape(pretty(run.gpus_json)));
   return out + "</section>";
 }
 
@@ -209,7 +255,8 @@ std::string ComparisonHtml(const std::vector<ReportRun>& runs) {
   std::vector<RunDigest> digests;
   for (const ReportRun& r : runs) digests.push_back(Digest(r.data, r.findings));
   std::string out = "<h2>Comparison</h2><table class=compare><tr><th></th>";
-  for (const RunDigest& d : digests) out += fmt::format("<th>run {}<br><small>{}</small></th>", d.id, Escape(d.name));
+  for (const RunDigest& d : digests)
+    out += fmt::format("<th>run {}<br><small>{}</small></th>", d.id, Escape(d.name));
   out += "</tr>";
   for (const auto& [label, cells] : ComparisonTable(digests)) {
     out += "<tr><th>" + Escape(label) + "</th>";
@@ -294,7 +341,8 @@ const char kScript[] = R"(
 namespace {
 
 // Min and max of each of `buckets` index ranges, in time order.
-void MinMaxBuckets(Series::const_iterator begin, Series::const_iterator end, size_t buckets, Series* out) {
+void MinMaxBuckets(Series::const_iterator begin, Series::const_iterator end, size_t buckets,
+                   Series* out) {
   size_t n = static_cast<size_t>(end - begin);
   if (n <= 2 * buckets) {
     out->insert(out->end(), begin, end);
@@ -318,11 +366,20 @@ std::string HtmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -349,18 +406,26 @@ std::string RenderHtmlReport(const std::vector<ReportRun>& runs) {
   nlohmann::json data{{"charts", Charts(runs)}};
   std::string json = data.dump();
   // JSON inside <script>: "</" would end the element early.
-  for (size_t pos = 0; (pos = json.find("</", pos)) != std::string::npos; pos += 3) json.replace(pos, 2, "<\\/");
-  std::string title = runs.size() == 1 ? fmt::format("fullburn report: run {} ({})", runs[0].data.run.id, runs[0].data.run.name)
-                                       : fmt::format("fullburn report: {} runs compared", runs.size());
-  std::string out = "<!doctype html><html lang=en><head><meta charset=utf-8><title>" + Escape(title) +
-                    "</title><style>" + kUplotCss + kStyle + "</style></head><body><h1>" + Escape(title) + "</h1>";
+  for (size_t pos = 0; (pos = json.find("</", pos)) != std::string::npos; pos += 3)
+    json.replace(pos, 2, "<\\/");
+  std::string title =
+      runs.size() == 1
+          ? fmt::format("fullburn report: run {} ({})", runs[0].data.run.id, runs[0].data.run.name)
+          : fmt::format("fullburn report: {} runs compared", runs.size());
+  std::string out = "<!doctype html><html lang=en><head><meta charset=utf-8><title>" +
+                    Escape(title) + "</title><style>" + kUplotCss + kStyle +
+                    "</style></head><body><h1>" + Escape(title) + "</h1>";
   if (runs.size() > 1) out += ComparisonHtml(runs);
   for (const ReportRun& r : runs) out += RunHtml(r);
-  out += "<h2>Time series</h2><p class=note>Drag across a chart to zoom (all charts follow), double-click to "
-         "reset. Series are downsampled for display (min and max kept per bucket); the store keeps every "
-         "sample (fullburn runs export).</p><div id=charts></div>";
+  out +=
+      "<h2>Time series</h2><p class=note>Drag across a chart to zoom (all charts follow), "
+      "double-click to "
+      "reset. Series are downsampled for display (min and max kept per bucket); the store keeps "
+      "every "
+      "sample (fullburn runs export).</p><div id=charts></div>";
   out += "<script type=\"application/json\" id=fb-data>" + json + "</script>";
-  out += std::string("<script>") + kUplotJs + "</script><script>" + kScript + "</script></body></html>\n";
+  out += std::string("<script>") + kUplotJs + "</script><script>" + kScript +
+         "</script></body></html>\n";
   return out;
 }
 

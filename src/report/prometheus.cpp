@@ -28,11 +28,21 @@ std::string PrometheusName(const MetricDef& def) {
   if (*def.prom_name) return def.prom_name;
   std::string scope;
   switch (def.scope) {
-    case MetricScope::kGpu: scope = "gpu_"; break;
-    case MetricScope::kCore: scope = "host_core_cpu_"; break;
-    case MetricScope::kHostCpu: scope = "host_cpu_"; break;
-    case MetricScope::kHost: scope = "host_"; break;
-    case MetricScope::kProc: scope = "proc_"; break;
+    case MetricScope::kGpu:
+      scope = "gpu_";
+      break;
+    case MetricScope::kCore:
+      scope = "host_core_cpu_";
+      break;
+    case MetricScope::kHostCpu:
+      scope = "host_cpu_";
+      break;
+    case MetricScope::kHost:
+      scope = "host_";
+      break;
+    case MetricScope::kProc:
+      scope = "proc_";
+      break;
   }
   return "fullburn_" + scope + def.suffix;
 }
@@ -42,26 +52,24 @@ std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus
   std::map<std::string, std::pair<const MetricDef*, std::vector<std::string>>> families;
   std::vector<std::string> order;
   for (const auto& [name, value] : Flatten(s)) {
-    int index = 0;
-    const MetricDef* def = FindMetric(name, &index);
+    int index = 0, rank = 0;
+    const MetricDef* def = FindMetric(name, &index, &rank);
     if (!def) continue;
     std::string labels;
     if (def->scope == MetricScope::kGpu) {
       std::string model, uuid;
       for (const GpuInfo& g : gpus)
-        if (g.index == index) {
+        if (g.index == index && rank == s.rank) {
           model = g.name;
           uuid = g.uuid;
         }
-      labels = fmt::format("gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",Hostname=\"{}\"", index,
-                           Escape(uuid), Escape(model), Escape(hostname));
+      labels = fmt::format("gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",", index, Escape(uuid),
+                           Escape(model));
     } else if (def->scope == MetricScope::kCore) {
-      labels = fmt::format("cpu=\"{}\",Hostname=\"{}\"", index, Escape(hostname));
-    } else if (def->scope == MetricScope::kProc && index > 0) {
-      labels = fmt::format("rank=\"{}\",Hostname=\"{}\"", index, Escape(hostname));
-    } else {
-      labels = fmt::format("Hostname=\"{}\"", Escape(hostname));
+      labels = fmt::format("cpu=\"{}\",", index);
     }
+    if (rank > 0) labels += fmt::format("rank=\"{}\",", rank);
+    labels += fmt::format("Hostname=\"{}\"", Escape(hostname));
     std::string prom = PrometheusName(*def);
     auto& fam = families[prom];
     if (!fam.first) {

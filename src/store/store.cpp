@@ -153,9 +153,9 @@ Status RunStore::AppendSamples(int64_t run_id, double run_start, const std::vect
   std::vector<NamedSample> named;
   int64_t snapshots = 0;
   for (const Snapshot& snap : batch) {
-    // A data-parallel rank's own process tree is part of rank 0's snapshot
-    // count, not a snapshot of its own.
-    if (!(snap.proc && snap.proc->rank > 0)) ++snapshots;
+    // Other ranks' samples (their process trees, other nodes' hosts) are part
+    // of rank 0's snapshot count, not snapshots of their own.
+    if (snap.rank == 0) ++snapshots;
     for (const auto& [name, value] : Flatten(snap)) named.push_back({name, snap.unix_time - run_start, value});
   }
   return AppendNamedSamples(run_id, named, snapshots);

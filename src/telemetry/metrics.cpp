@@ -1,6 +1,7 @@
 // The metric catalog: the one place where metric names, units, help texts and
 // Prometheus names are defined. Flatten() walks the same table, so a metric
 // added here appears in the store, JSON, CSV and Prometheus at once.
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 
@@ -96,11 +97,14 @@ const std::vector<Entry>& Entries() {
         Host("mem_available_bytes", &H::mem_available_bytes, "bytes", "Host memory available"),
         Host("swap_in_per_s", &H::swap_in_per_s, "pages/s", "Pages swapped in"),
         Host("swap_out_per_s", &H::swap_out_per_s, "pages/s", "Pages swapped out"),
-        Host("disk_read_bytes_per_s", &H::disk_read_bytes_per_s, "bytes/s", "Disk reads, whole disks"),
+        Host("disk_read_bytes_per_s", &H::disk_read_bytes_per_s, "bytes/s",
+             "Disk reads, whole disks"),
         Host("disk_write_bytes_per_s", &H::disk_write_bytes_per_s, "bytes/s",
              "Disk writes, whole disks"),
-        Host("net_rx_bytes_per_s", &H::net_rx_bytes_per_s, "bytes/s", "Network receive, all but lo"),
-        Host("net_tx_bytes_per_s", &H::net_tx_bytes_per_s, "bytes/s", "Network transmit, all but lo"),
+        Host("net_rx_bytes_per_s", &H::net_rx_bytes_per_s, "bytes/s",
+             "Network receive, all but lo"),
+        Host("net_tx_bytes_per_s", &H::net_tx_bytes_per_s, "bytes/s",
+             "Network transmit, all but lo"),
         Host("load1", &H::load1, "", "Load average, 1 minute"),
         Host("load5", &H::load5, "", "Load average, 5 minutes"),
         Host("load15", &H::load15, "", "Load average, 15 minutes"),
@@ -130,36 +134,58 @@ const std::vector<MetricDef>& MetricCatalog() {
   return defs;
 }
 
-std::string MetricName(const MetricDef& def, int index) {
+std::string MetricName(const MetricDef& def, int index, int rank) {
+  std::string prefix = rank > 0 ? "rank" + std::to_string(rank) + "." : "";
   std::string i = std::to_string(index);
   switch (def.scope) {
-    case MetricScope::kGpu: return "gpu" + i + "." + def.suffix;
-    case MetricScope::kCore: return "host.cpu" + i + "." + def.suffix;
-    case MetricScope::kProc: return (index > 0 ? "rank" + i + "." : std::string()) + "proc." + def.suffix;
-    case MetricScope::kHostCpu: return std::string("host.cpu_") + def.suffix;
-    case MetricScope::kHost: break;
+    case MetricScope::kGpu:
+      return prefix + "gpu" + i + "." + def.suffix;
+    case MetricScope::kCore:
+      return prefix + "host.cpu" + i + "." + def.suffix;
+    case MetricScope::kProc:
+      return prefix + "proc." + def.suffix;
+    case MetricScope::kHostCpu:
+      return prefix + "host.cpu_" + def.suffix;
+    case MetricScope::kHost:
+      break;
   }
-  return std::string("host.") + def.suffix;
+  return prefix + "host." + def.suffix;
 }
 
-const MetricDef* FindMetric(const std::string& name, int* index) {
-  const std::vector<MetricDef>& defs = MetricCatalog();
-  for (const MetricDef& d : defs) {
+namespace {
+
+// "12." at the start of `s` -> 12 and the rest; false otherwise.
+bool LeadingIndex(const std::string& s, size_t at, int* value, std::string* rest) {
+  size_t end = at;
+  while (end < s.size() && std::isdigit(static_cast<unsigned char>(s[end]))) ++end;
+  if (end == at || end - at > 6 || end >= s.size() || s[end] != '.') return false;
+  *value = std::atoi(s.c_str() + at);
+  *rest = s.substr(end + 1);
+  return true;
+}
+
+}  // namespace
+
+const MetricDef* FindMetric(const std::string& name, int* index, int* rank) {
+  int r = 0;
+  std::string bare = name;
+  if (name.rfind("rank", 0) == 0) {
+    // rank0 is never written: rank 0's names are bare.
+    if (!LeadingIndex(name, 4, &r, &bare) || r == 0) return nullptr;
+  }
+  for (const MetricDef& d : MetricCatalog()) {
     int idx = 0;
-    const char* digits = nullptr;
-    if (d.scope == MetricScope::kGpu && name.rfind("gpu", 0) == 0) digits = name.c_str() + 3;
-    if (d.scope == MetricScope::kCore && name.rfind("host.cpu", 0) == 0) digits = name.c_str() + 8;
-    if (d.scope == MetricScope::kProc && name.rfind("rank", 0) == 0) digits = name.c_str() + 4;
-    if (digits) {
-      char* end = nullptr;
-      long v = std::strtol(digits, &end, 10);
-      if (end == digits || *end != '.') continue;
-      idx = static_cast<int>(v);
+    std::string rest;
+    if (d.scope == MetricScope::kGpu && bare.rfind("gpu", 0) == 0) {
+      if (!LeadingIndex(bare, 3, &idx, &rest)) continue;
+    } else if (d.scope == MetricScope::kCore && bare.rfind("host.cpu", 0) == 0) {
+      if (!LeadingIndex(bare, 8, &idx, &rest)) continue;
     } else if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore) {
       continue;
     }
-    if (MetricName(d, idx) == name) {
+    if (MetricName(d, idx) == bare) {
       if (index) *index = idx;
+      if (rank) *rank = r;
       return &d;
     }
   }
@@ -176,25 +202,25 @@ std::vector<std::pair<std::string, double>> Flatten(const Snapshot& s) {
       case MetricScope::kGpu:
         for (const GpuSample& g : s.gpus) {
           const Value& v = g.*(e.get.gpu);
-          if (v) out.emplace_back(MetricName(defs[k], g.index), *v);
+          if (v) out.emplace_back(MetricName(defs[k], g.index, s.rank), *v);
         }
         break;
       case MetricScope::kCore:
         for (size_t c = 0; c < s.host.cores.size(); ++c)
-          AddCpu(e, s.host.cores[c], MetricName(defs[k], static_cast<int>(c)), &out);
+          AddCpu(e, s.host.cores[c], MetricName(defs[k], static_cast<int>(c), s.rank), &out);
         break;
       case MetricScope::kProc:
         if (s.proc) {
           const Value& v = (*s.proc).*(e.get.proc);
-          if (v) out.emplace_back(MetricName(defs[k], s.proc->rank), *v);
+          if (v) out.emplace_back(MetricName(defs[k], 0, s.rank), *v);
         }
         break;
       case MetricScope::kHostCpu:
-        AddCpu(e, s.host.cpu, MetricName(defs[k], 0), &out);
+        AddCpu(e, s.host.cpu, MetricName(defs[k], 0, s.rank), &out);
         break;
       case MetricScope::kHost: {
         const Value& v = s.host.*(e.get.host);
-        if (v) out.emplace_back(MetricName(defs[k], 0), *v);
+        if (v) out.emplace_back(MetricName(defs[k], 0, s.rank), *v);
         break;
       }
     }

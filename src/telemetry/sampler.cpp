@@ -29,11 +29,11 @@ Snapshot Sampler::SampleOnce() {
   Snapshot s;
   s.unix_time = env_->UnixSeconds();
   s.mono_time = env_->MonotonicSeconds();
+  s.rank = options_.rank;
   if (options_.host) host_.Collect(&s.host);
   std::vector<int> pids;
   if (tree_) {
     ProcTreeSample p;
-    p.rank = options_.rank;
     tree_->Collect(&p);
     pids = p.pids;
     s.proc = std::move(p);

@@ -374,16 +374,19 @@ Status Trainer::BeginRun() {
   return OpenCheckpoints();
 }
 
-// Rank 0 samples the host, its GPUs and its own process tree; every other
-// rank only its own process tree (rankR.proc.*), so the host is not counted
-// twice and each rank's CPU and memory can be told apart.
+// Rank 0 samples its node's host and GPUs and its own process tree. The
+// first rank of every other node (local rank 0) does the same for its node,
+// stored as rankR.host.* and rankR.gpuN.*; every other rank samples only its
+// own process tree (rankR.proc.*). So no host is counted twice, and each
+// rank's CPU and memory can be told apart.
 void Trainer::StartSampler() {
+  bool samples_node = rank_.rank == 0 || rank_.local_rank == 0;
   SamplerOptions so;
   so.interval_s = 1.0;
   so.root_pid = static_cast<int>(::getpid());
-  so.host = rank_.rank == 0;
+  so.host = samples_node;
   so.rank = rank_.rank;
-  sampler_ = std::make_unique<Sampler>(Env::Default(), rank_.rank == 0 ? gpus_.get() : nullptr, so);
+  sampler_ = std::make_unique<Sampler>(Env::Default(), samples_node ? gpus_.get() : nullptr, so);
   if (!forward_) sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
   sampler_->Start([this](const fullburn::Snapshot& s) {
     if (sample_writer_) sample_writer_->Add(s);

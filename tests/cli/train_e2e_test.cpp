@@ -184,6 +184,17 @@ TEST_F(TrainE2E, RanksWithTheirOwnStoreSendTheirRecordsToRankZero) {
   EXPECT_EQ(per_rank[1], 300);
   EXPECT_TRUE(data.samples.count("proc.rss_bytes"));
   EXPECT_TRUE(data.samples.count("rank1.proc.rss_bytes"));
+  // Rank 1 is the first rank of its node (LOCAL_RANK=0): it samples that
+  // node's host too, under its rank, and the report charts it. (Memory, not
+  // CPU: CPU shares need two samples, and this run may last one second.)
+  EXPECT_FALSE(data.samples["rank1.host.mem_used_bytes"].empty());
+  EXPECT_FALSE(data.samples["rank1.host.mem_total_bytes"].empty());
+  EXPECT_FALSE(data.samples["host.mem_used_bytes"].empty());
+  EXPECT_EQ(data.samples.count("rank1.gpu0.util"), 0u);  // no GPU here, none invented
+  std::string html = dir_ + "/nodes.html";
+  auto report = RunToEnd({FULLBURN_BIN, "report", std::to_string(data.run.id), "--store", store_, "-o", html});
+  ASSERT_EQ(report.code, 0) << report.err;
+  EXPECT_NE(testing::ReadText(html).find("\"rank1.host.mem_used_bytes\""), std::string::npos);
   // Rank 1's own store holds no run: nothing was written into a run it does not have.
   auto own = RunStore::Open(other + "/runs.db");
   ASSERT_TRUE(own.ok());
@@ -221,6 +232,7 @@ TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
   ASSERT_TRUE(data.samples.count("rank1.proc.rss_bytes")) << "rank 1's process";
   EXPECT_EQ(data.samples.count("rank0.proc.rss_bytes"), 0u);
   EXPECT_EQ(data.samples["host.mem_used_bytes"].size(), data.samples["proc.rss_bytes"].size());
+  EXPECT_EQ(data.samples.count("rank1.host.mem_used_bytes"), 0u) << "rank 1 shares rank 0's node";
   auto a = CheckpointWeights(store.get(), single), b = CheckpointWeights(store.get(), ddp);
   ASSERT_FALSE(a.empty());
   ASSERT_EQ(a.size(), b.size());

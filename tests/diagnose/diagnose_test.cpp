@@ -1,9 +1,9 @@
 // Each rule on synthetic series: a case that triggers it and a near miss that must not.
+#include "fullburn/diagnose.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
-
-#include "fullburn/diagnose.h"
 
 namespace fullburn {
 namespace {
@@ -88,7 +88,8 @@ TEST(Diagnose, InputCpuFromMeasuredDataWait) {
   ASSERT_EQ(f[0].cause, "input_cpu");
   EXPECT_NEAR(f[0].share_lost, 0.3, 1e-9);
   EXPECT_NE(f[0].evidence.find("30%"), std::string::npos);
-  EXPECT_EQ(Causes(Case().Host(92).Wait(0.08).Run()), std::vector<std::string>{"healthy"});  // near miss
+  EXPECT_EQ(Causes(Case().Host(92).Wait(0.08).Run()),
+            std::vector<std::string>{"healthy"});  // near miss
   Case fixed;  // a fixed worker count on a 16-core host: the fix names the knob
   fixed.run.config_json = R"({"data": {"threads": 4}})";
   for (int c = 0; c < 16; ++c) fixed.m["host.cpu" + std::to_string(c) + ".util"] = Flat(90);
@@ -243,6 +244,31 @@ TEST(Diagnose, UnevenGpus) {
   EXPECT_FALSE(Has(c.Run(), "uneven_ranks"));
 }
 
+// A second node's first rank (rank 4) samples its host and GPUs as rank4.*:
+// the rules read every node, and the evidence names the node.
+TEST(Diagnose, OtherNodesGpusAndHostsAreRead) {
+  Case c;
+  c.Gpu(95, 0.7).Host(40);
+  c.m["rank4.gpu0.util"] = Flat(40);
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "uneven_ranks");
+  EXPECT_NE(f[0].title.find("GPU 0 of rank 4's node is busy far less than GPU 0"),
+            std::string::npos)
+      << f[0].title;
+  EXPECT_NEAR(f[0].share_lost, 0.275, 1e-9);
+  // The input pipeline waits while rank 4's node has its CPU saturated:
+  // the CPU finding comes from that node even though rank 0's is idle.
+  Case cpu;
+  cpu.Host(40).Wait(0.3);
+  cpu.m["rank4.host.cpu_util"] = Flat(93);
+  auto g = cpu.Run();
+  ASSERT_EQ(g[0].cause, "input_cpu");
+  EXPECT_NE(g[0].evidence.find("host CPU median 93% on rank 4's node"), std::string::npos)
+      << g[0].evidence;
+  cpu.m["rank4.host.cpu_util"] = Flat(30);
+  EXPECT_NE(cpu.Run()[0].cause, "input_cpu");
+}
+
 // Two ranks of a synchronous job with 1.2 s steps: what a rank does not
 // spend working it spends in communication (waiting for the other).
 Case TwoRanks(double work0, double work1) {
@@ -268,9 +294,10 @@ TEST(Diagnose, StragglerRankFromStepRecords) {
   ASSERT_EQ(f[0].cause, "uneven_ranks");
   EXPECT_NE(f[0].title.find("rank 1"), std::string::npos);
   EXPECT_NEAR(f[0].share_lost, 1 - 1.0 / 1.1, 1e-9);
-  EXPECT_FALSE(Has(f, "communication"));  // the wait is the straggler's
+  EXPECT_FALSE(Has(f, "communication"));                         // the wait is the straggler's
   EXPECT_FALSE(Has(TwoRanks(1.09, 1.1).Run(), "uneven_ranks"));  // 1 % apart
-  EXPECT_EQ(f[0].evidence.find("of a core"), std::string::npos);  // no per-rank telemetry: not claimed
+  EXPECT_EQ(f[0].evidence.find("of a core"),
+            std::string::npos);  // no per-rank telemetry: not claimed
 }
 
 // Each rank's process tree is sampled (proc.*, rank1.proc.*): the straggler's
@@ -281,7 +308,8 @@ TEST(Diagnose, StragglerEvidenceNamesEachRanksProcessCpu) {
   c.m["rank1.proc.cpu_util"] = Flat(95);
   auto f = c.Run();
   ASSERT_EQ(f[0].cause, "uneven_ranks");
-  EXPECT_NE(f[0].evidence.find("its process used 95% of a core, rank 0's 190%"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("its process used 95% of a core, rank 0's 190%"), std::string::npos)
+      << f[0].evidence;
 }
 
 TEST(Diagnose, CommunicationNotHidden) {
@@ -317,7 +345,8 @@ TEST(Diagnose, EveryCauseIsDocumented) {
   std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ASSERT_FALSE(doc.empty());
   for (size_t i = 0; i < kCauseCount; ++i)
-    EXPECT_NE(doc.find(std::string("| `") + kCauses[i] + "` |"), std::string::npos) << kCauses[i] << ": no row in the rules table";
+    EXPECT_NE(doc.find(std::string("| `") + kCauses[i] + "` |"), std::string::npos)
+        << kCauses[i] << ": no row in the rules table";
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include "fullburn/report.h"
+
+#include <gtest/gtest.h>
 
 namespace fullburn {
 namespace {
@@ -49,9 +49,10 @@ TEST(Report, PrometheusUsesDcgmNamesUnitsAndLabels) {
   s.host.cores.push_back(CpuShare{33.0, {}, {}, {}, {}});
   std::string text = RenderPrometheus(s, {{0, "NVIDIA H100", "GPU-x\"y"}}, "node1");
   EXPECT_NE(text.find("# TYPE DCGM_FI_DEV_GPU_UTIL gauge"), std::string::npos);
-  EXPECT_NE(text.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-x\\\"y\",modelName=\"NVIDIA H100\","
-                      "Hostname=\"node1\"} 87\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-x\\\"y\",modelName=\"NVIDIA H100\","
+                "Hostname=\"node1\"} 87\n"),
+      std::string::npos)
       << text;
   EXPECT_NE(text.find("DCGM_FI_DEV_FB_USED{gpu=\"0\""), std::string::npos);
   EXPECT_NE(text.find("} 2048\n"), std::string::npos);  // MiB, as dcgm-exporter
@@ -62,11 +63,19 @@ TEST(Report, PrometheusUsesDcgmNamesUnitsAndLabels) {
   EXPECT_EQ(text.find("power"), std::string::npos);  // absent metrics are not exported
   // A data-parallel rank's process tree carries its rank as a label.
   Snapshot rank;
+  rank.rank = 2;
   rank.proc = ProcTreeSample{};
-  rank.proc->rank = 2;
   rank.proc->cpu_util = 150;
-  EXPECT_NE(RenderPrometheus(rank, {}, "node1").find("fullburn_proc_cpu_util{rank=\"2\",Hostname=\"node1\"} 150\n"),
-            std::string::npos);
+  rank.gpus.push_back(GpuSample{});
+  rank.gpus[0].util = 60;
+  std::string ranked = RenderPrometheus(rank, {}, "node1");
+  EXPECT_NE(ranked.find("fullburn_proc_cpu_util{rank=\"2\",Hostname=\"node1\"} 150\n"),
+            std::string::npos)
+      << ranked;
+  EXPECT_NE(ranked.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"\",modelName=\"\",rank=\"2\","
+                        "Hostname=\"node1\"} 60\n"),
+            std::string::npos)
+      << ranked;
 }
 
 TEST(Report, CsvHasOneRowPerTimeAndBlanksForAbsent) {
@@ -132,7 +141,7 @@ TEST(StepsReport, CsvHasOneRowPerStepAndBlanksForAbsent) {
   std::string csv = StepsCsv(steps);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3);
   EXPECT_NE(csv.find("samples_per_s"), std::string::npos);
-  EXPECT_NE(csv.find(",0.04,,0.02,") , std::string::npos);  // data_wait, h2d absent, forward
+  EXPECT_NE(csv.find(",0.04,,0.02,"), std::string::npos);   // data_wait, h2d absent, forward
   EXPECT_NE(csv.find(",0.04,,,0.03,"), std::string::npos);  // second step: forward absent too
 }
 
@@ -140,7 +149,8 @@ TEST(StepsReport, ChromeTraceNestsPhasesInsideTheirStep) {
   RunInfo run;
   run.id = 7;
   auto steps = MakeSteps(2);
-  std::map<std::string, Series> samples{{"gpu0.util", {{0.05, 40}}}, {"host.mem_used", {{0.05, 1}}}};
+  std::map<std::string, Series> samples{{"gpu0.util", {{0.05, 40}}},
+                                        {"host.mem_used", {{0.05, 1}}}};
   nlohmann::json trace = ChromeTrace(run, steps, {{2, 0.3, "/x", 10, 0.001, 0.05}}, samples);
   int step_events = 0, phase_events = 0, gpu_counters = 0, checkpoint_events = 0;
   for (const auto& e : trace["traceEvents"]) {
@@ -175,7 +185,8 @@ namespace {
 
 TEST(Downsample, KeepsPeaksAndBreaksAtGaps) {
   Series s;
-  for (int i = 0; i < 36000; ++i) s.push_back({static_cast<double>(i), i == 12345 ? 100.0 : (i == 20000 ? -5.0 : 50.0)});
+  for (int i = 0; i < 36000; ++i)
+    s.push_back({static_cast<double>(i), i == 12345 ? 100.0 : (i == 20000 ? -5.0 : 50.0)});
   Series d = Downsample(s, 2000, 3);
   EXPECT_LE(d.size(), 2000u);
   double hi = 0, lo = 100;
@@ -198,7 +209,8 @@ RunData TwoStepRun(int64_t id, int batch, double step_s) {
   d.run.start_time = 1000;
   d.run.end_time = 1010;
   d.run.command = {"python3", "train.py"};
-  d.run.config_json = nlohmann::json{{"train", {{"batch_size", batch}, {"precision", "bf16"}}}}.dump();
+  d.run.config_json =
+      nlohmann::json{{"train", {{"batch_size", batch}, {"precision", "bf16"}}}}.dump();
   for (int i = 1; i <= 20; ++i) {
     StepRecord r;
     r.step = i;
@@ -212,8 +224,9 @@ RunData TwoStepRun(int64_t id, int batch, double step_s) {
 }
 
 TEST(Compare, ShowsThroughputChangeAndOnlyTheConfigThatDiffers) {
-  std::vector<RunDigest> runs = {Digest(TwoStepRun(1, 64, 0.1), {}),
-                                 Digest(TwoStepRun(2, 256, 0.2), {{"input_cpu", "", "", 0.5, 0.9, ""}})};
+  std::vector<RunDigest> runs = {
+      Digest(TwoStepRun(1, 64, 0.1), {}),
+      Digest(TwoStepRun(2, 256, 0.2), {{"input_cpu", "", "", 0.5, 0.9, ""}})};
   EXPECT_DOUBLE_EQ(runs[0].samples_per_s, 640);
   EXPECT_DOUBLE_EQ(runs[1].samples_per_s, 1280);
   std::string text = RenderComparison(runs);

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "fullburn/telemetry.h"
@@ -9,16 +10,22 @@ namespace {
 
 TEST(Metrics, NamesRoundTripThroughTheCatalog) {
   std::set<std::string> names;
-  for (const MetricDef& d : MetricCatalog()) {
-    std::string name = MetricName(d, 3);
-    EXPECT_TRUE(names.insert(name).second) << "duplicate " << name;
-    int index = -1;
-    const MetricDef* found = FindMetric(name, &index);
-    ASSERT_EQ(found, &d) << name;
-    if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore || d.scope == MetricScope::kProc) {
-      EXPECT_EQ(index, 3);
+  for (int rank : {0, 12}) {
+    for (const MetricDef& d : MetricCatalog()) {
+      std::string name = MetricName(d, 3, rank);
+      EXPECT_TRUE(names.insert(name).second) << "duplicate " << name;
+      int index = -1, found_rank = -1;
+      const MetricDef* found = FindMetric(name, &index, &found_rank);
+      ASSERT_EQ(found, &d) << name;
+      EXPECT_EQ(found_rank, rank) << name;
+      if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore)
+        EXPECT_EQ(index, 3) << name;
     }
   }
+  EXPECT_EQ(MetricName(*FindMetric("gpu0.util"), 1, 4), "rank4.gpu1.util");
+  EXPECT_EQ(FindMetric("rank4gpu1.util"), nullptr);
+  EXPECT_EQ(FindMetric("rank4.gpu.util"), nullptr);
+  EXPECT_EQ(FindMetric("rank4.rank2.proc.cpu_util"), nullptr);
   EXPECT_EQ(FindMetric("gpu.util"), nullptr);
   EXPECT_EQ(FindMetric("gpux.util"), nullptr);
   EXPECT_EQ(FindMetric("nonsense"), nullptr);
@@ -33,8 +40,8 @@ TEST(Metrics, NamesRoundTripThroughTheCatalog) {
 // readings that would double rank 0's, and its names carry the rank.
 TEST(Metrics, RanksAfterZeroStoreOnlyTheirProcessTree) {
   Snapshot s;
+  s.rank = 2;
   ProcTreeSample p;
-  p.rank = 2;
   p.cpu_util = 180.0;
   p.rss_bytes = 1e9;
   s.proc = p;
@@ -45,14 +52,50 @@ TEST(Metrics, RanksAfterZeroStoreOnlyTheirProcessTree) {
   EXPECT_DOUBLE_EQ(m.at("rank2.proc.rss_bytes"), 1e9);
 }
 
+// The first rank on another node samples that node's host and GPUs: every
+// name carries its rank, so nothing collides with rank 0's node.
+TEST(Metrics, AnotherNodesHostAndGpusCarryTheRankThatSampledThem) {
+  Snapshot s;
+  s.rank = 4;
+  s.host.cpu.util = 75.0;
+  s.host.cores.resize(2);
+  s.host.cores[1].iowait = 3.0;
+  s.host.mem_used_bytes = 2e9;
+  GpuSample g;
+  g.index = 1;
+  g.util = 40.0;
+  s.gpus.push_back(g);
+  auto flat = Flatten(s);
+  std::map<std::string, double> m(flat.begin(), flat.end());
+  EXPECT_EQ(m.size(), 4u);
+  EXPECT_DOUBLE_EQ(m.at("rank4.host.cpu_util"), 75.0);
+  EXPECT_DOUBLE_EQ(m.at("rank4.host.cpu1.iowait"), 3.0);
+  EXPECT_DOUBLE_EQ(m.at("rank4.host.mem_used_bytes"), 2e9);
+  EXPECT_DOUBLE_EQ(m.at("rank4.gpu1.util"), 40.0);
+}
+
 TEST(Metrics, IssueNamesExist) {
-  for (const char* n :
-       {"gpu0.util", "gpu0.mem_util", "gpu0.mem_used_bytes", "gpu0.mem_total_bytes", "gpu0.power_w",
-        "gpu0.power_limit_w", "gpu0.temp_c", "gpu0.sm_clock_mhz", "gpu0.throttle_reasons",
-        "gpu0.pcie_tx_bytes_per_s", "gpu0.pcie_rx_bytes_per_s", "host.cpu_util",
-        "host.mem_used_bytes", "host.swap_in_per_s", "host.disk_read_bytes_per_s",
-        "host.net_rx_bytes_per_s", "proc.cpu_util", "proc.rss_bytes", "proc.threads",
-        "proc.processes", "host.cpu1.iowait"})
+  for (const char* n : {"gpu0.util",
+                        "gpu0.mem_util",
+                        "gpu0.mem_used_bytes",
+                        "gpu0.mem_total_bytes",
+                        "gpu0.power_w",
+                        "gpu0.power_limit_w",
+                        "gpu0.temp_c",
+                        "gpu0.sm_clock_mhz",
+                        "gpu0.throttle_reasons",
+                        "gpu0.pcie_tx_bytes_per_s",
+                        "gpu0.pcie_rx_bytes_per_s",
+                        "host.cpu_util",
+                        "host.mem_used_bytes",
+                        "host.swap_in_per_s",
+                        "host.disk_read_bytes_per_s",
+                        "host.net_rx_bytes_per_s",
+                        "proc.cpu_util",
+                        "proc.rss_bytes",
+                        "proc.threads",
+                        "proc.processes",
+                        "host.cpu1.iowait"})
     EXPECT_NE(FindMetric(n), nullptr) << n;
 }
 

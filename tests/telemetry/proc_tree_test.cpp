@@ -92,7 +92,7 @@ TEST(ProcTree, ARankSamplerReadsOnlyItsTree) {
   env.SetTime(2.0);
   Snapshot s = sampler.SampleOnce();
   ASSERT_TRUE(s.proc.has_value());
-  EXPECT_EQ(s.proc->rank, 1);
+  EXPECT_EQ(s.rank, 1);
   EXPECT_FALSE(s.host.cpu.util.has_value());
   EXPECT_FALSE(s.host.mem_used_bytes.has_value());
   std::vector<std::string> names;
