@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "fullburn/pipeline.h"
@@ -56,6 +57,19 @@ struct Cursor {
     return true;
   }
 };
+
+struct FileCloser {
+  void operator()(FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<FILE, FileCloser>;
+
+// Every shard reaches the disk before the index that names it is written;
+// a full disk shows here, as a failed flush, sync or close.
+bool SyncAndClose(File* f) {
+  FILE* raw = f->release();
+  bool ok = std::fflush(raw) == 0 && ::fsync(fileno(raw)) == 0;
+  return std::fclose(raw) == 0 && ok;
+}
 
 struct Payload {
   bool ok = false;
@@ -126,7 +140,7 @@ Result<PackReport> WritePack(const std::string& src, const std::string& dst, con
   PackReport report;
   std::vector<PackRecord> records;
   std::vector<uint64_t> shard_sizes;
-  FILE* shard = nullptr;
+  File shard;  // closed on every early return, so no error path leaks it
   uint64_t shard_used = kShardBytes;  // forces the first shard open
   // Images are prepared in parallel, a chunk at a time, and written in order.
   const size_t chunk = static_cast<size_t>(threads) * 16;
@@ -149,13 +163,13 @@ Result<PackReport> WritePack(const std::string& src, const std::string& dst, con
         continue;
       }
       if (shard_used + p.bytes.size() > kShardBytes && shard_used > 0) {
-        if (shard && std::fclose(shard) != 0) return Status::IoError("cannot write a shard (disk full?)");
-        shard = std::fopen((fs::path(dst) / ShardName(static_cast<uint32_t>(shard_sizes.size()))).c_str(), "wb");
+        if (shard && !SyncAndClose(&shard)) return Status::IoError("cannot write a shard in " + dst + " (disk full?)");
+        shard.reset(std::fopen((fs::path(dst) / ShardName(static_cast<uint32_t>(shard_sizes.size()))).c_str(), "wb"));
         if (!shard) return Status::IoError("cannot create a shard in " + dst);
         shard_sizes.push_back(0);
         shard_used = 0;
       }
-      if (std::fwrite(p.bytes.data(), 1, p.bytes.size(), shard) != p.bytes.size())
+      if (std::fwrite(p.bytes.data(), 1, p.bytes.size(), shard.get()) != p.bytes.size())
         return Status::IoError("cannot write a shard in " + dst + " (disk full?)");
       records.push_back(PackRecord{static_cast<uint32_t>(shard_sizes.size() - 1), shard_used,
                                    static_cast<uint32_t>(p.bytes.size()), static_cast<uint16_t>(p.width),
@@ -167,7 +181,7 @@ Result<PackReport> WritePack(const std::string& src, const std::string& dst, con
       p = Payload();
     }
   }
-  if (shard && (std::fflush(shard) != 0 || ::fsync(fileno(shard)) != 0 || std::fclose(shard) != 0))
+  if (shard && !SyncAndClose(&shard))
     return Status::IoError("cannot write a shard in " + dst + " (disk full?)");
   if (records.empty()) return Status::InvalidArgument("no decodable image in " + src + ": nothing to pack");
 
