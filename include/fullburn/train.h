@@ -182,8 +182,8 @@ class CheckpointWriter {
   void Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel);
   std::map<std::string, torch::Tensor> staging_;  // host copies, reused
   std::condition_variable staged_cv_;
-  bool staged_ = true;        // the until_update tensors are copied (under mu_)
-  double fence_wait_s_ = 0;   // BeforeUpdate's wait for the checkpoint in flight
+  bool staged_ = true;       // the until_update tensors are copied (under mu_)
+  double fence_wait_s_ = 0;  // BeforeUpdate's wait for the checkpoint in flight
   std::string dir_;
   int keep_;
   bool async_;
@@ -203,9 +203,9 @@ struct TrainerOptions {
   std::vector<std::string> overrides;  // key=value
   std::optional<Config> config;        // C++ API: a built config instead of the two above
   bool print_config = false;           // print the effective config and stop
-  std::string store_path;  // empty: the default store
+  std::string store_path;              // empty: the default store
   std::string name;
-  std::string resume;  // a run id / "last" or a checkpoint file
+  std::string resume;                 // a run id / "last" or a checkpoint file
   std::optional<int64_t> parent_run;  // the tuning this run is a trial of
   bool quiet = false;
   std::vector<std::string> command;  // argv, stored with the run
@@ -230,6 +230,7 @@ struct NotCountedInBudget {
   NotCountedInBudget(const NotCountedInBudget&) = delete;
   NotCountedInBudget& operator=(const NotCountedInBudget&) = delete;
 };
+int64_t CpuMemoryBudget();  // 0: no limit
 int64_t CpuBytesInUse();
 int64_t CpuPeakBytes();
 void ResetCpuPeakBytes();

@@ -83,6 +83,25 @@ struct Trial {
   }
 };
 
+// Under a CPU budget, what was live before the search besides the weights
+// (data held in memory) may be what filled it: then the model is not the
+// one to shrink.
+Status NoFitStatus(const StepContext& ctx) {
+  int64_t budget = CpuMemoryBudget(), in_use = CpuBytesInUse(), weights = 0;
+  for (const torch::Tensor& p : ctx.model->parameters())
+    if (p.device().is_cpu()) weights += static_cast<int64_t>(p.numel() * p.element_size());
+  if (!ctx.device.is_cuda() && budget > 0 && (in_use - weights) * 2 > budget)
+    return Status::ResourceExhausted(fmt::format(
+        "batch 1 does not fit: {} MiB of the {} MiB train.memory_budget_mb were in use before the "
+        "batch-size search (the weights and the data held in memory): raise train.memory_budget_mb "
+        "or "
+        "hold less in memory (data.cache_mb, a smaller in-memory dataset)",
+        in_use >> 20, budget >> 20));
+  return Status::ResourceExhausted(
+      "the model does not fit in memory even at batch 1: use a smaller model (model.width, "
+      "model.hidden, model.layers), bf16, or a device with more memory");
+}
+
 }  // namespace
 
 Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
@@ -90,9 +109,7 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
                                 const std::function<void(const BatchTrial&)>& report) {
   // Trials train for real; the weights (and BatchNorm statistics) they change
   // are put back afterwards so the search leaves no trace in the run.
-  const Status no_fit = Status::ResourceExhausted(
-      "the model does not fit in memory even at batch 1: use a smaller model (model.width, "
-      "model.hidden, model.layers), bf16, or a device with more memory");
+  const Status no_fit = NoFitStatus(*ctx);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> saved;
   try {
     torch::NoGradGuard g;

@@ -71,7 +71,8 @@ class BudgetAllocator : public c10::Allocator {
     if (budget > 0 && now > budget) {
       g_in_use.fetch_sub(bytes, std::memory_order_relaxed);
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: tried to allocate ", n,
-                       " bytes with ", now - bytes, " of ", budget, " in use (train.memory_budget_mb)");
+                       " bytes with ", now - bytes, " of ", budget,
+                       " in use (train.memory_budget_mb)");
     }
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
@@ -105,6 +106,7 @@ void SetCpuMemoryBudget(int64_t budget_bytes) {
   Install();
   g_budget = budget_bytes;
 }
+int64_t CpuMemoryBudget() { return g_budget.load(); }
 int64_t CpuBytesInUse() { return g_in_use.load(); }
 int64_t CpuPeakBytes() { return g_peak.load(); }
 void ResetCpuPeakBytes() {

@@ -322,5 +322,23 @@ TEST(BatchSearch, AModelThatDoesNotFitAtBatchOneIsAClearError) {
   EXPECT_NE(r.status().message().find("does not fit in memory even at batch 1"), std::string::npos);
 }
 
+// The budget is mostly taken before the search starts (data held in memory):
+// the message says so instead of blaming the model.
+TEST(BatchSearch, ABudgetFilledBeforeTheSearchIsNamedAsSuch) {
+  StepContext ctx;
+  ctx.model = Mlp(1000, 10);
+  TrainBatch probe{torch::randn({8, 1000}), torch::randint(0, 10, {8}, torch::kLong), 8};
+  SetCpuMemoryBudget(0);  // installs the counting allocator before the data is made
+  torch::Tensor dataset =
+      torch::empty({6 << 20}, torch::kByte);  // 6 MiB, far more than the weights
+  SetCpuMemoryBudget(CpuBytesInUse() + 4096);
+  auto r = SearchBatchSize(&ctx, probe, BatchSearchOptions{}, [](const BatchTrial&) {});
+  SetCpuMemoryBudget(0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("were in use before the batch-size search"),
+            std::string::npos)
+      << r.status().message();
+}
+
 }  // namespace
 }  // namespace fullburn
