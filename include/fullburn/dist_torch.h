@@ -37,21 +37,22 @@ struct DistOptions {
   double timeout_s = 120;        // rendezvous and every collective
   double bucket_mb = 25;
   double first_bucket_mb = 1;
-  bool overlap = true;             // false: every bucket starts after backward (for comparison)
-  std::string compress = "none";   // none | fp16 | bf16: gradients sent in 16 bits
-  std::string config_hash;         // ranks must agree; empty: not checked
+  bool overlap = true;            // false: every bucket starts after backward (for comparison)
+  std::string compress = "none";  // none | fp16 | bf16: gradients sent in 16 bits
+  std::string config_hash;        // ranks must agree; empty: not checked
 };
 
 struct DistStats {
   int64_t buckets = 0;
   int64_t started_in_backward = 0;  // bucket all-reduces started before FinishGradients
   int64_t started_after = 0;
-  double wait_s = 0;                // FinishGradients blocked on communication, in total
+  double wait_s = 0;  // FinishGradients blocked on communication, in total
 };
 
 class DataParallel {
  public:
-  static Result<std::unique_ptr<DataParallel>> Connect(const RankInfo& rank, const DistOptions& options,
+  static Result<std::unique_ptr<DataParallel>> Connect(const RankInfo& rank,
+                                                       const DistOptions& options,
                                                        torch::Device device);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -77,6 +78,10 @@ class DataParallel {
   const DistStats& stats() const;
   // Rank 0's `value` for `key`, on every rank (the run id every rank records into).
   Result<std::string> ShareFromRankZero(const std::string& key, const std::string& value);
+  // Every rank's `value` for `key`, in rank order, on rank 0 (empty on the
+  // others). Every rank must call it; rank 0 waits for all of them.
+  Result<std::vector<std::string>> GatherToRankZero(const std::string& key,
+                                                    const std::string& value);
 
   // Records for rank 0 from ranks that cannot write its run store (another
   // node's disk), through the rendezvous store: a rank after 0 sends

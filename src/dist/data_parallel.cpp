@@ -2,26 +2,28 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "fullburn/dist_torch.h"
 
 namespace fullburn {
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 struct Bucket {
-  std::vector<size_t> params;   // indices into Impl::params
+  std::vector<size_t> params;    // indices into Impl::params
   std::vector<int64_t> offsets;  // of each parameter in `flat`
   torch::Tensor flat;            // the gradients, side by side
   torch::Tensor wire;            // what is sent (flat, or a 16-bit copy)
@@ -59,15 +61,17 @@ struct DataParallel::Impl {
       store->set("survivor/" + std::to_string(rank.rank), std::vector<uint8_t>{1});
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       for (int r = 0; r < rank.world_size; ++r)
-        if (!store->check({"survivor/" + std::to_string(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (!store->check({"survivor/" + std::to_string(r)}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     } catch (const std::exception&) {
       missing = "0 (the rendezvous host)";
     }
-    return Status::Unavailable(fmt::format(
-        "rank {} lost contact with the other ranks ({}){}: a rank died or the network failed; every rank stops "
-        "(dist timeout {} s)",
-        rank.rank, FirstLine(e.what()), missing.empty() ? "" : "; not responding: rank " + missing,
-        options.timeout_s));
+    return Status::Unavailable(
+        fmt::format("rank {} lost contact with the other ranks ({}){}: a rank died or the network "
+                    "failed; every rank stops "
+                    "(dist timeout {} s)",
+                    rank.rank, FirstLine(e.what()),
+                    missing.empty() ? "" : "; not responding: rank " + missing, options.timeout_s));
   }
 
   void StartReadyBuckets() {
@@ -104,8 +108,9 @@ namespace {
 
 struct GradReadyHook : torch::autograd::FunctionPostHook {
   GradReadyHook(DataParallel::Impl* impl, size_t index) : impl(impl), index(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
     impl->MarkReady(index);
     return outputs;
   }
@@ -118,10 +123,11 @@ Status CheckSameConfig(c10d::Store& store, const RankInfo& rank, const std::stri
   for (int r = 0; r < rank.world_size; ++r) {
     std::vector<uint8_t> other = store.get("config/" + std::to_string(r));
     if (std::string(other.begin(), other.end()) != hash)
-      return Status::InvalidArgument(fmt::format(
-          "rank {}'s config differs from rank {}'s: every rank must run the same config (compare the commands "
-          "and FULLBURN_* variables of both)",
-          r, rank.rank));
+      return Status::InvalidArgument(
+          fmt::format("rank {}'s config differs from rank {}'s: every rank must run the same "
+                      "config (compare the commands "
+                      "and FULLBURN_* variables of both)",
+                      r, rank.rank));
   }
   return Status::Ok();
 }
@@ -131,7 +137,8 @@ Status CheckSameConfig(c10d::Store& store, const RankInfo& rank, const std::stri
 DataParallel::DataParallel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DataParallel::~DataParallel() = default;
 
-Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank, const DistOptions& options,
+Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank,
+                                                            const DistOptions& options,
                                                             torch::Device device) {
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
@@ -142,10 +149,12 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
     if (options.backend == "auto") {
       backend = "gloo";  // this build has no NCCL process group: Gloo handles CUDA tensors too
     } else {
-      return Status::InvalidArgument("dist.backend = nccl, but fullburn was built without NCCL: use dist.backend = gloo");
+      return Status::InvalidArgument(
+          "dist.backend = nccl, but fullburn was built without NCCL: use dist.backend = gloo");
     }
   }
-  if (backend != "gloo") return Status::InvalidArgument("dist.backend must be auto, gloo or nccl, not " + backend);
+  if (backend != "gloo")
+    return Status::InvalidArgument("dist.backend must be auto, gloo or nccl, not " + backend);
   if (options.compress != "none" && options.compress != "fp16" && options.compress != "bf16")
     return Status::InvalidArgument("dist.compress must be none, fp16 or bf16");
   impl->backend = backend;
@@ -161,13 +170,15 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
   } catch (const std::exception& e) {
     std::string why = FirstLine(e.what());
     if (rank.rank == 0 && why.find("ddress already in use") != std::string::npos)
-      return Status::Unavailable(fmt::format("port {} on {} is in use: choose another MASTER_PORT (fullburn launch "
-                                             "picks a free one)",
-                                             rank.master_port, rank.master_addr));
-    return Status::Unavailable(fmt::format(
-        "rank {} cannot meet the other ranks at {}:{} within {} s ({}): check MASTER_ADDR/MASTER_PORT, that rank 0 "
-        "started, and the firewall",
-        rank.rank, rank.master_addr, rank.master_port, options.timeout_s, why));
+      return Status::Unavailable(
+          fmt::format("port {} on {} is in use: choose another MASTER_PORT (fullburn launch "
+                      "picks a free one)",
+                      rank.master_port, rank.master_addr));
+    return Status::Unavailable(
+        fmt::format("rank {} cannot meet the other ranks at {}:{} within {} s ({}): check "
+                    "MASTER_ADDR/MASTER_PORT, that rank 0 "
+                    "started, and the firewall",
+                    rank.rank, rank.master_addr, rank.master_port, options.timeout_s, why));
   }
   try {
     if (!options.config_hash.empty())
@@ -177,7 +188,8 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
                                 ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                 : c10d::ProcessGroupGloo::createDefaultDevice());
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store);
-    impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank.rank, rank.world_size, gloo);
+    impl->group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank.rank, rank.world_size, gloo);
   } catch (const std::exception& e) {
     return impl->Lost(e);
   }
@@ -294,11 +306,30 @@ Status DataParallel::FinishGradients(double* wait_s) {
   return Status::Ok();
 }
 
-Result<std::string> DataParallel::ShareFromRankZero(const std::string& key, const std::string& value) {
+Result<std::string> DataParallel::ShareFromRankZero(const std::string& key,
+                                                    const std::string& value) {
   try {
-    if (impl_->rank.rank == 0) impl_->store->set("share/" + key, std::vector<uint8_t>(value.begin(), value.end()));
+    if (impl_->rank.rank == 0)
+      impl_->store->set("share/" + key, std::vector<uint8_t>(value.begin(), value.end()));
     std::vector<uint8_t> v = impl_->store->get("share/" + key);
     return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+}
+
+Result<std::vector<std::string>> DataParallel::GatherToRankZero(const std::string& key,
+                                                                const std::string& value) {
+  std::vector<std::string> all;
+  try {
+    impl_->store->set("gather/" + key + "/" + std::to_string(impl_->rank.rank),
+                      std::vector<uint8_t>(value.begin(), value.end()));
+    if (impl_->rank.rank != 0) return all;
+    for (int r = 0; r < impl_->rank.world_size; ++r) {
+      std::vector<uint8_t> v = impl_->store->get("gather/" + key + "/" + std::to_string(r));
+      all.emplace_back(v.begin(), v.end());
+    }
+    return all;
   } catch (const std::exception& e) {
     return impl_->Lost(e);
   }
@@ -310,7 +341,8 @@ Status DataParallel::Send(const std::string& payload) {
   std::string prefix = "fwd/" + std::to_string(impl_->rank.rank) + "/";
   try {
     int64_t seq = impl_->store->add(prefix + "n", 1);
-    impl_->store->set(prefix + std::to_string(seq), std::vector<uint8_t>(payload.begin(), payload.end()));
+    impl_->store->set(prefix + std::to_string(seq),
+                      std::vector<uint8_t>(payload.begin(), payload.end()));
     return Status::Ok();
   } catch (const std::exception& e) {
     return Status::IoError(std::string("cannot send records to rank 0: ") + e.what());

@@ -1,4 +1,6 @@
 // `fullburn train`: setup, the step loop, records, checkpoints, evaluation.
+#include "trainer.h"
+
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -10,7 +12,6 @@
 #include <thread>
 
 #include "fullburn/diagnose.h"
-#include "trainer.h"
 
 namespace fullburn {
 namespace {
@@ -42,22 +43,26 @@ Status Trainer::OpenStoreAndResume() {
       if (!cks.ok()) return cks.status();
       for (auto it = cks->rbegin(); it != cks->rend(); ++it) candidates.push_back(it->path);
       if (candidates.empty())
-        return Status::NotFound("run " + std::to_string(run->id) +
-                                " has no checkpoints to resume from: it ended before its first one");
+        return Status::NotFound(
+            "run " + std::to_string(run->id) +
+            " has no checkpoints to resume from: it ended before its first one");
     }
     for (const std::string& c : candidates) {
       auto state = ReadCheckpointFile(c);
       if (!state.ok()) {
-        std::fprintf(stderr, "fullburn: %s; trying the one before it\n", state.status().message().c_str());
+        std::fprintf(stderr, "fullburn: %s; trying the one before it\n",
+                     state.status().message().c_str());
         continue;
       }
       resume_ = Resume{c, std::move(*state), {}};
       resume_->meta = nlohmann::json::parse(resume_->state.state_json, nullptr, false);
       break;
     }
-    if (!resume_) return Status::Corruption("no usable checkpoint to resume from (all refused above)");
+    if (!resume_)
+      return Status::Corruption("no usable checkpoint to resume from (all refused above)");
     if (!resume_->meta.is_object() || !resume_->meta.contains("config"))
-      return Status::Corruption("checkpoint " + resume_->path + " has no training state: it was not written by fullburn train");
+      return Status::Corruption("checkpoint " + resume_->path +
+                                " has no training state: it was not written by fullburn train");
     base = resume_->meta["config"];
   }
   if (opt_.config) {
@@ -82,7 +87,8 @@ Status Trainer::Setup() {
     ctx_.device = torch::Device(dev);
   } catch (const c10::Error&) {
     exit_code = kExitUsage;
-    return Status::InvalidArgument("train.device = " + dev + " is not a device: use auto, cpu, cuda or cuda:N");
+    return Status::InvalidArgument("train.device = " + dev +
+                                   " is not a device: use auto, cpu, cuda or cuda:N");
   }
   if (ctx_.device.is_cuda() && !torch::cuda::is_available())
     return Status::InvalidArgument("train.device = " + dev + " but this libtorch sees no GPU (" +
@@ -92,11 +98,13 @@ Status Trainer::Setup() {
   if (ranks->has_value()) rank_ = **ranks;
   // One GPU per local rank, unless the config names one.
   if (ctx_.device.is_cuda() && rank_.world_size > 1 && !ctx_.device.has_index())
-    ctx_.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank_.local_rank % torch::cuda::device_count()));
+    ctx_.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                  rank_.local_rank % torch::cuda::device_count()));
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   int threads = static_cast<int>(cfg_.Int("train.threads"));
   if (threads == 0)
-    threads = std::max(1, cores - (cfg_.Str("data.source") == "images" && ctx_.device.is_cpu() ? 1 : 0));
+    threads =
+        std::max(1, cores - (cfg_.Str("data.source") == "images" && ctx_.device.is_cpu() ? 1 : 0));
   torch::set_num_threads(threads);
   torch::manual_seed(static_cast<uint64_t>(cfg_.Int("train.seed")));
 
@@ -104,8 +112,9 @@ Status Trainer::Setup() {
   if (precision == "bf16") ctx_.autocast = torch::kBFloat16;
   if (precision == "fp16") {
     if (!ctx_.device.is_cuda())
-      return Status::InvalidArgument("train.precision = fp16 needs a CUDA device (CPU autocast has no fp16 "
-                                     "in libtorch 1.13): use bf16 on CPU");
+      return Status::InvalidArgument(
+          "train.precision = fp16 needs a CUDA device (CPU autocast has no fp16 "
+          "in libtorch 1.13): use bf16 on CPU");
     ctx_.autocast = torch::kHalf;
   }
   ctx_.sync_timing = ctx_.device.is_cuda();
@@ -116,7 +125,9 @@ Status Trainer::Setup() {
   }
   if (int64_t mb = cfg_.Int("train.memory_budget_mb"); mb > 0) {
     if (ctx_.device.is_cuda())
-      std::fprintf(stderr, "fullburn: train.memory_budget_mb applies to CPU training only; ignored on %s\n", dev.c_str());
+      std::fprintf(stderr,
+                   "fullburn: train.memory_budget_mb applies to CPU training only; ignored on %s\n",
+                   dev.c_str());
     else
       SetCpuMemoryBudget(mb << 20);
   }
@@ -124,12 +135,14 @@ Status Trainer::Setup() {
   // Model and data must agree before anything runs.
   const std::string& model = cfg_.Str("model.name");
   const std::string& source = cfg_.Str("data.source");
-  bool ok = (model == "gpt") == (source == "tokens") && !(model == "lstm" && source != "synthetic") &&
+  bool ok = (model == "gpt") == (source == "tokens") &&
+            !(model == "lstm" && source != "synthetic") &&
             !(model.rfind("resnet", 0) == 0 && source != "images");
   if (!ok) {
     exit_code = kExitUsage;
-    return Status::InvalidArgument("model.name = " + model + " does not train on data.source = " + source +
-                                   ": resnet* and mlp take images, mlp and lstm take synthetic, gpt takes tokens");
+    return Status::InvalidArgument(
+        "model.name = " + model + " does not train on data.source = " + source +
+        ": resnet* and mlp take images, mlp and lstm take synthetic, gpt takes tokens");
   }
   ctx_.per_position = source == "tokens";
   ctx_.channels_last = cfg_.Bool("model.channels_last") && model.rfind("resnet", 0) == 0;
@@ -190,7 +203,8 @@ Status Trainer::Setup() {
   scaler_ = std::make_unique<LossScaler>(so);
 
   int64_t per_epoch = std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
-  total_steps_ = cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps") : per_epoch * cfg_.Int("train.epochs");
+  total_steps_ =
+      cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps") : per_epoch * cfg_.Int("train.epochs");
   schedule_.peak = cfg_.Float("optim.lr");
   if (cfg_.Bool("optim.scale_lr"))
     schedule_.peak *= static_cast<double>(batch_ * accumulate_ * rank_.world_size) /
@@ -256,12 +270,15 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   bo.optimizer = oo;
   // The probe source stays open through the search: what it holds (an
   // in-memory dataset, loader buffers) is held while training too.
-  std::fprintf(stderr, "fullburn: searching for the largest micro-batch that fits (train.batch_size = auto)\n");
+  std::fprintf(
+      stderr,
+      "fullburn: searching for the largest micro-batch that fits (train.batch_size = auto)\n");
   std::vector<BatchTrial> trials;
   auto chosen = SearchBatchSize(&ctx_, probe, bo, [&](const BatchTrial& t) {
     trials.push_back(t);
     if (t.fits)
-      std::fprintf(stderr, "  batch %-6lld fits   %8.1f samples/s\n", static_cast<long long>(t.batch), t.samples_per_s);
+      std::fprintf(stderr, "  batch %-6lld fits   %8.1f samples/s\n",
+                   static_cast<long long>(t.batch), t.samples_per_s);
     else
       std::fprintf(stderr, "  batch %-6lld %s\n", static_cast<long long>(t.batch), t.error.c_str());
   });
@@ -274,8 +291,11 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search");
   for (const BatchTrial& t : trials)
     pending_events_.push_back({0, "batch_size_trial",
-                               nlohmann::json{{"batch", t.batch}, {"fits", t.fits}, {"samples_per_s", t.samples_per_s},
-                                              {"peak_bytes", t.peak_bytes}, {"error", t.error}}
+                               nlohmann::json{{"batch", t.batch},
+                                              {"fits", t.fits},
+                                              {"samples_per_s", t.samples_per_s},
+                                              {"peak_bytes", t.peak_bytes},
+                                              {"error", t.error}}
                                    .dump()});
   pending_events_.push_back({0, "batch_size_chosen", nlohmann::json{{"batch", batch_}}.dump()});
   std::fprintf(stderr, "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
@@ -294,8 +314,8 @@ Status Trainer::ConnectRanks() {
   o.compress = cfg_.Str("dist.compress");
   // Ranks must train the same job; what describes a rank's machine may differ.
   nlohmann::json job = cfg_.ToJson();
-  for (const char* key : {"train.memory_budget_mb", "train.threads", "train.device", "data.threads", "data.prefetch",
-                          "data.cache_mb"}) {
+  for (const char* key : {"train.memory_budget_mb", "train.threads", "train.device", "data.threads",
+                          "data.prefetch", "data.cache_mb"}) {
     std::string k = key;
     size_t dot = k.find('.');
     if (job.contains(k.substr(0, dot))) job[k.substr(0, dot)].erase(k.substr(dot + 1));
@@ -310,9 +330,11 @@ Status Trainer::ConnectRanks() {
   spec_.rank = rank_.rank;
   spec_.world_size = rank_.world_size;
   if (rank_.rank == 0)
-    std::fprintf(stderr, "fullburn: %d ranks (%s, %s backend), gradients in %zu-MB buckets during backward\n",
-                 rank_.world_size, rank_.launcher.c_str(), dp_->backend().c_str(),
-                 static_cast<size_t>(o.bucket_mb));
+    std::fprintf(
+        stderr,
+        "fullburn: %d ranks (%s, %s backend), gradients in %zu-MB buckets during backward\n",
+        rank_.world_size, rank_.launcher.c_str(), dp_->backend().c_str(),
+        static_cast<size_t>(o.bucket_mb));
   return Status::Ok();
 }
 
@@ -322,21 +344,57 @@ Status Trainer::JoinRun() {
   if (!shared.ok()) return shared.status();
   long long id = 0;
   double start = 0;
-  if (std::sscanf(shared->c_str(), "%lld %lf", &id, &start) != 2) return Status::Internal("bad run id from rank 0");
+  if (std::sscanf(shared->c_str(), "%lld %lf", &id, &start) != 2)
+    return Status::Internal("bad run id from rank 0");
   run_.id = id;
   run_.start_time = start;
   return Status::Ok();
 }
 
+// The GPUs of every node the run samples, named in the run: rank 0's, and
+// those of each other node's first rank tagged with that rank (its samples
+// are rankR.gpuN.*). Every rank takes part in the gather; only node samplers
+// open NVML.
+Status Trainer::GatherGpus() {
+  if (rank_.rank == 0 || rank_.local_rank == 0) {
+    auto gpus = GpuSource::Open();
+    if (gpus.ok()) gpus_ = std::move(*gpus);
+  }
+  nlohmann::json mine = nlohmann::json::array();
+  if (gpus_)
+    for (const GpuInfo& i : gpus_->gpus()) {
+      nlohmann::json g{{"index", i.index}, {"name", i.name}, {"uuid", i.uuid}};
+      if (rank_.rank > 0) g["rank"] = rank_.rank;
+      mine.push_back(std::move(g));
+    }
+  if (!dp_) {
+    run_.gpus_json = mine.dump();
+    return Status::Ok();
+  }
+  Result<std::vector<std::string>> all = dp_->GatherToRankZero("gpus", mine.dump());
+  if (!all.ok()) return all.status();
+  nlohmann::json merged = nlohmann::json::array();
+  for (const std::string& part : *all) {
+    nlohmann::json list = nlohmann::json::parse(part, nullptr, false);
+    if (list.is_array())
+      for (nlohmann::json& g : list) merged.push_back(std::move(g));
+  }
+  run_.gpus_json = merged.dump();
+  return Status::Ok();
+}
+
 Status Trainer::BeginRun() {
+  if (Status s = GatherGpus(); !s.ok()) return s;
   if (rank_.rank > 0) {
     if (Status s = JoinRun(); !s.ok()) return s;
     DecideForwarding();
     StartSampler();
     return OpenCheckpoints();
   }
-  run_.name = opt_.name.empty() ? cfg_.Str("model.name") + " on " + cfg_.Str("data.source") : opt_.name;
-  run_.command = opt_.command.empty() ? std::vector<std::string>{"fullburn", "train"} : opt_.command;
+  run_.name =
+      opt_.name.empty() ? cfg_.Str("model.name") + " on " + cfg_.Str("data.source") : opt_.name;
+  run_.command =
+      opt_.command.empty() ? std::vector<std::string>{"fullburn", "train"} : opt_.command;
   run_.cwd = std::filesystem::current_path().string();
   run_.start_time = Env::Default()->UnixSeconds();
   run_.recorder_pid = static_cast<int>(::getpid());
@@ -346,26 +404,24 @@ Status Trainer::BeginRun() {
   if (resume_) config["resumed_from"] = resume_->path;
   // What "auto" and the empty defaults became on this machine (the tuner reads
   // the device, and packs the data it was given).
-  config["resolved"] = {{"device", ctx_.device.str()}, {"threads", torch::get_num_threads()},
-                        {"data_path", spec_.path}, {"val_path", ResolvedValPath()}};
+  config["resolved"] = {{"device", ctx_.device.str()},
+                        {"threads", torch::get_num_threads()},
+                        {"data_path", spec_.path},
+                        {"val_path", ResolvedValPath()}};
   run_.config_json = config.dump();
-  auto gpus = GpuSource::Open();
-  if (gpus.ok()) gpus_ = std::move(*gpus);
-  if (gpus_) {
-    nlohmann::json g = nlohmann::json::array();
-    for (const GpuInfo& i : gpus_->gpus()) g.push_back({{"index", i.index}, {"name", i.name}, {"uuid", i.uuid}});
-    run_.gpus_json = g.dump();
-  }
   auto id = store_->BeginRun(run_);
   if (!id.ok()) return id.status();
   run_.id = *id;
   if (dp_) {
-    Result<std::string> shared = dp_->ShareFromRankZero("run", fmt::format("{} {:.6f}", run_.id, run_.start_time));
+    Result<std::string> shared =
+        dp_->ShareFromRankZero("run", fmt::format("{} {:.6f}", run_.id, run_.start_time));
     if (!shared.ok()) return shared.status();
   }
   if (const char* events = std::getenv(kEventsEnvVar); events && *events) {
     events_out_.reset(std::fopen(events, "a"));
-    if (!events_out_) std::fprintf(stderr, "fullburn: cannot append step events to %s (%s): not sent\n", events, kEventsEnvVar);
+    if (!events_out_)
+      std::fprintf(stderr, "fullburn: cannot append step events to %s (%s): not sent\n", events,
+                   kEventsEnvVar);
   }
   for (RunEvent& e : pending_events_) store_->AddEvent(run_.id, e);
   pending_events_.clear();
@@ -387,13 +443,15 @@ void Trainer::StartSampler() {
   so.host = samples_node;
   so.rank = rank_.rank;
   sampler_ = std::make_unique<Sampler>(Env::Default(), samples_node ? gpus_.get() : nullptr, so);
-  if (!forward_) sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
+  if (!forward_)
+    sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
   sampler_->Start([this](const fullburn::Snapshot& s) {
     if (sample_writer_) sample_writer_->Add(s);
     std::lock_guard<std::mutex> lock(latest_mu_);
     latest_ = s;
     if (forward_)
-      for (const auto& [name, value] : Flatten(s)) forward_samples_.push_back({name, s.unix_time - run_.start_time, value});
+      for (const auto& [name, value] : Flatten(s))
+        forward_samples_.push_back({name, s.unix_time - run_.start_time, value});
   });
 }
 
@@ -413,8 +471,8 @@ Status Trainer::OpenCheckpoints() {
           std::fprintf(stderr, "\nfullburn: %s\n", w.status.message().c_str());
           return;
         }
-        store->AddCheckpoint(run_id, {w.step, Env::Default()->UnixSeconds() - start, w.path, w.bytes,
-                                      w.stall_s, w.write_s});
+        store->AddCheckpoint(run_id, {w.step, Env::Default()->UnixSeconds() - start, w.path,
+                                      w.bytes, w.stall_s, w.write_s});
       });
   mono_start_ = MonoNow();
   last_ckpt_time_ = mono_start_;
@@ -430,7 +488,8 @@ void Trainer::Finish(const std::string& status, int code) {
   if (forward_) SendForwarded(true);
   if (dp_ && rank_.rank == 0) ApplyForwarded(true);
   live_.reset();
-  if (run_.id > 0 && rank_.rank == 0) store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
+  if (run_.id > 0 && rank_.rank == 0)
+    store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
 }
 
 Status Trainer::Run() {
@@ -465,17 +524,20 @@ Status Trainer::Run() {
     return b;
   }
   if (rank_.rank == 0)
-    std::fprintf(stderr, "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
-               static_cast<long long>(run_.id), cfg_.Str("model.name").c_str(),
-               static_cast<long long>(ParameterCount(*ctx_.model)), static_cast<long long>(batch_),
-               static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
-               ctx_.device.str().c_str(), cfg_.Str("train.precision").c_str());
+    std::fprintf(
+        stderr,
+        "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
+        static_cast<long long>(run_.id), cfg_.Str("model.name").c_str(),
+        static_cast<long long>(ParameterCount(*ctx_.model)), static_cast<long long>(batch_),
+        static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
+        ctx_.device.str().c_str(), cfg_.Str("train.precision").c_str());
   s = Loop();
   // A failed step leaves the weights suspect: the last good checkpoint stands.
   if (s.ok() && (cfg_.Bool("checkpoint.at_end") || exit_code == kExitInterrupted)) Checkpoint(true);
   nlohmann::json eval;
   if (s.ok() && exit_code == 0 && rank_.rank == 0) eval = Evaluate();
-  Finish(s.ok() ? "finished" : "failed", s.ok() ? exit_code : (exit_code ? exit_code : kExitFailed));
+  Finish(s.ok() ? "finished" : "failed",
+         s.ok() ? exit_code : (exit_code ? exit_code : kExitFailed));
   if (!s.ok()) return s;
   if (!opt_.quiet && rank_.rank == 0) {
     auto steps = store_->LoadSteps(run_.id);
@@ -483,24 +545,29 @@ Status Trainer::Run() {
     if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok())
       std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
     if (!eval.empty())
-      std::fprintf(stderr, "  held-out: loss %.4f, accuracy %.1f%% (%g samples)\n", eval["val_loss"].get<double>(),
-                   100 * eval["val_accuracy"].get<double>(), eval["val_samples"].get<double>());
-    if (skipped_) std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
+      std::fprintf(stderr, "  held-out: loss %.4f, accuracy %.1f%% (%g samples)\n",
+                   eval["val_loss"].get<double>(), 100 * eval["val_accuracy"].get<double>(),
+                   eval["val_samples"].get<double>());
+    if (skipped_)
+      std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
     auto cks = store_->LoadCheckpoints(run_.id);
     if (cks.ok() && !cks->empty())
-      std::fprintf(stderr, "  checkpoint: %s (loop blocked %.1f ms)\n", cks->back().path.c_str(), cks->back().stall_s * 1e3);
-    std::fprintf(stderr, "fullburn: stored as run %lld in %s (fullburn runs show %lld; runs export %lld --table steps)\n",
-                 static_cast<long long>(run_.id), store_->path().c_str(), static_cast<long long>(run_.id),
-                 static_cast<long long>(run_.id));
+      std::fprintf(stderr, "  checkpoint: %s (loop blocked %.1f ms)\n", cks->back().path.c_str(),
+                   cks->back().stall_s * 1e3);
+    std::fprintf(stderr,
+                 "fullburn: stored as run %lld in %s (fullburn runs show %lld; runs export %lld "
+                 "--table steps)\n",
+                 static_cast<long long>(run_.id), store_->path().c_str(),
+                 static_cast<long long>(run_.id), static_cast<long long>(run_.id));
   }
   return Status::Ok();
 }
 
-
 bool IsOutOfMemory(const std::exception& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
   std::string what = e.what();
-  return what.find("out of memory") != std::string::npos || what.find("memory budget exceeded") != std::string::npos;
+  return what.find("out of memory") != std::string::npos ||
+         what.find("memory budget exceeded") != std::string::npos;
 }
 
 int RunTraining(const TrainerOptions& options) {

@@ -99,6 +99,7 @@ class Trainer {
   Status BeginRun();
   Status ConnectRanks();
   Status JoinRun();
+  Status GatherGpus();
   Status OpenCheckpoints();
   Status Loop();
   Status TrainStep(bool timed, StepRecord* rec);

@@ -13,8 +13,8 @@
 
 #include "fullburn/pipeline.h"
 #include "fullburn/report.h"
-#include "fullburn/train.h"
 #include "fullburn/store.h"
+#include "fullburn/train.h"
 #include "process.h"
 
 namespace fullburn {
@@ -25,10 +25,10 @@ using testing::Background;
 using testing::RunToEnd;
 
 // Small and deterministic: an MLP on in-memory synthetic data, one thread.
-const std::vector<std::string> kTiny = {"model.name=mlp",          "data.source=synthetic",
-                                        "data.synthetic_samples=2048", "data.features=32",
-                                        "model.hidden=64",         "train.threads=1",
-                                        "optim.lr=0.05",           "train.batch_size=32"};
+const std::vector<std::string> kTiny = {
+    "model.name=mlp",   "data.source=synthetic", "data.synthetic_samples=2048",
+    "data.features=32", "model.hidden=64",       "train.threads=1",
+    "optim.lr=0.05",    "train.batch_size=32"};
 
 class TrainE2E : public ::testing::Test {
  protected:
@@ -67,7 +67,8 @@ TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
   EXPECT_LT(sum.final_loss, 0.6 * sum.first_loss) << sum.first_loss << " -> " << sum.final_loss;
   for (const StepRecord& r : steps) {
     EXPECT_TRUE(r.forward_s && r.backward_s && r.optimizer_s && r.data_wait_s);
-    EXPECT_LE(*r.forward_s + *r.backward_s + *r.optimizer_s + *r.data_wait_s, r.step_s * 1.001 + 1e-4);
+    EXPECT_LE(*r.forward_s + *r.backward_s + *r.optimizer_s + *r.data_wait_s,
+              r.step_s * 1.001 + 1e-4);
   }
   EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5);  // 10 classes: chance is 0.1
   auto cks = Store()->LoadCheckpoints(run.id).value();
@@ -75,11 +76,13 @@ TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
   EXPECT_TRUE(fs::exists(cks.back().path));
   EXPECT_GT(Store()->LoadSamples(run.id).value().size(), 0u);  // telemetry alongside
 
-  auto csv = RunToEnd({FULLBURN_BIN, "runs", "export", std::to_string(run.id), "--table", "steps", "--store", store_});
+  auto csv = RunToEnd({FULLBURN_BIN, "runs", "export", std::to_string(run.id), "--table", "steps",
+                       "--store", store_});
   ASSERT_EQ(csv.code, 0) << csv.err;
   EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 151);
   EXPECT_EQ(csv.out.rfind("rank,step,epoch,t,loss,lr", 0), 0u);
-  auto js = RunToEnd({FULLBURN_BIN, "runs", "export", "last", "--table", "steps", "--format", "json", "--store", store_});
+  auto js = RunToEnd({FULLBURN_BIN, "runs", "export", "last", "--table", "steps", "--format",
+                      "json", "--store", store_});
   EXPECT_EQ(nlohmann::json::parse(js.out).size(), 150u);
   auto trace = RunToEnd({FULLBURN_BIN, "runs", "trace", "last", "--store", store_});
   ASSERT_EQ(trace.code, 0) << trace.err;
@@ -88,19 +91,20 @@ TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
 
 TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
   std::string data = dir_ + "/images";
-  auto make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/train", "--classes", "4", "--per-class",
-                        "48", "--size", "48x48"});
+  auto make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/train", "--classes", "4",
+                        "--per-class", "48", "--size", "48x48"});
   ASSERT_EQ(make.code, 0) << make.err;
-  make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/val", "--classes", "4", "--per-class", "16",
-                   "--size", "48x48", "--seed", "9"});
+  make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/val", "--classes", "4",
+                   "--per-class", "16", "--size", "48x48", "--seed", "9"});
   ASSERT_EQ(make.code, 0) << make.err;
-  auto o = Train({"data.path=" + data + "/train", "data.val_path=" + data + "/val", "data.image_size=32",
-                  "model.width=0.125", "train.batch_size=16", "train.epochs=6", "optim.lr=0.05",
-                  "data.threads=1", "train.threads=1"},
+  auto o = Train({"data.path=" + data + "/train", "data.val_path=" + data + "/val",
+                  "data.image_size=32", "model.width=0.125", "train.batch_size=16",
+                  "train.epochs=6", "optim.lr=0.05", "data.threads=1", "train.threads=1"},
                  /*tiny=*/false);
   ASSERT_EQ(o.code, 0) << o.err;
   auto run = Store()->GetRun("last").value();
-  EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5) << Evaluation(run.id).dump();  // chance: 0.25
+  EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5)
+      << Evaluation(run.id).dump();  // chance: 0.25
 }
 
 // kill -9 in the middle, resume, and the remaining losses are those of an
@@ -108,8 +112,9 @@ TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
 TEST_F(TrainE2E, WrappedTrainerSendsTheSameStepEventsAsThePythonMarkers) {
   // fullburn run -- fullburn train: the outer run gets the trainer's steps
   // through $FULLBURN_EVENTS, the line format python/fullburn_markers.py writes.
-  std::vector<std::string> argv = {FULLBURN_BIN, "run", "-q", "--interval", "0.5", "--store", store_, "--",
-                                   FULLBURN_BIN, "train", "-q", "--store", store_};
+  std::vector<std::string> argv = {FULLBURN_BIN, "run",     "-q",  "--interval", "0.5",
+                                   "--store",    store_,    "--",  FULLBURN_BIN, "train",
+                                   "-q",         "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   argv.push_back("train.steps=40");
   auto o = RunToEnd(argv, 300);
@@ -117,18 +122,21 @@ TEST_F(TrainE2E, WrappedTrainerSendsTheSameStepEventsAsThePythonMarkers) {
   auto runs = Store()->ListRuns().value();
   ASSERT_EQ(runs.size(), 2u);
   int64_t outer = 0, inner = 0;
-  for (const RunInfo& r : runs) (nlohmann::json::parse(r.config_json).contains("train") ? inner : outer) = r.id;
+  for (const RunInfo& r : runs)
+    (nlohmann::json::parse(r.config_json).contains("train") ? inner : outer) = r.id;
   ASSERT_TRUE(outer && inner);
   auto outer_steps = Steps(outer), inner_steps = Steps(inner);
   ASSERT_EQ(outer_steps.size(), 40u);
   ASSERT_EQ(inner_steps.size(), 40u);
-  RunInfo outer_run = Store()->GetRun(std::to_string(outer)).value(), inner_run = Store()->GetRun(std::to_string(inner)).value();
+  RunInfo outer_run = Store()->GetRun(std::to_string(outer)).value(),
+          inner_run = Store()->GetRun(std::to_string(inner)).value();
   for (size_t i = 0; i < 40; ++i) {
     EXPECT_EQ(outer_steps[i].step, inner_steps[i].step);
     EXPECT_DOUBLE_EQ(outer_steps[i].loss, inner_steps[i].loss);
     EXPECT_DOUBLE_EQ(*outer_steps[i].forward_s, *inner_steps[i].forward_s);
     // Same moment, each on its own run's clock.
-    EXPECT_NEAR(outer_steps[i].t + outer_run.start_time, inner_steps[i].t + inner_run.start_time, 1e-3);
+    EXPECT_NEAR(outer_steps[i].t + outer_run.start_time, inner_steps[i].t + inner_run.start_time,
+                1e-3);
   }
   bool evaluation = false;
   std::vector<RunEvent> events = Store()->LoadEvents(outer).value();
@@ -164,14 +172,28 @@ TEST_F(TrainE2E, RanksWithTheirOwnStoreSendTheirRecordsToRankZero) {
   ::close(fd);
   std::string other = dir_ + "/node1";
   fs::create_directories(other);
+  // Node 1 has a GPU (the fake NVML, the hardware boundary); node 0 has none.
+  std::string nvml_script = other + "/nvml.json";
+  std::ofstream(nvml_script)
+      << R"({"gpus": [{"name": "Node1 GPU", "uuid": "GPU-node1", "util": [40],
+    "mem_util": [5], "mem_used": [1073741824], "mem_total": 8589934592, "power_mw": [200000], "temp": [60],
+    "throttle": [0]}]})";
   testing::Background ranks[2];
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> argv = {"env", "RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=0",
-                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, FULLBURN_BIN, "train", "-q",
-                                     "--store", r == 0 ? store_ : other + "/runs.db"};
+    std::vector<std::string> argv = {
+        "env",          "RANK=" + std::to_string(r), "WORLD_SIZE=2",
+        "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1",     "MASTER_PORT=" + port};
+    if (r == 1) {
+      argv.push_back(std::string("FULLBURN_NVML_LIBRARY=") + FAKE_NVML);
+      argv.push_back("FAKE_NVML_SCRIPT=" + nvml_script);
+    }
+    for (const std::string& a : {std::string(FULLBURN_BIN), std::string("train"), std::string("-q"),
+                                 std::string("--store"), r == 0 ? store_ : other + "/runs.db"})
+      argv.push_back(a);
     argv.insert(argv.end(), kTiny.begin(), kTiny.end());
     argv.push_back("train.steps=300");
-    testing::Start(&ranks[r], argv, "fwd_rank" + std::to_string(r) + "_" + std::to_string(::getpid()));
+    testing::Start(&ranks[r], argv,
+                   "fwd_rank" + std::to_string(r) + "_" + std::to_string(::getpid()));
   }
   ASSERT_EQ(ranks[1].Wait(300), 0) << ranks[1].Err();
   ASSERT_EQ(ranks[0].Wait(60), 0) << ranks[0].Err();
@@ -190,9 +212,18 @@ TEST_F(TrainE2E, RanksWithTheirOwnStoreSendTheirRecordsToRankZero) {
   EXPECT_FALSE(data.samples["rank1.host.mem_used_bytes"].empty());
   EXPECT_FALSE(data.samples["rank1.host.mem_total_bytes"].empty());
   EXPECT_FALSE(data.samples["host.mem_used_bytes"].empty());
-  EXPECT_EQ(data.samples.count("rank1.gpu0.util"), 0u);  // no GPU here, none invented
+  // Node 1's GPU is sampled under rank 1 and named in the run with its rank;
+  // node 0 has none and none is invented.
+  ASSERT_FALSE(data.samples["rank1.gpu0.util"].empty());
+  EXPECT_DOUBLE_EQ(data.samples["rank1.gpu0.util"].front().v, 40);
+  EXPECT_EQ(data.samples.count("gpu0.util"), 0u);
+  nlohmann::json gpus = nlohmann::json::parse(data.run.gpus_json);
+  ASSERT_EQ(gpus.size(), 1u) << data.run.gpus_json;
+  EXPECT_EQ(gpus[0].value("uuid", ""), "GPU-node1");
+  EXPECT_EQ(gpus[0].value("rank", -1), 1);
   std::string html = dir_ + "/nodes.html";
-  auto report = RunToEnd({FULLBURN_BIN, "report", std::to_string(data.run.id), "--store", store_, "-o", html});
+  auto report = RunToEnd(
+      {FULLBURN_BIN, "report", std::to_string(data.run.id), "--store", store_, "-o", html});
   ASSERT_EQ(report.code, 0) << report.err;
   EXPECT_NE(testing::ReadText(html).find("\"rank1.host.mem_used_bytes\""), std::string::npos);
   // Rank 1's own store holds no run: nothing was written into a run it does not have.
@@ -204,10 +235,11 @@ TEST_F(TrainE2E, RanksWithTheirOwnStoreSendTheirRecordsToRankZero) {
 TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
   // One process, batch 32 vs two ranks of 16 (fullburn launch, Gloo on loopback).
   ASSERT_EQ(Train({"train.steps=20", "train.batch_size=32"}).code, 0);
-  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN, "train", "-q",
-                                   "--store", store_};
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
+                                   FULLBURN_BIN, "train",  "-q",      "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
-  for (const char* a : {"train.steps=20", "train.batch_size=16", "dist.bucket_mb=0.004", "dist.first_bucket_mb=0.002"})
+  for (const char* a : {"train.steps=20", "train.batch_size=16", "dist.bucket_mb=0.004",
+                        "dist.first_bucket_mb=0.002"})
     argv.push_back(a);
   auto o = RunToEnd(argv, 300);
   ASSERT_EQ(o.code, 0) << o.err;
@@ -240,17 +272,25 @@ TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
     ASSERT_TRUE(b.count(name)) << name;
     EXPECT_LT((t - b[name]).abs().max().item<double>(), 1e-4) << name;
   }
-  auto trained = RunToEnd({FULLBURN_BIN, "diagnose", std::to_string(ddp), "--json", "--store", store_});
+  auto trained =
+      RunToEnd({FULLBURN_BIN, "diagnose", std::to_string(ddp), "--json", "--store", store_});
   EXPECT_EQ(trained.code, 0) << trained.err;
 }
 
 TEST_F(TrainE2E, RanksAgreeOnTheSearchedBatchSize) {
   // Rank 1 has less memory than rank 0: both must train with rank 1's size.
-  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", "sh", "-c",
-                                   std::string(FULLBURN_BIN) + " train -q --store " + store_ +
-                                       " model.name=mlp data.source=synthetic data.synthetic_samples=2048 "
-                                       "data.features=256 model.hidden=256 train.threads=1 train.steps=4 "
-                                       "train.batch_size=auto train.memory_budget_mb=$((5 + 8 * (1 - RANK)))"};
+  std::vector<std::string> argv = {
+      FULLBURN_BIN,
+      "launch",
+      "--nproc",
+      "2",
+      "--",
+      "sh",
+      "-c",
+      std::string(FULLBURN_BIN) + " train -q --store " + store_ +
+          " model.name=mlp data.source=synthetic data.synthetic_samples=2048 "
+          "data.features=256 model.hidden=256 train.threads=1 train.steps=4 "
+          "train.batch_size=auto train.memory_budget_mb=$((5 + 8 * (1 - RANK)))"};
   auto o = RunToEnd(argv, 300);
   ASSERT_EQ(o.code, 0) << o.err;
   // Alone, rank 0 (13 MB) would pick a larger size than rank 1 (5 MB).
@@ -258,19 +298,21 @@ TEST_F(TrainE2E, RanksAgreeOnTheSearchedBatchSize) {
   std::vector<int> found;
   std::string err = o.err;
   std::regex chosen("micro-batch (\\d+) \\(best measured");
-  for (std::sregex_iterator it(err.begin(), err.end(), chosen), end; it != end; ++it) found.push_back(std::stoi((*it)[1]));
+  for (std::sregex_iterator it(err.begin(), err.end(), chosen), end; it != end; ++it)
+    found.push_back(std::stoi((*it)[1]));
   ASSERT_EQ(found.size(), 2u) << o.err;
   EXPECT_NE(found[0], found[1]) << "the budgets should lead to different sizes";
   auto steps = Steps(Store()->GetRun("last").value().id);
   ASSERT_EQ(steps.size(), 8u);
-  for (const StepRecord& r : steps) EXPECT_EQ(r.samples, std::min(found[0], found[1])) << "rank " << r.rank;
+  for (const StepRecord& r : steps)
+    EXPECT_EQ(r.samples, std::min(found[0], found[1])) << "rank " << r.rank;
 }
 
 TEST_F(TrainE2E, TwoRankRunResumesInOneProcess) {
   // Rank 0's checkpoint holds the one set of weights every rank had: a
   // single process (a different world size) continues from it.
-  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN, "train", "-q",
-                                   "--store", store_};
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
+                                   FULLBURN_BIN, "train",  "-q",      "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   argv.push_back("train.steps=10");
   ASSERT_EQ(RunToEnd(argv, 300).code, 0);
@@ -284,13 +326,21 @@ TEST_F(TrainE2E, TwoRankRunResumesInOneProcess) {
 }
 
 TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {
-  std::vector<std::string> job = {"train.steps=120", "checkpoint.every_steps=10", "model.dropout=0.1"};
+  std::vector<std::string> job = {"train.steps=120", "checkpoint.every_steps=10",
+                                  "model.dropout=0.1"};
   ASSERT_EQ(Train(job).code, 0);
   int64_t reference = Store()->GetRun("last").value().id;
 
   Background b;
-  std::vector<std::string> argv = {FULLBURN_BIN, "train", "-q", "--store", store_, "train.steps=120",
-                                   "checkpoint.every_steps=10", "model.dropout=0.1", "train.log_every_s=0.01"};
+  std::vector<std::string> argv = {FULLBURN_BIN,
+                                   "train",
+                                   "-q",
+                                   "--store",
+                                   store_,
+                                   "train.steps=120",
+                                   "checkpoint.every_steps=10",
+                                   "model.dropout=0.1",
+                                   "train.log_every_s=0.01"};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   testing::Start(&b, argv, "train_killed");
   int64_t killed = 0;
@@ -314,11 +364,13 @@ TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {
   ASSERT_FALSE(rest.empty());
   EXPECT_EQ(rest.back().step, 120);
   for (const StepRecord& r : rest)
-    EXPECT_NEAR(r.loss, ref[r.step - 1].loss, 1e-5 * std::max(1.0, std::fabs(ref[r.step - 1].loss))) << "step " << r.step;
+    EXPECT_NEAR(r.loss, ref[r.step - 1].loss, 1e-5 * std::max(1.0, std::fabs(ref[r.step - 1].loss)))
+        << "step " << r.step;
 }
 
 TEST_F(TrainE2E, CorruptNewestCheckpointFallsBackToThePreviousOne) {
-  ASSERT_EQ(Train({"train.steps=40", "checkpoint.every_steps=10", "checkpoint.at_end=false"}).code, 0);
+  ASSERT_EQ(Train({"train.steps=40", "checkpoint.every_steps=10", "checkpoint.at_end=false"}).code,
+            0);
   int64_t run = Store()->GetRun("last").value().id;
   auto cks = Store()->LoadCheckpoints(run).value();
   ASSERT_EQ(cks.size(), 4u);  // all are listed; keep = 3 left 20, 30, 40 on disk
@@ -358,15 +410,16 @@ TEST_F(TrainE2E, BadConfigsAreOneLineErrors) {
 }
 
 TEST_F(TrainE2E, DivergenceStopsWithTheLastGoodCheckpointIntact) {
-  auto o = Train({"optim.lr=1e12", "optim.warmup_steps=0", "train.steps=100", "train.max_skipped_steps=3",
-                  "checkpoint.every_steps=1"});
+  auto o = Train({"optim.lr=1e12", "optim.warmup_steps=0", "train.steps=100",
+                  "train.max_skipped_steps=3", "checkpoint.every_steps=1"});
   EXPECT_EQ(o.code, 1) << o.err;
   EXPECT_NE(o.err.find("training diverged"), std::string::npos) << o.err;
   auto run = Store()->GetRun("last").value();
   EXPECT_EQ(run.status, "failed");
   ASSERT_FALSE(Store()->LoadCheckpoints(run.id).value().empty());
   // The newest checkpoint on disk reads back whole (checksum verified).
-  auto check = RunToEnd({FULLBURN_BIN, "train", "--store", store_, "--resume", std::to_string(run.id), "--print-config"});
+  auto check = RunToEnd({FULLBURN_BIN, "train", "--store", store_, "--resume",
+                         std::to_string(run.id), "--print-config"});
   EXPECT_EQ(check.code, 0) << check.err;
   EXPECT_EQ(check.err.find("unusable"), std::string::npos) << check.err;
   EXPECT_NE(check.out.find("[optim]"), std::string::npos);
@@ -385,7 +438,8 @@ TEST_F(TrainE2E, BatchSizeAutoUnderAMemoryBudget) {
     if (e.kind == "batch_size_chosen") chosen = nlohmann::json::parse(e.data)["batch"];
   }
   EXPECT_GE(trials, 3);
-  EXPECT_NE(o.err.find("out of memory"), std::string::npos) << o.err;  // the budget was hit and survived
+  EXPECT_NE(o.err.find("out of memory"), std::string::npos)
+      << o.err;  // the budget was hit and survived
   EXPECT_EQ(chosen, config["train"]["batch_size"].get<int>());
   EXPECT_EQ(Steps(run.id).front().samples, chosen);
   EXPECT_EQ(Steps(run.id).size(), 5u);  // and training went on at that size
@@ -399,10 +453,13 @@ namespace {
 
 TEST_F(TrainE2E, WeightsExportForPythonAndLoaderStatsAreRecorded) {
   std::string data = dir_ + "/imgs";
-  ASSERT_EQ(RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2", "--per-class", "16",
-                      "--size", "40x40"}).code, 0);
-  auto o = Train({"data.path=" + data, "data.image_size=32", "model.width=0.125", "train.batch_size=8",
-                  "train.steps=4", "data.threads=1", "train.threads=1"}, false);
+  ASSERT_EQ(RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2", "--per-class",
+                      "16", "--size", "40x40"})
+                .code,
+            0);
+  auto o = Train({"data.path=" + data, "data.image_size=32", "model.width=0.125",
+                  "train.batch_size=8", "train.steps=4", "data.threads=1", "train.threads=1"},
+                 false);
   ASSERT_EQ(o.code, 0) << o.err;
   auto run = Store()->GetRun("last").value();
   std::vector<RunEvent> events = Store()->LoadEvents(run.id).value();
@@ -439,7 +496,8 @@ namespace {
 // is written, the run is recorded, the exit code says it was stopped.
 TEST_F(TrainE2E, SigtermCheckpointsAndExits130) {
   Background b;
-  std::vector<std::string> argv = {FULLBURN_BIN, "train", "-q", "--store", store_, "train.steps=100000"};
+  std::vector<std::string> argv = {FULLBURN_BIN, "train", "-q",
+                                   "--store",    store_,  "train.steps=100000"};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   testing::Start(&b, argv, "train_sigterm");
   bool stepping = false;
@@ -506,12 +564,14 @@ namespace {
 // micro-batch 8 (x 8 accumulated). The tuning must end measurably faster,
 // write a config fullburn train takes as is, and its report lists every trial.
 TEST(TuneTrainE2E, FindsAFasterDemoConfigFromABadStart) {
-  std::string dir = testing::FreshTestDir("fb_tune_train"), store = dir + "/runs.db", toml = dir + "/tuned.toml";
+  std::string dir = testing::FreshTestDir("fb_tune_train"), store = dir + "/runs.db",
+              toml = dir + "/tuned.toml";
   ::unsetenv("FULLBURN_STORE");
-  auto o = testing::RunToEnd({FULLBURN_BIN, "tune", "--store", store, "train.batch_size=8", "train.accumulate=8",
-                              "data.threads=1", "model.width=0.125", "data.image_size=32", "--knobs", "batch,loader_threads", "--trial", "8s", "--budget", "5m",
-                              "-o", toml},
-                             600);
+  auto o = testing::RunToEnd(
+      {FULLBURN_BIN, "tune", "--store", store, "train.batch_size=8", "train.accumulate=8",
+       "data.threads=1", "model.width=0.125", "data.image_size=32", "--knobs",
+       "batch,loader_threads", "--trial", "8s", "--budget", "5m", "-o", toml},
+      600);
   ASSERT_EQ(o.code, 0) << o.err;
   auto db = std::move(RunStore::Open(store).value());
   RunInfo tuning = db->GetRun("1").value();
@@ -540,11 +600,16 @@ TEST(TuneTrainE2E, FindsAFasterDemoConfigFromABadStart) {
   // The winner is a config fullburn train accepts as is, with the effective batch kept.
   auto printed = testing::RunToEnd({FULLBURN_BIN, "train", toml, "--print-config"});
   ASSERT_EQ(printed.code, 0) << printed.err;
-  auto config = nlohmann::json::parse(db->GetRun(std::to_string(trials[result["best_trial"].get<int>() - 1]["run_id"].get<int64_t>()))
-                                          .value()
-                                          .config_json);
-  EXPECT_EQ(config["train"]["batch_size"].get<int64_t>() * config["train"]["accumulate"].get<int64_t>(), 64);
-  EXPECT_NE(printed.out.find("batch_size = " + std::to_string(config["train"]["batch_size"].get<int64_t>())),
+  auto config = nlohmann::json::parse(
+      db->GetRun(
+            std::to_string(trials[result["best_trial"].get<int>() - 1]["run_id"].get<int64_t>()))
+          .value()
+          .config_json);
+  EXPECT_EQ(
+      config["train"]["batch_size"].get<int64_t>() * config["train"]["accumulate"].get<int64_t>(),
+      64);
+  EXPECT_NE(printed.out.find("batch_size = " +
+                             std::to_string(config["train"]["batch_size"].get<int64_t>())),
             std::string::npos)
       << printed.out;
   std::string html = dir + "/tuning.html";
@@ -552,29 +617,32 @@ TEST(TuneTrainE2E, FindsAFasterDemoConfigFromABadStart) {
   ASSERT_EQ(report.code, 0) << report.err;
   std::string page = testing::ReadText(html);
   size_t rows = 0;
-  for (size_t pos = 0; (pos = page.find("<tr class=trial>", pos)) != std::string::npos; ++pos) ++rows;
+  for (size_t pos = 0; (pos = page.find("<tr class=trial>", pos)) != std::string::npos; ++pos)
+    ++rows;
   EXPECT_EQ(rows, trials.size());
 }
 
 // Large JPEGs into a tiny model through one loader thread: the diagnosis names
 // the input pipeline, so the tuner packs the images and trains on the pack.
 TEST(TuneTrainE2E, PacksTheImagesWhenTheLoaderIsTheBottleneck) {
-  std::string dir = testing::FreshTestDir("fb_tune_pack"), store = dir + "/runs.db", toml = dir + "/tuned.toml";
+  std::string dir = testing::FreshTestDir("fb_tune_pack"), store = dir + "/runs.db",
+              toml = dir + "/tuned.toml";
   ::unsetenv("FULLBURN_STORE");
-  auto made = testing::RunToEnd({FULLBURN_BIN, "make-dataset", "images", dir + "/big", "--classes", "4", "--per-class",
-                                 "60", "--size", "640x480"});
+  auto made = testing::RunToEnd({FULLBURN_BIN, "make-dataset", "images", dir + "/big", "--classes",
+                                 "4", "--per-class", "60", "--size", "640x480"});
   ASSERT_EQ(made.code, 0) << made.err;
-  auto o = testing::RunToEnd({FULLBURN_BIN, "tune", "--store", store, "model.name=mlp", "optim.lr=0.01",
-                              "train.batch_size=32", "data.threads=1", "data.image_size=24", "data.classes=4",
-                              "data.path=" + dir + "/big", "--knobs", "pack", "--trial", "6s", "--budget", "3m", "-o",
-                              toml},
+  auto o = testing::RunToEnd({FULLBURN_BIN, "tune", "--store", store, "model.name=mlp",
+                              "optim.lr=0.01", "train.batch_size=32", "data.threads=1",
+                              "data.image_size=24", "data.classes=4", "data.path=" + dir + "/big",
+                              "--knobs", "pack", "--trial", "6s", "--budget", "3m", "-o", toml},
                              400);
   ASSERT_EQ(o.code, 0) << o.err;
   auto db = std::move(RunStore::Open(store).value());
   nlohmann::json pack_trial;
   std::vector<RunEvent> events = db->LoadEvents(1).value();
   for (const RunEvent& e : events)
-    if (e.kind == "tune_trial" && nlohmann::json::parse(e.data)["knob"] == "pack") pack_trial = nlohmann::json::parse(e.data);
+    if (e.kind == "tune_trial" && nlohmann::json::parse(e.data)["knob"] == "pack")
+      pack_trial = nlohmann::json::parse(e.data);
   ASSERT_FALSE(pack_trial.is_null()) << o.err;
   ASSERT_EQ(pack_trial["status"], "ok") << pack_trial.dump() << "\n" << o.err;
   EXPECT_EQ(pack_trial["value"], "raw, max side 48");
@@ -591,8 +659,10 @@ TEST(TuneTrainE2E, PacksTheImagesWhenTheLoaderIsTheBottleneck) {
   // Kept or not, the config written is one fullburn train takes.
   auto printed = testing::RunToEnd({FULLBURN_BIN, "train", toml, "--print-config"});
   EXPECT_EQ(printed.code, 0) << printed.err;
-  if (pack_trial["verdict"].get<std::string>().rfind("kept", 0) == 0)
-    EXPECT_NE(testing::ReadText(toml).find("fullburn pack " + dir + "/big " + pack), std::string::npos);
+  if (pack_trial["verdict"].get<std::string>().rfind("kept", 0) == 0) {
+    EXPECT_NE(testing::ReadText(toml).find("fullburn pack " + dir + "/big " + pack),
+              std::string::npos);
+  }
 }
 
 }  // namespace
