@@ -68,9 +68,14 @@ struct Candidate {
 // resized crops of a quarter of the image still come from full-resolution
 // pixels (docs/tune.md).
 int PackMaxSide(int image_size);
+// Whether a raw pack of `images` images of at most `max_side` pixels a side
+// (3 bytes a pixel) leaves half of `free_bytes` free in `dir`: else an
+// IoError with the sizes and the way out (pack by hand elsewhere).
+Status CheckPackSpace(size_t images, int max_side, double free_bytes, const std::string& dir);
 // Values of `knob` other than the current one; none with `skip_reason` set
 // when the knob does not apply (no CUDA, not an image model, ...).
-std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx, std::string* skip_reason);
+std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx,
+                                      std::string* skip_reason);
 
 // Whether the top finding other than `healthy` names the input pipeline
 // (input_cpu, input_io, input_workers, h2d_copy).
@@ -79,7 +84,8 @@ bool InputBound(const std::vector<Finding>& findings);
 // The bottleneck first: loader knobs when the top finding is the input
 // pipeline, batch size for small_batch/memory_headroom, else compute knobs.
 // Keeps only the knobs in `selected` (all when empty).
-std::vector<std::string> KnobOrder(const std::vector<Finding>& findings, const std::vector<std::string>& selected);
+std::vector<std::string> KnobOrder(const std::vector<Finding>& findings,
+                                   const std::vector<std::string>& selected);
 
 // The micro-batch to use after a batch-size search chose `searched`, keeping
 // `effective` = micro x accumulate: the largest divisor of `effective` not
@@ -93,12 +99,12 @@ Result<Objective> ParseObjective(const std::string& name);
 const char* ObjectiveName(Objective o);
 
 struct Measure {
-  double value = NAN;   // the objective, median over windows after warm-up
-  double spread = NAN;  // interquartile range of the windows / median
+  double value = NAN;            // the objective, median over windows after warm-up
+  double spread = NAN;           // interquartile range of the windows / median
   double low = NAN, high = NAN;  // smallest and largest window
-  std::string unit;     // "samples/s", "steps/s", "samples/J", or the metric's name
-  int64_t steps = 0;    // steps (or metric lines) measured, warm-up excluded
-  bool rough = false;   // too few steps for windows: one window after the first step
+  std::string unit;              // "samples/s", "steps/s", "samples/J", or the metric's name
+  int64_t steps = 0;             // steps (or metric lines) measured, warm-up excluded
+  bool rough = false;            // too few steps for windows: one window after the first step
   double gpu_util = NAN, data_wait_share = NAN, peak_memory_bytes = NAN;
 };
 // From a trial's step records: the steps of the first 20% of the time (at
@@ -115,8 +121,8 @@ Result<Measure> MeasureValues(const std::vector<double>& values, const std::stri
 
 struct Trial {
   int index = 0;
-  std::string knob;   // "start" for the first, "grid" for --grid trials
-  std::string value;  // the candidate's value, or the grid combination
+  std::string knob;                              // "start" for the first, "grid" for --grid trials
+  std::string value;                             // the candidate's value, or the grid combination
   std::map<std::string, std::string> overrides;  // everything changed from the start
   int64_t run_id = 0;                            // 0: no run was recorded
   std::string status = "ok";                     // ok | failed | skipped | interrupted

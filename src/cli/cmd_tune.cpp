@@ -54,12 +54,14 @@ Status CheckPowerReadings() {
   auto gpus = OpenGpus();
   if (!gpus.ok()) return gpus.status();
   if (!(*gpus)->available())
-    return Status::InvalidArgument("--objective samples_per_joule needs GPU power readings, and there are none (" +
-                                   (*gpus)->unavailable_reason() + "): use --objective samples_per_s");
+    return Status::InvalidArgument(
+        "--objective samples_per_joule needs GPU power readings, and there are none (" +
+        (*gpus)->unavailable_reason() + "): use --objective samples_per_s");
   for (const GpuSample& g : (*gpus)->Collect({}, 0))
     if (g.power_w) return Status::Ok();
   return Status::InvalidArgument(
-      "--objective samples_per_joule needs GPU power readings, and NVML reports none for these GPUs: use "
+      "--objective samples_per_joule needs GPU power readings, and NVML reports none for these "
+      "GPUs: use "
       "--objective samples_per_s");
 }
 
@@ -72,22 +74,28 @@ Result<Plan> MakePlan(const TuneOptions& o) {
   auto budget = ParseDuration(o.budget);
   if (!budget.ok()) return Status::InvalidArgument("--budget: " + budget.status().message());
   p.budget_s = *budget;
-  auto trial = o.trial.empty() ? Result<double>(p.grid ? kDefaultGridTrialS : kDefaultTrainTrialS) : ParseDuration(o.trial);
+  auto trial = o.trial.empty() ? Result<double>(p.grid ? kDefaultGridTrialS : kDefaultTrainTrialS)
+                               : ParseDuration(o.trial);
   if (!trial.ok()) return Status::InvalidArgument("--trial: " + trial.status().message());
   p.trial_s = *trial;
   if (p.budget_s < p.trial_s)
-    return Status::InvalidArgument(fmt::format("--budget {} is shorter than one trial (--trial {}): raise --budget or "
-                                               "lower --trial",
-                                               FormatDuration(p.budget_s), FormatDuration(p.trial_s)));
+    return Status::InvalidArgument(
+        fmt::format("--budget {} is shorter than one trial (--trial {}): raise --budget or "
+                    "lower --trial",
+                    FormatDuration(p.budget_s), FormatDuration(p.trial_s)));
   if (!o.metric_regex.empty()) {
-    if (!p.grid) return Status::InvalidArgument("--metric-regex measures an external command: use it with --grid");
+    if (!p.grid)
+      return Status::InvalidArgument(
+          "--metric-regex measures an external command: use it with --grid");
     try {
       std::regex re(o.metric_regex);
     } catch (const std::regex_error& e) {
-      return Status::InvalidArgument("--metric-regex '" + o.metric_regex + "' is not a regular expression: " + e.what());
+      return Status::InvalidArgument("--metric-regex '" + o.metric_regex +
+                                     "' is not a regular expression: " + e.what());
     }
     if (p.objective == Objective::kSamplesPerJoule)
-      return Status::InvalidArgument("--metric-regex gives a rate, not energy: use --objective samples_per_s with it");
+      return Status::InvalidArgument(
+          "--metric-regex gives a rate, not energy: use --objective samples_per_s with it");
   }
   if (p.grid) {
     std::set<std::string> names;
@@ -95,14 +103,18 @@ Result<Plan> MakePlan(const TuneOptions& o) {
       auto axis = ParseGridAxis(spec);
       if (!axis.ok()) return axis.status();
       if (!names.insert(axis->name).second)
-        return Status::InvalidArgument("--grid " + axis->name + " is given twice: list all its values in one --grid");
+        return Status::InvalidArgument("--grid " + axis->name +
+                                       " is given twice: list all its values in one --grid");
       p.axes.push_back(*axis);
     }
     if (o.args.empty())
-      return Status::InvalidArgument("--grid needs a command: fullburn tune --grid 'batch=64,128' -- CMD --batch {batch}");
+      return Status::InvalidArgument(
+          "--grid needs a command: fullburn tune --grid 'batch=64,128' -- CMD --batch {batch}");
     for (const auto& combo : ExpandGrid(p.axes))
       if (auto cmd = Substitute(o.args, combo); !cmd.ok()) return cmd.status();
-    if (!o.knobs.empty()) return Status::InvalidArgument("--knobs tunes fullburn train; with --grid the axes are the knobs");
+    if (!o.knobs.empty())
+      return Status::InvalidArgument(
+          "--knobs tunes fullburn train; with --grid the axes are the knobs");
   } else {
     if (!o.knobs.empty()) {
       auto knobs = ParseKnobList(o.knobs);
@@ -115,14 +127,16 @@ Result<Plan> MakePlan(const TuneOptions& o) {
       else if (p.config_path.empty())
         p.config_path = a;
       else
-        return Status::InvalidArgument("two config files given ('" + p.config_path + "' and '" + a +
-                                       "'): give one, and key=value for the rest (a command needs --grid)");
+        return Status::InvalidArgument(
+            "two config files given ('" + p.config_path + "' and '" + a +
+            "'): give one, and key=value for the rest (a command needs --grid)");
     }
     auto config = Config::Load(p.config_path, p.overrides);
     if (!config.ok()) return config.status();
     if (TrainingExecutable().empty())
-      return Status::InvalidArgument("tuning fullburn train needs the training half (fullburn-train), which was not "
-                                     "built: install libtorch (scripts/install-deps.sh) and rebuild, or use --grid");
+      return Status::InvalidArgument(
+          "tuning fullburn train needs the training half (fullburn-train), which was not "
+          "built: install libtorch (scripts/install-deps.sh) and rebuild, or use --grid");
   }
   if (p.objective == Objective::kSamplesPerJoule)
     if (Status s = CheckPowerReadings(); !s.ok()) return s;
@@ -133,7 +147,10 @@ Result<Plan> MakePlan(const TuneOptions& o) {
 class Tuning {
  public:
   Tuning(RunStore* store, RunInfo run, const Plan& plan)
-      : store_(store), run_(std::move(run)), plan_(plan), start_(Now()),
+      : store_(store),
+        run_(std::move(run)),
+        plan_(plan),
+        start_(Now()),
         log_dir_(TrialLogDir(store->path(), run_.id)) {}
 
   int64_t id() const { return run_.id; }
@@ -142,7 +159,9 @@ class Tuning {
   const std::vector<Trial>& trials() const { return trials_; }
   bool interrupted() const { return interrupted_; }
 
-  std::string NextLog() const { return log_dir_ + "/trial-" + std::to_string(trials_.size() + 1) + ".log"; }
+  std::string NextLog() const {
+    return log_dir_ + "/trial-" + std::to_string(trials_.size() + 1) + ".log";
+  }
 
   // Room for one more trial, judged by the longest so far.
   bool BudgetAllows() const {
@@ -154,7 +173,8 @@ class Tuning {
   void Record(Trial t) {
     t.index = static_cast<int>(trials_.size()) + 1;
     if (t.status == "interrupted") interrupted_ = true;
-    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_trial", TrialJson(t).dump()});
+    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_trial",
+                               TrialJson(t).dump()});
     std::string line = fmt::format("tune: #{} {}={}: ", t.index, t.knob, t.value);
     if (t.status == "ok")
       line += FormatMeasure(t.measure) + " " + t.measure.unit + " " + t.verdict;
@@ -168,7 +188,8 @@ class Tuning {
   void Finish(const std::string& summary, const nlohmann::json& result, int code) {
     nlohmann::json j = result;
     j["summary"] = summary;
-    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_result", j.dump()});
+    store_->AddEvent(run_.id,
+                     {Env::Default()->UnixSeconds() - run_.start_time, "tune_result", j.dump()});
     store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, "finished");
     std::fputs(("\n" + RenderTrialTable(trials_) + "\n").c_str(), stdout);
     std::printf("%s\n", summary.c_str());
@@ -196,14 +217,17 @@ std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* ke
 
 class TrainTuner {
  public:
-  TrainTuner(Tuning* tuning, const TuneOptions& o) : t_(tuning), o_(o), exe_(TrainingExecutable()) {}
+  TrainTuner(Tuning* tuning, const TuneOptions& o)
+      : t_(tuning), o_(o), exe_(TrainingExecutable()) {}
 
   int Run() {
     Trial start = RunOne("start", "as given", {});
     if (start.status == "ok") start.verdict = "start";
     bool ok = start.status == "ok";
     t_->Record(start);
-    if (!ok) return Finish(t_->interrupted() ? 130 : 1, "the starting config failed (" + start.reason + "): nothing to compare with");
+    if (!ok)
+      return Finish(t_->interrupted() ? 130 : 1,
+                    "the starting config failed (" + start.reason + "): nothing to compare with");
     best_ = t_->trials().back();
     MeasureNoise();
     start_ = best_;
@@ -211,11 +235,14 @@ class TrainTuner {
     std::vector<Finding> findings = data.ok() ? Diagnose(*data) : std::vector<Finding>{};
     std::vector<std::string> order = KnobOrder(findings, t_->plan().knobs);
     std::string top = findings.empty() ? "none" : findings.front().cause;
-    std::fprintf(stderr, "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this order: %s\n",
-                 noise_ * 100, top.c_str(), fmt::format("{}", fmt::join(order, ", ")).c_str());
+    std::fprintf(
+        stderr,
+        "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this order: %s\n",
+        noise_ * 100, top.c_str(), fmt::format("{}", fmt::join(order, ", ")).c_str());
     for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
       if (!TryKnob(order[k], findings)) {
-        for (size_t r = k; r < order.size(); ++r) Skip(order[r], "budget (" + o_.budget + ") used up");
+        for (size_t r = k; r < order.size(); ++r)
+          Skip(order[r], "budget (" + o_.budget + ") used up");
         break;
       }
     }
@@ -259,19 +286,17 @@ class TrainTuner {
     if (PackReader::IsPack(job.dst)) return Status::Ok();
     auto folder = ScanImageFolder(job.src);
     if (!folder.ok()) return folder.status();
-    // Raw RGB is at most max_side^2 x 3 bytes an image; half the free space at most.
-    double most = static_cast<double>(folder->files.size()) * job.max_side * job.max_side * 3;
     std::string parent = job.dst.substr(0, job.dst.rfind('/'));
     struct statvfs fsinfo {};
     if (::statvfs(parent.c_str(), &fsinfo) == 0) {
-      double free_bytes = static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
-      if (most > free_bytes / 2)
-        return Status::IoError(fmt::format("a raw pack of {} images may need {:.1f} GiB and {} has {:.1f} GiB free: "
-                                           "pack by hand elsewhere (fullburn pack) and set data.path",
-                                           folder->files.size(), most / (1 << 30), parent, free_bytes / (1 << 30)));
+      double free_bytes =
+          static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
+      if (Status room = CheckPackSpace(folder->files.size(), job.max_side, free_bytes, parent);
+          !room.ok())
+        return room;
     }
-    std::fprintf(stderr, "tune: packing the %zu images of %s into %s (raw, max side %d)\n", folder->files.size(),
-                 job.src.c_str(), job.dst.c_str(), job.max_side);
+    std::fprintf(stderr, "tune: packing the %zu images of %s into %s (raw, max side %d)\n",
+                 folder->files.size(), job.src.c_str(), job.dst.c_str(), job.max_side);
     double started = Now();
     PackOptions po;
     po.format = PackFormat::kRaw;
@@ -283,9 +308,10 @@ class TrainTuner {
       return Status::IoError("packing " + job.src + " failed: " + report.status().message());
     }
     packed_ = job;
-    std::fprintf(stderr, "tune: packed %lld images (%.0f MiB) in %.1fs%s\n", static_cast<long long>(report->images),
-                 report->bytes / 1048576.0, Now() - started,
-                 report->skipped ? fmt::format(", {} unreadable left out", report->skipped).c_str() : "");
+    std::fprintf(
+        stderr, "tune: packed %lld images (%.0f MiB) in %.1fs%s\n",
+        static_cast<long long>(report->images), report->bytes / 1048576.0, Now() - started,
+        report->skipped ? fmt::format(", {} unreadable left out", report->skipped).c_str() : "");
     return Status::Ok();
   }
 
@@ -308,7 +334,8 @@ class TrainTuner {
 
   void Judge(Trial* trial) {
     bool kept = false;
-    if (trial->status == "ok") trial->verdict = Verdict(*trial, best_, std::max(o_.min_gain, noise_), &kept);
+    if (trial->status == "ok")
+      trial->verdict = Verdict(*trial, best_, std::max(o_.min_gain, noise_), &kept);
     t_->Record(*trial);
     if (kept) best_ = t_->trials().back();
   }
@@ -320,10 +347,12 @@ class TrainTuner {
     int64_t chosen = 0, effective = 0;
     try {
       chosen = std::stoll(searched.at("train.batch_size"));
-      effective = std::stoll(ctx.config.at("train.batch_size")) * std::stoll(ctx.config.at("train.accumulate"));
+      effective = std::stoll(ctx.config.at("train.batch_size")) *
+                  std::stoll(ctx.config.at("train.accumulate"));
     } catch (const std::exception&) {
       search.status = "failed";
-      search.reason = "run " + std::to_string(search.run_id) + " does not record the chosen batch size";
+      search.reason =
+          "run " + std::to_string(search.run_id) + " does not record the chosen batch size";
       return search;
     }
     std::map<std::string, std::string> overrides = best_.overrides;
@@ -352,7 +381,8 @@ class TrainTuner {
     ctx.config = FlatConfig(best_.run_id);
     ctx.cuda = ctx.config["resolved.device"].rfind("cuda", 0) == 0;
     ctx.cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-    ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+    ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<double>(::sysconf(_SC_PAGESIZE));
     ctx.input_bound = InputBound(findings);
     ctx.keep_effective_batch = !o_.free_batch;
     ctx.pack_dir = TrialLogDir(t_->store()->path(), t_->id()) + "/pack";
@@ -369,7 +399,8 @@ class TrainTuner {
     return Digest(only_info, {}).config;
   }
 
-  Trial RunOne(const std::string& knob, const std::string& value, const std::map<std::string, std::string>& overrides) {
+  Trial RunOne(const std::string& knob, const std::string& value,
+               const std::map<std::string, std::string>& overrides) {
     Trial trial;
     trial.knob = knob;
     trial.value = value;
@@ -381,13 +412,14 @@ class TrainTuner {
     if (!p.config_path.empty()) spec.argv.push_back(p.config_path);
     for (const std::string& kv : p.overrides) spec.argv.push_back(kv);
     // A trial is a fixed stretch of training: no checkpoints, no early end.
-    for (const char* kv : {"checkpoint.at_end=false", "checkpoint.every_steps=0", "checkpoint.every_minutes=0",
-                           "train.steps=1000000000"})
+    for (const char* kv : {"checkpoint.at_end=false", "checkpoint.every_steps=0",
+                           "checkpoint.every_minutes=0", "train.steps=1000000000"})
       spec.argv.push_back(kv);
     spec.argv.push_back(fmt::format("train.time_limit_s={}", p.trial_s));
     for (const auto& [key, v] : overrides) spec.argv.push_back(key + "=" + v);
     spec.argv.insert(spec.argv.end(), {"-q", "--parent", std::to_string(t_->id()), "--name",
-                                       fmt::format("tune {} #{}: {}={}", t_->id(), t_->trials().size() + 1, knob, value),
+                                       fmt::format("tune {} #{}: {}={}", t_->id(),
+                                                   t_->trials().size() + 1, knob, value),
                                        "--store", t_->store()->path()});
     spec.tuning_id = t_->id();
     spec.timeout_s = p.trial_s + kTrainTrialAllowanceS;
@@ -417,22 +449,26 @@ class TrainTuner {
     for (const auto& [key, v] : best_.overrides) changed.push_back(key + "=" + v);
     overrides.insert(overrides.end(), changed.begin(), changed.end());
     auto config = Config::Load(p.config_path, overrides);
-    std::string path = o_.output.empty() ? fmt::format("fullburn-tuned-{}.toml", t_->id()) : o_.output;
+    std::string path =
+        o_.output.empty() ? fmt::format("fullburn-tuned-{}.toml", t_->id()) : o_.output;
     double ratio = best_.measure.value / start_.measure.value;
     std::string header = fmt::format(
-        "# fullburn tune (tuning run {}): {:.1f} {} with these settings, {:.1f} at the start ({:.2f}x).\n"
+        "# fullburn tune (tuning run {}): {:.1f} {} with these settings, {:.1f} at the start "
+        "({:.2f}x).\n"
         "# Changed: {}\n",
         t_->id(), best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
         changed.empty() ? "nothing" : fmt::format("{}", fmt::join(changed, " ")));
     auto path_it = best_.overrides.find("data.path");
     if (packed_ && path_it != best_.overrides.end() && path_it->second == packed_->dst)
-      header += fmt::format("# data.path is a pack the tuner wrote; to rebuild it: fullburn pack {} {} --format raw "
-                            "--max-side {}\n",
-                            packed_->src, packed_->dst, packed_->max_side);
-    Status written = config.ok() ? WriteFileAtomically(path, header + config->ToToml()) : config.status();
-    std::string summary = fmt::format("tuning {}: {:.1f} {} vs {:.1f} at the start ({:.2f}x){}; ", t_->id(),
-                                      best_.measure.value, best_.measure.unit, start_.measure.value, ratio,
-                                      t_->interrupted() ? ", interrupted" : "");
+      header += fmt::format(
+          "# data.path is a pack the tuner wrote; to rebuild it: fullburn pack {} {} --format raw "
+          "--max-side {}\n",
+          packed_->src, packed_->dst, packed_->max_side);
+    Status written =
+        config.ok() ? WriteFileAtomically(path, header + config->ToToml()) : config.status();
+    std::string summary = fmt::format(
+        "tuning {}: {:.1f} {} vs {:.1f} at the start ({:.2f}x){}; ", t_->id(), best_.measure.value,
+        best_.measure.unit, start_.measure.value, ratio, t_->interrupted() ? ", interrupted" : "");
     summary += written.ok() ? "config written to " + path + " (fullburn train " + path + ")"
                             : "the config could not be written: " + written.message();
     result["config_path"] = written.ok() ? path : "";
@@ -455,9 +491,11 @@ class TrainTuner {
 
 // ---- --grid: any command -----------------------------------------------------
 
-std::string GridValue(const std::vector<GridAxis>& axes, const std::map<std::string, std::string>& combo) {
+std::string GridValue(const std::vector<GridAxis>& axes,
+                      const std::map<std::string, std::string>& combo) {
   std::string value;
-  for (const GridAxis& a : axes) value += (value.empty() ? "" : " ") + a.name + "=" + combo.at(a.name);
+  for (const GridAxis& a : axes)
+    value += (value.empty() ? "" : " ") + a.name + "=" + combo.at(a.name);
   return value;
 }
 
@@ -465,7 +503,8 @@ std::string GridValue(const std::vector<GridAxis>& axes, const std::map<std::str
 int BestTrial(const std::vector<Trial>& trials) {
   int best = -1;
   for (size_t i = 0; i < trials.size(); ++i)
-    if (trials[i].status == "ok" && (best < 0 || trials[i].measure.value > trials[best].measure.value))
+    if (trials[i].status == "ok" &&
+        (best < 0 || trials[i].measure.value > trials[best].measure.value))
       best = static_cast<int>(i);
   return best;
 }
@@ -482,10 +521,18 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
     trial.overrides = combos[i];
     trial.log = t->NextLog();
     TrialSpec spec;
-    spec.argv = {SelfExecutable(), "run", "-q", "--parent", std::to_string(t->id()), "--name",
-                 fmt::format("tune {} #{}: {}", t->id(), t->trials().size() + 1, trial.value), "--store",
-                 t->store()->path(), "--"};
-    Result<std::vector<std::string>> command = Substitute(o.args, combos[i]);  // checked before any trial
+    spec.argv = {SelfExecutable(),
+                 "run",
+                 "-q",
+                 "--parent",
+                 std::to_string(t->id()),
+                 "--name",
+                 fmt::format("tune {} #{}: {}", t->id(), t->trials().size() + 1, trial.value),
+                 "--store",
+                 t->store()->path(),
+                 "--"};
+    Result<std::vector<std::string>> command =
+        Substitute(o.args, combos[i]);  // checked before any trial
     spec.argv.insert(spec.argv.end(), command->begin(), command->end());
     spec.tuning_id = t->id();
     spec.timeout_s = p.trial_s;
@@ -496,8 +543,9 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
     int best = BestTrial(t->trials());
     if (trial.status == "ok" && best >= 0) {
       double gain = trial.measure.value / t->trials()[best].measure.value - 1;
-      trial.verdict = gain > 0 ? fmt::format("fastest so far ({:+.0f}%)", gain * 100)
-                               : fmt::format("{:+.0f}% vs #{}", gain * 100, t->trials()[best].index);
+      trial.verdict = gain > 0
+                          ? fmt::format("fastest so far ({:+.0f}%)", gain * 100)
+                          : fmt::format("{:+.0f}% vs #{}", gain * 100, t->trials()[best].index);
     } else if (trial.status == "ok") {
       trial.verdict = "first";
     }
@@ -515,9 +563,11 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
   nlohmann::json result{{"objective", ObjectiveName(p.objective)}};
   int best_index = BestTrial(t->trials());
   if (best_index < 0) {
-    t->Finish(fmt::format("tuning {}: no trial could be measured (the reasons are above; the outputs in {})", t->id(),
-                          TrialLogDir(t->store()->path(), t->id())),
-              result, code ? code : 1);
+    t->Finish(
+        fmt::format(
+            "tuning {}: no trial could be measured (the reasons are above; the outputs in {})",
+            t->id(), TrialLogDir(t->store()->path(), t->id())),
+        result, code ? code : 1);
     return code ? code : 1;
   }
   const Trial& best = t->trials()[best_index];
@@ -526,8 +576,8 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
   result["best_trial"] = best.index;
   result["overrides"] = best.overrides;
   result["command"] = command;
-  t->Finish(fmt::format("tuning {}: best {} at {:.1f} {} (trial #{}, run {}){}\n  {}", t->id(), best.value,
-                        best.measure.value, best.measure.unit, best.index, best.run_id,
+  t->Finish(fmt::format("tuning {}: best {} at {:.1f} {} (trial #{}, run {}){}\n  {}", t->id(),
+                        best.value, best.measure.value, best.measure.unit, best.index, best.run_id,
                         t->interrupted() ? ", interrupted" : "", command),
             result, code);
   return code;
@@ -540,7 +590,9 @@ int Tune(const TuneOptions& o) {
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
   RunInfo info;
-  info.name = plan->grid ? "tune: " + o.args.front() : "tune: fullburn train" + (plan->config_path.empty() ? "" : " " + plan->config_path);
+  info.name = plan->grid ? "tune: " + o.args.front()
+                         : "tune: fullburn train" +
+                               (plan->config_path.empty() ? "" : " " + plan->config_path);
   info.command = OwnCommandLine();
   info.cwd = CurrentDir();
   info.start_time = Env::Default()->UnixSeconds();
@@ -557,7 +609,9 @@ int Tune(const TuneOptions& o) {
   auto id = (*store)->BeginRun(info);
   if (!id.ok()) return Fail(id.status().message());
   info.id = *id;
-  std::fprintf(stderr, "tune: tuning %lld, budget %s, %s per trial; trials are runs of their own (fullburn report %lld)\n",
+  std::fprintf(stderr,
+               "tune: tuning %lld, budget %s, %s per trial; trials are runs of their own (fullburn "
+               "report %lld)\n",
                static_cast<long long>(info.id), FormatDuration(plan->budget_s).c_str(),
                FormatDuration(plan->trial_s).c_str(), static_cast<long long>(info.id));
   Tuning tuning(store->get(), info, *plan);
@@ -568,37 +622,49 @@ int Tune(const TuneOptions& o) {
 
 void SetupTune(CLI::App& app) {
   auto o = std::make_shared<TuneOptions>();
-  CLI::App* tune = app.add_subcommand(
-      "tune", "Find faster settings by measuring short trials, one knob at a time (or a --grid for any command)");
+  CLI::App* tune = app.add_subcommand("tune",
+                                      "Find faster settings by measuring short trials, one knob at "
+                                      "a time (or a --grid for any command)");
   std::string knobs;
   for (const KnobDef& k : TuneKnobs())
-    knobs += fmt::format("  {:<16} {}{}\n", k.name, k.help, *k.key ? fmt::format(" ({})", k.key) : "");
+    knobs +=
+        fmt::format("  {:<16} {}{}\n", k.name, k.help, *k.key ? fmt::format(" ({})", k.key) : "");
   tune->footer(
       "Usage: fullburn tune [CONFIG.toml] [key=value ...] [OPTIONS]\n"
       "       fullburn tune --grid 'batch=64,128' [--grid ...] [OPTIONS] -- CMD ... {batch} ...\n"
-      "Knobs (docs/tune.md):\n" + knobs);
-  tune->add_option("args", o->args, "CONFIG.toml and key=value overrides; with --grid, the command after --");
-  tune->add_option("--budget", o->budget, "Time for the whole tuning (90s, 10m, 1h)")->capture_default_str();
-  tune->add_option("--trial", o->trial,
-                   "Training time per trial (default 20s); with --grid, a command still running after it (default "
-                   "60s) is stopped and measured");
-  tune->add_option("--objective", o->objective, "samples_per_s, or samples_per_joule (needs GPU power readings)")
+      "Knobs (docs/tune.md):\n" +
+      knobs);
+  tune->add_option("args", o->args,
+                   "CONFIG.toml and key=value overrides; with --grid, the command after --");
+  tune->add_option("--budget", o->budget, "Time for the whole tuning (90s, 10m, 1h)")
       ->capture_default_str();
-  tune->add_option("--knobs", o->knobs, "Only these knobs, comma-separated (default: all, bottleneck first)");
-  tune->add_flag("--free-batch", o->free_batch,
-                 "Let the batch-size search change the effective batch (default: train.accumulate keeps it)");
-  tune->add_option("--min-gain", o->min_gain, "Keep a change only if it is this much faster (and beyond the noise)")
+  tune->add_option("--trial", o->trial,
+                   "Training time per trial (default 20s); with --grid, a command still running "
+                   "after it (default "
+                   "60s) is stopped and measured");
+  tune->add_option("--objective", o->objective,
+                   "samples_per_s, or samples_per_joule (needs GPU power readings)")
+      ->capture_default_str();
+  tune->add_option("--knobs", o->knobs,
+                   "Only these knobs, comma-separated (default: all, bottleneck first)");
+  tune->add_flag(
+      "--free-batch", o->free_batch,
+      "Let the batch-size search change the effective batch (default: train.accumulate keeps it)");
+  tune->add_option("--min-gain", o->min_gain,
+                   "Keep a change only if it is this much faster (and beyond the noise)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 10.0));
-  tune->add_option("-o,--output", o->output, "The winning config (default: fullburn-tuned-TUNING.toml here)");
-  tune->add_option("--grid", o->grids, "NAME=V1,V2,...: values for {NAME} in the command; repeat for more axes")
+  tune->add_option("-o,--output", o->output,
+                   "The winning config (default: fullburn-tuned-TUNING.toml here)");
+  tune->add_option("--grid", o->grids,
+                   "NAME=V1,V2,...: values for {NAME} in the command; repeat for more axes")
       ->allow_extra_args(false);  // one value per --grid, so "-- CMD" is never taken for more
   tune->add_option("--metric-regex", o->metric_regex,
-                   "With --grid: rank by the number this pattern (its first group) finds in the output, instead of "
+                   "With --grid: rank by the number this pattern (its first group) finds in the "
+                   "output, instead of "
                    "step markers");
   AddStoreOption(tune, &o->common);
   tune->callback([o] { ExitCode() = Tune(*o); });
 }
-
 
 }  // namespace fullburn::cli

@@ -1,4 +1,6 @@
 // The knobs `fullburn tune` turns, the values it tries, and their order.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
 
@@ -32,10 +34,11 @@ std::vector<Candidate> Values(const std::string& key, const std::vector<std::str
   std::set<std::string> seen = {current};
   for (const std::string& v : values) {
     if (!seen.insert(v).second) continue;
-    std::string shown = v == "0" && (key == "data.threads" || key == "data.prefetch" || key == "train.threads")
-                            ? "0 (auto)"
-                            : v;
-    out.push_back({shown, {{key, v}}});
+    std::string shown =
+        v == "0" && (key == "data.threads" || key == "data.prefetch" || key == "train.threads")
+            ? "0 (auto)"
+            : v;
+    out.push_back({shown, {{key, v}}, std::nullopt});
   }
   return out;
 }
@@ -45,17 +48,21 @@ std::vector<Candidate> BatchCandidates(const TuneContext& ctx, std::string* skip
     *skip = "train.batch_size is already auto (searched)";
     return {};
   }
-  int64_t batch = GetInt(ctx, "train.batch_size"), accumulate = std::max<int64_t>(1, GetInt(ctx, "train.accumulate"));
+  int64_t batch = GetInt(ctx, "train.batch_size"),
+          accumulate = std::max<int64_t>(1, GetInt(ctx, "train.accumulate"));
   int64_t effective = batch * accumulate;
   if (!ctx.keep_effective_batch)
-    return {{"auto (largest that fits)", {{"train.batch_size", "auto"}}}};
+    return {{"auto (largest that fits)", {{"train.batch_size", "auto"}}, std::nullopt}};
   if (accumulate == 1) {
     *skip = "the effective batch (" + std::to_string(effective) +
             ") is already one micro-batch; --free-batch lets the search change it";
     return {};
   }
   return {{"auto (<= " + std::to_string(effective) + ")",
-           {{"train.batch_size", "auto"}, {"train.max_batch_size", std::to_string(effective)}, {"train.accumulate", "1"}}}};
+           {{"train.batch_size", "auto"},
+            {"train.max_batch_size", std::to_string(effective)},
+            {"train.accumulate", "1"}},
+           std::nullopt}};
 }
 
 // The images as a raw pack in the tuning's directory; the held-out split
@@ -72,7 +79,9 @@ std::vector<Candidate> PackCandidates(const TuneContext& ctx, std::string* skip)
     *skip = "the runs do not record where their images are";
   } else {
     int side = PackMaxSide(static_cast<int>(GetInt(ctx, "data.image_size")));
-    Candidate c{"raw, max side " + std::to_string(side), {{"data.path", ctx.pack_dir}}, PackJob{src, ctx.pack_dir, side}};
+    Candidate c{"raw, max side " + std::to_string(side),
+                {{"data.path", ctx.pack_dir}},
+                PackJob{src, ctx.pack_dir, side}};
     std::string val = Get(ctx, "resolved.val_path");
     if (Get(ctx, "data.val_path").empty() && !val.empty()) c.overrides["data.val_path"] = val;
     return {c};
@@ -86,17 +95,21 @@ int PackMaxSide(int image_size) { return 2 * std::max(1, image_size); }
 
 const std::vector<KnobDef>& TuneKnobs() {
   static const std::vector<KnobDef> knobs = {
-      {"batch", "train.batch_size", "Micro-batch from the batch-size search; train.accumulate keeps the effective batch"},
+      {"batch", "train.batch_size",
+       "Micro-batch from the batch-size search; train.accumulate keeps the effective batch"},
       {"loader_threads", "data.threads", "Loader worker threads"},
       {"prefetch", "data.prefetch", "Batches the loader prepares ahead"},
       {"threads", "train.threads", "Intra-op threads of the training step"},
       {"precision", "train.precision", "bf16 (and fp16 on CUDA) autocast"},
       {"channels_last", "model.channels_last", "Channels-last memory format (ResNets)"},
       {"pack", "data.path",
-       "A packed copy of the images (decoded pixels read through mmap: no JPEG decoding), when the input pipeline "
+       "A packed copy of the images (decoded pixels read through mmap: no JPEG decoding), when the "
+       "input pipeline "
        "is the bottleneck"},
-      {"cache", "data.cache_mb", "RAM cache of encoded images, when the input pipeline is the bottleneck"},
-      {"cudnn_benchmark", "train.cudnn_benchmark", "cuDNN picks the fastest convolution algorithms (CUDA)"},
+      {"cache", "data.cache_mb",
+       "RAM cache of encoded images, when the input pipeline is the bottleneck"},
+      {"cudnn_benchmark", "train.cudnn_benchmark",
+       "cuDNN picks the fastest convolution algorithms (CUDA)"},
       {"cuda_graphs", "", "The whole step captured in a CUDA graph (CUDA)"},
   };
   return knobs;
@@ -109,7 +122,8 @@ Result<std::vector<std::string>> ParseKnobList(const std::string& csv) {
   size_t pos = 0;
   while (pos <= csv.size()) {
     size_t comma = csv.find(',', pos);
-    std::string name = csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string name =
+        csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? csv.size() + 1 : comma + 1;
     if (name.empty()) continue;
     auto it = std::find_if(TuneKnobs().begin(), TuneKnobs().end(),
@@ -122,7 +136,8 @@ Result<std::vector<std::string>> ParseKnobList(const std::string& csv) {
         if (d < best_d) best_d = d, best = k.name;
       }
       return Status::InvalidArgument("unknown knob '" + name + "'" +
-                                     (best.empty() ? "" : " (did you mean '" + best + "'?)") + "; knobs: " + names);
+                                     (best.empty() ? "" : " (did you mean '" + best + "'?)") +
+                                     "; knobs: " + names);
     }
     if (std::find(out.begin(), out.end(), it->name) == out.end()) out.push_back(it->name);
   }
@@ -130,7 +145,17 @@ Result<std::vector<std::string>> ParseKnobList(const std::string& csv) {
   return out;
 }
 
-std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx, std::string* skip) {
+Status CheckPackSpace(size_t images, int max_side, double free_bytes, const std::string& dir) {
+  double most = static_cast<double>(images) * max_side * max_side * 3;
+  if (most <= free_bytes / 2) return Status::Ok();
+  return Status::IoError(
+      fmt::format("a raw pack of {} images may need {:.1f} GiB and {} has {:.1f} GiB free: "
+                  "pack by hand elsewhere (fullburn pack) and set data.path",
+                  images, most / (1 << 30), dir, free_bytes / (1 << 30)));
+}
+
+std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext& ctx,
+                                      std::string* skip) {
   skip->clear();
   int cores = std::max(1, ctx.cores);
   auto n = [](int v) { return std::to_string(std::max(1, v)); };
@@ -138,19 +163,22 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
   if (knob == "batch") {
     out = BatchCandidates(ctx, skip);
   } else if (knob == "loader_threads") {
-    out = Values("data.threads", {"0", n(cores / 2), n(cores - 1), n(cores)}, Get(ctx, "data.threads"));
+    out = Values("data.threads", {"0", n(cores / 2), n(cores - 1), n(cores)},
+                 Get(ctx, "data.threads"));
   } else if (knob == "prefetch") {
     out = Values("data.prefetch", {"0", "2", "8"}, Get(ctx, "data.prefetch"));
   } else if (knob == "threads") {
     out = Values("train.threads", {"0", n(cores / 2), n(cores)}, Get(ctx, "train.threads"));
   } else if (knob == "precision") {
-    std::vector<std::string> v = ctx.cuda ? std::vector<std::string>{"bf16", "fp16"} : std::vector<std::string>{"bf16"};
+    std::vector<std::string> v =
+        ctx.cuda ? std::vector<std::string>{"bf16", "fp16"} : std::vector<std::string>{"bf16"};
     out = Values("train.precision", v, Get(ctx, "train.precision"));
   } else if (knob == "channels_last") {
     if (Get(ctx, "model.name").rfind("resnet", 0) != 0)
       *skip = "only ResNets have a channels-last option";
     else
-      out = Values("model.channels_last", {Get(ctx, "model.channels_last") == "true" ? "false" : "true"},
+      out = Values("model.channels_last",
+                   {Get(ctx, "model.channels_last") == "true" ? "false" : "true"},
                    Get(ctx, "model.channels_last"));
   } else if (knob == "pack") {
     out = PackCandidates(ctx, skip);
@@ -173,7 +201,8 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
     else
       out = Values("train.cudnn_benchmark", {"true"}, Get(ctx, "train.cudnn_benchmark"));
   } else if (knob == "cuda_graphs") {
-    *skip = ctx.cuda ? "fullburn train cannot capture CUDA graphs yet" : "CPU trials: no CUDA graphs";
+    *skip =
+        ctx.cuda ? "fullburn train cannot capture CUDA graphs yet" : "CPU trials: no CUDA graphs";
   } else {
     *skip = "unknown knob";
   }
@@ -182,20 +211,23 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
 }
 
 bool InputBound(const std::vector<Finding>& findings) {
-  static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers", "h2d_copy"};
+  static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers",
+                                               "h2d_copy"};
   for (const Finding& f : findings)
     if (f.cause != "healthy") return kInput.count(f.cause) > 0;
   return false;
 }
 
-std::vector<std::string> KnobOrder(const std::vector<Finding>& findings, const std::vector<std::string>& selected) {
+std::vector<std::string> KnobOrder(const std::vector<Finding>& findings,
+                                   const std::vector<std::string>& selected) {
   std::vector<std::string> order;
   if (InputBound(findings))
-    order = {"pack", "cache", "loader_threads", "prefetch", "batch", "threads", "precision", "channels_last",
-             "cudnn_benchmark", "cuda_graphs"};
+    order = {"pack",    "cache",     "loader_threads", "prefetch",        "batch",
+             "threads", "precision", "channels_last",  "cudnn_benchmark", "cuda_graphs"};
   else
-    order = {"batch", "precision", "channels_last", "cudnn_benchmark", "cuda_graphs", "threads", "loader_threads",
-             "prefetch", "pack", "cache"};
+    order = {"batch",       "precision", "channels_last",  "cudnn_benchmark",
+             "cuda_graphs", "threads",   "loader_threads", "prefetch",
+             "pack",        "cache"};
   if (selected.empty()) return order;
   std::vector<std::string> out;
   for (const std::string& k : order)

@@ -1,7 +1,7 @@
 // fullburn tune's decisions: knobs, measuring, keeping, grids, durations.
-#include <gtest/gtest.h>
-
 #include "fullburn/tune.h"
+
+#include <gtest/gtest.h>
 
 namespace fullburn {
 namespace {
@@ -125,8 +125,10 @@ TEST(TuneKnobs, TheBottleneckIsTunedFirst) {
   Finding input{"input_workers", "", "", 0.4, 0.9, ""};
   Finding healthy{"healthy", "", "", 0, 0.9, ""};
   EXPECT_EQ(KnobOrder({input}, {}).front(), "pack");
-  EXPECT_EQ(KnobOrder({input}, {"batch", "loader_threads"}), (std::vector<std::string>{"loader_threads", "batch"}));
-  EXPECT_EQ(KnobOrder({healthy}, {"batch", "loader_threads"}), (std::vector<std::string>{"batch", "loader_threads"}));
+  EXPECT_EQ(KnobOrder({input}, {"batch", "loader_threads"}),
+            (std::vector<std::string>{"loader_threads", "batch"}));
+  EXPECT_EQ(KnobOrder({healthy}, {"batch", "loader_threads"}),
+            (std::vector<std::string>{"batch", "loader_threads"}));
 }
 
 TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
@@ -189,6 +191,20 @@ TEST(TuneKnobs, PackOnlyWhenTheInputIsTheBottleneckAndKeepsTheHeldOutSplit) {
   EXPECT_NE(skip.find("tokens"), std::string::npos);
 }
 
+// 1000 images of at most 96x96 RGB are 27.6 MB raw: the pack is written
+// only where that leaves half the free space.
+TEST(TuneKnobs, APackIsRefusedWhenItWouldTakeMoreThanHalfTheFreeDisk) {
+  const double raw = 1000.0 * 96 * 96 * 3;
+  EXPECT_TRUE(CheckPackSpace(1000, 96, 2 * raw, "/s/tune-3").ok());
+  Status full = CheckPackSpace(1000, 96, 2 * raw - 1, "/s/tune-3");
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.code(), Status::Code::kIoError);
+  EXPECT_NE(full.message().find("a raw pack of 1000 images"), std::string::npos) << full.message();
+  EXPECT_NE(full.message().find("/s/tune-3 has 0.1 GiB free"), std::string::npos) << full.message();
+  EXPECT_NE(full.message().find("set data.path"), std::string::npos);
+  EXPECT_FALSE(CheckPackSpace(1, 4096, 0, "/full").ok());
+}
+
 TEST(TuneKnobs, BatchSearchKeepsTheEffectiveBatch) {
   TuneContext ctx;
   ctx.config = {{"train.batch_size", "8"}, {"train.accumulate", "8"}};
@@ -217,9 +233,11 @@ TEST(TuneGrid, AxesExpandAndSubstitute) {
   auto combos = ExpandGrid({*a, *b});
   ASSERT_EQ(combos.size(), 2u);
   EXPECT_EQ(combos[1].at("batch"), "128");
-  auto cmd = Substitute({"train.py", "--batch-size={batch}", "-j", "{workers}", "{not a name}"}, combos[1]);
+  auto cmd = Substitute({"train.py", "--batch-size={batch}", "-j", "{workers}", "{not a name}"},
+                        combos[1]);
   ASSERT_TRUE(cmd.ok()) << cmd.status().message();
-  EXPECT_EQ(*cmd, (std::vector<std::string>{"train.py", "--batch-size=128", "-j", "4", "{not a name}"}));
+  EXPECT_EQ(*cmd,
+            (std::vector<std::string>{"train.py", "--batch-size=128", "-j", "4", "{not a name}"}));
 }
 
 TEST(TuneGrid, BadGridsAreErrorsBeforeAnyTrial) {
@@ -242,7 +260,8 @@ TEST(TuneDuration, UnitsAndErrors) {
   EXPECT_DOUBLE_EQ(*ParseDuration("1h"), 3600);
   EXPECT_DOUBLE_EQ(*ParseDuration("1m30s"), 90);
   EXPECT_DOUBLE_EQ(*ParseDuration("0.5s"), 0.5);
-  for (const char* bad : {"", "0", "-5s", "10x", "1m30", "inf", "ten"}) EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
+  for (const char* bad : {"", "0", "-5s", "10x", "1m30", "inf", "ten"})
+    EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
 }
 
 TEST(TuneTrials, JsonRoundTripsAndTheTableShowsEveryTrial) {
