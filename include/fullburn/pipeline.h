@@ -229,20 +229,20 @@ std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch);
 enum class BadSamplePolicy { kSkip, kFail };
 
 struct LoaderOptions {
-  std::string root;           // image folder, or a pack written by WritePack
+  std::string root;  // image folder, or a pack written by WritePack
   int batch_size = 64;
   // 0: tuned while running (below); else fixed. The tuner starts with one
   // worker and adds one whenever the consumer waited more than 5% of the last
   // few batches, up to cpu_budget; it parks one when the consumer never waited
   // and the measured per-sample time says fewer workers keep up.
   int threads = 0;
-  int cpu_budget = 0;         // most worker threads; 0: cores - 1 (one for training)
+  int cpu_budget = 0;  // most worker threads; 0: cores - 1 (one for training)
   // Batches prepared ahead of the consumer. 0: tuned, starting at 3: the
   // depth grows (up to 8) when the consumer waits although the workers could
   // keep up on average, i.e. when production is bursty rather than slow.
   int prefetch = 0;
   int out_w = 224, out_h = 224;
-  bool train = true;          // RandomResizedCrop + flip; else Resize + CenterCrop
+  bool train = true;  // RandomResizedCrop + flip; else Resize + CenterCrop
   int eval_resize = 256;
   Layout layout = Layout::kNHWC;
   uint64_t seed = 0;
@@ -310,7 +310,11 @@ class ImageLoader {
 
   // Starts producing the batches of `epoch` (drop_last: every batch is full),
   // from batch `first_batch` on (a resumed run passes its saved position).
-  void StartEpoch(int epoch, int64_t first_batch = 0);
+  // `consumed_samples`: the first samples of the epoch's permutation that
+  // every rank together already read, in a run whose world size or batch may
+  // have been different; this rank reads every world_size-th of the rest
+  // (fewer batches this epoch), and `first_batch` counts from there.
+  void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0);
   LoaderPosition position() const;
   // Blocks for the next batch of the epoch; false at its end or on error.
   bool Next(Batch* batch);
@@ -344,7 +348,7 @@ class ImageLoader {
   void StopWorkers();
 
   LoaderOptions options_;
-  ImageFolder folder_;           // for a pack: its classes and labels, files named DIR#i
+  ImageFolder folder_;  // for a pack: its classes and labels, files named DIR#i
   std::unique_ptr<PackReader> pack_;
   size_t image_bytes_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
@@ -356,17 +360,19 @@ class ImageLoader {
   Status error_;
   int epoch_ = -1;
   std::vector<int64_t> order_;
-  int64_t next_item_ = 0;      // next (batch, i) to claim, as batch * batch_size + i
-  int64_t next_to_hand_ = 0;   // the batch Next() returns next
-  int inflight_ = 0;           // samples being made outside the lock
-  int active_ = 1;             // workers allowed to claim samples
+  int64_t next_item_ = 0;     // next (batch, i) to claim, as batch * batch_size + i
+  int64_t next_to_hand_ = 0;  // the batch Next() returns next
+  int inflight_ = 0;          // samples being made outside the lock
+  int active_ = 1;            // workers allowed to claim samples
   bool autotune_ = false;
-  int depth_ = 3;              // batches workers may prepare ahead of the consumer
-  bool gated_ = false;         // a worker waits because it is depth_ ahead
+  int depth_ = 3;       // batches workers may prepare ahead of the consumer
+  bool gated_ = false;  // a worker waits because it is depth_ ahead
   bool tune_depth_ = false;
   double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
   double epoch_start_ = 0;
   int64_t epoch_first_batch_ = 0;
+  int64_t epoch_batches_ =
+      0;  // this epoch's: fewer than batches_per_epoch() after consumed samples
   int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;
   std::vector<std::string> bad_named_;

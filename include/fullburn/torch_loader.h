@@ -48,7 +48,8 @@ class TorchLoader {
   static Result<std::unique_ptr<TorchLoader>> Open(const TorchLoaderOptions& options);
   ~TorchLoader();
 
-  void StartEpoch(int epoch, int64_t first_batch = 0);
+  // As ImageLoader::StartEpoch.
+  void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0);
   bool Next(DeviceBatch* out);
   Status status() const { return core_->status(); }
   LoaderStats stats() const { return core_->stats(); }
@@ -60,7 +61,7 @@ class TorchLoader {
  private:
   struct InFlight;
   TorchLoader() = default;
-  bool Issue();                // takes a ready core batch and starts its copy
+  bool Issue();  // takes a ready core batch and starts its copy
   void ReleaseCompleted(bool wait_for_one);
 
   TorchLoaderOptions options_;

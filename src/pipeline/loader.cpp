@@ -38,8 +38,10 @@ double Seconds() {
 
 Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& options) {
   if (options.batch_size < 1) return Status::InvalidArgument("batch size must be at least 1");
-  if (options.prefetch < 0) return Status::InvalidArgument("prefetch must be at least 1 (0: tuned)");
-  if (options.out_w < 1 || options.out_h < 1) return Status::InvalidArgument("output size must be positive");
+  if (options.prefetch < 0)
+    return Status::InvalidArgument("prefetch must be at least 1 (0: tuned)");
+  if (options.out_w < 1 || options.out_h < 1)
+    return Status::InvalidArgument("output size must be positive");
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size)
     return Status::InvalidArgument("rank " + std::to_string(options.rank) + " is not in 0.." +
                                    std::to_string(options.world_size - 1) + " (world size " +
@@ -122,7 +124,7 @@ LoaderPosition ImageLoader::position() const {
   return LoaderPosition{epoch_, next_to_hand_};
 }
 
-void ImageLoader::StartEpoch(int epoch, int64_t first_batch) {
+void ImageLoader::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
   std::unique_lock<std::mutex> lock(mu_);
   // Samples being made for the old epoch finish first; slots they filled are freed.
   ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
@@ -132,13 +134,17 @@ void ImageLoader::StartEpoch(int epoch, int64_t first_batch) {
       s->batch = -1;
     }
   epoch_ = epoch;
-  // This rank's samples: every world_size-th of the (padded) permutation.
-  std::vector<int64_t> perm = EpochPermutation(dataset_size(), options_.seed, epoch);
-  const int64_t per_rank = epoch_size(), w = options_.world_size;
+  // This rank's samples: every world_size-th of the (padded) permutation,
+  // after the samples every rank together already read.
+  const int64_t n = dataset_size(), w = options_.world_size;
+  const int64_t skip = std::max<int64_t>(0, std::min(consumed_samples, n));
+  std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
+  const int64_t per_rank = options_.shard_pad ? (n - skip + w - 1) / w : (n - skip) / w;
   order_.resize(static_cast<size_t>(per_rank));
   for (int64_t i = 0; i < per_rank; ++i)
-    order_[static_cast<size_t>(i)] = perm[static_cast<size_t>((options_.rank + i * w) % dataset_size())];
-  first_batch = std::max<int64_t>(0, std::min(first_batch, batches_per_epoch()));
+    order_[static_cast<size_t>(i)] = perm[static_cast<size_t>((skip + options_.rank + i * w) % n)];
+  epoch_batches_ = per_rank / options_.batch_size;
+  first_batch = std::max<int64_t>(0, std::min(first_batch, epoch_batches_));
   next_item_ = first_batch * options_.batch_size;
   next_to_hand_ = first_batch;
   window_start_ = -1;  // the tuner does not count the pause between epochs
@@ -219,7 +225,7 @@ Status ImageLoader::Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded
 bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error) {
   thread_local std::vector<uint8_t> bytes;
   thread_local DecodedRegion region;
-  const int64_t n = epoch_size();
+  const int64_t n = static_cast<int64_t>(order_.size());
   const int64_t pos = batch * options_.batch_size + i;
   SplitMix rng{(options_.seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(epoch_) << 40) ^
                static_cast<uint64_t>(pos)};
@@ -235,10 +241,10 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
     BoxF box;
     ImageView view;
     if (s.ok()) {
-      box = options_.train
-                ? RandomResizedCropBox(e.width, e.height, options_.crop, [&rng] { return rng.Uniform(); })
-                : ResizeCenterCropBox(e.width, e.height, options_.eval_resize,
-                                      std::min(options_.out_w, options_.out_h));
+      box = options_.train ? RandomResizedCropBox(e.width, e.height, options_.crop,
+                                                  [&rng] { return rng.Uniform(); })
+                           : ResizeCenterCropBox(e.width, e.height, options_.eval_resize,
+                                                 std::min(options_.out_w, options_.out_h));
       if (e.raw) {
         view = ImageView{e.data, e.width, e.height, 1, 0, 0};  // nothing to decode
       } else {
@@ -264,7 +270,8 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
 
 bool ImageLoader::Skip(const std::string& path, const std::string& reason, std::string* error) {
   if (options_.on_bad_sample == BadSamplePolicy::kFail) {
-    *error = "bad sample " + path + ": " + reason + " (on_bad_sample=fail; use skip to go on without it)";
+    *error = "bad sample " + path + ": " + reason +
+             " (on_bad_sample=fail; use skip to go on without it)";
     return false;
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -287,7 +294,7 @@ void ImageLoader::Worker(int id) {
     work_cv_.wait(lock, [&] {
       if (stop_) return true;
       if (id >= active_) return false;  // parked by the tuner
-      if (epoch_ < 0 || next_item_ >= batches_per_epoch() * b) return false;
+      if (epoch_ < 0 || next_item_ >= epoch_batches_ * b) return false;
       batch = next_item_ / b;
       // Up to depth_ batches ready ahead of the consumer, plus one being filled.
       if (batch > next_to_hand_ + depth_) {
@@ -332,11 +339,12 @@ void ImageLoader::Worker(int id) {
 
 bool ImageLoader::Next(Batch* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (epoch_ < 0 || next_to_hand_ >= batches_per_epoch()) return false;
+  if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
   Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
   double t0 = Seconds();
   ready_cv_.wait(lock, [&] {
-    return stop_ || (s.state == Slot::State::kReady && s.batch == next_to_hand_ && s.epoch == epoch_);
+    return stop_ ||
+           (s.state == Slot::State::kReady && s.batch == next_to_hand_ && s.epoch == epoch_);
   });
   double waited = Seconds() - t0;
   stats_.consumer_wait_s += waited;
@@ -390,7 +398,7 @@ void ImageLoader::Tune() {
 
 bool ImageLoader::TryNext(Batch* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (epoch_ < 0 || next_to_hand_ >= batches_per_epoch()) return false;
+  if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
   Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
   if (s.state != Slot::State::kReady || s.batch != next_to_hand_ || s.epoch != epoch_) return false;
   bool ok = HandOut(s, out);

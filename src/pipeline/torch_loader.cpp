@@ -38,8 +38,9 @@ Result<std::unique_ptr<TorchLoader>> TorchLoader::Open(const TorchLoaderOptions&
   if (t->cuda_) {
     TorchLoader* self = t.get();
     core.allocate_images = [self](size_t bytes) {
-      torch::Tensor pinned = torch::empty({static_cast<int64_t>(bytes)},
-                                          torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+      torch::Tensor pinned =
+          torch::empty({static_cast<int64_t>(bytes)},
+                       torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
       self->pinned_.push_back(pinned);
       return pinned.data_ptr<uint8_t>();
     };
@@ -48,8 +49,10 @@ Result<std::unique_ptr<TorchLoader>> TorchLoader::Open(const TorchLoaderOptions&
   if (!loader.ok()) return loader.status();
   t->core_ = std::move(*loader);
   auto stats = torch::TensorOptions().dtype(torch::kFloat).device(options.device);
-  t->mean_ = torch::tensor({options.mean[0], options.mean[1], options.mean[2]}, stats).view({1, 3, 1, 1});
-  t->std_ = torch::tensor({options.std[0], options.std[1], options.std[2]}, stats).view({1, 3, 1, 1});
+  t->mean_ =
+      torch::tensor({options.mean[0], options.mean[1], options.mean[2]}, stats).view({1, 3, 1, 1});
+  t->std_ =
+      torch::tensor({options.std[0], options.std[1], options.std[2]}, stats).view({1, 3, 1, 1});
   return t;
 }
 
@@ -68,7 +71,7 @@ LoaderPosition TorchLoader::position() const {
   return p;
 }
 
-void TorchLoader::StartEpoch(int epoch, int64_t first_batch) {
+void TorchLoader::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
   ReleaseCompleted(false);
   while (!copying_.empty()) ReleaseCompleted(true);
   for (auto& f : issued_) {
@@ -77,7 +80,7 @@ void TorchLoader::StartEpoch(int epoch, int64_t first_batch) {
   }
   issued_.clear();
   handed_ = first_batch;
-  core_->StartEpoch(epoch, first_batch);
+  core_->StartEpoch(epoch, first_batch, consumed_samples);
 }
 
 void TorchLoader::ReleaseCompleted(bool wait_for_one) {
@@ -101,7 +104,8 @@ bool TorchLoader::Issue() {
   const LoaderOptions& o = options_.loader;
   torch::Tensor host = torch::from_blob(const_cast<uint8_t*>(f->core.images),
                                         {f->core.size, o.out_h, o.out_w, 3}, torch::kUInt8);
-  torch::Tensor labels = torch::from_blob(const_cast<int32_t*>(f->core.labels), {f->core.size}, torch::kInt32);
+  torch::Tensor labels =
+      torch::from_blob(const_cast<int32_t*>(f->core.labels), {f->core.size}, torch::kInt32);
   if (cuda_) {
     if (!side_) {
       c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
@@ -128,12 +132,14 @@ bool TorchLoader::Next(DeviceBatch* out) {
   issued_.pop_front();
   if (f->copied) {
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    f->copied->block(impl.getStream(options_.device));  // the compute stream waits, the host does not
+    f->copied->block(
+        impl.getStream(options_.device));  // the compute stream waits, the host does not
   }
   // (x / 255 - mean) / std, NHWC -> NCHW, on the device (or the host for CPU).
   torch::Tensor x = f->images.permute({0, 3, 1, 2}).to(torch::kFloat).div_(255.0f);
   x = x.sub_(mean_).div_(std_);
-  auto format = options_.channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  auto format =
+      options_.channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
   out->images = x.to(options_.dtype).contiguous(format);
   out->labels = f->labels;
   out->index = f->core.index;

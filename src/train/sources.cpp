@@ -20,7 +20,7 @@ class ImageSource : public BatchSource {
  public:
   explicit ImageSource(std::unique_ptr<Loader> l) : loader_(std::move(l)) {}
   int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
-  void StartEpoch(int epoch, int64_t first) override { loader_->StartEpoch(epoch, first); }
+  void StartEpoch(int epoch, int64_t consumed) override { loader_->StartEpoch(epoch, 0, consumed); }
   bool Next(TrainBatch* b) override {
     DeviceBatch d;
     if (!loader_->Next(&d)) return false;
@@ -43,22 +43,30 @@ class ImageSource : public BatchSource {
 // permutation, so the input cost is what a TensorDataset would have at best.
 class TensorSource : public BatchSource {
  public:
-  TensorSource(torch::Tensor x, torch::Tensor y, int batch, uint64_t seed, int64_t classes, bool tokens, int rank,
-               int world)
-      : x_(std::move(x)), y_(std::move(y)), batch_(batch), seed_(seed), classes_(classes), tokens_(tokens),
-        rank_(rank), world_(world) {}
+  TensorSource(torch::Tensor x, torch::Tensor y, int batch, uint64_t seed, int64_t classes,
+               bool tokens, int rank, int world)
+      : x_(std::move(x)),
+        y_(std::move(y)),
+        batch_(batch),
+        seed_(seed),
+        classes_(classes),
+        tokens_(tokens),
+        rank_(rank),
+        world_(world) {}
   int64_t batches_per_epoch() const override { return x_.size(0) / world_ / batch_; }
-  void StartEpoch(int epoch, int64_t first) override {
+  void StartEpoch(int epoch, int64_t consumed) override {
     std::vector<int64_t> all = EpochPermutation(x_.size(0), seed_, epoch), perm;
+    const int64_t n = x_.size(0), skip = std::max<int64_t>(0, std::min(consumed, n));
     // Every world-th sample from this rank's offset (DistributedSampler): the
     // ranks' k-th batches together are one process's k-th batch of world x batch.
-    for (size_t i = static_cast<size_t>(rank_); i < all.size(); i += static_cast<size_t>(world_)) perm.push_back(all[i]);
+    for (int64_t i = skip + rank_; i < n; i += world_) perm.push_back(all[static_cast<size_t>(i)]);
     order_ = torch::from_blob(perm.data(), {static_cast<int64_t>(perm.size())}, torch::kLong)
                  .to(x_.device(), /*non_blocking=*/false, /*copy=*/true);
-    next_ = first;
+    epoch_batches_ = (n - skip) / world_ / batch_;
+    next_ = 0;
   }
   bool Next(TrainBatch* b) override {
-    if (next_ >= batches_per_epoch()) return false;
+    if (next_ >= epoch_batches_) return false;
     torch::Tensor idx = order_.slice(0, next_ * batch_, (next_ + 1) * batch_);
     b->inputs = x_.index_select(0, idx);
     b->targets = y_.index_select(0, idx);
@@ -76,29 +84,41 @@ class TensorSource : public BatchSource {
   int64_t classes_;
   bool tokens_;
   int rank_, world_;
-  int64_t next_ = 0;
+  int64_t next_ = 0, epoch_batches_ = 0;
 };
 
 class TokenSource : public BatchSource {
  public:
-  TokenSource(std::unique_ptr<TokenShards> shards, int batch, uint64_t seed, torch::Device device, int vocab,
-              int rank, int world)
-      : shards_(std::move(shards)), batch_(batch), seed_(seed), device_(device), vocab_(vocab), rank_(rank),
+  TokenSource(std::unique_ptr<TokenShards> shards, int batch, uint64_t seed, torch::Device device,
+              int vocab, int rank, int world)
+      : shards_(std::move(shards)),
+        batch_(batch),
+        seed_(seed),
+        device_(device),
+        vocab_(vocab),
+        rank_(rank),
         world_(world) {}
   int64_t batches_per_epoch() const override {
-    return std::max<int64_t>(1, shards_->tokens() / (static_cast<int64_t>(batch_) * shards_->seq_len() * world_));
+    return std::max<int64_t>(
+        1, shards_->tokens() / (static_cast<int64_t>(batch_) * shards_->seq_len() * world_));
   }
-  void StartEpoch(int epoch, int64_t first) override {
+  // Windows are drawn by a global batch index, so "consumed" counts batches
+  // of this size: a resume with another per-rank batch continues the index.
+  void StartEpoch(int epoch, int64_t consumed) override {
     epoch_ = epoch;
-    next_ = first;
+    const int64_t all = batches_per_epoch() * world_;
+    base_ = std::max<int64_t>(0, std::min(consumed / batch_, all));
+    epoch_batches_ = (all - base_) / world_;
+    next_ = 0;
   }
   bool Next(TrainBatch* b) override {
-    if (next_ >= batches_per_epoch()) return false;
+    if (next_ >= epoch_batches_) return false;
     int t = shards_->seq_len();
-    torch::Tensor x = torch::empty({batch_, t}, torch::kInt), y = torch::empty({batch_, t}, torch::kInt);
+    torch::Tensor x = torch::empty({batch_, t}, torch::kInt),
+                  y = torch::empty({batch_, t}, torch::kInt);
     // Ranks draw disjoint window sets: batch index k of rank r is k x world + r.
-    shards_->Batch(seed_, (epoch_ * batches_per_epoch() + next_) * world_ + rank_, batch_, x.data_ptr<int32_t>(),
-                   y.data_ptr<int32_t>());
+    shards_->Batch(seed_, epoch_ * batches_per_epoch() * world_ + base_ + next_ * world_ + rank_,
+                   batch_, x.data_ptr<int32_t>(), y.data_ptr<int32_t>());
     b->inputs = x.to(device_, torch::kLong);
     b->targets = y.to(device_, torch::kLong);
     b->samples = batch_;
@@ -117,16 +137,18 @@ class TokenSource : public BatchSource {
   int vocab_;
   int rank_, world_;
   int epoch_ = 0;
-  int64_t next_ = 0;
+  int64_t next_ = 0, base_ = 0, epoch_batches_ = 0;
 };
 
 // mlp: features with a fixed random linear rule; lstm: token sequences whose
 // class is the sum of the last two tokens modulo the class count.
 std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
-  int64_t n = s.train ? c.Int("data.synthetic_samples") : std::max<int64_t>(s.batch_size, c.Int("data.synthetic_samples") / 8);
+  int64_t n = s.train ? c.Int("data.synthetic_samples")
+                      : std::max<int64_t>(s.batch_size, c.Int("data.synthetic_samples") / 8);
   int64_t classes = c.Int("data.classes");
   auto rule = torch::make_generator<at::CPUGeneratorImpl>(c.Int("train.seed") + 7);
-  auto gen = torch::make_generator<at::CPUGeneratorImpl>(c.Int("train.seed") * 2 + (s.train ? 1 : 2));
+  auto gen =
+      torch::make_generator<at::CPUGeneratorImpl>(c.Int("train.seed") * 2 + (s.train ? 1 : 2));
   torch::Tensor x, y;
   bool tokens = c.Str("model.name") == "lstm";
   if (tokens) {
@@ -137,8 +159,8 @@ std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
     x = torch::randn({n, c.Int("data.features")}, gen);
     y = x.matmul(w).argmax(1);
   }
-  return std::make_unique<TensorSource>(x.to(s.device), y.to(s.device), s.batch_size, s.seed, classes, tokens, s.rank,
-                                        s.world_size);
+  return std::make_unique<TensorSource>(x.to(s.device), y.to(s.device), s.batch_size, s.seed,
+                                        classes, tokens, s.rank, s.world_size);
 }
 
 }  // namespace
@@ -150,8 +172,8 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
     auto shards = TokenShards::Open({s.path}, static_cast<int>(c.Int("data.seq_len")));
     if (!shards.ok()) return shards.status();
     return std::unique_ptr<BatchSource>(
-        new TokenSource(std::move(*shards), s.batch_size, s.seed + (s.train ? 0 : 1000003), s.device,
-                        static_cast<int>(c.Int("data.vocab")), s.rank, s.world_size));
+        new TokenSource(std::move(*shards), s.batch_size, s.seed + (s.train ? 0 : 1000003),
+                        s.device, static_cast<int>(c.Int("data.vocab")), s.rank, s.world_size));
   }
   TorchLoaderOptions t;
   t.loader.root = s.path;
@@ -164,7 +186,8 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
   t.loader.train = s.train;
   t.loader.layout = Layout::kNCHW;
   t.loader.seed = s.seed;
-  t.loader.on_bad_sample = c.Str("data.bad_samples") == "skip" ? BadSamplePolicy::kSkip : BadSamplePolicy::kFail;
+  t.loader.on_bad_sample =
+      c.Str("data.bad_samples") == "skip" ? BadSamplePolicy::kSkip : BadSamplePolicy::kFail;
   t.loader.rank = s.rank;
   t.loader.world_size = s.world_size;
   t.device = s.device;
@@ -172,8 +195,9 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
   auto loader = Loader::Open(t);
   if (!loader.ok()) return loader.status();
   if ((*loader)->batches_per_epoch() == 0)
-    return Status::InvalidArgument("the data at " + s.path + " has fewer samples than one batch of " +
-                                   std::to_string(s.batch_size) + ": lower train.batch_size or add data");
+    return Status::InvalidArgument(
+        "the data at " + s.path + " has fewer samples than one batch of " +
+        std::to_string(s.batch_size) + ": lower train.batch_size or add data");
   auto src = std::make_unique<ImageSource>(std::move(*loader));
   src->in_features_ = 3 * c.Int("data.image_size") * c.Int("data.image_size");
   return std::unique_ptr<BatchSource>(std::move(src));

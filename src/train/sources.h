@@ -20,8 +20,11 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual int64_t batches_per_epoch() const = 0;
-  // Deterministic in (seed, epoch, batch): a resumed run sees the same batches.
-  virtual void StartEpoch(int epoch, int64_t first_batch) = 0;
+  // Deterministic in (seed, epoch, batch): a resumed run sees the same
+  // batches. `consumed_samples`: the first samples of the epoch that every
+  // rank together already read (a resumed run's position, whatever its world
+  // size and batch were); this rank reads its share of the rest.
+  virtual void StartEpoch(int epoch, int64_t consumed_samples) = 0;
   // False at the end of the epoch or on an error (status()).
   virtual bool Next(TrainBatch* b) = 0;
   virtual Status status() const { return Status::Ok(); }

@@ -149,6 +149,10 @@ class Trainer {
   double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0,
          last_loader_event_ = 0;
   int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
+  // Samples of the epoch read before next_batch_ counted from 0 (a resumed
+  // run's start); the position a checkpoint saves is EpochSamplesRead().
+  int64_t epoch_skip_ = 0;
+  int64_t EpochSamplesRead() const { return epoch_skip_ + next_batch_ * batch_ * rank_.world_size; }
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
   double recent_rate_ = 0, recent_wait_share_ = 0;
   std::mutex latest_mu_;

@@ -37,7 +37,6 @@ torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int a
   return loss.detach();
 }
 
-
 Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   double start = MonoNow();
   double wait = 0;
@@ -50,13 +49,14 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     while (!source_->Next(&b)) {
       if (!source_->status().ok()) return source_->status();
       ++epoch_;
-      next_batch_ = 0;
+      epoch_skip_ = next_batch_ = 0;
       source_->StartEpoch(static_cast<int>(epoch_), 0);
     }
     ++next_batch_;
     wait += MonoNow() - w0;
     if (dp_) dp_->SetSync(micro == accumulate_ - 1);  // no_sync until the last micro-batch
-    torch::Tensor loss = ForwardBackward(ctx_, b, static_cast<int>(accumulate_), *scaler_, timed, &mt);
+    torch::Tensor loss =
+        ForwardBackward(ctx_, b, static_cast<int>(accumulate_), *scaler_, timed, &mt);
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
     samples += b.samples;
   }
@@ -68,7 +68,8 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params());
   // One host read per step, for the loss and the inf/NaN flag together (as
   // GradScaler's step does).
-  torch::Tensor both = torch::stack({loss_sum.to(torch::kFloat) / accumulate_, found_inf.to(torch::kFloat)}).cpu();
+  torch::Tensor both =
+      torch::stack({loss_sum.to(torch::kFloat) / accumulate_, found_inf.to(torch::kFloat)}).cpu();
   double loss = both[0].item<double>();
   bool bad = both[1].item<double>() != 0;
   bool skip = scaler_->Update(bad);
@@ -97,7 +98,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   rec->samples = samples;
   rec->step_s = end - start;
   rec->skipped = skip;
-  rec->data_wait_s = wait;  // always measured: it costs two clock reads
+  rec->data_wait_s = wait;      // always measured: it costs two clock reads
   if (dp_) rec->comm_s = comm;  // communication not hidden behind backward
   if (timed) {
     rec->forward_s = mt.forward_s;
@@ -110,7 +111,8 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
         "training diverged: the loss or gradients were inf/NaN for {} steps in a row (step {}){}; "
         "lower optim.lr, set train.clip_grad_norm, or use bf16 instead of fp16. Checkpoints before "
         "this point are intact",
-        consecutive_skips_, step_, scaler_->enabled() ? fmt::format(", the loss scale fell to {:g}", scaler_->scale()) : ""));
+        consecutive_skips_, step_,
+        scaler_->enabled() ? fmt::format(", the loss scale fell to {:g}", scaler_->scale()) : ""));
   }
   return Status::Ok();
 }
@@ -123,12 +125,18 @@ void Trainer::FlushSteps(bool force) {
   // so a data wait can be traced to decode, augment or too few workers.
   if (auto ls = source_->loader_stats(); ls && (force || now - last_loader_event_ >= 10)) {
     last_loader_event_ = now;
-    nlohmann::json j{{"threads", ls->threads},         {"prefetch", ls->prefetch},
-                     {"ready_batches", ls->ready_batches}, {"batches", ls->batches},
-                     {"samples", ls->samples},         {"skipped", ls->skipped},
-                     {"cache_hits", ls->cache_hits},   {"cache_bytes", ls->cache_bytes},
-                     {"read_s", ls->stages.read_s},    {"decode_s", ls->stages.decode_s},
-                     {"augment_s", ls->stages.augment_s}, {"wait_s", ls->consumer_wait_s}};
+    nlohmann::json j{{"threads", ls->threads},
+                     {"prefetch", ls->prefetch},
+                     {"ready_batches", ls->ready_batches},
+                     {"batches", ls->batches},
+                     {"samples", ls->samples},
+                     {"skipped", ls->skipped},
+                     {"cache_hits", ls->cache_hits},
+                     {"cache_bytes", ls->cache_bytes},
+                     {"read_s", ls->stages.read_s},
+                     {"decode_s", ls->stages.decode_s},
+                     {"augment_s", ls->stages.augment_s},
+                     {"wait_s", ls->consumer_wait_s}};
     if (rank_.world_size > 1) j["rank"] = rank_.rank;
     RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()};
     if (forward_)
@@ -143,11 +151,13 @@ void Trainer::FlushSteps(bool force) {
   }
   if (pending_steps_.empty()) return;
   if (events_out_) {
-    for (const StepRecord& r : pending_steps_) std::fputs(StepEventLine(r, run_.start_time).c_str(), events_out_.get());
+    for (const StepRecord& r : pending_steps_)
+      std::fputs(StepEventLine(r, run_.start_time).c_str(), events_out_.get());
     std::fflush(events_out_.get());
   }
   if (Status s = store_->AppendSteps(run_.id, pending_steps_); !s.ok())
-    std::fprintf(stderr, "\nfullburn: %s; training goes on, these step records are lost\n", s.message().c_str());
+    std::fprintf(stderr, "\nfullburn: %s; training goes on, these step records are lost\n",
+                 s.message().c_str());
   pending_steps_.clear();
 }
 
@@ -173,9 +183,10 @@ void Trainer::Progress(const StepRecord& r, bool force) {
   }
   double left_steps = static_cast<double>(total_steps_ - r.step);
   double eta = recent_rate_ > 0 ? left_steps * (batch_ * accumulate_) / recent_rate_ : 0;
-  std::string line = fmt::format("step {}/{}  epoch {}  loss {:.4f}  {:.0f} samples/s  data-wait {:.0f}%  {}  ETA {}",
-                                 r.step, total_steps_, r.epoch, r.loss, recent_rate_, recent_wait_share_ * 100,
-                                 util, FormatDuration(eta));
+  std::string line = fmt::format(
+      "step {}/{}  epoch {}  loss {:.4f}  {:.0f} samples/s  data-wait {:.0f}%  {}  ETA {}", r.step,
+      total_steps_, r.epoch, r.loss, recent_rate_, recent_wait_share_ * 100, util,
+      FormatDuration(eta));
   if (live_ && live_->active())
     live_->Draw(line);
   else if (!opt_.quiet && (force || now - last_plain_ >= 10)) {
@@ -189,7 +200,11 @@ Status Trainer::Loop() {
   double every_s = cfg_.Float("checkpoint.every_minutes") * 60;
   double limit_s = cfg_.Float("train.time_limit_s");
   int64_t time_every = cfg_.Int("train.time_every");
-  source_->StartEpoch(static_cast<int>(epoch_), next_batch_);
+  // A resumed run continues after the samples its checkpoint's run read,
+  // whatever world size and batch that run had.
+  epoch_skip_ += next_batch_ * batch_ * rank_.world_size;
+  next_batch_ = 0;
+  source_->StartEpoch(static_cast<int>(epoch_), epoch_skip_);
   ctx_.model->train();
   StepRecord last;
   while (step_ < total_steps_) {
@@ -208,11 +223,13 @@ Status Trainer::Loop() {
       exit_code = kExitFailed;
       if (IsOutOfMemory(e))
         return Status::ResourceExhausted(fmt::format(
-            "out of memory at step {} with micro-batch {}: lower train.batch_size (or use auto) and "
+            "out of memory at step {} with micro-batch {}: lower train.batch_size (or use auto) "
+            "and "
             "raise train.accumulate to keep the effective batch; checkpoints so far are intact",
             step_ + 1, batch_));
       std::string what = e.what();
-      return Status::Internal("step " + std::to_string(step_ + 1) + " failed: " + what.substr(0, what.find('\n')));
+      return Status::Internal("step " + std::to_string(step_ + 1) +
+                              " failed: " + what.substr(0, what.find('\n')));
     }
     if (!s.ok()) return s;
     pending_steps_.push_back(rec);
@@ -220,10 +237,12 @@ Status Trainer::Loop() {
     Progress(rec, false);
     FlushSteps(false);
     double now = MonoNow();
-    if ((every_steps > 0 && step_ % every_steps == 0) || (every_s > 0 && now - last_ckpt_time_ >= every_s))
+    if ((every_steps > 0 && step_ % every_steps == 0) ||
+        (every_s > 0 && now - last_ckpt_time_ >= every_s))
       Checkpoint(false);
     if (limit_s > 0 && now - mono_start_ >= limit_s) {
-      std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n", static_cast<long long>(step_));
+      std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n",
+                   static_cast<long long>(step_));
       break;
     }
   }

@@ -18,7 +18,8 @@ CheckpointState Trainer::Snapshot() {
   // Weights and optimizer state change only in the optimizer step: they are
   // copied while the next forward/backward runs. Buffers (BatchNorm running
   // statistics) change in forward, so they are copied now.
-  for (auto& p : ctx_.model->named_parameters()) s.until_update.emplace_back("model." + p.key(), p.value());
+  for (auto& p : ctx_.model->named_parameters())
+    s.until_update.emplace_back("model." + p.key(), p.value());
   for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
   for (auto& [name, t] : optim_->State()) s.until_update.emplace_back("optim." + name, t);
   {
@@ -28,7 +29,7 @@ CheckpointState Trainer::Snapshot() {
   }
   nlohmann::json meta{{"step", step_},
                       {"epoch", epoch_},
-                      {"next_batch", next_batch_},
+                      {"epoch_samples", EpochSamplesRead()},
                       {"optim_steps", optim_->steps()},
                       {"loss_scale", scaler_->scale()},
                       {"scaler_growth_tracker", scaler_->growth_tracker()},
@@ -40,12 +41,14 @@ CheckpointState Trainer::Snapshot() {
 }
 
 Status Trainer::Restore() {
-  std::map<std::string, torch::Tensor> byname(resume_->state.tensors.begin(), resume_->state.tensors.end());
+  std::map<std::string, torch::Tensor> byname(resume_->state.tensors.begin(),
+                                              resume_->state.tensors.end());
   torch::NoGradGuard no_grad;
   auto load_into = [&](const std::string& name, torch::Tensor& dst) -> Status {
     auto it = byname.find("model." + name);
     if (it == byname.end())
-      return Status::InvalidArgument("checkpoint " + resume_->path + " has no tensor model." + name +
+      return Status::InvalidArgument("checkpoint " + resume_->path + " has no tensor model." +
+                                     name +
                                      ": it was written for a different model (check model.name)");
     if (it->second.sizes() != dst.sizes())
       return Status::InvalidArgument(
@@ -69,14 +72,19 @@ Status Trainer::Restore() {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(it->second);
   }
-  scaler_->Restore(m.value("loss_scale", scaler_->scale()), m.value("scaler_growth_tracker", int64_t{0}));
+  scaler_->Restore(m.value("loss_scale", scaler_->scale()),
+                   m.value("scaler_growth_tracker", int64_t{0}));
   step_ = m.value("step", int64_t{0});
   epoch_ = m.value("epoch", int64_t{0});
-  next_batch_ = m.value("next_batch", int64_t{0});
+  // epoch_samples: the samples of this epoch every rank together read.
+  // Checkpoints from before it counted batches of this run's size (next_batch).
+  epoch_skip_ = m.value("epoch_samples", int64_t{0});
+  next_batch_ = m.contains("epoch_samples") ? 0 : m.value("next_batch", int64_t{0});
   skipped_ = m.value("skipped_steps", int64_t{0});
   last_ckpt_step_ = step_;
-  std::fprintf(stderr, "fullburn: resuming from %s (step %lld, epoch %lld)\n", resume_->path.c_str(),
-               static_cast<long long>(step_), static_cast<long long>(epoch_));
+  std::fprintf(stderr, "fullburn: resuming from %s (step %lld, epoch %lld)\n",
+               resume_->path.c_str(), static_cast<long long>(step_),
+               static_cast<long long>(epoch_));
   return Status::Ok();
 }
 
@@ -89,8 +97,9 @@ void Trainer::Checkpoint(bool final_one) {
     if (final_one) ckpt_->Wait();
   } catch (const std::exception& e) {  // the previous checkpoint stands
     std::string what = e.what();
-    std::fprintf(stderr, "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints are intact\n",
-                 static_cast<long long>(step_), what.substr(0, what.find('\n')).c_str());
+    std::fprintf(
+        stderr, "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints are intact\n",
+        static_cast<long long>(step_), what.substr(0, what.find('\n')).c_str());
     if (final_one) exit_code = kExitFailed;
   }
 }

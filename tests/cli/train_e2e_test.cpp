@@ -317,12 +317,15 @@ TEST_F(TrainE2E, TwoRankRunResumesInOneProcess) {
   argv.push_back("train.steps=10");
   ASSERT_EQ(RunToEnd(argv, 300).code, 0);
   int64_t ddp = Store()->GetRun("last").value().id;
-  auto o = Train({"--resume", std::to_string(ddp), "train.steps=20"}, /*tiny=*/false);
+  auto o = Train({"--resume", std::to_string(ddp), "train.steps=60"}, /*tiny=*/false);
   ASSERT_EQ(o.code, 0) << o.err;
   auto steps = Steps(Store()->GetRun("last").value().id);
-  ASSERT_EQ(steps.size(), 10u);
+  ASSERT_EQ(steps.size(), 50u);
   EXPECT_EQ(steps.front().step, 11);
   EXPECT_TRUE(std::isfinite(steps.back().loss));
+  // Two ranks of 32 read 640 of the epoch's 2048 samples; one process of 32
+  // reads the other 1408 (44 steps: 11..54), none twice, then epoch 1 begins.
+  for (const StepRecord& r : steps) EXPECT_EQ(r.epoch, r.step <= 54 ? 0 : 1) << "step " << r.step;
 }
 
 TEST_F(TrainE2E, KilledRunResumesWithTheSameLosses) {

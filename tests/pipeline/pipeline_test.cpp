@@ -1,5 +1,7 @@
 // The input pipeline's stages against torchvision's definitions and against
 // libjpeg-turbo's own full decode, and the loader's ordering guarantees.
+#include "fullburn/pipeline.h"
+
 #include <gtest/gtest.h>
 #include <jpeglib.h>
 
@@ -10,7 +12,6 @@
 #include <map>
 #include <thread>
 
-#include "fullburn/pipeline.h"
 #include "replay_env.h"
 
 namespace fullburn {
@@ -80,7 +81,8 @@ DecodedRegion Gradient(int w, int h) {
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       for (int c = 0; c < 3; ++c)
-        r.rgb[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>((x * 3 + y * 5 + c * 70) % 256);
+        r.rgb[(static_cast<size_t>(y) * w + x) * 3 + c] =
+            static_cast<uint8_t>((x * 3 + y * 5 + c * 70) % 256);
   return r;
 }
 
@@ -180,7 +182,8 @@ TEST(Jpeg, DctDownscaleWhenTheCropAllows) {
   std::vector<uint8_t> ref = Smooth(400, 400);
   auto jpeg = EncodeJpeg(ref.data(), 400, 400, 90);
   DecodedRegion region;
-  ASSERT_TRUE(DecodeJpegRegion(jpeg->data(), jpeg->size(), BoxF{0, 0, 400, 400}, 96, 96, &region).ok());
+  ASSERT_TRUE(
+      DecodeJpegRegion(jpeg->data(), jpeg->size(), BoxF{0, 0, 400, 400}, 96, 96, &region).ok());
   EXPECT_EQ(region.scale, 0.25);  // 400/4 = 100 >= 96; 400/8 = 50 is too small
   EXPECT_EQ(region.width, 100);
   // Compare with a 4x4 box average of the reference.
@@ -430,6 +433,53 @@ TEST(Loader, ShardsSplitTheEpochWithoutOverlap) {
   EXPECT_EQ(all, want);  // every sample exactly once across ranks
 }
 
+// 3 ranks read 2 batches of 2 each (12 samples), then the job resumes on 2
+// ranks: they read the other 12 of the epoch, each once, and nothing twice.
+TEST(Loader, ResumeWithAnotherWorldSizeReadsTheRestOfTheEpoch) {
+  std::string dir = SmallDataset("reshard");  // 24 images
+  auto open = [&](int rank, int world) {
+    LoaderOptions o = Small(dir, 1);
+    o.batch_size = 2;
+    o.rank = rank;
+    o.world_size = world;
+    return std::move(ImageLoader::Open(o).value());
+  };
+  std::vector<int64_t> before, after;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto l = open(rank, 3);
+    l->StartEpoch(0);
+    Batch b;
+    for (int k = 0; k < 2 && l->Next(&b); ++k) {
+      before.insert(before.end(), b.samples, b.samples + b.size);
+      l->Release(b);
+    }
+  }
+  ASSERT_EQ(before.size(), 12u);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto l = open(rank, 2);
+    l->StartEpoch(0, 0, /*consumed_samples=*/12);
+    Batch b;
+    int batches = 0;
+    while (l->Next(&b)) {
+      after.insert(after.end(), b.samples, b.samples + b.size);
+      l->Release(b);
+      ++batches;
+    }
+    EXPECT_EQ(batches, 3) << "rank " << rank;
+  }
+  // The rest is the tail of the epoch's order that one process reads.
+  std::vector<int64_t> whole = EpochSamples(*open(0, 1), 0);
+  ASSERT_EQ(whole.size(), 24u);
+  std::vector<int64_t> head(whole.begin(), whole.begin() + 12),
+      tail(whole.begin() + 12, whole.end());
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  std::sort(head.begin(), head.end());
+  std::sort(tail.begin(), tail.end());
+  EXPECT_EQ(before, head);
+  EXPECT_EQ(after, tail);
+}
+
 TEST(Loader, ShardPaddingAndDropping) {
   std::string dir = SmallDataset("pad", 5, 5);  // 25 images over 2 ranks
   LoaderOptions o = Small(dir, 1);
@@ -629,7 +679,8 @@ TEST(Tokens, ReadsLlmcHeaderAndRefusesTruncatedFiles) {
   EXPECT_NE(TokenShards::Open({odd}, 8).status().message().find("odd size"), std::string::npos);
   EXPECT_NE(TokenShards::Open({odd + ".missing"}, 8).status().message().find("cannot open"),
             std::string::npos);
-  EXPECT_NE(TokenShards::Open({odd}, 1000).status().message().find("has an odd size"), std::string::npos);
+  EXPECT_NE(TokenShards::Open({odd}, 1000).status().message().find("has an odd size"),
+            std::string::npos);
 }
 
 TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
@@ -666,7 +717,7 @@ TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
 
 TEST(Loader, PrefetchDeepensForBurstyProduction) {
   std::string dir = SmallDataset("bursty", 4, 40);  // 40 batches of 4
-  LoaderOptions o = Small(dir, 2);  // two fixed workers: plenty on average
+  LoaderOptions o = Small(dir, 2);                  // two fixed workers: plenty on average
   o.prefetch = 0;
   auto l = ImageLoader::Open(o);
   ASSERT_TRUE(l.ok());
@@ -742,7 +793,7 @@ TEST(Png, FoldersMayMixPngAndJpeg) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ((*l)->dataset_size(), 27);
   std::vector<int64_t> seen = EpochSamples(**l, 0);
-  EXPECT_EQ(seen.size(), 24u);  // 27 images, 6 full batches of 4
+  EXPECT_EQ(seen.size(), 24u);          // 27 images, 6 full batches of 4
   EXPECT_LE((*l)->stats().skipped, 1);  // the broken one, if it was drawn
   // Packing turns them into JPEG records (or raw pixels).
   std::string dst = dir + ".pack";
