@@ -85,14 +85,15 @@ class DataParallel {
 
   // Records for rank 0 from ranks that cannot write its run store (another
   // node's disk), through the rendezvous store: a rank after 0 sends
-  // payloads in order and then Done(); rank 0 takes what has arrived
-  // (Receive, never blocking) and at the end waits up to `timeout_s` for
-  // every sender's Done (WaitForSenders) before taking the rest. Only
-  // ranks that called Send count as senders. Training thread only.
+  // payloads in order and then Done(); rank 0 takes what has arrived from
+  // the ranks `from` (Receive, never blocking) and at the end waits up to
+  // `timeout_s` for each of their Done (WaitForSenders) before taking the
+  // rest. Rank 0 learns who sends at start (GatherToRankZero), so it polls
+  // only them. Training thread only.
   Status Send(const std::string& payload);
   Status Done();
-  std::vector<std::string> Receive();
-  void WaitForSenders(double timeout_s);
+  std::vector<std::string> Receive(const std::vector<int>& from);
+  void WaitForSenders(const std::vector<int>& from, double timeout_s);
 
   struct Impl;
 

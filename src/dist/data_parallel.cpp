@@ -358,13 +358,14 @@ Status DataParallel::Done() {
   }
 }
 
-std::vector<std::string> DataParallel::Receive() {
+std::vector<std::string> DataParallel::Receive(const std::vector<int>& from) {
   std::vector<std::string> out;
   Impl& m = *impl_;
   if (m.rank.rank != 0) return out;
   m.next_payload.resize(static_cast<size_t>(m.rank.world_size), 1);
   try {
-    for (int r = 1; r < m.rank.world_size; ++r) {
+    for (int r : from) {
+      if (r <= 0 || r >= m.rank.world_size) continue;
       std::string prefix = "fwd/" + std::to_string(r) + "/";
       for (;;) {
         std::string key = prefix + std::to_string(m.next_payload[r]);
@@ -381,14 +382,13 @@ std::vector<std::string> DataParallel::Receive() {
   return out;
 }
 
-void DataParallel::WaitForSenders(double timeout_s) {
+void DataParallel::WaitForSenders(const std::vector<int>& from, double timeout_s) {
   Impl& m = *impl_;
   if (m.rank.rank != 0) return;
   auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   try {
-    for (int r = 1; r < m.rank.world_size; ++r) {
+    for (int r : from) {
       std::string prefix = "fwd/" + std::to_string(r) + "/";
-      if (!m.store->check({prefix + "n"})) continue;  // not a sender
       while (!m.store->check({prefix + "done"}) && std::chrono::steady_clock::now() < end)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

@@ -388,6 +388,7 @@ Status Trainer::BeginRun() {
   if (rank_.rank > 0) {
     if (Status s = JoinRun(); !s.ok()) return s;
     DecideForwarding();
+    if (Status s = GatherSenders(); !s.ok()) return s;
     StartSampler();
     return OpenCheckpoints();
   }
@@ -416,6 +417,7 @@ Status Trainer::BeginRun() {
     Result<std::string> shared =
         dp_->ShareFromRankZero("run", fmt::format("{} {:.6f}", run_.id, run_.start_time));
     if (!shared.ok()) return shared.status();
+    if (Status s = GatherSenders(); !s.ok()) return s;
   }
   if (const char* events = std::getenv(kEventsEnvVar); events && *events) {
     events_out_.reset(std::fopen(events, "a"));

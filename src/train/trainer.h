@@ -100,6 +100,7 @@ class Trainer {
   Status ConnectRanks();
   Status JoinRun();
   Status GatherGpus();
+  Status GatherSenders();
   Status OpenCheckpoints();
   Status Loop();
   Status TrainStep(bool timed, StepRecord* rec);
@@ -112,6 +113,7 @@ class Trainer {
   // Records of a rank whose store is not rank 0's (another node's disk) go
   // through the rendezvous store (trainer_records.cpp).
   void DecideForwarding();
+  std::vector<int> senders_;  // rank 0: the ranks that forward their records to it
   void SendForwarded(bool last);
   void ApplyForwarded(bool last);
   std::string DatasetsDir() const;

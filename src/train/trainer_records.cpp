@@ -14,15 +14,29 @@ void Trainer::DecideForwarding() {
   auto local = store_->GetRun(std::to_string(run_.id));
   forward_ = !(local.ok() && std::abs(local->start_time - run_.start_time) < 1e-3);
   if (forward_)
-    std::fprintf(stderr, "fullburn: rank %d: %s is not rank 0's store; this rank's records go to rank 0\n",
+    std::fprintf(stderr,
+                 "fullburn: rank %d: %s is not rank 0's store; this rank's records go to rank 0\n",
                  rank_.rank, store_->path().c_str());
 }
 
+// Rank 0 learns once which ranks forward, so it polls only those (a job
+// with a shared store polls none).
+Status Trainer::GatherSenders() {
+  Result<std::vector<std::string>> flags = dp_->GatherToRankZero("forwards", forward_ ? "1" : "0");
+  if (!flags.ok()) return flags.status();
+  for (size_t r = 1; r < flags->size(); ++r)
+    if ((*flags)[r] == "1") senders_.push_back(static_cast<int>(r));
+  return Status::Ok();
+}
+
 void Trainer::SendForwarded(bool last) {
-  nlohmann::json payload{{"steps", nlohmann::json::array()}, {"events", nlohmann::json::array()},
+  nlohmann::json payload{{"steps", nlohmann::json::array()},
+                         {"events", nlohmann::json::array()},
                          {"samples", nlohmann::json::array()}};
-  for (const StepRecord& r : pending_steps_) payload["steps"].push_back(StepEventLine(r, run_.start_time));
-  for (const RunEvent& e : forward_events_) payload["events"].push_back(RunEventLine(e, run_.start_time));
+  for (const StepRecord& r : pending_steps_)
+    payload["steps"].push_back(StepEventLine(r, run_.start_time));
+  for (const RunEvent& e : forward_events_)
+    payload["events"].push_back(RunEventLine(e, run_.start_time));
   {
     std::lock_guard<std::mutex> lock(latest_mu_);
     for (const NamedSample& s : forward_samples_) payload["samples"].push_back({s.name, s.t, s.v});
@@ -41,10 +55,11 @@ void Trainer::SendForwarded(bool last) {
 }
 
 void Trainer::ApplyForwarded(bool last) {
-  if (last) dp_->WaitForSenders(10.0);
+  if (senders_.empty()) return;
+  if (last) dp_->WaitForSenders(senders_, 10.0);
   std::vector<StepRecord> steps;
   std::vector<NamedSample> samples;
-  for (const std::string& text : dp_->Receive()) {
+  for (const std::string& text : dp_->Receive(senders_)) {
     nlohmann::json payload = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (payload.is_discarded()) continue;
     for (const auto& line : payload.value("steps", nlohmann::json::array())) {
@@ -56,10 +71,12 @@ void Trainer::ApplyForwarded(bool last) {
       if (m.ok() && !m->is_step) store_->AddEvent(run_.id, m->event);
     }
     for (const auto& s : payload.value("samples", nlohmann::json::array()))
-      if (s.is_array() && s.size() == 3) samples.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>()});
+      if (s.is_array() && s.size() == 3)
+        samples.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>()});
   }
   if (Status s = store_->AppendSteps(run_.id, steps); !s.ok())
-    std::fprintf(stderr, "\nfullburn: %s; other ranks' step records are lost\n", s.message().c_str());
+    std::fprintf(stderr, "\nfullburn: %s; other ranks' step records are lost\n",
+                 s.message().c_str());
   if (Status s = store_->AppendNamedSamples(run_.id, samples); !s.ok())
     std::fprintf(stderr, "\nfullburn: %s; other ranks' samples are lost\n", s.message().c_str());
 }
