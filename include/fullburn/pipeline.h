@@ -339,6 +339,7 @@ class ImageLoader {
     int width = 0, height = 0;
     bool raw = false;
   };
+  int64_t RankShare(int64_t samples) const;
   bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
   Status Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out);
   Status Read(int64_t sample, std::vector<uint8_t>* bytes);
@@ -371,8 +372,8 @@ class ImageLoader {
   double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
   double epoch_start_ = 0;
   int64_t epoch_first_batch_ = 0;
-  int64_t epoch_batches_ =
-      0;  // this epoch's: fewer than batches_per_epoch() after consumed samples
+  // This epoch's batches: fewer than batches_per_epoch() after consumed samples.
+  int64_t epoch_batches_ = 0;
   int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;
   std::vector<std::string> bad_named_;

@@ -47,8 +47,8 @@ struct CpuShare {
 };
 
 struct HostSample {
-  CpuShare cpu;                // all cores together
-  std::vector<CpuShare> cores; // cpu0, cpu1, ...
+  CpuShare cpu;                 // all cores together
+  std::vector<CpuShare> cores;  // cpu0, cpu1, ...
   Value mem_total_bytes, mem_used_bytes, mem_available_bytes;
   Value swap_in_per_s, swap_out_per_s;  // pages per second
   Value disk_read_bytes_per_s, disk_write_bytes_per_s;
@@ -76,14 +76,14 @@ struct GpuInfo {
 
 struct GpuSample {
   int index = 0;
-  Value util, mem_util;                  // percent
-  Value mem_used_bytes, mem_total_bytes; // bytes
+  Value util, mem_util;                   // percent
+  Value mem_used_bytes, mem_total_bytes;  // bytes
   Value power_w, power_limit_w, temp_c;
   Value sm_clock_mhz, max_sm_clock_mhz;
-  Value throttle_reasons;                // NVML clock-event bitmask
+  Value throttle_reasons;  // NVML clock-event bitmask
   Value pcie_tx_bytes_per_s, pcie_rx_bytes_per_s;
-  Value proc_mem_used_bytes;             // memory of the monitored process tree
-  Value sm_active, tensor_active;        // percent, from GPM (Hopper and newer)
+  Value proc_mem_used_bytes;       // memory of the monitored process tree
+  Value sm_active, tensor_active;  // percent, from GPM (Hopper and newer)
   std::vector<GpuProcess> processes;
 };
 
@@ -105,11 +105,11 @@ enum class MetricScope { kHost, kHostCpu, kCore, kProc, kGpu };
 
 struct MetricDef {
   MetricScope scope;
-  const char* suffix;      // "util" -> gpuN.util / host.cpu_util etc.
+  const char* suffix;  // "util" -> gpuN.util / host.cpu_util etc.
   const char* unit;
   const char* help;
-  const char* prom_name;   // DCGM field name for GPU metrics where one exists
-  double prom_scale;       // value * prom_scale is exported
+  const char* prom_name;  // DCGM field name for GPU metrics where one exists
+  double prom_scale;      // value * prom_scale is exported
 };
 
 const std::vector<MetricDef>& MetricCatalog();
@@ -117,6 +117,8 @@ const std::vector<MetricDef>& MetricCatalog();
 // sampled it ("gpu3.util", "host.cpu3.user", "rank2.proc.cpu_util",
 // "rank4.gpu0.util"; rank 0 has no prefix).
 std::string MetricName(const MetricDef& def, int index, int rank = 0);
+// "rankR." for R > 0, "" for rank 0: what MetricName puts before a name.
+std::string RankPrefix(int rank);
 // Finds the definition of a stored name ("rank4.gpu3.util" -> the gpuN.util
 // entry), its index (3) and rank (4); nullptr for unknown names.
 const MetricDef* FindMetric(const std::string& name, int* index = nullptr, int* rank = nullptr);
@@ -151,7 +153,8 @@ class HostCollector {
   struct Counters {
     double time = 0;
     std::vector<CpuTicks> cpus;  // [0] = all, [1..] = cores
-    std::optional<uint64_t> swap_in, swap_out, disk_read_sectors, disk_write_sectors, net_rx, net_tx;
+    std::optional<uint64_t> swap_in, swap_out, disk_read_sectors, disk_write_sectors, net_rx,
+        net_tx;
   };
   void ReadCpu(Counters* c);
   void ReadCounters(Counters* c);
@@ -175,7 +178,9 @@ class ProcTreeCollector {
     bool operator==(const Key& o) const { return pid == o.pid && start_ticks == o.start_ticks; }
   };
   struct KeyHash {
-    size_t operator()(const Key& k) const { return std::hash<uint64_t>()(k.start_ticks * 4194304u + k.pid); }
+    size_t operator()(const Key& k) const {
+      return std::hash<uint64_t>()(k.start_ticks * 4194304u + k.pid);
+    }
   };
   const Env* env_;
   int root_pid_;

@@ -61,8 +61,7 @@ Status CheckPowerReadings() {
     if (g.power_w) return Status::Ok();
   return Status::InvalidArgument(
       "--objective samples_per_joule needs GPU power readings, and NVML reports none for these "
-      "GPUs: use "
-      "--objective samples_per_s");
+      "GPUs: use --objective samples_per_s");
 }
 
 Result<Plan> MakePlan(const TuneOptions& o) {

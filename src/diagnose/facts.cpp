@@ -43,8 +43,6 @@ std::vector<int> HostRanks(const std::map<std::string, Series>& m) {
   return ranks;
 }
 
-std::string RankPrefix(int rank) { return rank > 0 ? "rank" + std::to_string(rank) + "." : ""; }
-
 void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
   double util_sum = 0;
   std::vector<std::pair<int, int>> found;  // (rank, gpu) with a util series
@@ -158,9 +156,8 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
     }
     rf.work_s = Median(work);
     if (st > 0) rf.data_wait_share = dw / st;
-    std::string cpu =
-        (rank > 0 ? "rank" + std::to_string(rank) + "." : std::string()) + "proc.cpu_util";
-    if (const Series* series = Find(samples, cpu); series && !series->empty())
+    if (const Series* series = Find(samples, RankPrefix(rank) + "proc.cpu_util");
+        series && !series->empty())
       rf.proc_cpu = MedianOf(*series);
     f->ranks.push_back(rf);
   }

@@ -114,9 +114,13 @@ void ImageLoader::StopWorkers() {
     if (t.joinable()) t.join();
 }
 
-int64_t ImageLoader::epoch_size() const {
-  const int64_t n = dataset_size(), w = options_.world_size;
-  return options_.shard_pad ? (n + w - 1) / w : n / w;
+int64_t ImageLoader::epoch_size() const { return RankShare(dataset_size()); }
+
+// This rank's part of `samples` spread over the ranks: padded to equal
+// counts, or the remainder dropped.
+int64_t ImageLoader::RankShare(int64_t samples) const {
+  const int64_t w = options_.world_size;
+  return options_.shard_pad ? (samples + w - 1) / w : samples / w;
 }
 
 LoaderPosition ImageLoader::position() const {
@@ -139,7 +143,7 @@ void ImageLoader::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sa
   const int64_t n = dataset_size(), w = options_.world_size;
   const int64_t skip = std::max<int64_t>(0, std::min(consumed_samples, n));
   std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
-  const int64_t per_rank = options_.shard_pad ? (n - skip + w - 1) / w : (n - skip) / w;
+  const int64_t per_rank = RankShare(n - skip);
   order_.resize(static_cast<size_t>(per_rank));
   for (int64_t i = 0; i < per_rank; ++i)
     order_[static_cast<size_t>(i)] = perm[static_cast<size_t>((skip + options_.rank + i * w) % n)];

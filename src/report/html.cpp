@@ -419,10 +419,8 @@ std::string RenderHtmlReport(const std::vector<ReportRun>& runs) {
   for (const ReportRun& r : runs) out += RunHtml(r);
   out +=
       "<h2>Time series</h2><p class=note>Drag across a chart to zoom (all charts follow), "
-      "double-click to "
-      "reset. Series are downsampled for display (min and max kept per bucket); the store keeps "
-      "every "
-      "sample (fullburn runs export).</p><div id=charts></div>";
+      "double-click to reset. Series are downsampled for display (min and max kept per bucket); "
+      "the store keeps every sample (fullburn runs export).</p><div id=charts></div>";
   out += "<script type=\"application/json\" id=fb-data>" + json + "</script>";
   out += std::string("<script>") + kUplotJs + "</script><script>" + kScript +
          "</script></body></html>\n";

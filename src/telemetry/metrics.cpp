@@ -134,8 +134,10 @@ const std::vector<MetricDef>& MetricCatalog() {
   return defs;
 }
 
+std::string RankPrefix(int rank) { return rank > 0 ? "rank" + std::to_string(rank) + "." : ""; }
+
 std::string MetricName(const MetricDef& def, int index, int rank) {
-  std::string prefix = rank > 0 ? "rank" + std::to_string(rank) + "." : "";
+  std::string prefix = RankPrefix(rank);
   std::string i = std::to_string(index);
   switch (def.scope) {
     case MetricScope::kGpu:

@@ -94,8 +94,7 @@ Status NoFitStatus(const StepContext& ctx) {
     return Status::ResourceExhausted(fmt::format(
         "batch 1 does not fit: {} MiB of the {} MiB train.memory_budget_mb were in use before the "
         "batch-size search (the weights and the data held in memory): raise train.memory_budget_mb "
-        "or "
-        "hold less in memory (data.cache_mb, a smaller in-memory dataset)",
+        "or hold less in memory (data.cache_mb, a smaller in-memory dataset)",
         in_use >> 20, budget >> 20));
   return Status::ResourceExhausted(
       "the model does not fit in memory even at batch 1: use a smaller model (model.width, "

@@ -224,8 +224,7 @@ Status Trainer::Loop() {
       if (IsOutOfMemory(e))
         return Status::ResourceExhausted(fmt::format(
             "out of memory at step {} with micro-batch {}: lower train.batch_size (or use auto) "
-            "and "
-            "raise train.accumulate to keep the effective batch; checkpoints so far are intact",
+            "and raise train.accumulate to keep the effective batch; checkpoints so far are intact",
             step_ + 1, batch_));
       std::string what = e.what();
       return Status::Internal("step " + std::to_string(step_ + 1) +

@@ -137,7 +137,9 @@ TEST_F(TuneE2E, BadInputIsRefusedBeforeAnyTrial) {
   }
   // Nothing ran: the store holds no tuning and no trial.
   auto store = RunStore::Open(store_);
-  if (store.ok()) EXPECT_TRUE((*store)->ListRuns()->empty());
+  if (store.ok()) {
+    EXPECT_TRUE((*store)->ListRuns()->empty());
+  }
 }
 
 TEST_F(TuneE2E, InterruptLeavesAValidPartialTable) {
