@@ -68,7 +68,9 @@ TEST_F(TuneE2E, GridPicksTheFastestCombinationAndRecordsFailures) {
   for (const json& t : trials) {
     bool oom = t["value"].get<std::string>().find("batch=1024") != std::string::npos;
     EXPECT_EQ(t["status"], oom ? "failed" : "ok") << t.dump();
-    if (oom) EXPECT_NE(t["reason"].get<std::string>().find("out of memory"), std::string::npos);
+    if (oom) {
+      EXPECT_NE(t["reason"].get<std::string>().find("out of memory"), std::string::npos);
+    }
     // Every trial is a run of its own, linked to the tuning.
     auto run = store->GetRun(std::to_string(t["run_id"].get<int64_t>()));
     ASSERT_TRUE(run.ok());
