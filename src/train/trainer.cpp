@@ -175,11 +175,18 @@ Status Trainer::Setup() {
   oo.trust = cfg_.Float("optim.trust");
   if (cfg_.IsAuto("train.batch_size")) {
     if (Status s = SearchBatch(oo); !s.ok()) return s;
+    nlohmann::json chosen = {{"batch", batch_}};
     if (dp_) {  // every rank takes the smallest size that fits everywhere
       Result<int64_t> common = dp_->MinOverRanks(batch_);
       if (!common.ok()) return common.status();
+      chosen = {{"batch", *common}, {"searched", batch_}, {"rank", rank_.rank}};
+      if (*common != batch_)
+        std::fprintf(stderr, "fullburn: micro-batch %lld, the smallest any rank found\n",
+                     static_cast<long long>(*common));
       batch_ = *common;
+      cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search, every rank");
     }
+    pending_events_.push_back({0, "batch_size_chosen", chosen.dump()});
   } else {
     batch_ = cfg_.Int("train.batch_size");
   }
@@ -289,15 +296,15 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   }
   batch_ = *chosen;
   cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search");
-  for (const BatchTrial& t : trials)
-    pending_events_.push_back({0, "batch_size_trial",
-                               nlohmann::json{{"batch", t.batch},
-                                              {"fits", t.fits},
-                                              {"samples_per_s", t.samples_per_s},
-                                              {"peak_bytes", t.peak_bytes},
-                                              {"error", t.error}}
-                                   .dump()});
-  pending_events_.push_back({0, "batch_size_chosen", nlohmann::json{{"batch", batch_}}.dump()});
+  for (const BatchTrial& t : trials) {
+    nlohmann::json trial = {{"batch", t.batch},
+                            {"fits", t.fits},
+                            {"samples_per_s", t.samples_per_s},
+                            {"peak_bytes", t.peak_bytes},
+                            {"error", t.error}};
+    if (rank_.world_size > 1) trial["rank"] = rank_.rank;  // each rank searches its own device
+    pending_events_.push_back({0, "batch_size_trial", trial.dump()});
+  }
   std::fprintf(stderr, "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
                static_cast<long long>(batch_));
   return Status::Ok();
@@ -389,6 +396,13 @@ Status Trainer::BeginRun() {
     if (Status s = JoinRun(); !s.ok()) return s;
     DecideForwarding();
     if (Status s = GatherSenders(); !s.ok()) return s;
+    for (RunEvent& e : pending_events_) {  // this rank's batch-size trials
+      if (forward_)
+        forward_events_.push_back(std::move(e));
+      else
+        store_->AddEvent(run_.id, e);
+    }
+    pending_events_.clear();
     StartSampler();
     return OpenCheckpoints();
   }

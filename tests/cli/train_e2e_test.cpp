@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <thread>
 
 #include "fullburn/pipeline.h"
@@ -293,19 +292,33 @@ TEST_F(TrainE2E, RanksAgreeOnTheSearchedBatchSize) {
           "train.batch_size=auto train.memory_budget_mb=$((5 + 8 * (1 - RANK)))"};
   auto o = RunToEnd(argv, 300);
   ASSERT_EQ(o.code, 0) << o.err;
-  // Alone, rank 0 (13 MB) would pick a larger size than rank 1 (5 MB).
-  std::smatch m;
-  std::vector<int> found;
-  std::string err = o.err;
-  std::regex chosen("micro-batch (\\d+) \\(best measured");
-  for (std::sregex_iterator it(err.begin(), err.end(), chosen), end; it != end; ++it)
-    found.push_back(std::stoi((*it)[1]));
-  ASSERT_EQ(found.size(), 2u) << o.err;
-  EXPECT_NE(found[0], found[1]) << "the budgets should lead to different sizes";
-  auto steps = Steps(Store()->GetRun("last").value().id);
+  // Each rank records its own trials and choice. Alone, rank 0 (13 MB) fits
+  // a larger size than rank 1 (5 MB); which fitting size is fastest is timing.
+  auto run = Store()->GetRun("last").value();
+  int64_t largest_fit[2] = {0, 0}, searched[2] = {0, 0}, agreed[2] = {0, 0};
+  std::vector<RunEvent> events = Store()->LoadEvents(run.id).value();
+  for (const RunEvent& e : events) {
+    nlohmann::json d = nlohmann::json::parse(e.data);
+    if (e.kind == "batch_size_trial" && d["fits"].get<bool>()) {
+      int r = d.at("rank").get<int>();
+      largest_fit[r] = std::max(largest_fit[r], d["batch"].get<int64_t>());
+    } else if (e.kind == "batch_size_chosen") {
+      int r = d.at("rank").get<int>();
+      searched[r] = d["searched"].get<int64_t>();
+      agreed[r] = d["batch"].get<int64_t>();
+    }
+  }
+  EXPECT_GT(largest_fit[0], largest_fit[1]) << "the budgets should lead to different limits";
+  ASSERT_GT(searched[0], 0) << o.err;
+  ASSERT_GT(searched[1], 0) << o.err;
+  int64_t common = std::min(searched[0], searched[1]);
+  EXPECT_EQ(agreed[0], common);
+  EXPECT_EQ(agreed[1], common);
+  EXPECT_EQ(nlohmann::json::parse(run.config_json)["train"]["batch_size"].get<int64_t>(), common)
+      << "the stored config holds the size every rank trained with";
+  auto steps = Steps(run.id);
   ASSERT_EQ(steps.size(), 8u);
-  for (const StepRecord& r : steps)
-    EXPECT_EQ(r.samples, std::min(found[0], found[1])) << "rank " << r.rank;
+  for (const StepRecord& r : steps) EXPECT_EQ(r.samples, common) << "rank " << r.rank;
 }
 
 TEST_F(TrainE2E, TwoRankRunResumesInOneProcess) {

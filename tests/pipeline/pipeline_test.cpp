@@ -723,12 +723,14 @@ TEST(Loader, PrefetchDeepensForBurstyProduction) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ((*l)->stats().prefetch, 3);
   // The consumer pauses, then takes batches as fast as it can: the queue
-  // drains in every burst although the workers keep up on average.
+  // drains in every burst although the workers keep up on average. The
+  // pauses are long so that "on average" holds even when a loaded machine
+  // makes each image several times slower to decode.
   (*l)->StartEpoch(0);
   Batch b;
   for (int k = 0; (*l)->Next(&b); ++k) {
     (*l)->Release(b);
-    if (k % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    if (k % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   EXPECT_GT((*l)->stats().prefetch, 3);
   o.prefetch = 2;  // fixed
