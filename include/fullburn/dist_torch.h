@@ -11,12 +11,19 @@
 // - Gradients are grouped into buckets in reverse registration order (the
 //   order backward produces them): the first small (`first_bucket_mb`), then
 //   up to `bucket_mb`. A post-hook on each parameter's gradient accumulator
-//   copies the gradient into its bucket; a full bucket's all-reduce starts at
-//   once, during the rest of backward. Buckets start in index order on every
-//   rank, so collectives never cross.
+//   marks the gradient ready; a full bucket's all-reduce starts at once,
+//   during the rest of backward. Buckets start in index order on every rank,
+//   so collectives never cross.
+// - Gradients live in the buckets (PyTorch's gradient_as_bucket_view): after
+//   the first FinishGradients each .grad is a view of its bucket slot, with
+//   the parameter's strides, and autograd accumulates into it in place, so
+//   the gradients take memory once and are never copied. Clear them with
+//   ZeroGradients (in place); a .grad set to none or replaced is copied into
+//   its slot at the next backward and the view restored (counted in
+//   DistStats::grad_copies).
 // - SetSync(false) before a micro-batch's backward is DDP's no_sync: gradients
 //   accumulate locally and nothing is sent. FinishGradients after the last
-//   micro-batch waits for every bucket and writes the average into .grad.
+//   micro-batch waits for every bucket; .grad is then the average.
 // - One training thread calls these methods; hooks may run on autograd's
 //   threads and take an internal mutex. Not copyable.
 #pragma once
@@ -46,7 +53,8 @@ struct DistStats {
   int64_t buckets = 0;
   int64_t started_in_backward = 0;  // bucket all-reduces started before FinishGradients
   int64_t started_after = 0;
-  double wait_s = 0;  // FinishGradients blocked on communication, in total
+  double wait_s = 0;        // FinishGradients blocked on communication, in total
+  int64_t grad_copies = 0;  // gradients copied into a bucket (not already a view of it)
 };
 
 class DataParallel {
@@ -71,6 +79,9 @@ class DataParallel {
   // After the synced backward: waits for the buckets, .grad = mean over ranks.
   // `wait_s` (optional): time blocked on communication in this call.
   Status FinishGradients(double* wait_s = nullptr);
+  // The optimizer's zero_grad for attached parameters: zeroes the buckets,
+  // keeping .grad a view of them (set_to_none would free them each step).
+  void ZeroGradients();
   // True on every rank if `local` is true on any (inf/NaN found, out of memory).
   Result<bool> AnyRank(bool local);
   // The smallest value over ranks (a batch size every rank can hold).

@@ -218,6 +218,11 @@ struct TrainerOptions {
 // (0 on success) after printing any error as one line.
 int RunTraining(const TrainerOptions& options);
 
+// Process-wide (glibc mallopt): freed host memory stays in the process for
+// reuse instead of going back to the OS (train.keep_host_memory). No-op
+// elsewhere. Irreversible for the process.
+void KeepHostMemory();
+
 // For tests and the batch-size search: a CPU allocator that fails like an
 // out-of-memory once more than `budget_bytes` are live (0: no limit).
 // Installed process-wide on first use; thread-safe.

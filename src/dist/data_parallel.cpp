@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cstdio>
@@ -22,6 +23,15 @@ double Now() {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// torch 2.0 split process groups from their backends: ProcessGroupGloo is a
+// c10d::Backend there and a c10d::ProcessGroup in 1.x, with the same
+// collectives (allreduce, broadcast) either way.
+#if TORCH_VERSION_MAJOR >= 2
+using Group = c10d::Backend;
+#else
+using Group = c10d::ProcessGroup;
+#endif
+
 struct Bucket {
   std::vector<size_t> params;    // indices into Impl::params
   std::vector<int64_t> offsets;  // of each parameter in `flat`
@@ -39,7 +49,7 @@ struct DataParallel::Impl {
   std::string backend;
   c10::intrusive_ptr<c10d::Store> store;
   std::vector<int64_t> next_payload;  // rank 0: the next payload of each rank to take
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<Group> group;
   std::vector<torch::Tensor> params;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive for their hooks
   std::vector<size_t> bucket_of;
@@ -74,6 +84,15 @@ struct DataParallel::Impl {
                     missing.empty() ? "" : "; not responding: rank " + missing, options.timeout_s));
   }
 
+  // Parameter `index`'s slot in its bucket, shaped and strided like the
+  // parameter (channels_last stays channels_last), so it can be the .grad.
+  torch::Tensor BucketView(size_t index) {
+    const torch::Tensor& p = params[index];
+    torch::Tensor slot = buckets[bucket_of[index]].flat.narrow(0, offset_of[index], p.numel());
+    if (p.is_non_overlapping_and_dense()) return slot.as_strided(p.sizes(), p.strides());
+    return slot.view(p.sizes());
+  }
+
   void StartReadyBuckets() {
     while (next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
       Bucket& b = buckets[next_to_start++];
@@ -94,12 +113,16 @@ struct DataParallel::Impl {
     if (!sync || ready[index]) return;
     ready[index] = true;
     Bucket& b = buckets[bucket_of[index]];
-    torch::Tensor view = b.flat.narrow(0, offset_of[index], params[index].numel());
+    torch::Tensor view = BucketView(index);
     const torch::Tensor& grad = params[index].grad();
-    if (grad.defined())
-      view.copy_(grad.reshape({-1}));
-    else
+    // After the first step .grad is the bucket slot itself (DDP's
+    // gradient_as_bucket_view): autograd accumulated into it in place.
+    if (!grad.defined()) {
       view.zero_();
+    } else if (grad.data_ptr() != view.data_ptr() || grad.strides() != view.strides()) {
+      view.copy_(grad);
+      ++stats.grad_copies;
+    }
     if (--b.pending == 0 && (options.overlap || in_finish)) StartReadyBuckets();
   }
 };
@@ -280,13 +303,12 @@ Status DataParallel::FinishGradients(double* wait_s) {
     for (Bucket& b : m.buckets) {
       b.work->wait();
       if (b.wire.data_ptr() != b.flat.data_ptr()) b.flat.copy_(b.wire);
-      for (size_t k = 0; k < b.params.size(); ++k) {
-        torch::Tensor& p = m.params[b.params[k]];
-        torch::Tensor avg = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
-        if (p.grad().defined())
-          p.mutable_grad().copy_(avg);
-        else
-          p.mutable_grad() = avg.clone();
+      // The averages stay where they are: .grad becomes the bucket slot, and
+      // a separate gradient tensor (after set-to-none) is freed.
+      for (size_t index : b.params) {
+        torch::Tensor& p = m.params[index];
+        if (!p.grad().defined() || p.grad().data_ptr() != m.BucketView(index).data_ptr())
+          p.mutable_grad() = m.BucketView(index);
       }
     }
   } catch (const std::exception& e) {
@@ -304,6 +326,18 @@ Status DataParallel::FinishGradients(double* wait_s) {
   m.stats.wait_s += waited;
   if (wait_s) *wait_s = waited;
   return Status::Ok();
+}
+
+void DataParallel::ZeroGradients() {
+  Impl& m = *impl_;
+  torch::NoGradGuard no_grad;
+  for (Bucket& b : m.buckets) b.flat.zero_();
+  for (size_t k = 0; k < m.buckets.size(); ++k)
+    for (size_t index : m.buckets[k].params) {
+      torch::Tensor& p = m.params[index];
+      if (p.grad().defined() && p.grad().data_ptr() != m.BucketView(index).data_ptr())
+        p.mutable_grad() = torch::Tensor();  // not a bucket slot: set to none
+    }
 }
 
 Result<std::string> DataParallel::ShareFromRankZero(const std::string& key,

@@ -84,7 +84,10 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     ++skipped_;
     ++consecutive_skips_;
   }
-  optim_->ZeroGrad();
+  if (dp_)
+    dp_->ZeroGradients();  // in place: the gradients are views of the buckets
+  else
+    optim_->ZeroGrad();
   if (timed && ctx_.sync_timing) torch::cuda::synchronize();
   double end = MonoNow();
   ++step_;

@@ -102,6 +102,30 @@ TEST_F(DdpTest, BucketsStartDuringBackward) {
   (void)after;
 }
 
+TEST_F(DdpTest, GradientsAreViewsOfTheBucketsAndCopiedOnlyOnce) {
+  // One bucket holds every gradient. Cleared in place, each .grad stays a
+  // view of it: copied in at the first backward only. Set to none each step
+  // (torch 2.x's zero_grad), each is copied in every step. Same numbers.
+  ASSERT_EQ(Run(0, {"--steps", "5", "--accumulate", "2"}, "single").code, 0);
+  std::vector<std::string> job = {"--steps", "5", "--accumulate", "2", "--bucket-mb", "1"};
+  std::vector<std::string> in_place = job;
+  in_place.push_back("--zero-in-place");
+  auto views = Run(2, in_place, "views");
+  ASSERT_EQ(views.code, 0) << views.err;
+  auto none = Run(2, job, "none");
+  ASSERT_EQ(none.code, 0) << none.err;
+  std::smatch m;
+  const int kParams = 6;  // three Linear layers
+  ASSERT_TRUE(std::regex_search(views.out, m, std::regex("copies=(\\d+) views=(\\d+)"))) << views.out;
+  EXPECT_EQ(std::stoi(m[1]), kParams);
+  EXPECT_EQ(std::stoi(m[2]), kParams);
+  ASSERT_TRUE(std::regex_search(none.out, m, std::regex("copies=(\\d+) views=(\\d+)"))) << none.out;
+  EXPECT_EQ(std::stoi(m[1]), 5 * kParams);
+  EXPECT_EQ(Params("views", 0), Params("views", 1));
+  EXPECT_EQ(Params("views", 0), Params("none", 0));
+  EXPECT_LT(MaxDiff(Params("views", 0), Params("single", 0)), 1e-5);
+}
+
 TEST_F(DdpTest, Fp16CompressionStaysClose) {
   ASSERT_EQ(Run(0, {"--steps", "5"}, "single").code, 0);
   auto o = Run(2, {"--steps", "5", "--compress", "fp16"}, "fp16");

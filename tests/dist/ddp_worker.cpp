@@ -4,9 +4,12 @@
 //
 //   fullburn_ddp_worker --steps N --out PREFIX [--accumulate K] [--bucket-mb X]
 //       [--no-overlap] [--compress fp16] [--skip-on-rank R --skip-step S]
-//       [--die-rank R --die-step S] [--timeout S] [--single]
+//       [--die-rank R --die-step S] [--timeout S] [--single] [--zero-in-place]
 // --single trains the whole global batch in one process, without c10d: the
-// reference. Prints "stats buckets=B in_backward=I after=A".
+// reference. --zero-in-place clears gradients with DataParallel::ZeroGradients
+// (else they are set to none, as torch 2.x's zero_grad). Prints
+// "stats buckets=B in_backward=I after=A copies=C views=V" (V: parameters
+// whose .grad is a view of its bucket at the end).
 #include <unistd.h>
 
 #include <cstdio>
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   int accumulate = static_cast<int>(Arg(argc, argv, "--accumulate", 1));
   std::string out = StrArg(argc, argv, "--out", "params");
   bool single = Flag(argc, argv, "--single");
+  bool zero_in_place = Flag(argc, argv, "--zero-in-place");
   int skip_rank = static_cast<int>(Arg(argc, argv, "--skip-on-rank", -1));
   int skip_step = static_cast<int>(Arg(argc, argv, "--skip-step", -1));
   int die_rank = static_cast<int>(Arg(argc, argv, "--die-rank", -1));
@@ -87,7 +91,10 @@ int main(int argc, char** argv) {
     if (me.rank == die_rank && step == die_step) ::_exit(9);
     torch::manual_seed(1000 + step);  // the same global batch on every rank
     torch::Tensor x = torch::randn({kGlobalBatch, 16}), y = torch::randn({kGlobalBatch, 4});
-    for (torch::Tensor& p : params) p.mutable_grad() = torch::Tensor();
+    if (dp && zero_in_place)
+      dp->ZeroGradients();
+    else
+      for (torch::Tensor& p : params) p.mutable_grad() = torch::Tensor();
     for (int k = 0; k < accumulate; ++k) {
       int64_t from = static_cast<int64_t>(me.rank) * shard + k * micro;
       if (dp) dp->SetSync(k == accumulate - 1);
@@ -112,9 +119,20 @@ int main(int argc, char** argv) {
     torch::Tensor c = p.detach().contiguous();
     f.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
   }
-  if (dp)
-    std::printf("stats buckets=%lld in_backward=%lld after=%lld\n", static_cast<long long>(dp->stats().buckets),
+  if (dp) {
+    // A .grad that is a bucket slot shares storage with the other gradients.
+    int views = 0;
+    for (const torch::Tensor& p : params)
+      for (const torch::Tensor& q : params)
+        if (&p != &q && p.grad().defined() && q.grad().defined() && p.grad().is_alias_of(q.grad())) {
+          ++views;
+          break;
+        }
+    std::printf("stats buckets=%lld in_backward=%lld after=%lld copies=%lld views=%d\n",
+                static_cast<long long>(dp->stats().buckets),
                 static_cast<long long>(dp->stats().started_in_backward),
-                static_cast<long long>(dp->stats().started_after));
+                static_cast<long long>(dp->stats().started_after),
+                static_cast<long long>(dp->stats().grad_copies), views);
+  }
   return 0;
 }

@@ -5,7 +5,10 @@
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -237,6 +240,20 @@ TEST(Checkpoint, AsyncWriterKeepsTheNewestK) {
   std::map<std::string, torch::Tensor> m(back->tensors.begin(), back->tensors.end());
   EXPECT_TRUE(m["model.w"].equal(SampleState().tensors[0].second));
 }
+
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+TEST(HostMemory, FreedBlocksStayInTheProcessForReuse) {
+  // 8 MiB: above glibc's default mmap threshold, so without KeepHostMemory a
+  // free unmaps it (and the next step faults it in again).
+  KeepHostMemory();
+  size_t before = mallinfo2().fordblks;
+  void* block = std::malloc(8 << 20);
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, 8 << 20);
+  std::free(block);
+  EXPECT_GE(mallinfo2().fordblks, before + (8 << 20)) << "the freed block went back to the OS";
+}
+#endif
 
 TEST(MemoryBudget, AllocationsPastTheBudgetFailAsOutOfMemory) {
   SetCpuMemoryBudget(64 << 20);
