@@ -28,6 +28,7 @@ trainer writes the same lines.
 """
 
 import json
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -114,7 +115,9 @@ class Markers:
                  "step_s": max(0.0, now - self._step_start), "data_wait_s": self._wait,
                  "samples": int(samples)}
         if loss is not None:
-            event["loss"] = float(loss)
+            loss = float(loss)
+            # JSON has no NaN/inf: a diverged loss is written as a string.
+            event["loss"] = loss if math.isfinite(loss) else str(loss)
         if lr is not None:
             event["lr"] = float(lr)
         if epoch is not None:

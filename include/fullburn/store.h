@@ -72,7 +72,7 @@ struct StepRecord {
   int64_t step = 0;  // optimizer steps taken, counting from 1
   int epoch = 0;
   double t = 0;      // seconds since the run's start_time, at the step's end
-  double loss = 0;   // mean over the step's micro-batches (NaN/inf kept as is)
+  double loss = 0;   // mean over the step's micro-batches; inf kept; NaN: not a number or none reported
   double lr = 0;
   std::optional<double> loss_scale;  // fp16 only
   int64_t samples = 0;               // samples in the step (all micro-batches)

@@ -1,7 +1,7 @@
 // Renderings of a training run's per-step records: CSV, JSON and a Chrome
 // trace / Perfetto timeline.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <set>
 #include <sstream>
@@ -11,13 +11,20 @@
 namespace fullburn {
 namespace {
 
-
 std::string Cell(const std::optional<double>& v) {
   if (!v) return "";
   std::ostringstream o;
   o.precision(9);
   o << *v;
   return o.str();
+}
+
+// A diverged loss reads back in pandas and spreadsheets: inf as "inf", NaN
+// (or none reported) as an empty cell.
+std::string LossCell(double loss) {
+  if (std::isnan(loss)) return "";
+  if (std::isinf(loss)) return loss > 0 ? "inf" : "-inf";
+  return Cell(loss);
 }
 
 nlohmann::json OptionalJson(const std::optional<double>& v) {
@@ -35,10 +42,10 @@ std::string StepsCsv(const std::vector<StepRecord>& steps) {
   for (const StepPhase& p : kStepPhases) o << ',' << p.name << "_s";
   o << ",skipped\n";
   for (const StepRecord& r : steps) {
-    o << r.rank << ',' << r.step << ',' << r.epoch << ',' << r.t << ','
-      << (std::isfinite(r.loss) ? Cell(r.loss) : "") << ',' << r.lr << ',' << Cell(r.loss_scale)
-      << ',' << r.samples << ',' << Cell(r.step_s > 0 ? std::optional<double>(r.samples / r.step_s) : std::nullopt)
-      << ',' << r.step_s;
+    o << r.rank << ',' << r.step << ',' << r.epoch << ',' << r.t << ',' << LossCell(r.loss) << ','
+      << r.lr << ',' << Cell(r.loss_scale) << ',' << r.samples << ','
+      << Cell(r.step_s > 0 ? std::optional<double>(r.samples / r.step_s) : std::nullopt) << ','
+      << r.step_s;
     for (const StepPhase& p : kStepPhases) o << ',' << Cell(r.*p.field);
     o << ',' << (r.skipped ? 1 : 0) << '\n';
   }
@@ -48,10 +55,16 @@ std::string StepsCsv(const std::vector<StepRecord>& steps) {
 nlohmann::json StepsJson(const std::vector<StepRecord>& steps) {
   nlohmann::json out = nlohmann::json::array();
   for (const StepRecord& r : steps) {
-    nlohmann::json j{{"rank", r.rank},     {"step", r.step},       {"epoch", r.epoch},
-                     {"t", r.t},           {"loss", OptionalJson(r.loss)},
-                     {"lr", r.lr},         {"loss_scale", OptionalJson(r.loss_scale)},
-                     {"samples", r.samples}, {"step_s", r.step_s}, {"skipped", r.skipped}};
+    nlohmann::json j{{"rank", r.rank},
+                     {"step", r.step},
+                     {"epoch", r.epoch},
+                     {"t", r.t},
+                     {"loss", OptionalJson(r.loss)},
+                     {"lr", r.lr},
+                     {"loss_scale", OptionalJson(r.loss_scale)},
+                     {"samples", r.samples},
+                     {"step_s", r.step_s},
+                     {"skipped", r.skipped}};
     j["samples_per_s"] = r.step_s > 0 ? nlohmann::json(r.samples / r.step_s) : nlohmann::json();
     for (const StepPhase& p : kStepPhases) j[std::string(p.name) + "_s"] = OptionalJson(r.*p.field);
     out.push_back(j);
@@ -84,15 +97,26 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
     for (const StepPhase& p : kStepPhases) {
       const std::optional<double>& d = r.*p.field;
       if (!d || *d <= 0) continue;
-      events.push_back({{"name", p.name}, {"cat", "phase"}, {"ph", "X"}, {"ts", Micros(at)},
-                        {"dur", Micros(*d)}, {"pid", r.rank}, {"tid", 1}});
+      events.push_back({{"name", p.name},
+                        {"cat", "phase"},
+                        {"ph", "X"},
+                        {"ts", Micros(at)},
+                        {"dur", Micros(*d)},
+                        {"pid", r.rank},
+                        {"tid", 1}});
       at += *d;
     }
     if (std::isfinite(r.loss))
-      events.push_back({{"name", "loss"}, {"ph", "C"}, {"ts", Micros(r.t)}, {"pid", r.rank},
+      events.push_back({{"name", "loss"},
+                        {"ph", "C"},
+                        {"ts", Micros(r.t)},
+                        {"pid", r.rank},
                         {"args", {{"loss", r.loss}}}});
     if (r.step_s > 0)
-      events.push_back({{"name", "samples/s"}, {"ph", "C"}, {"ts", Micros(r.t)}, {"pid", r.rank},
+      events.push_back({{"name", "samples/s"},
+                        {"ph", "C"},
+                        {"ts", Micros(r.t)},
+                        {"pid", r.rank},
                         {"args", {{"samples/s", r.samples / r.step_s}}}});
   }
   for (const CheckpointRecord& c : checkpoints) {
@@ -113,16 +137,28 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
                                                  name.find(".mem_used") != std::string::npos));
     if (!wanted) continue;
     for (const SeriesPoint& p : series)
-      events.push_back({{"name", name}, {"ph", "C"}, {"ts", Micros(p.t)}, {"pid", telemetry_pid},
+      events.push_back({{"name", name},
+                        {"ph", "C"},
+                        {"ts", Micros(p.t)},
+                        {"pid", telemetry_pid},
                         {"args", {{"value", p.v}}}});
   }
   auto name_process = [&](int pid, const std::string& name) {
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", name}}}});
+    events.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", name}}}});
   };
   for (int r : ranks) {
     name_process(r, "rank " + std::to_string(r));
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "steps"}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 1}, {"args", {{"name", "phases"}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", r},
+                      {"tid", 0},
+                      {"args", {{"name", "steps"}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", r},
+                      {"tid", 1},
+                      {"args", {{"name", "phases"}}}});
   }
   name_process(telemetry_pid, "telemetry");
   return {{"traceEvents", events},
@@ -149,7 +185,8 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
     if (i >= warmup && r.step_s > 0) rates.push_back(r.samples / r.step_s);
     if (!r.forward_s && !r.data_wait_s) continue;  // not a timed step
     timed_total += r.step_s;
-    for (size_t p = 0; p < std::size(kStepPhases); ++p) phase_total[p] += (r.*kStepPhases[p].field).value_or(0);
+    for (size_t p = 0; p < std::size(kStepPhases); ++p)
+      phase_total[p] += (r.*kStepPhases[p].field).value_or(0);
   }
   auto mean = [](auto begin, auto end) {
     double sum = 0;

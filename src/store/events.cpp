@@ -1,9 +1,12 @@
 // Step events: the line format that `fullburn run`'s children (the Python
 // helper in python/fullburn_markers.py, fullburn train) append to the file
 // named by $FULLBURN_EVENTS, and the reader that turns it into store records.
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "fullburn/store.h"
 
@@ -21,14 +24,66 @@ Status NonNegative(const json& j, const char* key, double* out) {
   return Status::Ok();
 }
 
+// JSON has no NaN or infinity: a diverged loss travels as "nan", "inf" or
+// "-inf" (what the Python helper and StepEventLine write).
+json LossJson(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+}
+
+std::optional<double> LossValue(const json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (!v.is_string()) return std::nullopt;
+  std::string s = v.get<std::string>();
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "nan") return NAN;
+  if (s == "inf" || s == "infinity") return INFINITY;
+  if (s == "-inf" || s == "-infinity") return -INFINITY;
+  return std::nullopt;
+}
+
+// Python's json.dumps writes NaN, Infinity and -Infinity as bare words,
+// which no JSON parser takes: quote them (outside strings) so such a line
+// keeps its step.
+std::string QuoteNonFiniteWords(const std::string& line) {
+  std::string out;
+  bool in_string = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < line.size())
+        out += line[++i];
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    bool matched = false;
+    for (const char* word : {"-Infinity", "Infinity", "NaN"}) {
+      size_t n = std::strlen(word);
+      if (line.compare(i, n, word) == 0) {
+        out += std::string("\"") + word + "\"";
+        i += n - 1;
+        matched = true;
+        break;
+      }
+    }
+    if (!matched) out += c;
+  }
+  return out;
+}
+
 Result<StepRecord> ParseStep(const json& j, double run_start) {
   StepRecord r;
   double time = 0, step_s = 0;
   for (const char* key : {"time", "step_s"})
     if (Status s = NonNegative(j, key, key[0] == 't' ? &time : &step_s); !s.ok())
-      return s.code() == Status::Code::kNotFound ? Status::InvalidArgument(std::string("a step needs \"") + key + "\"")
-                                               : s;
-  if (!j.contains("step") || !j["step"].is_number_integer()) return Status::InvalidArgument("a step needs an integer \"step\"");
+      return s.code() == Status::Code::kNotFound
+                 ? Status::InvalidArgument(std::string("a step needs \"") + key + "\"")
+                 : s;
+  if (!j.contains("step") || !j["step"].is_number_integer())
+    return Status::InvalidArgument("a step needs an integer \"step\"");
   r.step = j["step"].get<int64_t>();
   r.t = time - run_start;
   r.step_s = step_s;
@@ -37,14 +92,22 @@ Result<StepRecord> ParseStep(const json& j, double run_start) {
   r.samples = j.value("samples", int64_t{0});
   r.lr = j.value("lr", 0.0);
   r.skipped = j.value("skipped", false);
-  r.loss = j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : NAN;
-  if (j.contains("loss_scale") && j["loss_scale"].is_number()) r.loss_scale = j["loss_scale"].get<double>();
+  r.loss = NAN;  // none reported
+  if (j.contains("loss") && !j["loss"].is_null()) {
+    std::optional<double> loss = LossValue(j["loss"]);
+    if (!loss) return Status::InvalidArgument("\"loss\" must be a number, \"nan\" or \"inf\"");
+    r.loss = *loss;
+  }
+  if (j.contains("loss_scale") && j["loss_scale"].is_number())
+    r.loss_scale = j["loss_scale"].get<double>();
   for (const StepPhase& p : kStepPhases) {
     std::string key = std::string(p.name) + "_s";
     double v = 0;
     Status s = NonNegative(j, key.c_str(), &v);
-    if (s.ok()) r.*p.field = v;
-    else if (s.code() != Status::Code::kNotFound) return s;
+    if (s.ok())
+      r.*p.field = v;
+    else if (s.code() != Status::Code::kNotFound)
+      return s;
   }
   return r;
 }
@@ -52,9 +115,10 @@ Result<StepRecord> ParseStep(const json& j, double run_start) {
 }  // namespace
 
 std::string StepEventLine(const StepRecord& r, double run_start) {
-  json j{{"kind", "step"}, {"rank", r.rank},       {"step", r.step},   {"epoch", r.epoch},
-         {"time", r.t + run_start}, {"step_s", r.step_s}, {"samples", r.samples}, {"lr", r.lr}};
-  if (std::isfinite(r.loss)) j["loss"] = r.loss;
+  json j{
+      {"kind", "step"},          {"rank", r.rank},     {"step", r.step},       {"epoch", r.epoch},
+      {"time", r.t + run_start}, {"step_s", r.step_s}, {"samples", r.samples}, {"lr", r.lr}};
+  j["loss"] = LossJson(r.loss);
   if (r.loss_scale) j["loss_scale"] = *r.loss_scale;
   if (r.skipped) j["skipped"] = true;
   for (const StepPhase& p : kStepPhases)
@@ -66,12 +130,14 @@ std::string RunEventLine(const RunEvent& e, double run_start) {
   json data = json::parse(e.data, nullptr, false);
   if (!data.is_object()) data = json::object();
   json j{{"kind", "event"}, {"name", e.kind}, {"time", e.t + run_start}, {"data", data}};
-  if (data.contains("duration_s") && data["duration_s"].is_number()) j["duration_s"] = data["duration_s"];
+  if (data.contains("duration_s") && data["duration_s"].is_number())
+    j["duration_s"] = data["duration_s"];
   return j.dump() + "\n";
 }
 
 Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start) {
   json j = json::parse(line, nullptr, false);
+  if (j.is_discarded()) j = json::parse(QuoteNonFiniteWords(line), nullptr, false);
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
   std::string kind = j.value("kind", "");
   MarkerEvent out;
@@ -84,7 +150,8 @@ Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start) {
   }
   if (kind != "event") return Status::InvalidArgument("\"kind\" must be \"step\" or \"event\"");
   double time = 0;
-  if (!NonNegative(j, "time", &time).ok()) return Status::InvalidArgument("an event needs \"time\"");
+  if (!NonNegative(j, "time", &time).ok())
+    return Status::InvalidArgument("an event needs \"time\"");
   if (!j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty())
     return Status::InvalidArgument("an event needs a \"name\"");
   json data = j.contains("data") && j["data"].is_object() ? j["data"] : json::object();
@@ -94,7 +161,8 @@ Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start) {
   return out;
 }
 
-Status EventFileReader::Poll(double run_start, std::vector<StepRecord>* steps, std::vector<RunEvent>* events) {
+Status EventFileReader::Poll(double run_start, std::vector<StepRecord>* steps,
+                             std::vector<RunEvent>* events) {
   std::ifstream in(path_, std::ios::binary);
   if (!in) return Status::Ok();  // nothing written yet
   in.seekg(static_cast<std::streamoff>(offset_));
@@ -109,7 +177,8 @@ Status EventFileReader::Poll(double run_start, std::vector<StepRecord>* steps, s
     Result<MarkerEvent> e = ParseEventLine(line, run_start);
     if (!e.ok()) {
       if (first_error_.empty())
-        first_error_ = "line " + std::to_string(lines_) + " of " + path_ + ": " + e.status().message();
+        first_error_ =
+            "line " + std::to_string(lines_) + " of " + path_ + ": " + e.status().message();
       ++bad_lines_;
     } else if (e->is_step) {
       steps->push_back(e->step);

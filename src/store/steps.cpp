@@ -9,8 +9,9 @@
 namespace fullburn {
 namespace {
 
+// Infinity is a REAL to SQLite (a diverged loss keeps its sign); NaN is NULL.
 void BindOptional(sqlite3_stmt* st, int col, const std::optional<double>& v) {
-  if (v && std::isfinite(*v))
+  if (v && !std::isnan(*v))
     sqlite3_bind_double(st, col, *v);
   else
     sqlite3_bind_null(st, col);
@@ -107,10 +108,11 @@ Result<std::vector<StepRecord>> RunStore::LoadSteps(int64_t run_id) {
 Status RunStore::AddCheckpoint(int64_t run_id, const CheckpointRecord& c) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement ins;
-  if (sqlite3_prepare_v2(db_,
-                         "INSERT OR REPLACE INTO checkpoints (run_id, step, t, path, bytes, stall_s, "
-                         "write_s) VALUES (?,?,?,?,?,?,?)",
-                         -1, &ins.st, nullptr) != SQLITE_OK)
+  if (sqlite3_prepare_v2(
+          db_,
+          "INSERT OR REPLACE INTO checkpoints (run_id, step, t, path, bytes, stall_s, "
+          "write_s) VALUES (?,?,?,?,?,?,?)",
+          -1, &ins.st, nullptr) != SQLITE_OK)
     return SqlError("cannot record a checkpoint");
   sqlite3_bind_int64(ins.st, 1, run_id);
   sqlite3_bind_int64(ins.st, 2, c.step);
@@ -119,7 +121,8 @@ Status RunStore::AddCheckpoint(int64_t run_id, const CheckpointRecord& c) {
   sqlite3_bind_int64(ins.st, 5, c.bytes);
   sqlite3_bind_double(ins.st, 6, c.stall_s);
   sqlite3_bind_double(ins.st, 7, c.write_s);
-  return sqlite3_step(ins.st) == SQLITE_DONE ? Status::Ok() : SqlError("cannot record a checkpoint");
+  return sqlite3_step(ins.st) == SQLITE_DONE ? Status::Ok()
+                                             : SqlError("cannot record a checkpoint");
 }
 
 Result<std::vector<CheckpointRecord>> RunStore::LoadCheckpoints(int64_t run_id) {
@@ -134,9 +137,9 @@ Result<std::vector<CheckpointRecord>> RunStore::LoadCheckpoints(int64_t run_id) 
   std::vector<CheckpointRecord> out;
   int rc;
   while ((rc = sqlite3_step(q.st)) == SQLITE_ROW)
-    out.push_back({sqlite3_column_int64(q.st, 0), sqlite3_column_double(q.st, 1), ColumnText(q.st, 2),
-                   sqlite3_column_int64(q.st, 3), sqlite3_column_double(q.st, 4),
-                   sqlite3_column_double(q.st, 5)});
+    out.push_back({sqlite3_column_int64(q.st, 0), sqlite3_column_double(q.st, 1),
+                   ColumnText(q.st, 2), sqlite3_column_int64(q.st, 3),
+                   sqlite3_column_double(q.st, 4), sqlite3_column_double(q.st, 5)});
   if (rc != SQLITE_DONE) return SqlError("cannot read checkpoints");
   return out;
 }

@@ -1,3 +1,5 @@
+#include "fullburn/store.h"
+
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
@@ -6,10 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
-#include "fullburn/store.h"
 #include "replay_env.h"
 
 namespace fullburn {
@@ -122,7 +122,8 @@ TEST_F(StoreTest, UnknownRunsGiveClearErrors) {
 TEST_F(StoreTest, MissingDirectoryIsRefused) {
   auto r = RunStore::Open(dir_ + "/nope/runs.db");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("does not exist: create it or pass --store"), std::string::npos);
+  EXPECT_NE(r.status().message().find("does not exist: create it or pass --store"),
+            std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ + "/nope"));
 }
 
@@ -147,7 +148,8 @@ TEST_F(StoreTest, CorruptFileIsRefusedAndLeftUntouched) {
 TEST_F(StoreTest, ForeignSqliteFileIsRefused) {
   sqlite3* db = nullptr;
   sqlite3_open(path_.c_str(), &db);
-  sqlite3_exec(db, "CREATE TABLE other(x); INSERT INTO other VALUES (1);", nullptr, nullptr, nullptr);
+  sqlite3_exec(db, "CREATE TABLE other(x); INSERT INTO other VALUES (1);", nullptr, nullptr,
+               nullptr);
   sqlite3_close(db);
   auto r = RunStore::Open(path_);
   ASSERT_FALSE(r.ok());
@@ -233,7 +235,7 @@ TEST_F(StoreTest, StepsCheckpointsAndEventsRoundTrip) {
   EXPECT_DOUBLE_EQ((*back)[1].lr, 0.2);
   EXPECT_FALSE((*back)[1].forward_s.has_value());
   EXPECT_DOUBLE_EQ(*(*back)[0].forward_s, 0.1);
-  EXPECT_TRUE(std::isnan((*back)[2].loss));  // not finite: stored as NULL
+  EXPECT_TRUE(std::isinf((*back)[2].loss) && (*back)[2].loss > 0);  // a diverged loss stays inf
   EXPECT_TRUE((*back)[2].skipped);
   EXPECT_EQ((*back)[2].samples, 64);
 
@@ -327,18 +329,66 @@ TEST(StepEvents, StepRoundTripsThroughTheLineFormat) {
   EXPECT_TRUE(e->step.skipped);
 }
 
-TEST(StepEvents, BadLinesSayWhy) {
-  EXPECT_NE(ParseEventLine("[1,2]", 0).status().message().find("not a JSON object"), std::string::npos);
-  EXPECT_NE(ParseEventLine(R"({"kind":"stop"})", 0).status().message().find("\"kind\""), std::string::npos);
-  EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5})", 0).status().message().find("step_s"),
+TEST(StepEvents, ADivergedLossKeepsItsValue) {
+  StepRecord r;
+  r.step = 7;
+  r.step_s = 0.1;
+  for (double loss : {double(INFINITY), -double(INFINITY), double(NAN)}) {
+    r.loss = loss;
+    std::string line = StepEventLine(r, 0);
+    ASSERT_TRUE(nlohmann::json::accept(line)) << "valid JSON: " << line;
+    auto e = ParseEventLine(line, 0);
+    ASSERT_TRUE(e.ok()) << line << ": " << e.status().message();
+    if (std::isnan(loss))
+      EXPECT_TRUE(std::isnan(e->step.loss)) << line;
+    else
+      EXPECT_EQ(e->step.loss, loss) << line;
+  }
+  // What Python's json.dumps writes for float("nan") and float("-inf"): bare
+  // words, not JSON. Words inside strings are left alone.
+  auto nan = ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":1,"loss":NaN})", 0);
+  ASSERT_TRUE(nan.ok()) << nan.status().message();
+  EXPECT_TRUE(std::isnan(nan->step.loss));
+  auto minus =
+      ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":1,"loss":-Infinity})", 0);
+  ASSERT_TRUE(minus.ok()) << minus.status().message();
+  EXPECT_EQ(minus->step.loss, -INFINITY);
+  auto named =
+      ParseEventLine(R"({"kind":"event","name":"NaN \"Infinity\" check","time":1,"x":NaN})", 0);
+  ASSERT_TRUE(named.ok()) << named.status().message();
+  EXPECT_EQ(named->event.kind, "NaN \"Infinity\" check");
+  // No loss at all is NaN (unknown), never 0; a loss that is no number is an error.
+  auto none = ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":1})", 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(std::isnan(none->step.loss));
+  EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":1,"loss":"high"})", 0)
+                .status()
+                .message()
+                .find("\"loss\""),
             std::string::npos);
-  EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":-1})", 0).status().message().find("non-negative"),
+}
+
+TEST(StepEvents, BadLinesSayWhy) {
+  EXPECT_NE(ParseEventLine("[1,2]", 0).status().message().find("not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(ParseEventLine(R"({"kind":"stop"})", 0).status().message().find("\"kind\""),
+            std::string::npos);
+  EXPECT_NE(
+      ParseEventLine(R"({"kind":"step","step":1,"time":5})", 0).status().message().find("step_s"),
+      std::string::npos);
+  EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":-1})", 0)
+                .status()
+                .message()
+                .find("non-negative"),
             std::string::npos);
   EXPECT_NE(ParseEventLine(R"({"kind":"step","step":1,"time":5,"step_s":1,"data_wait_s":"x"})", 0)
-                .status().message().find("data_wait_s"),
+                .status()
+                .message()
+                .find("data_wait_s"),
             std::string::npos);
   EXPECT_FALSE(ParseEventLine(R"({"kind":"event","time":5})", 0).ok());  // no name
-  auto ev = ParseEventLine(R"({"kind":"event","name":"evaluation","time":15,"duration_s":4,"data":{"acc":0.9}})", 10);
+  auto ev = ParseEventLine(
+      R"({"kind":"event","name":"evaluation","time":15,"duration_s":4,"data":{"acc":0.9}})", 10);
   ASSERT_TRUE(ev.ok());
   EXPECT_FALSE(ev->is_step);
   EXPECT_EQ(ev->event.kind, "evaluation");
@@ -363,7 +413,9 @@ TEST(StepEvents, ReaderTakesOnlyCompleteLinesAndSkipsBadOnes) {
   std::string good = R"({"kind":"step","step":1,"time":2,"step_s":0.5})";
   {
     std::ofstream out(path, std::ios::app);
-    out << good << "\n" << "garbage\n" << R"({"kind":"step","step":2,"ti)";  // a line half written
+    out << good << "\n"
+        << "garbage\n"
+        << R"({"kind":"step","step":2,"ti)";  // a line half written
   }
   ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
   EXPECT_EQ(steps.size(), 1u);
@@ -371,7 +423,8 @@ TEST(StepEvents, ReaderTakesOnlyCompleteLinesAndSkipsBadOnes) {
   EXPECT_NE(reader.first_error().find("line 2"), std::string::npos) << reader.first_error();
   {
     std::ofstream out(path, std::ios::app);
-    out << R"(me":3,"step_s":0.5})" << "\n";
+    out << R"(me":3,"step_s":0.5})"
+        << "\n";
   }
   ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
   ASSERT_EQ(steps.size(), 2u);
