@@ -1,10 +1,12 @@
 // fullburn runs list|show|export|rm: what the store holds.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <ctime>
-
-#include <unistd.h>
+#include <functional>
+#include <map>
+#include <set>
 
 #include "cli.h"
 #include "fullburn/diagnose.h"
@@ -21,6 +23,28 @@ struct RunsOptions {
   std::string table = "samples";
 };
 
+// Runs in id order, each followed by the runs recorded as its parts (a
+// tuning's trials), indented one level per generation.
+std::vector<std::pair<const RunInfo*, int>> Grouped(const std::vector<RunInfo>& runs) {
+  std::map<int64_t, std::vector<const RunInfo*>> parts;
+  std::set<int64_t> ids;
+  for (const RunInfo& r : runs) ids.insert(r.id);
+  for (const RunInfo& r : runs)
+    if (r.parent_id && ids.count(*r.parent_id) && *r.parent_id != r.id)
+      parts[*r.parent_id].push_back(&r);
+  std::vector<std::pair<const RunInfo*, int>> out;
+  std::set<int64_t> listed;
+  std::function<void(const RunInfo*, int)> add = [&](const RunInfo* r, int depth) {
+    if (!listed.insert(r->id).second) return;
+    out.emplace_back(r, depth);
+    for (const RunInfo* part : parts[r->id]) add(part, depth + 1);
+  };
+  for (const RunInfo& r : runs)
+    if (!r.parent_id || !ids.count(*r.parent_id)) add(&r, 0);
+  for (const RunInfo& r : runs) add(&r, 0);  // a parent cycle: still listed once
+  return out;
+}
+
 int List(const RunsOptions& o) {
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
@@ -33,17 +57,21 @@ int List(const RunsOptions& o) {
     return 0;
   }
   if (runs->empty()) {
-    std::printf("no runs in %s yet: record one with 'fullburn run -- CMD'\n", (*store)->path().c_str());
+    std::printf("no runs in %s yet: record one with 'fullburn run -- CMD'\n",
+                (*store)->path().c_str());
     return 0;
   }
-  std::printf("%-5s %-20s %-12s %-5s %-19s %10s %8s  %s\n", "id", "name", "status", "exit", "started",
-              "duration", "samples", "command");
-  for (const RunInfo& r : *runs) {
+  std::printf("%-5s %-20s %-12s %-5s %-19s %10s %8s  %s\n", "id", "name", "status", "exit",
+              "started", "duration", "samples", "command");
+  for (const auto& [run, depth] : Grouped(*runs)) {
+    const RunInfo& r = *run;
     std::string dur = r.end_time ? FormatDuration(*r.end_time - r.start_time) : "-";
     std::string code = r.exit_code ? std::to_string(*r.exit_code) : "-";
-    std::printf("%-5lld %-20.20s %-12s %-5s %-19s %10s %8lld  %.60s\n", static_cast<long long>(r.id),
-                r.name.c_str(), r.status.c_str(), code.c_str(), FormatLocalTime(r.start_time).c_str(),
-                dur.c_str(), static_cast<long long>(r.sample_count), JoinedCommand(r.command).c_str());
+    std::string name = depth ? std::string(2 * (depth - 1), ' ') + "- " + r.name : r.name;
+    std::printf("%-5lld %-20.20s %-12s %-5s %-19s %10s %8lld  %.60s\n",
+                static_cast<long long>(r.id), name.c_str(), r.status.c_str(), code.c_str(),
+                FormatLocalTime(r.start_time).c_str(), dur.c_str(),
+                static_cast<long long>(r.sample_count), JoinedCommand(r.command).c_str());
   }
   return 0;
 }
@@ -64,9 +92,11 @@ int Show(const RunsOptions& o) {
     return 0;
   }
   std::printf("run %lld \"%s\"\n  command: %s\n  cwd:     %s\n  host:    %s\n  started: %s\n",
-              static_cast<long long>(run->id), run->name.c_str(), JoinedCommand(run->command).c_str(),
-              run->cwd.c_str(), run->host.c_str(), FormatLocalTime(run->start_time).c_str());
-  std::printf("  samples: %lld every %gs\n", static_cast<long long>(run->sample_count), run->interval_s);
+              static_cast<long long>(run->id), run->name.c_str(),
+              JoinedCommand(run->command).c_str(), run->cwd.c_str(), run->host.c_str(),
+              FormatLocalTime(run->start_time).c_str());
+  std::printf("  samples: %lld every %gs\n", static_cast<long long>(run->sample_count),
+              run->interval_s);
   if (run->sample_count == 0) std::printf("  (no samples were recorded)\n");
   std::fputs(RenderSummary(*run, sum, "").c_str(), stdout);
   if (!step_records.empty()) std::fputs(RenderStepsSummary(step_records).c_str(), stdout);
@@ -76,7 +106,8 @@ int Show(const RunsOptions& o) {
     for (const CheckpointRecord& c : data->checkpoints)
       std::printf("    step %-7lld %9s  loop blocked %s, written in %s  %s%s\n",
                   static_cast<long long>(c.step), FormatBytes(static_cast<double>(c.bytes)).c_str(),
-                  fmt::format("{:.1f} ms", c.stall_s * 1e3).c_str(), fmt::format("{:.0f} ms", c.write_s * 1e3).c_str(), c.path.c_str(),
+                  fmt::format("{:.1f} ms", c.stall_s * 1e3).c_str(),
+                  fmt::format("{:.0f} ms", c.write_s * 1e3).c_str(), c.path.c_str(),
                   ::access(c.path.c_str(), F_OK) == 0 ? "" : " (deleted: checkpoint.keep)");
   }
   return 0;
@@ -91,10 +122,11 @@ int Export(const RunsOptions& o) {
     auto steps = (*store)->LoadSteps(run->id);
     if (!steps.ok()) return Fail(steps.status().message());
     if (steps->empty())
-      return Fail("run " + std::to_string(run->id) +
-                  " has no per-step records (fullburn train writes them, and jobs that mark steps with "
-                  "python/fullburn_markers.py): export "
-                  "--table samples instead");
+      return Fail(
+          "run " + std::to_string(run->id) +
+          " has no per-step records (fullburn train writes them, and jobs that mark steps with "
+          "python/fullburn_markers.py): export "
+          "--table samples instead");
     if (o.format == "json")
       std::printf("%s\n", StepsJson(*steps).dump().c_str());
     else
@@ -154,22 +186,27 @@ void SetupRuns(CLI::App& app) {
   AddStoreOption(list, &o->common);
   list->callback([o] { ExitCode() = List(*o); });
 
-  CLI::App* show = AddRunArg(runs->add_subcommand("show", "A run's metadata and per-metric statistics"), o.get());
-  show->add_flag("--json", o->json, "JSON: metadata and, per metric, min/median/p95/max, unit, count");
+  CLI::App* show = AddRunArg(
+      runs->add_subcommand("show", "A run's metadata and per-metric statistics"), o.get());
+  show->add_flag("--json", o->json,
+                 "JSON: metadata and, per metric, min/median/p95/max, unit, count");
   show->callback([o] { ExitCode() = Show(*o); });
 
-  CLI::App* exp = AddRunArg(runs->add_subcommand("export", "Every sample of a run, to stdout"), o.get());
+  CLI::App* exp =
+      AddRunArg(runs->add_subcommand("export", "Every sample of a run, to stdout"), o.get());
   exp->add_option("--format", o->format, "csv (one column per metric) or json")
       ->capture_default_str()
       ->check(CLI::IsMember({"csv", "json"}));
-  exp->add_option("--table", o->table, "samples (telemetry) or steps (fullburn train's per-step records)")
+  exp->add_option("--table", o->table,
+                  "samples (telemetry) or steps (fullburn train's per-step records)")
       ->capture_default_str()
       ->check(CLI::IsMember({"samples", "steps"}));
   exp->callback([o] { ExitCode() = Export(*o); });
 
-  CLI::App* trace = AddRunArg(
-      runs->add_subcommand("trace", "The run's step timeline as Chrome trace / Perfetto JSON, to stdout"),
-      o.get());
+  CLI::App* trace =
+      AddRunArg(runs->add_subcommand(
+                    "trace", "The run's step timeline as Chrome trace / Perfetto JSON, to stdout"),
+                o.get());
   trace->callback([o] { ExitCode() = Trace(*o); });
 
   CLI::App* rm = AddRunArg(runs->add_subcommand("rm", "Delete a run and its samples"), o.get());

@@ -51,6 +51,7 @@ nlohmann::json RunJson(const RunInfo& r) {
   j["end_time"] = r.end_time ? nlohmann::json(*r.end_time) : nlohmann::json();
   j["exit_code"] = r.exit_code ? nlohmann::json(*r.exit_code) : nlohmann::json();
   j["status"] = r.status;
+  j["parent_id"] = r.parent_id ? nlohmann::json(*r.parent_id) : nlohmann::json();
   j["interval_s"] = r.interval_s;
   j["samples"] = r.sample_count;
   j["config"] = nlohmann::json::parse(r.config_json, nullptr, false);
@@ -63,9 +64,8 @@ nlohmann::json RunShowJson(const RunInfo& run, const RunSummary& summary) {
   j["wall_s"] = summary.wall_s;
   nlohmann::json metrics = nlohmann::json::object();
   for (const auto& [name, s] : summary.stats)
-    metrics[name] = {{"unit", s.unit},     {"count", s.count}, {"min", s.min},
-                     {"median", s.median}, {"p95", s.p95},     {"max", s.max},
-                     {"mean", s.mean}};
+    metrics[name] = {{"unit", s.unit}, {"count", s.count}, {"min", s.min},  {"median", s.median},
+                     {"p95", s.p95},   {"max", s.max},     {"mean", s.mean}};
   j["metrics"] = metrics;
   nlohmann::json gpus = nlohmann::json::array();
   for (const GpuRunSummary& g : summary.gpus) {

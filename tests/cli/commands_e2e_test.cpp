@@ -1,13 +1,12 @@
 // End to end: watch, runs, serve and the bad inputs of every command.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-
-#include <chrono>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,8 +34,10 @@ class CommandsE2E : public ::testing::Test {
   }
   void FakeGpu(double util) {
     std::string script = dir_ + "/nvml.json";
-    std::ofstream(script) << R"({"driver": "550.1", "gpus": [{"name": "Fake A100", "uuid": "GPU-cmd",
-      "util": [)" << util << R"(], "mem_util": [3], "mem_used": [2147483648], "mem_total": 4294967296,
+    std::ofstream(script)
+        << R"({"driver": "550.1", "gpus": [{"name": "Fake A100", "uuid": "GPU-cmd",
+      "util": [)"
+        << util << R"(], "mem_util": [3], "mem_used": [2147483648], "mem_total": 4294967296,
       "power_mw": [123000], "temp": [55], "throttle": [68],
       "processes": [[{"pid": 1, "mem": 1048576}]]}]})";
     ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
@@ -103,6 +104,22 @@ TEST_F(CommandsE2E, RunsListShowExportRemove) {
 
   auto text = Fb({"runs", "list", "--store", store_});
   EXPECT_NE(text.out.find("second"), std::string::npos);
+  EXPECT_TRUE(runs[0]["parent_id"].is_null());
+
+  // A run recorded as part of the first (a tuning's trial) is listed under it.
+  auto part = Fb({"run", "-q", "--name", "trial", "--parent", "1", "--interval", "0.1", "--store",
+                  store_, "--", WORKLOAD_BIN, "burn", "--seconds", "0.2"});
+  ASSERT_EQ(part.code, 0) << part.err;
+  json grouped = json::parse(Fb({"runs", "list", "--json", "--store", store_}).out);
+  ASSERT_EQ(grouped.size(), 3u);
+  EXPECT_EQ(grouped[2]["parent_id"], 1);
+  text = Fb({"runs", "list", "--store", store_});
+  size_t first = text.out.find("first"), trial = text.out.find("- trial"),
+         second = text.out.find("second");
+  ASSERT_NE(trial, std::string::npos) << text.out;
+  EXPECT_LT(first, trial) << text.out;
+  EXPECT_LT(trial, second) << "a part follows its run: " << text.out;
+  ASSERT_EQ(Fb({"runs", "rm", "3", "--store", store_}).code, 0);
 
   auto show = Fb({"runs", "show", "last", "--json", "--store", store_});
   ASSERT_EQ(show.code, 0) << show.err;
@@ -205,13 +222,16 @@ TEST_F(CommandsE2E, NvmlLibraryMissingSymbols) {
 
 TEST_F(CommandsE2E, MakeDatasetPackAndBenchLoader) {
   std::string imgs = dir_ + "/imgs";
-  auto make = Fb({"make-dataset", "images", imgs, "--classes", "3", "--per-class", "10", "--size", "80x60"});
+  auto make = Fb(
+      {"make-dataset", "images", imgs, "--classes", "3", "--per-class", "10", "--size", "80x60"});
   ASSERT_EQ(make.code, 0) << make.err;
   EXPECT_NE(make.out.find("wrote 30 images"), std::string::npos);
-  auto bench = Fb({"bench", "loader", imgs, "--threads", "2", "--batch-size", "8", "--batches", "4", "--json"});
+  auto bench = Fb(
+      {"bench", "loader", imgs, "--threads", "2", "--batch-size", "8", "--batches", "4", "--json"});
   ASSERT_EQ(bench.code, 0) << bench.err;
   json j = json::parse(bench.out);
-  for (const char* key : {"images_per_s", "images_per_s_per_thread", "threads", "stages", "skipped"})
+  for (const char* key :
+       {"images_per_s", "images_per_s_per_thread", "threads", "stages", "skipped"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_GT(j["images_per_s"].get<double>(), 0);
   EXPECT_EQ(j["threads"], 2);
@@ -232,8 +252,12 @@ TEST_F(CommandsE2E, MakeDatasetPackAndBenchLoader) {
 
 TEST_F(CommandsE2E, BenchLoaderIntoDeviceMemory) {
   std::string imgs = dir_ + "/imgs";
-  ASSERT_EQ(Fb({"make-dataset", "images", imgs, "--classes", "2", "--per-class", "8", "--size", "64x48"}).code, 0);
-  auto o = Fb({"bench", "loader", imgs, "--device", "cpu", "--batch-size", "4", "--batches", "3", "--json"});
+  ASSERT_EQ(
+      Fb({"make-dataset", "images", imgs, "--classes", "2", "--per-class", "8", "--size", "64x48"})
+          .code,
+      0);
+  auto o = Fb({"bench", "loader", imgs, "--device", "cpu", "--batch-size", "4", "--batches", "3",
+               "--json"});
   if (!HAVE_TORCH) {
     ExpectOneLineError(o, "needs the training half");
     return;
@@ -252,11 +276,15 @@ TEST_F(CommandsE2E, PipelineBadInputs) {
   ExpectOneLineError(Fb({"bench", "loader", dir_ + "/nowhere"}), "does not exist");
   ExpectOneLineError(Fb({"make-dataset", "images", dir_ + "/x", "--size", "big"}), "is not WxH");
   std::string imgs = dir_ + "/imgs";
-  ASSERT_EQ(Fb({"make-dataset", "images", imgs, "--classes", "2", "--per-class", "4", "--size", "32x32"}).code, 0);
+  ASSERT_EQ(
+      Fb({"make-dataset", "images", imgs, "--classes", "2", "--per-class", "4", "--size", "32x32"})
+          .code,
+      0);
   ASSERT_EQ(Fb({"pack", imgs, dir_ + "/p"}).code, 0);
   ExpectOneLineError(Fb({"pack", imgs, dir_ + "/p"}), "exists and is not empty");
   std::ofstream(dir_ + "/p/index.fbpx", std::ios::trunc) << "FBPACK01 but not really";
-  ExpectOneLineError(Fb({"bench", "loader", dir_ + "/p", "--batch-size", "2"}), "re-run fullburn pack");
+  ExpectOneLineError(Fb({"bench", "loader", dir_ + "/p", "--batch-size", "2"}),
+                     "re-run fullburn pack");
   ExpectOneLineError(Fb({"bench", "loader", imgs, "--batch-size", "64"}), "fewer than one batch");
 }
 
@@ -282,8 +310,7 @@ std::string RawRequest(int port, const std::string& bytes) {
   std::string reply;
   char buf[4096];
   ssize_t n;
-  while (reply.find("\r\n\r\n") == std::string::npos &&
-         (n = ::recv(fd, buf, sizeof buf, 0)) > 0)
+  while (reply.find("\r\n\r\n") == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0)
     reply.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return reply;
@@ -292,7 +319,8 @@ std::string RawRequest(int port, const std::string& bytes) {
 TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
   FakeGpu(91);
   Background b;
-  testing::Start(&b, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.2"}, "serve");
+  testing::Start(&b, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.2"},
+                 "serve");
   int port = -1;
   for (int i = 0; i < 250 && port < 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -304,8 +332,9 @@ TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
   EXPECT_NE(res->get_header_value("Content-Type").find("version=0.0.4"), std::string::npos);
-  EXPECT_NE(res->body.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-cmd\",modelName=\"Fake A100\""),
-            std::string::npos)
+  EXPECT_NE(
+      res->body.find("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-cmd\",modelName=\"Fake A100\""),
+      std::string::npos)
       << res->body;
   EXPECT_NE(res->body.find("} 91\n"), std::string::npos);
   EXPECT_NE(res->body.find("DCGM_FI_DEV_FB_USED{"), std::string::npos);
@@ -350,26 +379,29 @@ namespace fullburn {
 namespace {
 
 TEST(LaunchE2E, StartsRanksWithTorchrunsEnvironment) {
-  auto o = testing::RunToEnd({FULLBURN_BIN, "launch", "--nproc", "3", "--", "sh", "-c",
-                              "echo rank=$RANK/$WORLD_SIZE local=$LOCAL_RANK at=$MASTER_ADDR:$MASTER_PORT"});
+  auto o = testing::RunToEnd(
+      {FULLBURN_BIN, "launch", "--nproc", "3", "--", "sh", "-c",
+       "echo rank=$RANK/$WORLD_SIZE local=$LOCAL_RANK at=$MASTER_ADDR:$MASTER_PORT"});
   ASSERT_EQ(o.code, 0) << o.err;
   for (int r = 0; r < 3; ++r)
-    EXPECT_NE(o.out.find("rank=" + std::to_string(r) + "/3 local=" + std::to_string(r) + " at=127.0.0.1:"),
+    EXPECT_NE(o.out.find("rank=" + std::to_string(r) + "/3 local=" + std::to_string(r) +
+                         " at=127.0.0.1:"),
               std::string::npos)
         << o.out;
 }
 
 TEST(LaunchE2E, OneFailedRankStopsTheOthersWithItsExitCode) {
   auto start = std::chrono::steady_clock::now();
-  auto o = testing::RunToEnd({FULLBURN_BIN, "launch", "--nproc", "3", "--grace", "2", "--", "sh", "-c",
-                              "if [ $RANK = 2 ]; then sleep 0.2; exit 3; fi; exec sleep 60"});
+  auto o = testing::RunToEnd({FULLBURN_BIN, "launch", "--nproc", "3", "--grace", "2", "--", "sh",
+                              "-c", "if [ $RANK = 2 ]; then sleep 0.2; exit 3; fi; exec sleep 60"});
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(o.code, 3);
   EXPECT_LT(took, 20);  // not the 60 s the other ranks would sleep
   EXPECT_NE(o.err.find("rank 2 exited with code 3"), std::string::npos) << o.err;
   // A rank that ignores SIGTERM is killed after the grace period.
-  auto stubborn = testing::RunToEnd({FULLBURN_BIN, "launch", "--nproc", "2", "--grace", "1", "--", "sh", "-c",
-                                     "trap '' TERM; if [ $RANK = 1 ]; then exit 4; fi; while :; do sleep 0.1; done"});
+  auto stubborn = testing::RunToEnd(
+      {FULLBURN_BIN, "launch", "--nproc", "2", "--grace", "1", "--", "sh", "-c",
+       "trap '' TERM; if [ $RANK = 1 ]; then exit 4; fi; while :; do sleep 0.1; done"});
   EXPECT_EQ(stubborn.code, 4);
   auto bad = testing::RunToEnd({FULLBURN_BIN, "launch", "--nnodes", "2", "--", "true"});
   EXPECT_EQ(bad.code, 2);
