@@ -125,19 +125,14 @@ const std::vector<OptionDef>& TrainOptions() {
        "Write on a background thread; the loop is blocked only for the snapshot"},
       {"dist.backend", T::kString, "auto",
        "Data parallelism (ranks from torchrun, Slurm, MPI or fullburn launch): auto = nccl for "
-       "CUDA when "
-       "built in, else gloo",
+       "CUDA when built in, else gloo",
        "auto|gloo|nccl"},
       {"dist.timeout_s", T::kFloat, "120",
-       "Rendezvous and collective timeout; a lost rank stops the others "
-       "within it",
-       "", ">0"},
+       "Rendezvous and collective timeout; a lost rank stops the others within it", "", ">0"},
       {"dist.bucket_mb", T::kFloat, "25",
        "Gradient bucket size (MB); each bucket is all-reduced during backward", "", ">0"},
       {"dist.first_bucket_mb", T::kFloat, "1",
-       "The first (last layers') bucket, small so communication starts "
-       "early",
-       "", ">0"},
+       "The first (last layers') bucket, small so communication starts early", "", ">0"},
       {"dist.overlap", T::kBool, "true",
        "All-reduce buckets during backward (false: after it, for comparison)"},
       {"dist.compress", T::kString, "none", "Gradients sent in 16 bits: none, fp16 or bf16",
