@@ -30,8 +30,7 @@ std::vector<std::pair<const RunInfo*, int>> Grouped(const std::vector<RunInfo>& 
   std::set<int64_t> ids;
   for (const RunInfo& r : runs) ids.insert(r.id);
   for (const RunInfo& r : runs)
-    if (r.parent_id && ids.count(*r.parent_id) && *r.parent_id != r.id)
-      parts[*r.parent_id].push_back(&r);
+    if (r.parent_id && ids.count(*r.parent_id)) parts[*r.parent_id].push_back(&r);
   std::vector<std::pair<const RunInfo*, int>> out;
   std::set<int64_t> listed;
   std::function<void(const RunInfo*, int)> add = [&](const RunInfo* r, int depth) {

@@ -93,6 +93,14 @@ struct DataParallel::Impl {
     return slot.view(p.sizes());
   }
 
+  // Whether parameter `index`'s .grad already is its bucket slot.
+  bool GradIsBucketSlot(size_t index) {
+    const torch::Tensor& grad = params[index].grad();
+    if (!grad.defined()) return false;
+    torch::Tensor view = BucketView(index);
+    return grad.data_ptr() == view.data_ptr() && grad.strides() == view.strides();
+  }
+
   void StartReadyBuckets() {
     while (next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
       Bucket& b = buckets[next_to_start++];
@@ -113,15 +121,17 @@ struct DataParallel::Impl {
     if (!sync || ready[index]) return;
     ready[index] = true;
     Bucket& b = buckets[bucket_of[index]];
-    torch::Tensor view = BucketView(index);
-    const torch::Tensor& grad = params[index].grad();
     // After the first step .grad is the bucket slot itself (DDP's
     // gradient_as_bucket_view): autograd accumulated into it in place.
-    if (!grad.defined()) {
-      view.zero_();
-    } else if (grad.data_ptr() != view.data_ptr() || grad.strides() != view.strides()) {
-      view.copy_(grad);
-      ++stats.grad_copies;
+    if (!GradIsBucketSlot(index)) {
+      const torch::Tensor& grad = params[index].grad();
+      torch::Tensor view = BucketView(index);
+      if (grad.defined()) {
+        view.copy_(grad);
+        ++stats.grad_copies;
+      } else {
+        view.zero_();
+      }
     }
     if (--b.pending == 0 && (options.overlap || in_finish)) StartReadyBuckets();
   }
@@ -305,11 +315,8 @@ Status DataParallel::FinishGradients(double* wait_s) {
       if (b.wire.data_ptr() != b.flat.data_ptr()) b.flat.copy_(b.wire);
       // The averages stay where they are: .grad becomes the bucket slot, and
       // a separate gradient tensor (after set-to-none) is freed.
-      for (size_t index : b.params) {
-        torch::Tensor& p = m.params[index];
-        if (!p.grad().defined() || p.grad().data_ptr() != m.BucketView(index).data_ptr())
-          p.mutable_grad() = m.BucketView(index);
-      }
+      for (size_t index : b.params)
+        if (!m.GradIsBucketSlot(index)) m.params[index].mutable_grad() = m.BucketView(index);
     }
   } catch (const std::exception& e) {
     return m.Lost(e);
@@ -331,13 +338,12 @@ Status DataParallel::FinishGradients(double* wait_s) {
 void DataParallel::ZeroGradients() {
   Impl& m = *impl_;
   torch::NoGradGuard no_grad;
-  for (Bucket& b : m.buckets) b.flat.zero_();
-  for (size_t k = 0; k < m.buckets.size(); ++k)
-    for (size_t index : m.buckets[k].params) {
-      torch::Tensor& p = m.params[index];
-      if (p.grad().defined() && p.grad().data_ptr() != m.BucketView(index).data_ptr())
-        p.mutable_grad() = torch::Tensor();  // not a bucket slot: set to none
-    }
+  for (Bucket& b : m.buckets) {
+    b.flat.zero_();
+    for (size_t index : b.params)  // a .grad that is not its bucket slot: set to none
+      if (m.params[index].grad().defined() && !m.GradIsBucketSlot(index))
+        m.params[index].mutable_grad() = torch::Tensor();
+  }
 }
 
 Result<std::string> DataParallel::ShareFromRankZero(const std::string& key,

@@ -27,9 +27,10 @@ int PendingStopSignal() { return g_signal.load(); }
 // (train.keep_host_memory) glibc returns a freed block past its thresholds
 // to the OS (munmap, or trimming the heap top), so every step's gradients
 // and activations are faulted in again page by page: a third to a half of a
-// CPU backward in our measurement (docs/benchmarks.md). Keeping freed memory in the process, as
-// jemalloc and tcmalloc do, makes a steady training loop fault-free. Blocks past 32 MiB (glibc's
-// ceiling for the threshold) are still mapped each time.
+// CPU backward in our measurement (docs/benchmarks.md). Keeping freed memory
+// in the process, as jemalloc and tcmalloc do, makes a steady training loop
+// fault-free. Blocks past 32 MiB (glibc's ceiling for the threshold) are
+// still mapped each time.
 void KeepHostMemory() {
 #ifdef __GLIBC__
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
@@ -411,12 +412,7 @@ Status Trainer::BeginRun() {
     if (Status s = JoinRun(); !s.ok()) return s;
     DecideForwarding();
     if (Status s = GatherSenders(); !s.ok()) return s;
-    for (RunEvent& e : pending_events_) {  // this rank's batch-size trials
-      if (forward_)
-        forward_events_.push_back(std::move(e));
-      else
-        store_->AddEvent(run_.id, e);
-    }
+    for (const RunEvent& e : pending_events_) RecordEvent(e);  // this rank's batch-size trials
     pending_events_.clear();
     StartSampler();
     return OpenCheckpoints();
@@ -454,7 +450,7 @@ Status Trainer::BeginRun() {
       std::fprintf(stderr, "fullburn: cannot append step events to %s (%s): not sent\n", events,
                    kEventsEnvVar);
   }
-  for (RunEvent& e : pending_events_) store_->AddEvent(run_.id, e);
+  for (const RunEvent& e : pending_events_) RecordEvent(e);
   pending_events_.clear();
 
   StartSampler();

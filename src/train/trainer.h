@@ -116,6 +116,8 @@ class Trainer {
   std::vector<int> senders_;  // rank 0: the ranks that forward their records to it
   void SendForwarded(bool last);
   void ApplyForwarded(bool last);
+  // Into the run: rank 0's store, or sent to rank 0 by a forwarding rank.
+  void RecordEvent(const RunEvent& event);
   std::string DatasetsDir() const;
   std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);

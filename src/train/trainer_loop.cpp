@@ -141,11 +141,7 @@ void Trainer::FlushSteps(bool force) {
                      {"augment_s", ls->stages.augment_s},
                      {"wait_s", ls->consumer_wait_s}};
     if (rank_.world_size > 1) j["rank"] = rank_.rank;
-    RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()};
-    if (forward_)
-      forward_events_.push_back(event);
-    else
-      store_->AddEvent(run_.id, event);
+    RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
   }
   if (dp_ && rank_.rank == 0) ApplyForwarded(false);
   if (forward_) {

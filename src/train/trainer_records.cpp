@@ -29,6 +29,13 @@ Status Trainer::GatherSenders() {
   return Status::Ok();
 }
 
+void Trainer::RecordEvent(const RunEvent& event) {
+  if (forward_)
+    forward_events_.push_back(event);
+  else
+    store_->AddEvent(run_.id, event);
+}
+
 void Trainer::SendForwarded(bool last) {
   nlohmann::json payload{{"steps", nlohmann::json::array()},
                          {"events", nlohmann::json::array()},
