@@ -76,6 +76,7 @@ class LossScaler {
   bool enabled() const { return o_.enabled; }
   double scale() const { return scale_; }
   int64_t growth_tracker() const { return tracker_; }
+  const LossScalerOptions& options() const { return o_; }
   void Restore(double scale, int64_t tracker) {
     scale_ = scale;
     tracker_ = tracker;
@@ -103,6 +104,16 @@ class Optimizer {
  public:
   Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params, const OptimizerOptions& o);
   void Step(double lr);
+  // Step's update with no host reads, for a step a CUDA graph can capture:
+  // `lr`, `keep` (1, or 0 to leave parameters and state untouched) and
+  // `steps` (the step count including this one, for AdamW's bias
+  // correction) are 0-dim tensors on the parameters' device. Gradients must
+  // be finite (a skipped step's are zeroed first). Needs InitState().
+  void StepGated(const torch::Tensor& lr, const torch::Tensor& keep, const torch::Tensor& steps);
+  // Creates every state buffer now, as zeros (the same first update as
+  // creating them lazily), so a captured step never allocates state.
+  void InitState();
+  void SetSteps(int64_t steps) { steps_ = steps; }
   void ZeroGrad();
   std::vector<torch::Tensor> params() const;
   int64_t steps() const { return steps_; }
@@ -126,6 +137,43 @@ struct LrSchedule {
   int64_t warmup = 0, total = 1;
   bool cosine = true;
   double At(int64_t step) const;  // step counts from 1
+};
+
+// ---- A step without host reads ------------------------------------------------------
+
+// The end of a training step (unscale, inf/NaN check, clipping, optimizer
+// update, loss-scale update) done entirely on the device: the learning rate
+// and the scaler's state are tensors and the inf/NaN verdict gates the
+// update instead of a host branch, so the whole step can be captured in a
+// CUDA graph. The math is LossScaler's, clip_grad_norm_'s and
+// Optimizer::Step's; tests hold it to them on CPU. The host-side Optimizer
+// and LossScaler stay the state of record: Pull() copies theirs to the
+// device before the first step, Publish() reads the device's back after each
+// step in one copy, so records and checkpoints see one state.
+// Not thread-safe; the training thread owns it.
+class DeviceStep {
+ public:
+  struct Result {
+    double loss = 0;
+    bool skipped = false;
+  };
+  DeviceStep(Optimizer* optim, LossScaler* scaler, double clip_norm, torch::Device device);
+  // Host to device: the scaler's scale and growth tracker, the step count.
+  void Pull();
+  // Outside the step (not captured): this step's learning rate.
+  void SetLearningRate(double lr);
+  // Inside the step: the loss to call backward on.
+  torch::Tensor Scale(const torch::Tensor& loss) const;
+  // Inside the step, after backward: `loss` is the step's mean loss (0-dim).
+  void Update(const torch::Tensor& loss);
+  // After the step: one device-to-host read; updates the host state.
+  Result Publish();
+
+ private:
+  Optimizer* optim_;
+  LossScaler* scaler_;
+  double clip_norm_;
+  torch::Tensor lr_, scale_, tracker_, steps_, out_;
 };
 
 // ---- Checkpoints -------------------------------------------------------------------

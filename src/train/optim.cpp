@@ -49,8 +49,9 @@ void Optimizer::Step(double lr) {
       // You et al. 2017: scale each layer's step by trust * |w| / |g + wd w|.
       // Computed on the device: no host sync per layer.
       torch::Tensor w_norm = s.p.norm(), d_norm = d.norm();
-      torch::Tensor ratio = torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)),
-                                         w_norm.div(d_norm).mul_(o_.trust), torch::ones_like(w_norm));
+      torch::Tensor ratio =
+          torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)), w_norm.div(d_norm).mul_(o_.trust),
+                       torch::ones_like(w_norm));
       d = d * ratio;
     }
     if (o_.momentum != 0) {
@@ -64,10 +65,65 @@ void Optimizer::Step(double lr) {
   }
 }
 
+void Optimizer::InitState() {
+  torch::NoGradGuard no_grad;
+  bool adamw = o_.name == "adamw";
+  for (Param& s : params_) {
+    if ((adamw || o_.momentum != 0) && !s.buf1.defined()) s.buf1 = torch::zeros_like(s.p);
+    if (adamw && !s.buf2.defined()) s.buf2 = torch::zeros_like(s.p);
+  }
+}
+
+void Optimizer::StepGated(const torch::Tensor& lr, const torch::Tensor& keep,
+                          const torch::Tensor& steps) {
+  torch::NoGradGuard no_grad;
+  const double wd = o_.weight_decay;
+  torch::Tensor step_lr = lr * keep;  // 0 for a skipped step: nothing moves
+  if (o_.name == "adamw") {
+    // Bias corrections from the device's count; a count of 0 (every step so
+    // far skipped) only happens with keep = 0, where max(.,1) avoids 0/0.
+    torch::Tensor n = steps.clamp_min(1);
+    torch::Tensor bc1 = 1 - torch::pow(o_.beta1, n),
+                  bc2_sqrt = (1 - torch::pow(o_.beta2, n)).sqrt();
+    torch::Tensor w1 = (1 - o_.beta1) * keep, w2 = (1 - o_.beta2) * keep;
+    torch::Tensor step_size = step_lr / bc1, decay = 1 - step_lr * wd;
+    for (Param& s : params_) {
+      torch::Tensor g = s.p.grad();
+      if (!g.defined()) continue;
+      if (wd != 0) s.p.mul_(decay);
+      s.buf1.lerp_(g, w1);  // beta1 * m + (1 - beta1) * g, or m when kept back
+      s.buf2.lerp_(g * g, w2);
+      torch::Tensor denom = s.buf2.sqrt().div_(bc2_sqrt).add_(o_.eps);
+      s.p.sub_(s.buf1 / denom * step_size);
+    }
+    return;
+  }
+  // Momentum: m * buf + d on a taken step, buf unchanged on a skipped one.
+  torch::Tensor momentum = 1 - keep * (1 - o_.momentum);
+  for (Param& s : params_) {
+    torch::Tensor g = s.p.grad();
+    if (!g.defined()) continue;
+    torch::Tensor d = wd != 0 ? g.add(s.p, wd) : g;
+    if (o_.name == "lars" && s.p.dim() > 1) {
+      torch::Tensor w_norm = s.p.norm(), d_norm = d.norm();
+      torch::Tensor ratio =
+          torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)), w_norm.div(d_norm).mul_(o_.trust),
+                       torch::ones_like(w_norm));
+      d = d * ratio;
+    }
+    if (o_.momentum != 0) {
+      s.buf1.mul_(momentum).add_(d * keep);
+      d = o_.nesterov ? d.add(s.buf1, o_.momentum) : s.buf1;
+    }
+    s.p.sub_(d * step_lr);
+  }
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::State() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const Param& s : params_) {
-    if (s.buf1.defined()) out.emplace_back(s.name + (o_.name == "adamw" ? ".exp_avg" : ".momentum"), s.buf1);
+    if (s.buf1.defined())
+      out.emplace_back(s.name + (o_.name == "adamw" ? ".exp_avg" : ".momentum"), s.buf1);
     if (s.buf2.defined()) out.emplace_back(s.name + ".exp_avg_sq", s.buf2);
   }
   return out;
@@ -89,7 +145,8 @@ Status Optimizer::LoadState(const std::map<std::string, torch::Tensor>& state, i
       *buf = it->second.to(s.p.device(), s.p.scalar_type()).clone();
       return Status::Ok();
     };
-    if (Status st = load(o_.name == "adamw" ? ".exp_avg" : ".momentum", &s.buf1); !st.ok()) return st;
+    if (Status st = load(o_.name == "adamw" ? ".exp_avg" : ".momentum", &s.buf1); !st.ok())
+      return st;
     if (Status st = load(".exp_avg_sq", &s.buf2); !st.ok()) return st;
   }
   return Status::Ok();
@@ -98,7 +155,8 @@ Status Optimizer::LoadState(const std::map<std::string, torch::Tensor>& state, i
 double LrSchedule::At(int64_t step) const {
   if (warmup > 0 && step <= warmup) return peak * static_cast<double>(step) / warmup;
   if (!cosine || total <= warmup) return peak;
-  double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(total - warmup));
+  double progress =
+      std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(total - warmup));
   return min_lr + (peak - min_lr) * 0.5 * (1 + std::cos(M_PI * progress));
 }
 

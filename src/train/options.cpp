@@ -62,6 +62,10 @@ const std::vector<OptionDef>& TrainOptions() {
       {"train.tf32", T::kBool, "true", "Allow TF32 matmuls and convolutions on CUDA"},
       {"train.cudnn_benchmark", T::kBool, "false",
        "CUDA: let cuDNN time its algorithms for each new input shape and keep the fastest"},
+      {"train.cuda_graphs", T::kBool, "false",
+       "CUDA, one rank: capture the whole step (forward, backward, optimizer, loss scaler) in a "
+       "CUDA graph and replay it, removing per-kernel launch overhead; phases are then not timed "
+       "apart"},
       {"train.clip_grad_norm", T::kFloat, "0", "Clip the global gradient norm to this; 0: off", "",
        ">=0"},
       {"train.seed", T::kInt, "0", "Seed of weights, data order and augmentation", "", ">=0"},
@@ -72,7 +76,8 @@ const std::vector<OptionDef>& TrainOptions() {
        "returning it to the OS every step, whose page faults slow CPU steps; false: glibc's "
        "defaults"},
       {"train.time_every", T::kInt, "1",
-       "Time the phases of every Nth step (on CUDA a timed step synchronizes the device)", "",
+       "Time the phases of every Nth step (clocks on CPU; CUDA events on a GPU, waited for once at "
+       "the step's end)", "",
        ">0"},
       {"train.log_every_s", T::kFloat, "1", "Refresh of the live progress line (seconds)", "",
        ">0"},

@@ -1,6 +1,7 @@
 // `fullburn train`: setup, the step loop, records, checkpoints, evaluation.
 #include "trainer.h"
 
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <malloc.h>
 #include <signal.h>
@@ -94,6 +95,25 @@ Status Trainer::OpenStoreAndResume() {
   return Status::Ok();
 }
 
+Status Trainer::CheckCudaGraphs() {
+  exit_code = kExitUsage;
+  if (std::string why = CudaGraph::Unsupported(); !why.empty())
+    return Status::InvalidArgument("train.cuda_graphs needs CUDA, but " + why +
+                                   ": set train.cuda_graphs = false");
+  if (!ctx_.device.is_cuda())
+    return Status::InvalidArgument("train.cuda_graphs needs train.device = cuda, not " +
+                                   ctx_.device.str() + ": set train.cuda_graphs = false");
+  if (rank_.world_size > 1)
+    return Status::InvalidArgument(
+        "train.cuda_graphs works on one rank only (Gloo's all-reduce cannot be captured in a "
+        "graph): set train.cuda_graphs = false for data-parallel runs");
+  exit_code = 0;
+  // Cast weights cached by autocast would be freed after the capture while
+  // the graph still reads them; without the cache each forward casts anew.
+  at::autocast::set_autocast_cache_enabled(false);
+  return Status::Ok();
+}
+
 Status Trainer::Setup() {
   // Device and threads.
   std::string dev = cfg_.Str("train.device");
@@ -133,7 +153,9 @@ Status Trainer::Setup() {
           "in libtorch 1.13): use bf16 on CPU");
     ctx_.autocast = torch::kHalf;
   }
-  ctx_.sync_timing = ctx_.device.is_cuda();
+  if (cfg_.Bool("train.cuda_graphs"))
+    if (Status s = CheckCudaGraphs(); !s.ok()) return s;
+  ctx_.events = PhaseEvents::ForDevice(ctx_.device);
   if (ctx_.device.is_cuda()) {
     at::globalContext().setAllowTF32CuBLAS(cfg_.Bool("train.tf32"));
     at::globalContext().setAllowTF32CuDNN(cfg_.Bool("train.tf32"));

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "cuda_graph.h"
 #include "fullburn/dist_torch.h"
 #include "fullburn/report.h"
 #include "fullburn/store.h"
@@ -22,7 +23,8 @@ inline double MonoNow() {
 struct StepContext {
   torch::Device device = torch::kCPU;
   std::optional<torch::ScalarType> autocast;  // bf16 / fp16, none for fp32
-  bool sync_timing = false;                   // CUDA: synchronize on timed steps
+  // CUDA: timed steps' phases from device events; null on CPU (clocks).
+  std::shared_ptr<PhaseEvents> events;
   std::shared_ptr<Model> model;
   bool per_position = false;
   bool channels_last = false;
@@ -30,6 +32,8 @@ struct StepContext {
 
 // One micro-batch: forward and loss (divided by `accumulate`), backward.
 // Returns the undivided loss as a 0-dim tensor on the device (no sync).
+// Timed on CPU with clocks into `times`; on CUDA with ctx.events marks that
+// the caller collects at the step's end.
 struct MicroTimes {
   double forward_s = 0, backward_s = 0;
 };
@@ -104,6 +108,18 @@ class Trainer {
   Status OpenCheckpoints();
   Status Loop();
   Status TrainStep(bool timed, StepRecord* rec);
+  struct StepOutcome {
+    double start, wait_s, lr, loss;
+    bool skipped;
+    int64_t samples;
+  };
+  // The step's common record fields, step and skip counts, the divergence stop.
+  Status CloseStep(const StepOutcome& o, StepRecord* rec);
+  // train.cuda_graphs (trainer_graph.cpp): the step replayed from a CUDA graph.
+  Status CheckCudaGraphs();
+  Status GraphedTrainStep(bool timed, StepRecord* rec);
+  Status NextBatch(TrainBatch* b, double* wait_s);
+  void StepBody(const std::vector<TrainBatch>& micro);
   void Checkpoint(bool final_one);
   Status Restore();
   void FlushSteps(bool force);
@@ -140,8 +156,13 @@ class Trainer {
   std::unique_ptr<BatchWriter> sample_writer_;
   std::unique_ptr<CheckpointWriter> ckpt_;
   std::unique_ptr<LiveStatus> live_;
-  RankInfo rank_;                     // world_size 1 without a launcher
-  std::unique_ptr<DataParallel> dp_;  // only when world_size > 1
+  RankInfo rank_;                            // world_size 1 without a launcher
+  std::unique_ptr<DataParallel> dp_;         // only when world_size > 1
+  std::unique_ptr<DeviceStep> device_step_;  // train.cuda_graphs only
+  std::unique_ptr<CudaGraph> graph_;
+  std::vector<TrainBatch> static_batches_;  // what the graph reads
+  int graph_warmups_ = 0;
+  bool graph_captured_ = false;
   std::vector<StepRecord> pending_steps_;
   // $FULLBURN_EVENTS of an enclosing `fullburn run`: the same step events a
   // Python job's markers write, so the outer run gets them too.

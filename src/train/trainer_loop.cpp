@@ -15,9 +15,8 @@ namespace fullburn {
 
 torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int accumulate,
                               const LossScaler& scaler, bool timed, MicroTimes* times) {
-  auto sync = [&] {
-    if (timed && ctx.sync_timing) torch::cuda::synchronize();
-  };
+  PhaseEvents* events = timed ? ctx.events.get() : nullptr;
+  if (events) events->Mark("");  // the device may have idled for data until here
   double t0 = MonoNow();
   torch::Tensor loss;
   {
@@ -26,34 +25,42 @@ torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int a
     loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
                                      b.targets.reshape({-1}));
   }
-  sync();
+  if (events) events->Mark("forward");
   double t1 = MonoNow();
   scaler.Scale(accumulate > 1 ? loss / accumulate : loss).backward();
-  sync();
-  if (times) {
+  if (events) events->Mark("backward");
+  if (times && !events) {
     times->forward_s += t1 - t0;
     times->backward_s += MonoNow() - t1;
   }
   return loss.detach();
 }
 
+Status Trainer::NextBatch(TrainBatch* b, double* wait_s) {
+  double w0 = MonoNow();
+  while (!source_->Next(b)) {
+    if (!source_->status().ok()) return source_->status();
+    ++epoch_;
+    epoch_skip_ = next_batch_ = 0;
+    source_->StartEpoch(static_cast<int>(epoch_), 0);
+  }
+  ++next_batch_;
+  *wait_s += MonoNow() - w0;
+  return Status::Ok();
+}
+
 Status Trainer::TrainStep(bool timed, StepRecord* rec) {
+  if (cfg_.Bool("train.cuda_graphs")) return GraphedTrainStep(timed, rec);
   double start = MonoNow();
   double wait = 0;
   MicroTimes mt;
   torch::Tensor loss_sum;
   int64_t samples = 0;
+  PhaseEvents* events = timed ? ctx_.events.get() : nullptr;
+  if (events) events->Start();
   for (int64_t micro = 0; micro < accumulate_; ++micro) {
     TrainBatch b;
-    double w0 = MonoNow();
-    while (!source_->Next(&b)) {
-      if (!source_->status().ok()) return source_->status();
-      ++epoch_;
-      epoch_skip_ = next_batch_ = 0;
-      source_->StartEpoch(static_cast<int>(epoch_), 0);
-    }
-    ++next_batch_;
-    wait += MonoNow() - w0;
+    if (Status s = NextBatch(&b, &wait); !s.ok()) return s;
     if (dp_) dp_->SetSync(micro == accumulate_ - 1);  // no_sync until the last micro-batch
     torch::Tensor loss =
         ForwardBackward(ctx_, b, static_cast<int>(accumulate_), *scaler_, timed, &mt);
@@ -64,6 +71,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   if (dp_)
     if (Status s = dp_->FinishGradients(&comm); !s.ok()) return s;
   double o0 = MonoNow();
+  if (events) events->Mark("");  // communication, measured on the host
   // Averaged gradients are the same on every rank, so is the inf/NaN verdict.
   torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params());
   // One host read per step, for the loss and the inf/NaN flag together (as
@@ -79,35 +87,46 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
       torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
     ckpt_->BeforeUpdate();
     optim_->Step(lr);
-    consecutive_skips_ = 0;
-  } else {
-    ++skipped_;
-    ++consecutive_skips_;
   }
   if (dp_)
     dp_->ZeroGradients();  // in place: the gradients are views of the buckets
   else
     optim_->ZeroGrad();
-  if (timed && ctx_.sync_timing) torch::cuda::synchronize();
+  if (dp_) rec->comm_s = comm;  // communication not hidden behind backward
+  if (events) {
+    events->Mark("optimizer");
+    std::map<std::string, double> spans = events->Collect();  // waits for the step
+    rec->forward_s = spans["forward"];
+    rec->backward_s = spans["backward"];
+    rec->optimizer_s = spans["optimizer"];
+  } else if (timed) {
+    rec->forward_s = mt.forward_s;
+    rec->backward_s = mt.backward_s;
+    rec->optimizer_s = MonoNow() - o0;
+  }
+  return CloseStep({start, wait, lr, loss, skip, samples}, rec);
+}
+
+Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
   double end = MonoNow();
   ++step_;
+  if (o.skipped) {
+    ++skipped_;
+    ++consecutive_skips_;
+  } else {
+    consecutive_skips_ = 0;
+  }
   rec->rank = rank_.rank;
   rec->step = step_;
   rec->epoch = static_cast<int>(epoch_);
   rec->t = Env::Default()->UnixSeconds() - run_.start_time;
-  rec->loss = loss;
-  rec->lr = lr;
+  rec->loss = o.loss;
+  rec->lr = o.lr;
   if (scaler_->enabled()) rec->loss_scale = scaler_->scale();
-  rec->samples = samples;
-  rec->step_s = end - start;
-  rec->skipped = skip;
-  rec->data_wait_s = wait;      // always measured: it costs two clock reads
-  if (dp_) rec->comm_s = comm;  // communication not hidden behind backward
-  if (timed) {
-    rec->forward_s = mt.forward_s;
-    rec->backward_s = mt.backward_s;
-    rec->optimizer_s = end - o0;
-  }
+  rec->samples = o.samples;
+  rec->step_s = end - o.start;
+  rec->skipped = o.skipped;
+  rec->data_wait_s = o.wait_s;  // always measured: it costs two clock reads
   if (consecutive_skips_ >= cfg_.Int("train.max_skipped_steps")) {
     exit_code = kExitFailed;
     return Status::Aborted(fmt::format(

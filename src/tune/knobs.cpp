@@ -201,8 +201,10 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
     else
       out = Values("train.cudnn_benchmark", {"true"}, Get(ctx, "train.cudnn_benchmark"));
   } else if (knob == "cuda_graphs") {
-    *skip =
-        ctx.cuda ? "fullburn train cannot capture CUDA graphs yet" : "CPU trials: no CUDA graphs";
+    if (!ctx.cuda)
+      *skip = "CPU trials: no CUDA graphs";
+    else
+      out = Values("train.cuda_graphs", {"true"}, Get(ctx, "train.cuda_graphs"));
   } else {
     *skip = "unknown knob";
   }

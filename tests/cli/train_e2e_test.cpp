@@ -414,6 +414,7 @@ TEST_F(TrainE2E, BadConfigsAreOneLineErrors) {
       {{"optim.lr=-1"}, "must be >0"},
       {{"model.name=gpt"}, "does not train on data.source = synthetic"},
       {{"train.precision=fp16"}, "needs a CUDA device"},
+      {{"train.cuda_graphs=true"}, "train.cuda_graphs needs CUDA"},
       {{dir_ + "/missing.toml"}, "cannot be read"},
   };
   for (const Case& c : cases) {

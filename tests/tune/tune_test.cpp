@@ -148,9 +148,17 @@ TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
   EXPECT_EQ(KnobCandidates("precision", ctx, &skip).size(), 2u);
   EXPECT_TRUE(KnobCandidates("channels_last", ctx, &skip).empty());
   EXPECT_NE(skip.find("ResNet"), std::string::npos);
+  auto graphs = KnobCandidates("cuda_graphs", ctx, &skip);
+  ASSERT_EQ(graphs.size(), 1u);
+  EXPECT_EQ(graphs[0].overrides.at("train.cuda_graphs"), "true");
+  ctx.config["train.cuda_graphs"] = "true";  // already on: nothing to try
+  EXPECT_TRUE(KnobCandidates("cuda_graphs", ctx, &skip).empty());
+  ctx.config.erase("train.cuda_graphs");
   ctx.cuda = false;
   EXPECT_TRUE(KnobCandidates("cudnn_benchmark", ctx, &skip).empty());
   EXPECT_FALSE(skip.empty());
+  EXPECT_TRUE(KnobCandidates("cuda_graphs", ctx, &skip).empty());
+  EXPECT_NE(skip.find("CPU"), std::string::npos);
   EXPECT_TRUE(KnobCandidates("cache", ctx, &skip).empty());
   EXPECT_NE(skip.find("not the bottleneck"), std::string::npos);
 }
