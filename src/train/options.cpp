@@ -9,7 +9,8 @@ const std::vector<OptionDef>& TrainOptions() {
       // data
       {"data.source", T::kString, "images",
        "What to train on: an image folder or pack (images), token shards (tokens), or random "
-       "in-memory tensors with a learnable rule (synthetic)",
+       "tensors in device memory with a learnable rule (synthetic: features for mlp, images of "
+       "data.image_size for resnet, sequences for lstm)",
        "images|tokens|synthetic"},
       {"data.path", T::kString, "",
        "Image folder, pack or token file; empty: the synthetic default, created under the store's "
@@ -27,7 +28,10 @@ const std::vector<OptionDef>& TrainOptions() {
        "A corrupt image: stop with its path (fail) or count and replace it (skip)", "fail|skip"},
       {"data.seq_len", T::kInt, "128", "Tokens per sequence (tokens and lstm/gpt synthetic data)",
        "", ">0"},
-      {"data.synthetic_samples", T::kInt, "16384", "Samples per epoch of synthetic data", "", ">0"},
+      {"data.synthetic_samples", T::kInt, "16384",
+       "Samples per epoch of synthetic data, all held on the training device (a resnet image "
+       "takes 12 x data.image_size^2 bytes: lower this for large images)",
+       "", ">0"},
       {"data.features", T::kInt, "256", "Input features of synthetic data (mlp)", "", ">0"},
       {"data.classes", T::kInt, "10", "Classes of synthetic data and of the default image set", "",
        ">1"},

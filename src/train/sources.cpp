@@ -75,7 +75,7 @@ class TensorSource : public BatchSource {
     return true;
   }
   int64_t num_classes() const override { return classes_; }
-  int64_t in_features() const override { return tokens_ ? 0 : x_.size(1); }
+  int64_t in_features() const override { return tokens_ || x_.dim() != 2 ? 0 : x_.size(1); }
 
  private:
   torch::Tensor x_, y_, order_;
@@ -141,7 +141,9 @@ class TokenSource : public BatchSource {
 };
 
 // mlp: features with a fixed random linear rule; lstm: token sequences whose
-// class is the sum of the last two tokens modulo the class count.
+// class is the sum of the last two tokens modulo the class count; resnet:
+// noise images whose class sets each channel's mean (held on the device, so a
+// run measures the model alone, as the throughput benchmarks of the field do).
 std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
   int64_t n = s.train ? c.Int("data.synthetic_samples")
                       : std::max<int64_t>(s.batch_size, c.Int("data.synthetic_samples") / 8);
@@ -154,6 +156,12 @@ std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
   if (tokens) {
     x = torch::randint(c.Int("data.vocab"), {n, c.Int("data.seq_len")}, gen, torch::kLong);
     y = (x.select(1, -1) + x.select(1, -2)).remainder(classes);
+  } else if (c.Str("model.name").rfind("resnet", 0) == 0) {
+    int64_t side = c.Int("data.image_size");
+    torch::Tensor means = torch::randn({classes, 3, 1, 1}, rule);
+    y = torch::randint(classes, {n}, gen, torch::kLong);
+    x = torch::randn({n, 3, side, side}, gen).mul_(0.5).add_(means.index_select(0, y));
+    if (s.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
   } else {
     torch::Tensor w = torch::randn({c.Int("data.features"), classes}, rule);
     x = torch::randn({n, c.Int("data.features")}, gen);

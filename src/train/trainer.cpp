@@ -174,13 +174,12 @@ Status Trainer::Setup() {
   const std::string& model = cfg_.Str("model.name");
   const std::string& source = cfg_.Str("data.source");
   bool ok = (model == "gpt") == (source == "tokens") &&
-            !(model == "lstm" && source != "synthetic") &&
-            !(model.rfind("resnet", 0) == 0 && source != "images");
+            !(model == "lstm" && source != "synthetic");
   if (!ok) {
     exit_code = kExitUsage;
     return Status::InvalidArgument(
         "model.name = " + model + " does not train on data.source = " + source +
-        ": resnet* and mlp take images, mlp and lstm take synthetic, gpt takes tokens");
+        ": resnet* and mlp take images or synthetic, lstm takes synthetic, gpt takes tokens");
   }
   ctx_.per_position = source == "tokens";
   ctx_.channels_last = cfg_.Bool("model.channels_last") && model.rfind("resnet", 0) == 0;

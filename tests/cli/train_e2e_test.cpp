@@ -106,6 +106,21 @@ TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
       << Evaluation(run.id).dump();  // chance: 0.25
 }
 
+// Images generated in device memory (what the GPU throughput runs use), kept
+// channels_last: the model learns them like a folder's.
+TEST_F(TrainE2E, ResNetLearnsSyntheticImagesHeldInDeviceMemory) {
+  auto o = Train({"model.name=resnet18", "data.source=synthetic", "data.synthetic_samples=384",
+                  "data.image_size=16", "data.classes=4", "model.width=0.125",
+                  "model.channels_last=true", "train.batch_size=16", "train.epochs=3",
+                  "optim.lr=0.05", "train.threads=1"},
+                 /*tiny=*/false);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto run = Store()->GetRun("last").value();
+  EXPECT_EQ(Steps(run.id).size(), 3u * 384 / 16);
+  EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5)
+      << Evaluation(run.id).dump();  // chance: 0.25
+}
+
 // kill -9 in the middle, resume, and the remaining losses are those of an
 // uninterrupted run, step for step.
 TEST_F(TrainE2E, WrappedTrainerSendsTheSameStepEventsAsThePythonMarkers) {
