@@ -10,6 +10,9 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef FULLBURN_TORCH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "fullburn/dist_torch.h"
@@ -47,6 +50,8 @@ struct DataParallel::Impl {
   RankInfo rank;
   DistOptions options;
   std::string backend;
+  // Where the small coordination tensors live: NCCL reduces device memory only.
+  torch::Device control_device = torch::kCPU;
   c10::intrusive_ptr<c10d::Store> store;
   std::vector<int64_t> next_payload;  // rank 0: the next payload of each rank to take
   c10::intrusive_ptr<Group> group;
@@ -179,14 +184,21 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
   std::string backend = options.backend;
   if (backend == "auto") backend = device.is_cuda() ? "nccl" : "gloo";
   if (backend == "nccl") {
+#ifdef FULLBURN_TORCH_NCCL
+    if (!device.is_cuda())
+      return Status::InvalidArgument("dist.backend = nccl reduces CUDA tensors, but the device is " +
+                                     device.str() + ": use dist.backend = gloo on CPU");
+    impl->control_device = device;
+#else
     if (options.backend == "auto") {
       backend = "gloo";  // this build has no NCCL process group: Gloo handles CUDA tensors too
     } else {
       return Status::InvalidArgument(
           "dist.backend = nccl, but fullburn was built without NCCL: use dist.backend = gloo");
     }
+#endif
   }
-  if (backend != "gloo")
+  if (backend != "gloo" && backend != "nccl")
     return Status::InvalidArgument("dist.backend must be auto, gloo or nccl, not " + backend);
   if (options.compress != "none" && options.compress != "fp16" && options.compress != "bf16")
     return Status::InvalidArgument("dist.compress must be none, fp16 or bf16");
@@ -216,13 +228,23 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
   try {
     if (!options.config_hash.empty())
       if (Status s = CheckSameConfig(*impl->store, rank, options.config_hash); !s.ok()) return s;
-    auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
-    gloo->devices.push_back(rank.master_addr == "127.0.0.1" || rank.master_addr == "localhost"
-                                ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                : c10d::ProcessGroupGloo::createDefaultDevice());
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store);
-    impl->group =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank.rank, rank.world_size, gloo);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(backend, impl->store);
+#ifdef FULLBURN_TORCH_NCCL
+    if (backend == "nccl") {
+      auto nccl = c10d::ProcessGroupNCCL::Options::create();
+      nccl->timeout = timeout;
+      impl->group =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank.rank, rank.world_size, nccl);
+    }
+#endif
+    if (backend == "gloo") {
+      auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo->devices.push_back(rank.master_addr == "127.0.0.1" || rank.master_addr == "localhost"
+                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                  : c10d::ProcessGroupGloo::createDefaultDevice());
+      impl->group =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank.rank, rank.world_size, gloo);
+    }
   } catch (const std::exception& e) {
     return impl->Lost(e);
   }
@@ -438,7 +460,8 @@ void DataParallel::WaitForSenders(const std::vector<int>& from, double timeout_s
 
 Result<bool> DataParallel::AnyRank(bool local) {
   try {
-    std::vector<torch::Tensor> t = {torch::full({1}, local ? 1.0f : 0.0f)};
+    std::vector<torch::Tensor> t = {
+        torch::full({1}, local ? 1.0f : 0.0f, torch::TensorOptions(impl_->control_device))};
     impl_->group->allreduce(t, {c10d::ReduceOp::MAX})->wait();
     return t[0].item<float>() > 0;
   } catch (const std::exception& e) {
@@ -448,7 +471,9 @@ Result<bool> DataParallel::AnyRank(bool local) {
 
 Result<int64_t> DataParallel::MinOverRanks(int64_t local) {
   try {
-    std::vector<torch::Tensor> t = {torch::full({1}, static_cast<double>(local), torch::kDouble)};
+    std::vector<torch::Tensor> t = {torch::full(
+        {1}, static_cast<double>(local),
+        torch::TensorOptions(impl_->control_device).dtype(torch::kDouble))};
     impl_->group->allreduce(t, {c10d::ReduceOp::MIN})->wait();
     return static_cast<int64_t>(t[0].item<double>());
   } catch (const std::exception& e) {
