@@ -37,7 +37,7 @@ void SmallBatch(const Facts& f, const std::string& wait, double share, std::vect
       Choose(f, "train.batch_size = auto (the largest that fits, fastest measured)",
              "raise the batch size") +
       (batch.empty() ? "" : ": " + batch) +
-      Choose(f, "; on CUDA, capture the step in a CUDA graph",
+      Choose(f, "; train.cuda_graphs = true (the whole step replayed from one CUDA graph)",
              "; fewer, larger kernels: torch.compile(mode=\"reduce-overhead\") (CUDA graphs)");
   out->push_back({"small_batch", "GPU underused: small batches or launch overhead", evidence, share,
                   conf, fix});

@@ -199,6 +199,7 @@ TEST(Diagnose, LaunchBoundWhenStepsWaitLittleYetTheGpuIdles) {
   auto f = c.Run();
   ASSERT_EQ(f[0].cause, "small_batch");
   EXPECT_NE(f[0].fix.find("batch 64 -> 512"), std::string::npos) << f[0].fix;  // 0.8 / 0.1 = x8
+  EXPECT_NE(f[0].fix.find("train.cuda_graphs = true"), std::string::npos) << f[0].fix;
   EXPECT_FALSE(Has(Case().Gpu(85, 0.1).Host(40).Wait(0.02).Run(), "small_batch"));
 }
 
