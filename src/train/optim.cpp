@@ -4,6 +4,23 @@
 #include "fullburn/train.h"
 
 namespace fullburn {
+namespace {
+
+// SGD's and LARS's direction before momentum: the gradient plus weight decay,
+// for LARS scaled by the layer's trust ratio (You et al. 2017:
+// trust * |w| / |g + wd w|, skipped for 1-D parameters), computed on the
+// device: no host sync per layer.
+torch::Tensor SgdDirection(const torch::Tensor& p, const torch::Tensor& g,
+                           const OptimizerOptions& o) {
+  torch::Tensor d = o.weight_decay != 0 ? g.add(p, o.weight_decay) : g;
+  if (o.name != "lars" || p.dim() <= 1) return d;
+  torch::Tensor w_norm = p.norm(), d_norm = d.norm();
+  torch::Tensor ratio = torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)),
+                                     w_norm.div(d_norm).mul_(o.trust), torch::ones_like(w_norm));
+  return d * ratio;
+}
+
+}  // namespace
 
 Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
                      const OptimizerOptions& o)
@@ -44,16 +61,7 @@ void Optimizer::Step(double lr) {
       s.p.addcdiv_(s.buf1, denom, -lr / bc1);
       continue;
     }
-    torch::Tensor d = wd != 0 ? g.add(s.p, wd) : g;
-    if (o_.name == "lars" && s.p.dim() > 1) {
-      // You et al. 2017: scale each layer's step by trust * |w| / |g + wd w|.
-      // Computed on the device: no host sync per layer.
-      torch::Tensor w_norm = s.p.norm(), d_norm = d.norm();
-      torch::Tensor ratio =
-          torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)), w_norm.div(d_norm).mul_(o_.trust),
-                       torch::ones_like(w_norm));
-      d = d * ratio;
-    }
+    torch::Tensor d = SgdDirection(s.p, g, o_);
     if (o_.momentum != 0) {
       if (!s.buf1.defined())
         s.buf1 = d.clone().detach();
@@ -103,14 +111,7 @@ void Optimizer::StepGated(const torch::Tensor& lr, const torch::Tensor& keep,
   for (Param& s : params_) {
     torch::Tensor g = s.p.grad();
     if (!g.defined()) continue;
-    torch::Tensor d = wd != 0 ? g.add(s.p, wd) : g;
-    if (o_.name == "lars" && s.p.dim() > 1) {
-      torch::Tensor w_norm = s.p.norm(), d_norm = d.norm();
-      torch::Tensor ratio =
-          torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)), w_norm.div(d_norm).mul_(o_.trust),
-                       torch::ones_like(w_norm));
-      d = d * ratio;
-    }
+    torch::Tensor d = SgdDirection(s.p, g, o_);
     if (o_.momentum != 0) {
       s.buf1.mul_(momentum).add_(d * keep);
       d = o_.nesterov ? d.add(s.buf1, o_.momentum) : s.buf1;
