@@ -34,6 +34,9 @@ struct StepContext {
 // Returns the undivided loss as a 0-dim tensor on the device (no sync).
 // Timed on CPU with clocks into `times`; on CUDA with ctx.events marks that
 // the caller collects at the step's end.
+// Forward under autocast and the float32 cross-entropy (per position for a
+// language model); no backward.
+torch::Tensor ForwardLoss(const StepContext& ctx, const TrainBatch& b);
 struct MicroTimes {
   double forward_s = 0, backward_s = 0;
 };

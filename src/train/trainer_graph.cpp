@@ -34,13 +34,7 @@ void Trainer::StepBody(const std::vector<TrainBatch>& micro) {
   }
   torch::Tensor loss_sum;
   for (const TrainBatch& b : micro) {
-    torch::Tensor loss;
-    {
-      AutocastGuard autocast(ctx_.device.type(), ctx_.autocast);
-      torch::Tensor logits = ctx_.model->forward(b.inputs);
-      loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                       b.targets.reshape({-1}));
-    }
+    torch::Tensor loss = ForwardLoss(ctx_, b);
     device_step_->Scale(micro.size() > 1 ? loss / static_cast<double>(micro.size()) : loss)
         .backward();
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();

@@ -13,18 +13,19 @@
 
 namespace fullburn {
 
+torch::Tensor ForwardLoss(const StepContext& ctx, const TrainBatch& b) {
+  AutocastGuard autocast(ctx.device.type(), ctx.autocast);
+  torch::Tensor logits = ctx.model->forward(b.inputs);
+  return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                   b.targets.reshape({-1}));
+}
+
 torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int accumulate,
                               const LossScaler& scaler, bool timed, MicroTimes* times) {
   PhaseEvents* events = timed ? ctx.events.get() : nullptr;
   if (events) events->Mark("");  // the device may have idled for data until here
   double t0 = MonoNow();
-  torch::Tensor loss;
-  {
-    AutocastGuard autocast(ctx.device.type(), ctx.autocast);
-    torch::Tensor logits = ctx.model->forward(b.inputs);
-    loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                     b.targets.reshape({-1}));
-  }
+  torch::Tensor loss = ForwardLoss(ctx, b);
   if (events) events->Mark("forward");
   double t1 = MonoNow();
   scaler.Scale(accumulate > 1 ? loss / accumulate : loss).backward();
