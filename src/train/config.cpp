@@ -37,8 +37,35 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
+// What a value of type t must be, with its article, for "... is not X".
+std::string Expected(OptionType t) {
+  switch (t) {
+    case OptionType::kInt:
+      return "an integer";
+    case OptionType::kFloat:
+      return "a number";
+    case OptionType::kString:
+      return "a string";
+    case OptionType::kBool:
+      return "true or false";
+  }
+  return "";
+}
+
+// The keys of a section ("model" -> model.name, model.width, ...), to answer
+// a section name given where a key belongs.
+std::string SectionKeys(const std::string& section) {
+  std::string keys;
+  for (const OptionDef& d : TrainOptions())
+    if (std::string(d.key).rfind(section + ".", 0) == 0)
+      keys += (keys.empty() ? "" : ", ") + std::string(d.key);
+  return keys;
+}
+
 std::string UnknownKey(const std::string& key, const std::string& origin) {
   std::string msg = "unknown config key '" + key + "' (" + origin + ")";
+  if (std::string keys = SectionKeys(key); !keys.empty())
+    return msg + ": '" + key + "' is a section; give one of its keys: " + keys;
   std::string close = ClosestOption(key);
   if (!close.empty()) return msg + ": did you mean '" + close + "'?";
   return msg + ": see 'fullburn train --help' for the keys";
@@ -46,7 +73,7 @@ std::string UnknownKey(const std::string& key, const std::string& origin) {
 
 // A command-line or environment string as the option's type.
 Result<nlohmann::json> ParseValue(const OptionDef& def, const std::string& text) {
-  std::string bad = "'" + text + "' is not a " + std::string(TypeName(def.type));
+  std::string bad = "'" + text + "' is not " + Expected(def.type);
   switch (def.type) {
     case OptionType::kString: return nlohmann::json(text);
     case OptionType::kBool:
@@ -98,7 +125,7 @@ Result<nlohmann::json> FromToml(const OptionDef& def, const toml::node& node) {
                       : node.is_boolean()         ? (*node.value<bool>() ? "true" : "false")
                       : node.is_array()           ? "an array"
                                                   : "this value";
-  return Status::InvalidArgument(shown + " is not a " + TypeName(def.type));
+  return Status::InvalidArgument(shown + " is not " + Expected(def.type));
 }
 
 void Flatten(const toml::table& table, const std::string& prefix,

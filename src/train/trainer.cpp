@@ -63,11 +63,15 @@ Status Trainer::OpenStoreAndResume() {
             "run " + std::to_string(run->id) +
             " has no checkpoints to resume from: it ended before its first one");
     }
-    for (const std::string& c : candidates) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const std::string& c = candidates[i];
       auto state = ReadCheckpointFile(c);
       if (!state.ok()) {
-        std::fprintf(stderr, "fullburn: %s; trying the one before it\n",
-                     state.status().message().c_str());
+        // A file named by hand has no earlier one to fall back on.
+        if (candidates.size() == 1) return state.status();
+        std::fprintf(stderr, "fullburn: %s; %s\n", state.status().message().c_str(),
+                     i + 1 < candidates.size() ? "trying the one before it"
+                                               : "it was the run's oldest checkpoint");
         continue;
       }
       resume_ = Resume{c, std::move(*state), {}};
@@ -75,7 +79,9 @@ Status Trainer::OpenStoreAndResume() {
       break;
     }
     if (!resume_)
-      return Status::Corruption("no usable checkpoint to resume from (all refused above)");
+      return Status::Corruption(
+          "no usable checkpoint to resume from (each was refused above): resume from a run whose "
+          "checkpoints are intact, or start afresh");
     if (!resume_->meta.is_object() || !resume_->meta.contains("config"))
       return Status::Corruption("checkpoint " + resume_->path +
                                 " has no training state: it was not written by fullburn train");

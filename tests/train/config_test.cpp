@@ -47,6 +47,11 @@ TEST(Config, UnknownKeysSuggestTheClosest) {
   EXPECT_NE(c.status().message().find("did you mean 'optim.lr'"), std::string::npos) << c.status().message();
   auto bare = Config::Load("", {"batch_size=8"});
   EXPECT_NE(bare.status().message().find("'train.batch_size'"), std::string::npos) << bare.status().message();
+  auto section = Config::Load("", {"model=resnet18"});
+  ASSERT_FALSE(section.ok());
+  EXPECT_NE(section.status().message().find("'model' is a section"), std::string::npos)
+      << section.status().message();
+  EXPECT_NE(section.status().message().find("model.name"), std::string::npos);
   std::string path = WriteFile("b.toml", "[model]\nname = \"mlp\"\nwidht = 2.0\n");
   auto f = Config::Load(path, {});
   ASSERT_FALSE(f.ok());
@@ -60,10 +65,10 @@ TEST(Config, WrongTypesAndImpossibleValuesAreRefused) {
     std::string arg, expect;
   } cases[] = {{"train.batch_size=0", "must be >0"},
                {"optim.lr=-1", "must be >0"},
-               {"train.batch_size=big", "is not a integer"},
+               {"train.batch_size=big", "is not an integer"},
                {"train.accumulate=auto", "'auto' is not allowed"},
                {"train.precision=fp8", "use one of fp32|bf16|fp16"},
-               {"model.channels_last=maybe", "is not a true/false"},
+               {"model.channels_last=maybe", "is not true or false"},
                {"optim.lr", "is not key=value"}};
   for (const Case& k : cases) {
     auto c = Config::Load("", {k.arg});
@@ -74,7 +79,7 @@ TEST(Config, WrongTypesAndImpossibleValuesAreRefused) {
   auto f = Config::Load(path, {});
   ASSERT_FALSE(f.ok());
   EXPECT_NE(f.status().message().find("train.batch_size"), std::string::npos);
-  EXPECT_NE(f.status().message().find("not a integer"), std::string::npos) << f.status().message();
+  EXPECT_NE(f.status().message().find("not an integer"), std::string::npos) << f.status().message();
 }
 
 TEST(Config, BrokenOrMissingFilesNameTheFile) {
