@@ -28,7 +28,11 @@ Finding Healthy(const Facts& f) {
     evidence += fmt::format("; data wait {} of step time", Pct(f.data_wait_share));
   if (f.running) evidence += " (the run is still going: diagnosed so far)";
   std::string fix;
-  if (f.precision == "fp32")
+  if (!f.have_steps && f.gpus.empty())
+    fix =
+        "nothing measured this job's speed: run it where NVML sees the GPUs, or have it print "
+        "step markers (python/fullburn_markers.py) so each step is timed";
+  else if (f.precision == "fp32")
     fix = "compute-bound: train.precision = bf16 (or fp16 on CUDA) for tensor cores";
   else if (f.trainer)
     fix = "compute-bound: nothing to fix in the input or memory";

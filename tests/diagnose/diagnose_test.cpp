@@ -83,6 +83,14 @@ TEST(Diagnose, BusyGpuIsHealthyWithNoFalseAlarms) {
   EXPECT_NE(g[0].fix.find("bf16"), std::string::npos);  // compute-bound: suggest mixed precision
 }
 
+TEST(Diagnose, NothingMeasuredSaysHowToMeasureNotHowToSpeedUp) {
+  auto f = Case().Host(40).Run();  // host samples only: no GPU, no steps
+  ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
+  EXPECT_LT(f[0].confidence, 0.5);
+  EXPECT_NE(f[0].fix.find("step markers"), std::string::npos) << f[0].fix;
+  EXPECT_EQ(f[0].fix.find("compute-bound"), std::string::npos) << f[0].fix;
+}
+
 TEST(Diagnose, InputCpuFromMeasuredDataWait) {
   auto f = Case().Host(92).Wait(0.3).Run();
   ASSERT_EQ(f[0].cause, "input_cpu");
