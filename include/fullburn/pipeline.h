@@ -247,6 +247,8 @@ struct LoaderOptions {
   Layout layout = Layout::kNHWC;
   uint64_t seed = 0;
   BadSamplePolicy on_bad_sample = BadSamplePolicy::kSkip;
+  // The end of the kFail error: the caller names its own setting.
+  std::string bad_sample_fix = "use on_bad_sample = skip to go on without it";
   CropParams crop;
   // Data parallelism: this process reads every world_size-th sample of the
   // epoch's permutation, starting at rank, like torch's DistributedSampler.

@@ -274,8 +274,7 @@ bool ImageLoader::FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, st
 
 bool ImageLoader::Skip(const std::string& path, const std::string& reason, std::string* error) {
   if (options_.on_bad_sample == BadSamplePolicy::kFail) {
-    *error = "bad sample " + path + ": " + reason +
-             " (on_bad_sample=fail; use skip to go on without it)";
+    *error = "bad sample " + path + ": " + reason + ": " + options_.bad_sample_fix;
     return false;
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -196,6 +196,8 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
   t.loader.seed = s.seed;
   t.loader.on_bad_sample =
       c.Str("data.bad_samples") == "skip" ? BadSamplePolicy::kSkip : BadSamplePolicy::kFail;
+  t.loader.bad_sample_fix =
+      "set data.bad_samples = skip to train on without it, or remove or replace the file";
   t.loader.rank = s.rank;
   t.loader.world_size = s.world_size;
   t.device = s.device;

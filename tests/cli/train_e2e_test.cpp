@@ -583,6 +583,34 @@ TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
   EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 3) << o.err;
   for (const std::string& p : paths) EXPECT_EQ(fs::file_size(p), 100u);
   EXPECT_EQ(Store()->ListRuns().value().size(), 1u);  // no half-made run
+  // One file named by hand: its own reason, on one line, and nothing else.
+  auto named = Train({"--resume", paths.back()}, false);
+  EXPECT_NE(named.code, 0);
+  EXPECT_NE(named.err.find(paths.back()), std::string::npos) << named.err;
+  EXPECT_EQ(named.err.find("trying the one before it"), std::string::npos) << named.err;
+  EXPECT_EQ(std::count(named.err.begin(), named.err.end(), '\n'), 1) << named.err;
+}
+
+// A corrupt JPEG under the default data.bad_samples = fail stops training
+// with the file and the setting that lets it go on; skip trains past it.
+TEST_F(TrainE2E, CorruptImageNamesTheFileAndTheSettingThatSkipsIt) {
+  std::string data = dir_ + "/images";
+  auto make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2",
+                        "--per-class", "16", "--size", "40x40"});
+  ASSERT_EQ(make.code, 0) << make.err;
+  std::string bad = data + "/class_001/img_00003.jpg";
+  std::ofstream(bad, std::ios::trunc) << "not a jpeg";
+  std::vector<std::string> args = {"data.path=" + data,  "data.image_size=32", "model.width=0.125",
+                                   "train.batch_size=8", "train.steps=4",      "data.threads=1",
+                                   "train.threads=1"};
+  auto o = Train(args, /*tiny=*/false);
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_NE(o.err.find(bad), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("data.bad_samples = skip"), std::string::npos) << o.err;
+  args.push_back("data.bad_samples=skip");
+  auto skipped = Train(args, /*tiny=*/false);
+  EXPECT_EQ(skipped.code, 0) << skipped.err;
+  EXPECT_NE(skipped.err.find("skipping " + bad), std::string::npos) << skipped.err;
 }
 
 }  // namespace
