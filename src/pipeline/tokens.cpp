@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -31,10 +32,18 @@ Result<std::unique_ptr<TokenShards>> TokenShards::Open(const std::vector<std::st
       return Status::NotFound("cannot open token file " + path +
                               "; make one with 'fullburn make-dataset tokens FILE'");
     }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status::InvalidArgument("token file " + path +
+                                     " is not a regular file (a folder?): give a file of uint16 "
+                                     "tokens, e.g. from 'fullburn make-dataset tokens FILE'");
+    }
     size_t size = static_cast<size_t>(st.st_size);
     void* map = size ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+    int map_errno = errno;
     ::close(fd);
-    if (map == MAP_FAILED) return Status::IoError("cannot map " + path);
+    if (map == MAP_FAILED)
+      return Status::IoError("cannot map token file " + path + ": " + std::strerror(map_errno));
     File f{static_cast<const uint16_t*>(map), 0, map, size};
     t->files_.push_back(f);  // unmapped by the destructor from here on
     const auto* bytes = static_cast<const uint8_t*>(map);

@@ -201,6 +201,14 @@ Status Trainer::Setup() {
     if (!p.ok()) return p.status();
     spec_.path = *p;
   }
+  // A held-out folder named by hand is checked now, not after the training.
+  if (std::string val = cfg_.Str("data.val_path");
+      !val.empty() && source == "images" && !std::filesystem::is_directory(val)) {
+    exit_code = kExitUsage;
+    return Status::NotFound("data.val_path = " + val +
+                            " is not a folder: give the held-out image folder, or leave "
+                            "data.val_path empty to train without evaluation");
+  }
   spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
   spec_.device = ctx_.device;
   spec_.channels_last = ctx_.channels_last;
@@ -562,7 +570,16 @@ Status Trainer::Run() {
   } catch (const std::exception& e) {
     exit_code = kExitFailed;
     std::string what = e.what();
-    s = Status::Internal("setting up training failed: " + what.substr(0, what.find('\n')));
+    what = what.substr(0, what.find('\n'));
+    if (IsOutOfMemory(e))
+      s = Status::ResourceExhausted(fmt::format(
+          "the model, its optimizer state and the data held in memory do not fit ({}): use a "
+          "smaller model (model.width, model.hidden, model.layers) or less data in memory{}",
+          what,
+          ctx_.device.is_cuda() ? ", or a GPU with more memory"
+                                : ", or raise train.memory_budget_mb"));
+    else
+      s = Status::Internal("setting up training failed: " + what);
   }
   if (!s.ok()) {
     if (exit_code == 0) exit_code = kExitUsage;

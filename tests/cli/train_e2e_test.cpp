@@ -591,6 +591,35 @@ TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
   EXPECT_EQ(std::count(named.err.begin(), named.err.end(), '\n'), 1) << named.err;
 }
 
+// Mistakes found before the first step, each a one-line error naming the
+// setting to change, and no run left in the store.
+TEST_F(TrainE2E, DataAndMemoryMistakesStopBeforeTraining) {
+  std::string data = dir_ + "/images";
+  ASSERT_EQ(RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2", "--per-class",
+                      "8", "--size", "40x40"})
+                .code,
+            0);
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string expect;
+  } cases[] = {
+      {{"data.path=" + data, "data.val_path=" + dir_ + "/no-such-val"}, 2, "data.val_path = "},
+      {{"model.name=gpt", "data.source=tokens", "data.path=" + data}, 2, "not a regular file"},
+      {{"data.path=" + data, "train.memory_budget_mb=1"}, 1, "raise train.memory_budget_mb"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(),
+                {"data.image_size=32", "train.batch_size=8", "train.steps=2", "train.threads=1"});
+    auto o = Train(args, /*tiny=*/false);
+    EXPECT_EQ(o.code, c.code) << c.expect << "\n" << o.err;
+    EXPECT_NE(o.err.find(c.expect), std::string::npos) << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  }
+  EXPECT_TRUE(Store()->ListRuns().value().empty());
+}
+
 // A corrupt JPEG under the default data.bad_samples = fail stops training
 // with the file and the setting that lets it go on; skip trains past it.
 TEST_F(TrainE2E, CorruptImageNamesTheFileAndTheSettingThatSkipsIt) {
