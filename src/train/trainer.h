@@ -100,7 +100,13 @@ class Trainer {
 
  private:
   Status OpenStoreAndResume();
+  // trainer_setup.cpp
   Status Setup();
+  Status SetupDevice();
+  Status SetupData();
+  OptimizerOptions OptimizerFromConfig() const;
+  Status ChooseBatch(const OptimizerOptions& oo);
+  void SetupOptimization(const OptimizerOptions& oo);
   Status BuildModel(const BatchSource& source);
   Status SearchBatch(const OptimizerOptions& oo);
   Status BeginRun();

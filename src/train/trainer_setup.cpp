@@ -1,0 +1,312 @@
+// `fullburn train`'s setup: device and threads, data, the micro-batch
+// (configured or searched), model, optimizer, loss scaler and schedule.
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <malloc.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "trainer.h"
+
+namespace fullburn {
+
+// (train.keep_host_memory) glibc returns a freed block past its thresholds
+// to the OS (munmap, or trimming the heap top), so every step's gradients
+// and activations are faulted in again page by page: a third to a half of a
+// CPU backward in our measurement (docs/benchmarks.md). Keeping freed memory
+// in the process, as jemalloc and tcmalloc do, makes a steady training loop
+// fault-free. Blocks past 32 MiB (glibc's ceiling for the threshold) are
+// still mapped each time.
+void KeepHostMemory() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
+Status Trainer::CheckCudaGraphs() {
+  exit_code = kExitUsage;
+  if (std::string why = CudaGraph::Unsupported(); !why.empty())
+    return Status::InvalidArgument("train.cuda_graphs needs CUDA, but " + why +
+                                   ": set train.cuda_graphs = false");
+  if (!ctx_.device.is_cuda())
+    return Status::InvalidArgument("train.cuda_graphs needs train.device = cuda, not " +
+                                   ctx_.device.str() + ": set train.cuda_graphs = false");
+  if (rank_.world_size > 1)
+    return Status::InvalidArgument(
+        "train.cuda_graphs works on one rank only (Gloo's all-reduce cannot be captured in a "
+        "graph): set train.cuda_graphs = false for data-parallel runs");
+  exit_code = 0;
+  // Cast weights cached by autocast would be freed after the capture while
+  // the graph still reads them; without the cache each forward casts anew.
+  at::autocast::set_autocast_cache_enabled(false);
+  return Status::Ok();
+}
+
+// Device, threads, precision and the CUDA switches, from the config.
+Status Trainer::SetupDevice() {
+  std::string dev = cfg_.Str("train.device");
+  if (dev == "auto") dev = torch::cuda::is_available() ? "cuda" : "cpu";
+  try {
+    ctx_.device = torch::Device(dev);
+  } catch (const c10::Error&) {
+    exit_code = kExitUsage;
+    return Status::InvalidArgument("train.device = " + dev +
+                                   " is not a device: use auto, cpu, cuda or cuda:N");
+  }
+  if (ctx_.device.is_cuda() && !torch::cuda::is_available())
+    return Status::InvalidArgument("train.device = " + dev + " but this libtorch sees no GPU (" +
+                                   TorchDescription() + "): use train.device=cpu");
+  auto ranks = RankFromEnvironment(EnvironmentMap());
+  if (!ranks.ok()) return ranks.status();
+  if (ranks->has_value()) rank_ = **ranks;
+  // One GPU per local rank, unless the config names one.
+  if (ctx_.device.is_cuda() && rank_.world_size > 1 && !ctx_.device.has_index())
+    ctx_.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                  rank_.local_rank % torch::cuda::device_count()));
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  int threads = static_cast<int>(cfg_.Int("train.threads"));
+  if (threads == 0)
+    threads =
+        std::max(1, cores - (cfg_.Str("data.source") == "images" && ctx_.device.is_cpu() ? 1 : 0));
+  torch::set_num_threads(threads);
+  if (cfg_.Bool("train.keep_host_memory")) KeepHostMemory();
+  torch::manual_seed(static_cast<uint64_t>(cfg_.Int("train.seed")));
+
+  const std::string& precision = cfg_.Str("train.precision");
+  if (precision == "bf16") ctx_.autocast = torch::kBFloat16;
+  if (precision == "fp16") {
+    if (!ctx_.device.is_cuda())
+      return Status::InvalidArgument(
+          "train.precision = fp16 needs a CUDA device (CPU autocast has no fp16 "
+          "in libtorch 1.13): use bf16 on CPU");
+    ctx_.autocast = torch::kHalf;
+  }
+  if (cfg_.Bool("train.cuda_graphs"))
+    if (Status s = CheckCudaGraphs(); !s.ok()) return s;
+  ctx_.events = PhaseEvents::ForDevice(ctx_.device);
+  if (ctx_.device.is_cuda()) {
+    at::globalContext().setAllowTF32CuBLAS(cfg_.Bool("train.tf32"));
+    at::globalContext().setAllowTF32CuDNN(cfg_.Bool("train.tf32"));
+    at::globalContext().setBenchmarkCuDNN(cfg_.Bool("train.cudnn_benchmark"));
+  }
+  if (int64_t mb = cfg_.Int("train.memory_budget_mb"); mb > 0) {
+    if (ctx_.device.is_cuda())
+      std::fprintf(stderr,
+                   "fullburn: train.memory_budget_mb applies to CPU training only; ignored on %s\n",
+                   dev.c_str());
+    else
+      SetCpuMemoryBudget(mb << 20);
+  }
+  return Status::Ok();
+}
+
+// The model and its data must agree, and the data must exist, before
+// anything runs; the default datasets are made here on first use.
+Status Trainer::SetupData() {
+  const std::string& model = cfg_.Str("model.name");
+  const std::string& source = cfg_.Str("data.source");
+  bool ok = (model == "gpt") == (source == "tokens") && !(model == "lstm" && source != "synthetic");
+  if (!ok) {
+    exit_code = kExitUsage;
+    return Status::InvalidArgument(
+        "model.name = " + model + " does not train on data.source = " + source +
+        ": resnet* and mlp take images or synthetic, lstm takes synthetic, gpt takes tokens");
+  }
+  ctx_.per_position = source == "tokens";
+  ctx_.channels_last = cfg_.Bool("model.channels_last") && model.rfind("resnet", 0) == 0;
+
+  spec_.path = cfg_.Str("data.path");
+  std::string data_dir = DatasetsDir();
+  if (spec_.path.empty() && source == "images") {
+    auto p = DefaultImages(data_dir, static_cast<int>(cfg_.Int("data.classes")), false);
+    if (!p.ok()) return p.status();
+    spec_.path = *p;
+  } else if (spec_.path.empty() && source == "tokens") {
+    auto p = DefaultTokens(data_dir, static_cast<int>(cfg_.Int("data.vocab")));
+    if (!p.ok()) return p.status();
+    spec_.path = *p;
+  }
+  // A held-out folder named by hand is checked now, not after the training.
+  if (std::string val = cfg_.Str("data.val_path");
+      !val.empty() && source == "images" && !std::filesystem::is_directory(val)) {
+    exit_code = kExitUsage;
+    return Status::NotFound("data.val_path = " + val +
+                            " is not a folder: give the held-out image folder, or leave "
+                            "data.val_path empty to train without evaluation");
+  }
+  spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
+  spec_.device = ctx_.device;
+  spec_.channels_last = ctx_.channels_last;
+  return Status::Ok();
+}
+
+OptimizerOptions Trainer::OptimizerFromConfig() const {
+  OptimizerOptions oo;
+  oo.name = cfg_.Str("optim.name");
+  oo.momentum = cfg_.Float("optim.momentum");
+  oo.nesterov = cfg_.Bool("optim.nesterov");
+  oo.weight_decay = cfg_.Float("optim.weight_decay");
+  oo.beta1 = cfg_.Float("optim.beta1");
+  oo.beta2 = cfg_.Float("optim.beta2");
+  oo.eps = cfg_.Float("optim.eps");
+  oo.trust = cfg_.Float("optim.trust");
+  return oo;
+}
+
+// The micro-batch: as configured, or searched (and agreed over the ranks).
+Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
+  if (!cfg_.IsAuto("train.batch_size")) {
+    batch_ = cfg_.Int("train.batch_size");
+    return Status::Ok();
+  }
+  if (Status s = SearchBatch(oo); !s.ok()) return s;
+  nlohmann::json chosen = {{"batch", batch_}};
+  if (dp_) {  // every rank takes the smallest size that fits everywhere
+    Result<int64_t> common = dp_->MinOverRanks(batch_);
+    if (!common.ok()) return common.status();
+    chosen = {{"batch", *common}, {"searched", batch_}, {"rank", rank_.rank}};
+    if (*common != batch_)
+      std::fprintf(stderr, "fullburn: micro-batch %lld, the smallest any rank found\n",
+                   static_cast<long long>(*common));
+    batch_ = *common;
+    cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search, every rank");
+  }
+  pending_events_.push_back({0, "batch_size_chosen", chosen.dump()});
+  return Status::Ok();
+}
+
+// Optimizer, loss scaler and learning-rate schedule, once the model and the
+// source (which fixes the steps per epoch) exist.
+void Trainer::SetupOptimization(const OptimizerOptions& oo) {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : ctx_.model->named_parameters()) params.emplace_back(p.key(), p.value());
+  optim_ = std::make_unique<Optimizer>(params, oo);
+
+  LossScalerOptions so;
+  so.enabled = cfg_.Str("train.precision") == "fp16";
+  so.init_scale = cfg_.Float("amp.init_scale");
+  so.growth_factor = cfg_.Float("amp.growth_factor");
+  so.backoff_factor = cfg_.Float("amp.backoff_factor");
+  so.growth_interval = cfg_.Int("amp.growth_interval");
+  scaler_ = std::make_unique<LossScaler>(so);
+
+  int64_t per_epoch = std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
+  total_steps_ =
+      cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps") : per_epoch * cfg_.Int("train.epochs");
+  schedule_.peak = cfg_.Float("optim.lr");
+  if (cfg_.Bool("optim.scale_lr"))
+    schedule_.peak *= static_cast<double>(batch_ * accumulate_ * rank_.world_size) /
+                      static_cast<double>(cfg_.Int("optim.base_batch"));
+  schedule_.min_lr = cfg_.Float("optim.min_lr");
+  schedule_.warmup = std::min(cfg_.Int("optim.warmup_steps"), total_steps_);
+  schedule_.total = total_steps_;
+  schedule_.cosine = cfg_.Str("optim.schedule") == "cosine";
+}
+
+Status Trainer::Setup() {
+  if (Status s = SetupDevice(); !s.ok()) return s;
+  if (Status s = SetupData(); !s.ok()) return s;
+  if (Status s = ConnectRanks(); !s.ok()) return s;
+  accumulate_ = cfg_.Int("train.accumulate");
+  OptimizerOptions oo = OptimizerFromConfig();
+  if (Status s = ChooseBatch(oo); !s.ok()) return s;
+  spec_.batch_size = static_cast<int>(batch_);
+  auto src = OpenSource(cfg_, spec_);
+  if (!src.ok()) return src.status();
+  source_ = std::move(*src);
+  if (!ctx_.model)  // the batch-size search built it already
+    if (Status s = BuildModel(*source_); !s.ok()) return s;
+  SetupOptimization(oo);
+  return Status::Ok();
+}
+
+Status Trainer::BuildModel(const BatchSource& source) {
+  if (opt_.model) {
+    ctx_.model = opt_.model;
+  } else {
+    ModelSpec ms;
+    ms.name = cfg_.Str("model.name");
+    ms.num_classes = source.num_classes();
+    ms.width = cfg_.Float("model.width");
+    ms.in_features = source.in_features();
+    ms.vocab = cfg_.Int("data.vocab");
+    ms.seq_len = cfg_.Int("data.seq_len");
+    ms.hidden = cfg_.Int("model.hidden");
+    ms.layers = cfg_.Int("model.layers");
+    ms.heads = cfg_.Int("model.heads");
+    ms.dropout = cfg_.Float("model.dropout");
+    auto m = MakeModel(ms);
+    if (!m.ok()) {
+      exit_code = kExitUsage;
+      return m.status();
+    }
+    ctx_.model = *m;
+  }
+  ctx_.model->to(ctx_.device);
+  if (ctx_.channels_last)
+    for (auto& p : ctx_.model->parameters())
+      if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+  if (dp_) {
+    // Every rank starts from rank 0's weights. The buckets are allocated now,
+    // so a batch-size search counts their memory; its trials do not sync.
+    std::vector<torch::Tensor> state = ctx_.model->parameters();
+    for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
+    if (Status s = dp_->Broadcast(state); !s.ok()) return s;
+    if (Status s = dp_->Attach(ctx_.model->parameters()); !s.ok()) return s;
+    dp_->SetSync(false);
+  }
+  return Status::Ok();
+}
+
+// Probes the data with a small batch for shapes and real values, builds the
+// model, and searches; the real source is opened afterwards at the chosen size.
+Status Trainer::SearchBatch(const OptimizerOptions& oo) {
+  SourceSpec probe_spec = spec_;
+  probe_spec.batch_size = 8;
+  auto probe_src = OpenSource(cfg_, probe_spec);
+  if (!probe_src.ok()) return probe_src.status();
+  (*probe_src)->StartEpoch(0, 0);
+  TrainBatch probe;
+  if (!(*probe_src)->Next(&probe)) return (*probe_src)->status();
+  if (Status s = BuildModel(**probe_src); !s.ok()) return s;
+  BatchSearchOptions bo;
+  bo.max_batch = std::min(cfg_.Int("train.max_batch_size"), (*probe_src)->batches_per_epoch() * 8);
+  bo.optimizer = oo;
+  // The probe source stays open through the search: what it holds (an
+  // in-memory dataset, loader buffers) is held while training too.
+  std::fprintf(
+      stderr,
+      "fullburn: searching for the largest micro-batch that fits (train.batch_size = auto)\n");
+  std::vector<BatchTrial> trials;
+  auto chosen = SearchBatchSize(&ctx_, probe, bo, [&](const BatchTrial& t) {
+    trials.push_back(t);
+    if (t.fits)
+      std::fprintf(stderr, "  batch %-6lld fits   %8.1f samples/s\n",
+                   static_cast<long long>(t.batch), t.samples_per_s);
+    else
+      std::fprintf(stderr, "  batch %-6lld %s\n", static_cast<long long>(t.batch), t.error.c_str());
+  });
+  probe_src->reset();
+  if (!chosen.ok()) {
+    exit_code = kExitFailed;
+    return chosen.status();
+  }
+  batch_ = *chosen;
+  cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search");
+  for (const BatchTrial& t : trials) {
+    nlohmann::json trial = {{"batch", t.batch},
+                            {"fits", t.fits},
+                            {"samples_per_s", t.samples_per_s},
+                            {"peak_bytes", t.peak_bytes},
+                            {"error", t.error}};
+    if (rank_.world_size > 1) trial["rank"] = rank_.rank;  // each rank searches its own device
+    pending_events_.push_back({0, "batch_size_trial", trial.dump()});
+  }
+  std::fprintf(stderr, "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
+               static_cast<long long>(batch_));
+  return Status::Ok();
+}
+
+}  // namespace fullburn
