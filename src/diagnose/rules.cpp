@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "facts.h"
@@ -96,12 +97,34 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                     wait + fmt::format("; host CPU median {:.0f}%{} (>= {:.0f}%)", f.cpu,
                                        NodeNote(f.cpu_rank), kCpuSaturated),
                     share, conf, fix});
+  } else if (measured && std::isnan(f.cpu)) {
+    // Too short a run for a CPU reading: workers or CPU cannot be told apart.
+    out->push_back(
+        {"input_workers", "Input-bound: the training loop waits for data (host CPU not sampled)",
+         wait + "; the host CPU was not sampled (a run shorter than two samples), so idle cores "
+                "and a saturated CPU cannot be told apart",
+         share, 0.5,
+         Choose(f,
+                fmt::format("run longer to tell; with idle cores data.threads = {}, with a busy "
+                            "CPU decode less (fullburn pack SRC DST --format raw)",
+                            std::max(1, f.cores - 1)),
+                fmt::format("run longer to tell; with idle cores DataLoader(num_workers={}), with "
+                            "a busy CPU pre-decode once (fullburn pack) or use smaller images",
+                            workers))});
   } else if (measured) {
+    std::string threads =
+        f.data_threads > 0
+            ? fmt::format("data.threads {} -> {} (or 0: tuned while running)", f.data_threads,
+                          std::max(f.data_threads + 1, f.cores - 1))
+            : fmt::format(
+                  "data.threads is tuned (0) yet cores idle: fix it at {}, or pack the "
+                  "images (fullburn pack) so each sample costs less",
+                  std::max(2, f.cores - 1));
     out->push_back(
         {"input_workers", "Input-bound with idle cores: too few loader workers",
          wait + fmt::format("; host CPU median {:.0f}% (< {:.0f}%)", f.cpu, kCpuSaturated), share,
          conf,
-         Choose(f, "data.threads = 0 (tuned) or raise it; data.prefetch = 0 (tuned) absorbs bursts",
+         Choose(f, threads + "; data.prefetch = 0 (tuned) absorbs bursts",
                 fmt::format("DataLoader(num_workers={}, persistent_workers=True, pin_memory=True); "
                             "or fullburn train's loader",
                             workers))});

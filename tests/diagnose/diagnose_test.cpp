@@ -121,7 +121,22 @@ TEST(Diagnose, InputIoWhenTheCpuWaitsOnStorage) {
 TEST(Diagnose, TooFewWorkersWhenCoresIdle) {
   auto f = Case().Host(40, 2).Wait(0.25).Run();
   EXPECT_EQ(f[0].cause, "input_workers");
-  EXPECT_NE(f[0].fix.find("data.threads"), std::string::npos);
+  EXPECT_NE(f[0].fix.find("data.threads is tuned (0)"), std::string::npos) << f[0].fix;
+  Case fixed;  // a fixed count: raise it
+  fixed.run.config_json = R"({"data": {"threads": 1}})";
+  for (int c = 0; c < 8; ++c) fixed.m["host.cpu" + std::to_string(c) + ".util"] = Flat(40);
+  auto g = fixed.Host(40, 2).Wait(0.25).Run();
+  ASSERT_EQ(g[0].cause, "input_workers");
+  EXPECT_NE(g[0].fix.find("data.threads 1 -> 7"), std::string::npos) << g[0].fix;
+}
+
+TEST(Diagnose, DataWaitWithoutACpuReadingSaysSoInsteadOfNan) {
+  auto f = Case().Wait(0.4).Run();  // steps, but no host sample yet
+  ASSERT_EQ(f[0].cause, "input_workers");
+  EXPECT_EQ(f[0].evidence.find("nan"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("not sampled"), std::string::npos) << f[0].evidence;
+  EXPECT_LT(f[0].confidence, 0.9);
+  EXPECT_NE(f[0].fix.find("fullburn pack"), std::string::npos) << f[0].fix;
 }
 
 TEST(Diagnose, SmallBatchAndHeadroom) {
