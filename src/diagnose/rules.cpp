@@ -129,7 +129,8 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                             "or fullburn train's loader",
                             workers))});
   } else if (f.mem_peak_share < kMemHeadroom) {
-    SmallBatch(f, wait + fmt::format("; host CPU median {:.0f}%", f.cpu), share, out);
+    SmallBatch(f, wait + (std::isnan(f.cpu) ? "" : fmt::format("; host CPU median {:.0f}%", f.cpu)),
+               share, out);
   }
 }
 
@@ -160,8 +161,10 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
     std::string batch = BatchSuggestion(f);
     out->push_back(
         {"memory_headroom", "GPU memory headroom: the batch can grow",
-         fmt::format("peak GPU memory {} of total (< {}), GPU utilization median {:.0f}%",
-                     Pct(f.mem_peak_share), Pct(kMemHeadroom), f.gpu_util),
+         fmt::format("peak GPU memory {} of total (< {})", Pct(f.mem_peak_share),
+                     Pct(kMemHeadroom)) +
+             (std::isnan(f.gpu_util) ? ""
+                                     : fmt::format(", GPU utilization median {:.0f}%", f.gpu_util)),
          0, 0.8,
          Choose(f, "train.batch_size = auto", "raise the batch size") +
              (batch.empty() ? fmt::format(" (about x{:.0f})", std::floor(0.8 / f.mem_peak_share))

@@ -373,5 +373,35 @@ TEST(Diagnose, EveryCauseIsDocumented) {
         << kCauses[i] << ": no row in the rules table";
 }
 
+// Any mix of present and missing readings (a run cut short, a host without
+// NVML, a job without step markers) reads as words, never as nan or inf.
+TEST(Diagnose, MissingReadingsNeverPrintNanOrInf) {
+  int checked = 0;
+  for (int mask = 0; mask < 256; ++mask) {
+    for (int n : {1, 60}) {
+      Case c;
+      if (mask & 1) c.m["gpu0.util"] = Flat(20, n);
+      if (mask & 2) {
+        c.m["gpu0.mem_total_bytes"] = Flat(80e9, n);
+        c.m["gpu0.mem_used_bytes"] = Flat(8e9, n);
+      }
+      if (mask & 4) c.m["host.cpu_util"] = Flat(50, n);
+      if (mask & 8) c.m["host.cpu_iowait"] = Flat(2, n);
+      if (mask & 16) c.Wait(0.3);
+      if (mask & 32) c.run.config_json = R"({"interval_s": 1})";  // a wrapped job
+      if (mask & 64) c.m["gpu0.pcie_rx_bytes_per_s"] = Flat(20e9, n);
+      if (mask & 128) c.m["proc.cpu_util"] = Flat(99, n);
+      for (const Finding& f : c.Run()) {
+        std::string text = f.title + " | " + f.evidence + " | " + f.fix;
+        for (const char* bad : {"nan", "inf%", "-inf"})
+          EXPECT_EQ(text.find(bad), std::string::npos)
+              << "mask " << mask << " n " << n << ": " << text;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 512);
+}
+
 }  // namespace
 }  // namespace fullburn
