@@ -145,6 +145,8 @@ nlohmann::json TuningChart(const RunData& run);  // a chart of the report's JSON
 
 std::string FormatBytes(double bytes);
 std::string FormatDuration(double seconds);
+// "exit code 3"; a signal's 128 + N is named: "exit code 137 (SIGKILL: ...)".
+std::string DescribeExitCode(int code);
 std::string FormatLocalTime(double unix_seconds);  // "2026-11-22 08:30:00"
 std::string JoinedCommand(const std::vector<std::string>& argv);
 

@@ -11,6 +11,7 @@
 
 #include "child.h"
 #include "fullburn/env.h"
+#include "fullburn/report.h"
 
 namespace fullburn::cli {
 namespace {
@@ -94,7 +95,7 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   if (code != 0 && !stopped_by_us) {
     trial->status = "failed";
     std::string why = FailureLine(trial->log);
-    trial->reason = "exit code " + std::to_string(code) + (why.empty() ? "" : ": " + why);
+    trial->reason = DescribeExitCode(code) + (why.empty() ? "" : ": " + why);
     return;
   }
   Result<Measure> m = Status::NotFound("no run");

@@ -226,7 +226,8 @@ std::string RunHtml(const ReportRun& r) {
   row("directory", Escape(run.cwd));
   row("started", FormatLocalTime(run.start_time));
   row("status",
-      Escape(run.status) + (run.exit_code ? fmt::format(" (exit code {})", *run.exit_code) : "") +
+      Escape(run.status) +
+          (run.exit_code ? " (" + Escape(DescribeExitCode(*run.exit_code)) + ")" : "") +
           (run.end_time ? fmt::format(", {}", FormatDuration(*run.end_time - run.start_time))
                         : " (no end recorded: the data stops where the recording did)"));
   row("samples", fmt::format("{} every {} s", run.sample_count, run.interval_s));

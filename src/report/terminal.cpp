@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <ctime>
 
 #include "fullburn/report.h"
@@ -40,6 +41,26 @@ std::string FormatDuration(double s) {
   long t = std::lround(s);
   if (t < 3600) return fmt::format("{}m {:02}s", t / 60, t % 60);
   return fmt::format("{}h {:02}m {:02}s", t / 3600, (t % 3600) / 60, t % 60);
+}
+
+std::string DescribeExitCode(int code) {
+  std::string out = fmt::format("exit code {}", code);
+  switch (code - 128) {
+    case SIGHUP:
+      return out + " (SIGHUP: the terminal or session went away)";
+    case SIGINT:
+      return out + " (SIGINT: interrupted, Ctrl-C)";
+    case SIGABRT:
+      return out + " (SIGABRT: aborted, e.g. a failed assertion or an uncaught C++ exception)";
+    case SIGKILL:
+      return out + " (SIGKILL: killed, often by the kernel's OOM killer: see dmesg)";
+    case SIGSEGV:
+      return out + " (SIGSEGV: crashed on a bad memory access)";
+    case SIGTERM:
+      return out + " (SIGTERM: asked to stop, e.g. by a scheduler's time limit)";
+    default:
+      return out;
+  }
 }
 
 namespace {
@@ -80,7 +101,7 @@ std::string Percent(const std::optional<double>& share) {
 std::string RenderSummary(const RunInfo& run, const RunSummary& sum, const std::string& gpu_note) {
   std::string out = fmt::format("\nfullburn: run {} \"{}\" {} after {}", run.id, run.name, run.status,
                                 FormatDuration(sum.wall_s));
-  if (run.exit_code) out += fmt::format(", exit code {}", *run.exit_code);
+  if (run.exit_code) out += ", " + DescribeExitCode(*run.exit_code);
   out += "\n";
   out += fmt::format("  {:<30} {:>12} {:>12} {:>12}\n", "metric", "median", "p95", "max");
   for (const auto& [name, s] : sum.stats) {

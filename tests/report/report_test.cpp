@@ -37,6 +37,20 @@ TEST(Report, SummaryCountsLowUtilizationAndThrottling) {
   EXPECT_NE(text.find("throttled 50% of the time"), std::string::npos) << text;
 }
 
+TEST(Report, ExitCodesOfSignalsAreNamed) {
+  EXPECT_EQ(DescribeExitCode(3), "exit code 3");
+  EXPECT_NE(DescribeExitCode(137).find("SIGKILL"), std::string::npos);
+  EXPECT_NE(DescribeExitCode(137).find("OOM killer"), std::string::npos);
+  EXPECT_NE(DescribeExitCode(143).find("SIGTERM"), std::string::npos);
+  EXPECT_EQ(DescribeExitCode(200), "exit code 200");  // 128 + 72: no such signal named
+  RunInfo run;
+  run.id = 4;
+  run.name = "sh";
+  run.status = "finished";
+  run.exit_code = 137;
+  EXPECT_NE(RenderSummary(run, {}, "").find("exit code 137 (SIGKILL"), std::string::npos);
+}
+
 TEST(Report, PrometheusUsesDcgmNamesUnitsAndLabels) {
   Snapshot s;
   GpuSample g;
