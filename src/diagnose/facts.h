@@ -72,6 +72,7 @@ struct Facts {
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
   double wall_s = 0;
   bool running = false;
+  bool killed = false;  // exit code 137: SIGKILL, the kernel's OOM killer's signal
   std::string precision;
   int cores = 0;          // host.cpuN series
   int data_threads = -1;  // data.threads of a fullburn train run (0: tuned)

@@ -181,15 +181,20 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
              "smaller batch with gradient accumulation, bf16 autocast, activation checkpointing")});
   bool swapping = f.swap_share >= kSwapShare;
   bool low = f.host_avail_min_share < kHostMemLow;
-  if (swapping || low)
-    out->push_back(
-        {"memory_pressure", "Host memory pressure",
-         fmt::format("swapping in {} of samples (>= {}); lowest available memory {} of total",
-                     Pct(f.swap_share), Pct(kSwapShare),
-                     std::isnan(f.host_avail_min_share) ? "-" : Pct(f.host_avail_min_share)),
-         swapping ? f.swap_share : 0, 0.7,
-         Choose(f, "lower data.cache_mb or data.threads, or add RAM",
-                "fewer DataLoader workers or a smaller prefetch_factor, or add RAM")});
+  if (!swapping && !low) return;
+  std::string evidence = fmt::format(
+      "swapping in {} of samples (>= {}); lowest available memory {} of total", Pct(f.swap_share),
+      Pct(kSwapShare), std::isnan(f.host_avail_min_share) ? "-" : Pct(f.host_avail_min_share));
+  std::string fix = Choose(f, "lower data.cache_mb or data.threads, or add RAM",
+                           "fewer DataLoader workers or a smaller prefetch_factor, or add RAM");
+  if (f.killed)  // what the OOM killer leaves behind: SIGKILL and no memory
+    out->push_back({"memory_pressure",
+                    "Killed with host memory exhausted: most likely the kernel's OOM killer",
+                    "exit code 137 (SIGKILL); " + evidence, swapping ? f.swap_share : 0, 0.8,
+                    "confirm with dmesg ('Out of memory: Killed process'); then " + fix});
+  else
+    out->push_back({"memory_pressure", "Host memory pressure", evidence,
+                    swapping ? f.swap_share : 0, 0.7, fix});
 }
 
 void ThrottleRules(const Facts& f, std::vector<Finding>* out) {

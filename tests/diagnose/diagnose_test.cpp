@@ -159,6 +159,28 @@ TEST(Diagnose, MemoryPressureOnGpuAndHost) {
   EXPECT_FALSE(Has(swap.Run(), "memory_pressure"));
 }
 
+TEST(Diagnose, SigkillWithNoMemoryLeftPointsAtTheOomKiller) {
+  Case c;
+  c.run.config_json = R"({"interval_s": 1})";  // fullburn run -- python train.py
+  c.run.exit_code = 137;
+  c.Host(30);
+  c.m["host.mem_total_bytes"] = Flat(64e9);
+  c.m["host.mem_available_bytes"] = Mix(0.9, 20e9, 1e9);  // the last tenth: 1.6% left
+  auto find = [](const std::vector<Finding>& f) {
+    for (const Finding& x : f)
+      if (x.cause == "memory_pressure") return x;
+    return Finding{};
+  };
+  Finding killed = find(c.Run());
+  EXPECT_NE(killed.title.find("OOM killer"), std::string::npos) << killed.title;
+  EXPECT_NE(killed.fix.find("dmesg"), std::string::npos);
+  c.run.exit_code = 1;  // the same memory, a plain failure: pressure, no OOM-killer claim
+  EXPECT_EQ(find(c.Run()).title, "Host memory pressure");
+  c.run.exit_code = 137;  // killed with memory to spare: not blamed on memory
+  c.m["host.mem_available_bytes"] = Flat(20e9);
+  EXPECT_EQ(find(c.Run()).cause, "");
+}
+
 TEST(Diagnose, PowerAndThermalThrottlingAsTimeLost) {
   Case c;
   c.Gpu(95, 0.7).Host(30);
