@@ -42,6 +42,16 @@ class TrainE2E : public ::testing::Test {
     argv.insert(argv.end(), args.begin(), args.end());
     return RunToEnd(argv, 300);
   }
+  // A synthetic JPEG folder (fullburn make-dataset images); empty on failure.
+  std::string MakeImages(const std::string& name, int classes, int per_class,
+                         const std::string& size, int seed = 0) {
+    std::string path = dir_ + "/" + name;
+    auto o = RunToEnd({FULLBURN_BIN, "make-dataset", "images", path, "--classes",
+                       std::to_string(classes), "--per-class", std::to_string(per_class), "--size",
+                       size, "--seed", std::to_string(seed)});
+    EXPECT_EQ(o.code, 0) << o.err;
+    return o.code == 0 ? path : "";
+  }
   std::unique_ptr<RunStore> Store() { return std::move(RunStore::Open(store_).value()); }
   std::vector<StepRecord> Steps(int64_t run) { return Store()->LoadSteps(run).value(); }
   nlohmann::json Evaluation(int64_t run) {
@@ -90,12 +100,8 @@ TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
 
 TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
   std::string data = dir_ + "/images";
-  auto make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/train", "--classes", "4",
-                        "--per-class", "48", "--size", "48x48"});
-  ASSERT_EQ(make.code, 0) << make.err;
-  make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data + "/val", "--classes", "4",
-                   "--per-class", "16", "--size", "48x48", "--seed", "9"});
-  ASSERT_EQ(make.code, 0) << make.err;
+  ASSERT_FALSE(MakeImages("images/train", 4, 48, "48x48").empty());
+  ASSERT_FALSE(MakeImages("images/val", 4, 16, "48x48", 9).empty());
   auto o = Train({"data.path=" + data + "/train", "data.val_path=" + data + "/val",
                   "data.image_size=32", "model.width=0.125", "train.batch_size=16",
                   "train.epochs=6", "optim.lr=0.05", "data.threads=1", "train.threads=1"},
@@ -484,11 +490,8 @@ namespace fullburn {
 namespace {
 
 TEST_F(TrainE2E, WeightsExportForPythonAndLoaderStatsAreRecorded) {
-  std::string data = dir_ + "/imgs";
-  ASSERT_EQ(RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2", "--per-class",
-                      "16", "--size", "40x40"})
-                .code,
-            0);
+  std::string data = MakeImages("imgs", 2, 16, "40x40");
+  ASSERT_FALSE(data.empty());
   auto o = Train({"data.path=" + data, "data.image_size=32", "model.width=0.125",
                   "train.batch_size=8", "train.steps=4", "data.threads=1", "train.threads=1"},
                  false);
@@ -594,11 +597,8 @@ TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
 // Mistakes found before the first step, each a one-line error naming the
 // setting to change, and no run left in the store.
 TEST_F(TrainE2E, DataAndMemoryMistakesStopBeforeTraining) {
-  std::string data = dir_ + "/images";
-  ASSERT_EQ(RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2", "--per-class",
-                      "8", "--size", "40x40"})
-                .code,
-            0);
+  std::string data = MakeImages("images", 2, 8, "40x40");
+  ASSERT_FALSE(data.empty());
   struct Case {
     std::vector<std::string> args;
     int code;
@@ -623,10 +623,8 @@ TEST_F(TrainE2E, DataAndMemoryMistakesStopBeforeTraining) {
 // A corrupt JPEG under the default data.bad_samples = fail stops training
 // with the file and the setting that lets it go on; skip trains past it.
 TEST_F(TrainE2E, CorruptImageNamesTheFileAndTheSettingThatSkipsIt) {
-  std::string data = dir_ + "/images";
-  auto make = RunToEnd({FULLBURN_BIN, "make-dataset", "images", data, "--classes", "2",
-                        "--per-class", "16", "--size", "40x40"});
-  ASSERT_EQ(make.code, 0) << make.err;
+  std::string data = MakeImages("images", 2, 16, "40x40");
+  ASSERT_FALSE(data.empty());
   std::string bad = data + "/class_001/img_00003.jpg";
   std::ofstream(bad, std::ios::trunc) << "not a jpeg";
   std::vector<std::string> args = {"data.path=" + data,  "data.image_size=32", "model.width=0.125",
