@@ -3,8 +3,10 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -25,6 +27,39 @@ double Now() {
 }
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// A TCPStore client that has connected waits for the server's answer to its
+// check-in in a recv() with no timeout (libtorch 1.13's waitForWorkers): a
+// port held by anything but this job's rank 0 would hang it for good. The
+// watchdog ends the process with the reason instead. Nothing is stored
+// before the rendezvous, so nothing is lost.
+class RendezvousWatchdog {
+ public:
+  RendezvousWatchdog(double seconds, std::string message)
+      : message_(std::move(message)), thread_([this, seconds] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; }))
+            return;
+          std::fprintf(stderr, "fullburn: %s\n", message_.c_str());
+          std::fflush(stderr);
+          ::_exit(1);
+        }) {}
+  ~RendezvousWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string message_;
+  std::thread thread_;  // last: starts once the members it reads exist
+};
 
 // torch 2.0 split process groups from their backends: ProcessGroupGloo is a
 // c10d::Backend there and a c10d::ProcessGroup in 1.x, with the same
@@ -211,6 +246,13 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
     so.numWorkers = rank.world_size;
     so.waitWorkers = true;
     so.timeout = timeout;
+    // Rank 0 may wait the whole timeout for the others; then the margin.
+    RendezvousWatchdog watchdog(
+        options.timeout_s + 5,
+        fmt::format("rank {} connected to {}:{} but no rendezvous answered there within {} s: "
+                    "MASTER_ADDR and MASTER_PORT must be this job's rank 0 (is another service "
+                    "on that port?), or rank 0 stopped",
+                    rank.rank, rank.master_addr, rank.master_port, options.timeout_s + 5));
     impl->store = c10::make_intrusive<c10d::TCPStore>(rank.master_addr, so);
   } catch (const std::exception& e) {
     std::string why = FirstLine(e.what());
@@ -225,9 +267,21 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
                     "started, and the firewall",
                     rank.rank, rank.master_addr, rank.master_port, options.timeout_s, why));
   }
-  try {
-    if (!options.config_hash.empty())
+  // The first exchange: a rank that connected yet gets no answer reached
+  // something other than this job's rank 0 (or rank 0 just stopped).
+  if (!options.config_hash.empty()) {
+    try {
       if (Status s = CheckSameConfig(*impl->store, rank, options.config_hash); !s.ok()) return s;
+    } catch (const std::exception& e) {
+      if (rank.rank == 0) return impl->Lost(e);
+      return Status::Unavailable(fmt::format(
+          "rank {} connected to {}:{} but no rendezvous answered there ({}): MASTER_ADDR and "
+          "MASTER_PORT must be this job's rank 0 (is another service on that port?), or rank 0 "
+          "stopped",
+          rank.rank, rank.master_addr, rank.master_port, FirstLine(e.what())));
+    }
+  }
+  try {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(backend, impl->store);
 #ifdef FULLBURN_TORCH_NCCL
     if (backend == "nccl") {

@@ -189,10 +189,18 @@ TEST_F(DdpTest, BadRendezvousIsAClearError) {
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
   ::setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
   auto busy = RunToEnd({DDP_WORKER, "--steps", "1", "--timeout", "2", "--out", dir_ + "/b"}, 60);
+  // Rank 1 pointed at that port connects (the kernel accepts into the
+  // backlog) but nothing there speaks the rendezvous.
+  ::setenv("RANK", "1", 1);
+  auto stranger = RunToEnd(
+      {DDP_WORKER, "--steps", "1", "--timeout", "2", "--out", dir_ + "/c", "--config-hash", "same"},
+      60);
   for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
   ::close(fd);
   EXPECT_EQ(busy.code, 1);
   EXPECT_NE(busy.err.find("is in use"), std::string::npos) << busy.err;
+  EXPECT_EQ(stranger.code, 1);
+  EXPECT_NE(stranger.err.find("no rendezvous answered there"), std::string::npos) << stranger.err;
 }
 
 }  // namespace
