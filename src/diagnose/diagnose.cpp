@@ -26,7 +26,10 @@ Finding Healthy(const Facts& f) {
                                         : "no GPU readings and no step records: nothing pointed to a bottleneck";
   if (f.have_steps && !std::isnan(f.gpu_util))
     evidence += fmt::format("; data wait {} of step time", Pct(f.data_wait_share));
-  if (f.running) evidence += " (the run is still going: diagnosed so far)";
+  if (f.interrupted)
+    evidence += " (the recording stopped early, its recorder killed: diagnosed from what it holds)";
+  else if (f.running)
+    evidence += " (the run is still going: diagnosed so far)";
   std::string fix;
   if (!f.have_steps && f.gpus.empty())
     fix =

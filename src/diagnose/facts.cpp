@@ -244,6 +244,7 @@ Facts Gather(const RunData& d) {
   GatherHost(d.samples, &f);
   GatherSteps(d.steps, d.samples, &f);
   f.running = !d.run.end_time.has_value();
+  f.interrupted = d.run.status == "interrupted";
   f.killed = d.run.exit_code == 128 + 9;
   if (d.run.end_time) {
     f.wall_s = *d.run.end_time - d.run.start_time;

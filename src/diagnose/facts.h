@@ -71,7 +71,8 @@ struct Facts {
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
   double wall_s = 0;
-  bool running = false;
+  bool running = false;      // no end recorded: still going, or its recorder was killed
+  bool interrupted = false;  // the latter (the store found the recorder gone)
   bool killed = false;  // exit code 137: SIGKILL, the kernel's OOM killer's signal
   std::string precision;
   int cores = 0;          // host.cpuN series

@@ -372,6 +372,10 @@ TEST(Diagnose, PartialDataNeverFails) {
   ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
   EXPECT_LT(f[0].confidence, 0.5);
   EXPECT_NE(f[0].evidence.find("still going"), std::string::npos);
+  empty.run.status = "interrupted";  // no end because its recorder was killed
+  auto cut = empty.Run();
+  EXPECT_EQ(cut[0].evidence.find("still going"), std::string::npos) << cut[0].evidence;
+  EXPECT_NE(cut[0].evidence.find("recorder killed"), std::string::npos) << cut[0].evidence;
   Case gaps;  // samples with a hole in the middle
   gaps.Gpu(95, 0.7).Host(40);
   gaps.m["gpu0.util"].erase(gaps.m["gpu0.util"].begin() + 10, gaps.m["gpu0.util"].begin() + 30);
