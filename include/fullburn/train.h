@@ -222,7 +222,8 @@ class CheckpointWriter {
   // Call before changing any `until_update` tensor; returns seconds blocked.
   double BeforeUpdate();
   void Wait();
-  Status status() const;  // the first failed write, if any
+  Status status() const;       // the first failed write, if any
+  Status last_status() const;  // the latest Save's outcome once written (Wait() first)
 
  private:
   void Write(int64_t step, CheckpointState state, double stall_s);
@@ -239,6 +240,7 @@ class CheckpointWriter {
   std::thread thread_;
   mutable std::mutex mu_;
   Status error_;
+  Status last_;
 };
 
 // Checkpoint files of a directory, newest (highest step) first.

@@ -112,7 +112,8 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointState& state
   if (!ok) {
     ::unlink(tmp.c_str());
     errno = saved;
-    return Status::IoError(Errno("cannot write checkpoint " + path) + " (disk full?); the previous checkpoint is intact");
+    return Status::IoError(Errno("cannot write checkpoint " + path) +
+                           " (disk full?); earlier checkpoints are untouched");
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     ::unlink(tmp.c_str());
@@ -211,6 +212,11 @@ Status CheckpointWriter::status() const {
   return error_;
 }
 
+Status CheckpointWriter::last_status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_;
+}
+
 torch::Tensor& CheckpointWriter::Staging(const std::string& name, const torch::Tensor& like) {
   torch::Tensor& host = staging_[name];
   if (!host.defined() || host.sizes() != like.sizes() || host.scalar_type() != like.scalar_type()) {
@@ -263,7 +269,8 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         staged_ = true;
-        if (error_.ok()) error_ = Status::IoError(std::string("checkpoint staging failed: ") + e.what());
+        last_ = Status::IoError(std::string("checkpoint staging failed: ") + e.what());
+        if (error_.ok()) error_ = last_;
       }
       staged_cv_.notify_all();
       return;
@@ -279,7 +286,8 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
       Write(step, std::move(s), stall);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (error_.ok()) error_ = Status::IoError(std::string("checkpoint write failed: ") + e.what());
+      last_ = Status::IoError(std::string("checkpoint write failed: ") + e.what());
+      if (error_.ok()) error_ = last_;
     }
   };
   if (async_) {
@@ -310,6 +318,10 @@ void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s
   {
     std::lock_guard<std::mutex> lock(mu_);
     w.stall_s += fence_wait_s_;  // the loop's wait in BeforeUpdate, if any came yet
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = w.status;
   }
   if (w.status.ok()) {
     std::vector<std::string> all = ListCheckpoints(dir_);

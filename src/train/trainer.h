@@ -130,6 +130,7 @@ class Trainer {
   Status NextBatch(TrainBatch* b, double* wait_s);
   void StepBody(const std::vector<TrainBatch>& micro);
   void Checkpoint(bool final_one);
+  void FinalCheckpointLost();
   Status Restore();
   void FlushSteps(bool force);
   void Progress(const StepRecord& r, bool force);

@@ -89,19 +89,44 @@ Status Trainer::Restore() {
 }
 
 void Trainer::Checkpoint(bool final_one) {
-  if (step_ == last_ckpt_step_ || rank_.rank != 0) return;  // every rank holds the same weights
-  last_ckpt_step_ = step_;
-  last_ckpt_time_ = MonoNow();
-  try {
-    ckpt_->Save(step_, Snapshot());
-    if (final_one) ckpt_->Wait();
-  } catch (const std::exception& e) {  // the previous checkpoint stands
-    std::string what = e.what();
-    std::fprintf(
-        stderr, "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints are intact\n",
-        static_cast<long long>(step_), what.substr(0, what.find('\n')).c_str());
-    if (final_one) exit_code = kExitFailed;
+  if (rank_.rank != 0) return;  // every rank holds the same weights
+  bool saved = true;
+  if (step_ != last_ckpt_step_) {
+    last_ckpt_step_ = step_;
+    last_ckpt_time_ = MonoNow();
+    try {
+      ckpt_->Save(step_, Snapshot());
+    } catch (const std::exception& e) {  // the previous checkpoint stands
+      std::string what = e.what();
+      std::fprintf(
+          stderr,
+          "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints are intact\n",
+          static_cast<long long>(step_), what.substr(0, what.find('\n')).c_str());
+      saved = false;
+    }
   }
+  if (!final_one) return;
+  // The end state may be the periodic checkpoint of this same step, written
+  // in the background: wait for it and check it landed.
+  ckpt_->Wait();
+  if (!saved || !ckpt_->last_status().ok()) FinalCheckpointLost();
+}
+
+// The run trained but its end state is not on disk: that is a failure, and
+// the user needs to know which checkpoint still holds the work.
+void Trainer::FinalCheckpointLost() {
+  exit_code = kExitFailed;
+  auto cks = store_->LoadCheckpoints(run_.id);
+  std::string newest = cks.ok() && !cks->empty()
+                           ? fmt::format(
+                                 "the newest intact one is step {} ({}): "
+                                 "fullburn train --resume {} continues from it",
+                                 cks->back().step, cks->back().path, run_.id)
+                           : "no checkpoint of this run was written";
+  std::fprintf(stderr,
+               "fullburn: the final checkpoint (step %lld) was not written, so the trained weights "
+               "are not saved; free space in checkpoint.dir; %s\n",
+               static_cast<long long>(step_), newest.c_str());
 }
 
 std::string Trainer::DatasetsDir() const { return StoreDir(store_->path()) + "/datasets"; }

@@ -620,6 +620,30 @@ TEST_F(TrainE2E, DataAndMemoryMistakesStopBeforeTraining) {
   EXPECT_TRUE(Store()->ListRuns().value().empty());
 }
 
+// A disk that fills up: RLIMIT_FSIZE (SIGXFSZ ignored) fails every write past
+// 6 MiB the way ENOSPC would. The ~9 MiB checkpoints cannot be written, the
+// small store can; training goes on, but a run whose final state is not on
+// disk fails and says so, and no partial file is left.
+TEST_F(TrainE2E, FinalCheckpointThatCannotBeWrittenFailsTheRun) {
+  std::string ckdir = dir_ + "/ck";
+  std::vector<std::string> argv = {
+      "bash",       "-c",    "trap '' XFSZ; ulimit -f 6144; exec \"$0\" \"$@\"",
+      FULLBURN_BIN, "train", "-q",
+      "--store",    store_};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  argv.insert(argv.end(), {"model.hidden=1024", "train.steps=20", "checkpoint.every_steps=5",
+                           "checkpoint.dir=" + ckdir});
+  auto o = RunToEnd(argv, 300);
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_NE(o.err.find("File too large"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("the final checkpoint (step 20) was not written"), std::string::npos)
+      << o.err;
+  EXPECT_TRUE(fs::is_empty(ckdir));  // no temporary or partial file left
+  auto run = Store()->GetRun("last").value();
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(Steps(run.id).size(), 20u);  // the store took every step
+}
+
 // A corrupt JPEG under the default data.bad_samples = fail stops training
 // with the file and the setting that lets it go on; skip trains past it.
 TEST_F(TrainE2E, CorruptImageNamesTheFileAndTheSettingThatSkipsIt) {
