@@ -125,16 +125,11 @@ Payload Prepare(const std::string& path, const PackOptions& o) {
 
 }  // namespace
 
-Result<PackReport> WritePack(const std::string& src, const std::string& dst, const PackOptions& o) {
-  if (o.quality < 1 || o.quality > 100) return Status::InvalidArgument("--quality must be 1 to 100");
-  if (o.max_side < 0 || o.max_side > 65535) return Status::InvalidArgument("--max-side must be 0 to 65535");
-  Result<ImageFolder> folder = ScanImageFolder(src);
-  if (!folder.ok()) return folder.status();
-  std::error_code ec;
-  if (fs::exists(dst, ec) && !fs::is_empty(dst, ec))
-    return Status::InvalidArgument(dst + " exists and is not empty: remove it or choose another destination");
-  fs::create_directories(dst, ec);
-  if (ec) return Status::IoError("cannot create " + dst + ": " + ec.message());
+namespace {
+
+// Shards, then the index, into `dst` (an empty directory).
+Result<PackReport> WritePackFiles(const ImageFolder* folder, const std::string& src,
+                                  const std::string& dst, const PackOptions& o) {
   int threads = o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const size_t n = folder->files.size();
   PackReport report;
@@ -215,6 +210,33 @@ Result<PackReport> WritePack(const std::string& src, const std::string& dst, con
   if (!ok || std::rename(tmp.c_str(), (fs::path(dst) / kIndexName).c_str()) != 0)
     return Status::IoError("cannot write the index of " + dst + " (disk full?)");
   return report;
+}
+
+}  // namespace
+
+Result<PackReport> WritePack(const std::string& src, const std::string& dst, const PackOptions& o) {
+  if (o.quality < 1 || o.quality > 100)
+    return Status::InvalidArgument("--quality must be 1 to 100");
+  if (o.max_side < 0 || o.max_side > 65535)
+    return Status::InvalidArgument("--max-side must be 0 to 65535");
+  Result<ImageFolder> folder = ScanImageFolder(src);
+  if (!folder.ok()) return folder.status();
+  std::error_code ec;
+  bool existed = fs::exists(dst, ec);
+  if (existed && !fs::is_empty(dst, ec))
+    return Status::InvalidArgument(
+        dst + " exists and is not empty: remove it or choose another destination");
+  fs::create_directories(dst, ec);
+  if (ec) return Status::IoError("cannot create " + dst + ": " + ec.message());
+  Result<PackReport> report = WritePackFiles(&*folder, src, dst, o);
+  if (report.ok()) return report;
+  // A half-written pack is gigabytes of no use: dst was empty, so all of it goes.
+  if (existed)
+    for (const auto& entry : fs::directory_iterator(dst, ec)) fs::remove_all(entry.path(), ec);
+  else
+    fs::remove_all(dst, ec);
+  if (report.status().code() != Status::Code::kIoError) return report;
+  return Status::IoError(report.status().message() + "; the partial pack was removed");
 }
 
 bool PackReader::IsPack(const std::string& dir) {

@@ -282,6 +282,12 @@ TEST_F(CommandsE2E, PipelineBadInputs) {
       0);
   ASSERT_EQ(Fb({"pack", imgs, dir_ + "/p"}).code, 0);
   ExpectOneLineError(Fb({"pack", imgs, dir_ + "/p"}), "exists and is not empty");
+  // A disk that fills up mid-pack (RLIMIT_FSIZE, SIGXFSZ ignored: writes past
+  // 8 KiB fail as on a full disk): one line, and no half-written pack left.
+  auto full = RunToEnd({"bash", "-c", "trap '' XFSZ; ulimit -f 8; exec \"$0\" \"$@\"", FULLBURN_BIN,
+                        "pack", imgs, dir_ + "/full", "--format", "raw"});
+  ExpectOneLineError(full, "the partial pack was removed");
+  EXPECT_FALSE(fs::exists(dir_ + "/full"));
   std::ofstream(dir_ + "/p/index.fbpx", std::ios::trunc) << "FBPACK01 but not really";
   ExpectOneLineError(Fb({"bench", "loader", dir_ + "/p", "--batch-size", "2"}),
                      "re-run fullburn pack");
