@@ -168,8 +168,11 @@ Status MakeSyntheticImages(const std::string& dir, const SyntheticImagesOptions&
       if (!f) return Status::IoError("cannot write " + tmp);
       bool ok = std::fwrite(jpeg->data(), 1, jpeg->size(), f) == jpeg->size();
       ok = (std::fclose(f) == 0) && ok;
-      if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
-        return Status::IoError("cannot write " + path + " (disk full?)");
+      if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());  // the images already there are whole; no fragment joins them
+        return Status::IoError("cannot write " + path +
+                               " (disk full?): free space, then run make-dataset again");
+      }
     }
   }
   return Status::Ok();
