@@ -227,6 +227,7 @@ class CheckpointWriter {
 
  private:
   void Write(int64_t step, CheckpointState state, double stall_s);
+  void RecordLocked(const Status& s);  // the latest outcome, and the first failure (mu_ held)
   torch::Tensor& Staging(const std::string& name, const torch::Tensor& like);
   void Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel);
   std::map<std::string, torch::Tensor> staging_;  // host copies, reused

@@ -301,11 +301,8 @@ class TrainTuner {
     po.format = PackFormat::kRaw;
     po.max_side = job.max_side;
     auto report = WritePack(job.src, job.dst, po);
-    if (!report.ok()) {
-      std::error_code ec;
-      std::filesystem::remove_all(job.dst, ec);  // a half-written pack is no use to anyone
+    if (!report.ok())  // WritePack has removed what it wrote
       return Status::IoError("packing " + job.src + " failed: " + report.status().message());
-    }
     packed_ = job;
     std::fprintf(
         stderr, "tune: packed %lld images (%.0f MiB) in %.1fs%s\n",

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <csignal>
 #include <map>
 
 #include "fullburn/telemetry.h"
@@ -245,7 +246,7 @@ Facts Gather(const RunData& d) {
   GatherSteps(d.steps, d.samples, &f);
   f.running = !d.run.end_time.has_value();
   f.interrupted = d.run.status == "interrupted";
-  f.killed = d.run.exit_code == 128 + 9;
+  f.killed = d.run.exit_code == 128 + SIGKILL;
   if (d.run.end_time) {
     f.wall_s = *d.run.end_time - d.run.start_time;
   } else {

@@ -28,6 +28,15 @@ double Now() {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// A rank that connected to MASTER_ADDR:MASTER_PORT yet got no rendezvous answer.
+std::string NoRendezvousAnswer(const RankInfo& rank, const std::string& detail) {
+  return fmt::format(
+      "rank {} connected to {}:{} but no rendezvous answered there ({}): MASTER_ADDR and "
+      "MASTER_PORT must be this job's rank 0 (is another service on that port?), or rank 0 "
+      "stopped",
+      rank.rank, rank.master_addr, rank.master_port, detail);
+}
+
 // A TCPStore client that has connected waits for the server's answer to its
 // check-in in a recv() with no timeout (libtorch 1.13's waitForWorkers): a
 // port held by anything but this job's rank 0 would hang it for good. The
@@ -249,10 +258,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
     // Rank 0 may wait the whole timeout for the others; then the margin.
     RendezvousWatchdog watchdog(
         options.timeout_s + 5,
-        fmt::format("rank {} connected to {}:{} but no rendezvous answered there within {} s: "
-                    "MASTER_ADDR and MASTER_PORT must be this job's rank 0 (is another service "
-                    "on that port?), or rank 0 stopped",
-                    rank.rank, rank.master_addr, rank.master_port, options.timeout_s + 5));
+        NoRendezvousAnswer(rank, fmt::format("none within {} s", options.timeout_s + 5)));
     impl->store = c10::make_intrusive<c10d::TCPStore>(rank.master_addr, so);
   } catch (const std::exception& e) {
     std::string why = FirstLine(e.what());
@@ -274,11 +280,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
       if (Status s = CheckSameConfig(*impl->store, rank, options.config_hash); !s.ok()) return s;
     } catch (const std::exception& e) {
       if (rank.rank == 0) return impl->Lost(e);
-      return Status::Unavailable(fmt::format(
-          "rank {} connected to {}:{} but no rendezvous answered there ({}): MASTER_ADDR and "
-          "MASTER_PORT must be this job's rank 0 (is another service on that port?), or rank 0 "
-          "stopped",
-          rank.rank, rank.master_addr, rank.master_port, FirstLine(e.what())));
+      return Status::Unavailable(NoRendezvousAnswer(rank, FirstLine(e.what())));
     }
   }
   try {

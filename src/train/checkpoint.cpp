@@ -212,6 +212,11 @@ Status CheckpointWriter::status() const {
   return error_;
 }
 
+void CheckpointWriter::RecordLocked(const Status& s) {
+  last_ = s;
+  if (!s.ok() && error_.ok()) error_ = s;
+}
+
 Status CheckpointWriter::last_status() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_;
@@ -269,8 +274,7 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         staged_ = true;
-        last_ = Status::IoError(std::string("checkpoint staging failed: ") + e.what());
-        if (error_.ok()) error_ = last_;
+        RecordLocked(Status::IoError(std::string("checkpoint staging failed: ") + e.what()));
       }
       staged_cv_.notify_all();
       return;
@@ -286,8 +290,7 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
       Write(step, std::move(s), stall);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mu_);
-      last_ = Status::IoError(std::string("checkpoint write failed: ") + e.what());
-      if (error_.ok()) error_ = last_;
+      RecordLocked(Status::IoError(std::string("checkpoint write failed: ") + e.what()));
     }
   };
   if (async_) {
@@ -318,17 +321,11 @@ void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s
   {
     std::lock_guard<std::mutex> lock(mu_);
     w.stall_s += fence_wait_s_;  // the loop's wait in BeforeUpdate, if any came yet
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    last_ = w.status;
+    RecordLocked(w.status);
   }
   if (w.status.ok()) {
     std::vector<std::string> all = ListCheckpoints(dir_);
     for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) ::unlink(all[i].c_str());
-  } else {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) error_ = w.status;
   }
   if (done_) done_(w);
 }
