@@ -16,6 +16,7 @@
 //   evidence says what was missing.
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,6 +40,15 @@ struct Finding {
 };
 
 std::vector<Finding> Diagnose(const RunData& run);
+
+// The GPU readings the findings rest on, over the job's GPUs: on a shared
+// node, GPUs that ran none of the job's processes are left out. NaN: no reading.
+struct JobGpus {
+  double util_pct = NAN;              // mean over the job's GPUs of each one's median
+  double mem_peak_share = NAN;        // the largest peak used / total among them
+  std::vector<std::string> left_out;  // "GPU 3", "GPU 1 of rank 4's node"
+};
+JobGpus ReadJobGpus(const RunData& run);
 
 std::string RenderFindings(const std::vector<Finding>& findings, size_t max_shown = 3);
 // [{cause, title, time_lost_pct, confidence, evidence, fix}, ...]

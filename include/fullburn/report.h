@@ -34,6 +34,9 @@ struct GpuRunSummary {
   std::optional<double> peak_mem_bytes, mem_total_bytes, peak_proc_mem_bytes;
   std::optional<double> throttled_share;  // share of samples with a slowdown reason
   std::vector<std::string> throttle_reasons_seen;
+  // Known once some GPU ran the job's processes; false: a shared node's GPU
+  // that ran none of them (idle, or another job's).
+  std::optional<bool> used_by_job;
 };
 
 struct RunSummary {

@@ -2,6 +2,7 @@
 #include "fullburn/diagnose.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -58,7 +59,16 @@ std::vector<Finding> Diagnose(const RunData& run) {
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) { return a.share_lost > b.share_lost; });
   bool problem = std::any_of(out.begin(), out.end(), [](const Finding& x) { return x.share_lost >= kMinShare; });
   if (!problem) out.push_back(Healthy(f));
+  if (!f.other_gpus.empty())
+    out.front().evidence +=
+        fmt::format("; left out: {} (sampled, but none of the job's processes ran there)",
+                    fmt::join(f.other_gpus, ", "));
   return out;
+}
+
+JobGpus ReadJobGpus(const RunData& run) {
+  Facts f = Gather(run);
+  return {f.gpu_util, f.mem_peak_share, f.other_gpus};
 }
 
 std::string RenderFindings(const std::vector<Finding>& findings, size_t max_shown) {

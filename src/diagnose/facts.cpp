@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <csignal>
 #include <map>
+#include <set>
 
 #include "fullburn/telemetry.h"
 
@@ -44,6 +45,29 @@ std::vector<int> HostRanks(const std::map<std::string, Series>& m) {
   return ranks;
 }
 
+// GPUs that ran none of the job's processes while another GPU of the same node
+// ran some: another job's or idle ones on a shared node (a one-GPU job on an
+// eight-GPU machine). Where NVML cannot match the job's processes (a PID
+// namespace) every GPU reads 0 and none is left out.
+std::set<std::pair<int, int>> NotTheJobs(const std::map<std::string, Series>& m,
+                                         const std::vector<std::pair<int, int>>& gpus) {
+  std::set<int> nodes_with_job;
+  std::set<std::pair<int, int>> idle_for_job;
+  for (const auto& [rank, g] : gpus) {
+    const Series* mem =
+        Find(m, RankPrefix(rank) + "gpu" + std::to_string(g) + ".proc_mem_used_bytes");
+    if (!mem || mem->empty()) continue;
+    if (Max(*mem) > 0)
+      nodes_with_job.insert(rank);
+    else
+      idle_for_job.insert({rank, g});
+  }
+  std::set<std::pair<int, int>> out;
+  for (const auto& gpu : idle_for_job)
+    if (nodes_with_job.count(gpu.first)) out.insert(gpu);
+  return out;
+}
+
 void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
   double util_sum = 0;
   std::vector<std::pair<int, int>> found;  // (rank, gpu) with a util series
@@ -54,6 +78,7 @@ void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
       found.emplace_back(rank, index);
   }
   std::sort(found.begin(), found.end());
+  std::set<std::pair<int, int>> not_the_jobs = NotTheJobs(m, found);
   for (const auto& [rank, g] : found) {
     std::string p = RankPrefix(rank) + "gpu" + std::to_string(g) + ".";
     const Series* util = Find(m, p + "util");
@@ -61,6 +86,10 @@ void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
     GpuFacts gf;
     gf.index = g;
     gf.rank = rank;
+    if (not_the_jobs.count({rank, g})) {
+      f->other_gpus.push_back(gf.Name());
+      continue;
+    }
     gf.util = MedianOf(*util);
     util_sum += gf.util;
     const Series *used = Find(m, p + "mem_used_bytes"), *total = Find(m, p + "mem_total_bytes");

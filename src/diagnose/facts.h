@@ -55,7 +55,8 @@ struct IdleSpan {
 
 struct Facts {
   bool trainer = false;  // a fullburn train run (knobs are config keys), else a wrapped job
-  std::vector<GpuFacts> gpus;
+  std::vector<GpuFacts> gpus;           // the job's GPUs
+  std::vector<std::string> other_gpus;  // sampled, but no process of the job ran there
   double gpu_util = NAN;        // mean over GPUs of the median
   double mem_peak_share = NAN;  // max over GPUs
   double pcie_rx = NAN;         // max over GPUs of the median

@@ -95,24 +95,9 @@ RunDigest Digest(const RunData& d, const std::vector<Finding>& findings) {
     g.step_s = Percentile(step_s, 50);
     if (timed > 0) g.data_wait_share = wait / timed;
   }
-  std::vector<double> utils;
-  double mem = NAN;
-  for (int i = 0; i < 64; ++i) {
-    std::string p = "gpu" + std::to_string(i) + ".";
-    double u = MedianOf(d.samples, p + "util");
-    if (std::isnan(u)) continue;
-    utils.push_back(u);
-    auto used = d.samples.find(p + "mem_used_bytes"), total = d.samples.find(p + "mem_total_bytes");
-    if (used == d.samples.end() || total == d.samples.end() || total->second.empty()) continue;
-    double peak = 0;
-    for (const SeriesPoint& x : used->second) peak = std::max(peak, x.v);
-    if (total->second.back().v > 0) mem = std::isnan(mem) ? peak / total->second.back().v : std::max(mem, peak / total->second.back().v);
-  }
-  if (!utils.empty()) {
-    g.gpu_util = 0;
-    for (double u : utils) g.gpu_util += u / utils.size();
-  }
-  g.gpu_mem_peak_share = mem;
+  JobGpus gpus = ReadJobGpus(d);
+  g.gpu_util = gpus.util_pct;
+  g.gpu_mem_peak_share = gpus.mem_peak_share;
   g.cpu_util = MedianOf(d.samples, "host.cpu_util");
   for (const Finding& f : findings)
     if (f.share_lost > 0) g.time_lost[f.cause] = std::max(g.time_lost[f.cause], f.share_lost);

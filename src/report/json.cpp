@@ -79,6 +79,7 @@ nlohmann::json RunShowJson(const RunInfo& run, const RunSummary& summary) {
     put("peak_proc_mem_bytes", g.peak_proc_mem_bytes);
     put("throttled_share", g.throttled_share);
     one["throttle_reasons_seen"] = g.throttle_reasons_seen;
+    if (g.used_by_job) one["used_by_job"] = *g.used_by_job;
     gpus.push_back(one);
   }
   j["gpu_summary"] = gpus;

@@ -94,6 +94,10 @@ RunSummary Summarize(const RunInfo& run, const std::map<std::string, Series>& sa
     }
     out.gpus.push_back(gs);
   }
+  bool job_seen = std::any_of(out.gpus.begin(), out.gpus.end(),
+                              [](const GpuRunSummary& g) { return g.peak_proc_mem_bytes > 0.0; });
+  for (GpuRunSummary& g : out.gpus)
+    if (job_seen && g.peak_proc_mem_bytes) g.used_by_job = *g.peak_proc_mem_bytes > 0;
   return out;
 }
 

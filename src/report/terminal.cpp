@@ -110,6 +110,11 @@ std::string RenderSummary(const RunInfo& run, const RunSummary& sum, const std::
                        FormatValue(s.p95, s.unit), FormatValue(s.max, s.unit));
   }
   for (const GpuRunSummary& g : sum.gpus) {
+    if (g.used_by_job == false) {
+      out += fmt::format("  GPU {}: not used by this job (none of its processes ran there)\n",
+                         g.index);
+      continue;
+    }
     out += fmt::format("  GPU {}: utilization under 50% for {} of the time", g.index,
                        Percent(g.low_util_share));
     if (g.peak_mem_bytes) {

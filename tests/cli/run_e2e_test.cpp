@@ -164,5 +164,28 @@ TEST_F(RunE2E, RecordsFakeGpus) {
   EXPECT_NE((*store)->GetRun("last")->gpus_json.find("GPU-e2e"), std::string::npos);
 }
 
+// A one-GPU job on a two-GPU machine: the idle GPU ran none of the job's
+// processes, so the summary and the diagnosis leave it out instead of
+// calling the GPUs uneven.
+TEST_F(RunE2E, GpusTheJobDidNotUseAreLeftOut) {
+  std::string script = dir_ + "/nvml.json";
+  std::ofstream(script) << R"({"gpus": [
+    {"name": "Fake H100", "uuid": "GPU-used", "util": [95], "mem_util": [40],
+     "mem_used": [4294967296], "mem_total": 8589934592,
+     "processes": [[{"pid": "child", "mem": 2147483648}]]},
+    {"name": "Fake H100", "uuid": "GPU-idle", "util": [0], "mem_util": [0],
+     "mem_used": [0], "mem_total": 8589934592, "processes": [[]]}]})";
+  ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
+  ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML, 1);
+  auto o = RunToEnd(Run({WORKLOAD_BIN, "burn", "--seconds", "1"}));
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("(this job: 2.0 GiB)"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("GPU 1: not used by this job"), std::string::npos) << o.err;
+  auto d = RunToEnd({FULLBURN_BIN, "diagnose", "last", "--json", "--store", store_});
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_EQ(d.out.find("uneven_ranks"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("left out: GPU 1"), std::string::npos) << d.out;
+}
+
 }  // namespace
 }  // namespace fullburn

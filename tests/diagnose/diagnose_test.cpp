@@ -290,6 +290,32 @@ TEST(Diagnose, UnevenGpus) {
   EXPECT_FALSE(Has(c.Run(), "uneven_ranks"));
 }
 
+// A one-GPU job on a shared eight-GPU node: the other GPUs, idle or another
+// job's, say nothing about this job and are left out, with a note.
+TEST(Diagnose, GpusWithoutTheJobsProcessesAreLeftOut) {
+  Case c;
+  c.Gpu(95, 0.7).Host(40).Wait(0.02);
+  c.m["gpu0.proc_mem_used_bytes"] = Flat(20e9);
+  c.m["gpu1.util"] = Flat(0);  // idle
+  c.m["gpu1.proc_mem_used_bytes"] = Flat(0);
+  c.m["gpu2.util"] = Flat(30);  // another job's, nearly out of memory
+  c.m["gpu2.mem_total_bytes"] = Flat(80e9);
+  c.m["gpu2.mem_used_bytes"] = Flat(79.5e9);
+  c.m["gpu2.proc_mem_used_bytes"] = Flat(0);
+  auto f = c.Run();
+  ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
+  EXPECT_NE(f[0].evidence.find("GPU utilization median 95%"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("left out: GPU 1, GPU 2"), std::string::npos) << f[0].evidence;
+  // Where NVML matched none of the job's processes (a PID namespace), no GPU
+  // can be told apart: all are read, and the idle ones show.
+  for (const char* g : {"gpu0", "gpu1", "gpu2"})
+    c.m[std::string(g) + ".proc_mem_used_bytes"] = Flat(0);
+  auto g = c.Run();
+  EXPECT_TRUE(Has(g, "uneven_ranks"));
+  EXPECT_TRUE(Has(g, "memory_pressure"));
+  EXPECT_EQ(g[0].evidence.find("left out"), std::string::npos) << g[0].evidence;
+}
+
 // A second node's first rank (rank 4) samples its host and GPUs as rank4.*:
 // the rules read every node, and the evidence names the node.
 TEST(Diagnose, OtherNodesGpusAndHostsAreRead) {

@@ -5,6 +5,10 @@
 // NVML return code its call gives instead. Build variants leave symbols out:
 // FAKE_NVML_OLD exports only the old, unversioned names and no PCIe/GPM;
 // FAKE_NVML_BROKEN lacks nvmlDeviceGetCount altogether.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -190,6 +194,28 @@ int nvmlDeviceGetCurrentClocksEventReasons(void* dev, unsigned long long* r) {
 }  // extern "C"
 
 namespace {
+// The pid scripted as "child": a process whose parent is the caller, that is
+// the job `fullburn run` started (0 when there is none yet).
+unsigned ChildPid() {
+  DIR* proc = opendir("/proc");
+  unsigned found = 0;
+  while (dirent* e = proc ? readdir(proc) : nullptr) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;  // not a process
+    std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    size_t paren = text.rfind(')');
+    char state = 0;
+    int ppid = 0;
+    if (paren != std::string::npos &&
+        std::sscanf(text.c_str() + paren + 1, " %c %d", &state, &ppid) == 2 && ppid == getpid()) {
+      found = static_cast<unsigned>(std::strtoul(e->d_name, nullptr, 10));
+      break;
+    }
+  }
+  if (proc) closedir(proc);
+  return found;
+}
+
 template <typename Info>
 int Processes(void* dev, unsigned* count, Info* infos) {
   if (int e = ErrorFor(dev, "processes")) return e;
@@ -202,7 +228,8 @@ int Processes(void* dev, unsigned* count, Info* infos) {
   *count = static_cast<unsigned>(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
     std::memset(&infos[i], 0, sizeof(Info));
-    infos[i].pid = list[i]["pid"].get<unsigned>();
+    const json& pid = list[i]["pid"];
+    infos[i].pid = pid == "child" ? ChildPid() : pid.get<unsigned>();
     infos[i].used = list[i]["mem"].get<unsigned long long>();
   }
   return 0;

@@ -37,6 +37,29 @@ TEST(Report, SummaryCountsLowUtilizationAndThrottling) {
   EXPECT_NE(text.find("throttled 50% of the time"), std::string::npos) << text;
 }
 
+TEST(Report, SummarySaysWhichGpusTheJobDidNotUse) {
+  RunInfo run;
+  run.start_time = 100;
+  run.end_time = 110;
+  std::map<std::string, Series> samples;
+  for (int i = 0; i < 10; ++i) {
+    samples["gpu0.util"].push_back({double(i), 90.0});
+    samples["gpu0.proc_mem_used_bytes"].push_back({double(i), 2e9});
+    samples["gpu1.util"].push_back({double(i), 0.0});
+    samples["gpu1.proc_mem_used_bytes"].push_back({double(i), 0.0});
+  }
+  std::string text = RenderSummary(run, Summarize(run, samples), "");
+  EXPECT_NE(text.find("GPU 0: utilization under 50% for 0%"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU 1: not used by this job"), std::string::npos) << text;
+  nlohmann::json j = RunShowJson(run, Summarize(run, samples));
+  EXPECT_EQ(j["gpu_summary"][0]["used_by_job"], true);
+  EXPECT_EQ(j["gpu_summary"][1]["used_by_job"], false);
+  // No GPU ran the job's processes (NVML could not match them): no claim.
+  for (auto& p : samples["gpu0.proc_mem_used_bytes"]) p.v = 0;
+  text = RenderSummary(run, Summarize(run, samples), "");
+  EXPECT_EQ(text.find("not used by this job"), std::string::npos) << text;
+}
+
 TEST(Report, ExitCodesOfSignalsAreNamed) {
   EXPECT_EQ(DescribeExitCode(3), "exit code 3");
   EXPECT_NE(DescribeExitCode(137).find("SIGKILL"), std::string::npos);
