@@ -130,11 +130,15 @@ class Markers:
 
     @contextmanager
     def phase(self, name, **data):
-        """A named stretch outside the steps (evaluation, checkpoint)."""
+        """A named stretch outside the steps (evaluation, checkpoint).
+
+        Yields its data dict, so results known only at the end go into the
+        event: `with m.phase("evaluation") as out: out["val_loss"] = loss`
+        (val_loss and val_accuracy are drawn by `fullburn report`)."""
         self._synchronize()
         start = time.time()
         try:
-            yield
+            yield data
         finally:
             self._synchronize()
             now = time.time()

@@ -1,6 +1,7 @@
 """A training loop's shape without a model, for fullburn's scenario tests and
 the README tour: a loader (worker processes) feeds a consumer that stands in
-for the device. Marks its steps with python/fullburn_markers.py.
+for the device. Marks its steps and a final evaluation with
+python/fullburn_markers.py.
 
   python3 loop.py starved  --seconds S   one worker, 40 ms of CPU per batch,
                                          10 ms of "device" work: input-bound
@@ -17,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from fullburn_markers import steps  # noqa: E402
+from fullburn_markers import Markers, steps  # noqa: E402
 
 
 def burn(seconds):
@@ -80,9 +81,15 @@ def main():
             sys.exit("loop.py disk: --file F is required (a file of a few MB or more)")
         loader, device_s = disk_loader(args.file, args.seconds), 0.0005
     n = 0
-    for batch in steps(loader):
+    markers = Markers()
+    for batch in steps(loader, markers=markers):
         time.sleep(device_s)  # the device's work: the host waits, its CPU idles
         n += len(batch)
+    # A held-out pass at the end, as a training script has; its numbers
+    # stand in for a model's (the report draws them).
+    with markers.phase("evaluation") as result:
+        time.sleep(device_s)
+        result.update(val_loss=1.25, val_accuracy=0.5)
     print(f"{args.mode}: {n} samples")
 
 

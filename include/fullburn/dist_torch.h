@@ -86,6 +86,8 @@ class DataParallel {
   Result<bool> AnyRank(bool local);
   // The smallest value over ranks (a batch size every rank can hold).
   Result<int64_t> MinOverRanks(int64_t local);
+  // Element-wise sums over ranks, on every rank (evaluation counts and losses).
+  Result<std::vector<double>> SumOverRanks(const std::vector<double>& local);
   const DistStats& stats() const;
   // Rank 0's `value` for `key`, on every rank (the run id every rank records into).
   Result<std::string> ShareFromRankZero(const std::string& key, const std::string& value);

@@ -15,7 +15,8 @@
 //   the thread count.
 // - Bad samples (corrupt, truncated, empty, not JPEG) with on_bad_sample=skip
 //   are replaced by the next good sample of the permutation, counted, and named
-//   once on stderr: a batch always has batch_size samples.
+//   once on stderr: a batch always has batch_size samples (but the last of an
+//   epoch with keep_last, for evaluation).
 #pragma once
 
 #include <atomic>
@@ -257,6 +258,11 @@ struct LoaderOptions {
   // dropped and every rank gets floor(n / world_size).
   int rank = 0, world_size = 1;
   bool shard_pad = true;
+  // Evaluation: every sample read exactly once over all ranks. Ranks split
+  // the samples without padding (shares differ by at most one; shard_pad is
+  // ignored) and an epoch's last batch holds what is left, so it may be
+  // smaller than batch_size (Batch::size says).
+  bool keep_last = false;
   // Keep encoded files in RAM up to this many bytes. The first files read are
   // kept and none is evicted: under a fresh random order every epoch, any
   // fixed subset hits equally often, so eviction would only cost.
@@ -306,7 +312,10 @@ class ImageLoader {
   int64_t dataset_size() const { return static_cast<int64_t>(folder_.files.size()); }
   // Samples this rank reads per epoch (see LoaderOptions::world_size).
   int64_t epoch_size() const;
-  int64_t batches_per_epoch() const { return epoch_size() / options_.batch_size; }
+  int64_t batches_per_epoch() const {
+    return options_.keep_last ? (epoch_size() + options_.batch_size - 1) / options_.batch_size
+                              : epoch_size() / options_.batch_size;
+  }
   const ImageFolder& folder() const { return folder_; }
   const LoaderOptions& options() const { return options_; }
 
@@ -342,6 +351,7 @@ class ImageLoader {
     bool raw = false;
   };
   int64_t RankShare(int64_t samples) const;
+  int64_t BatchSize(int64_t batch) const;  // batch_size, or less for keep_last's last batch
   bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
   Status Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out);
   Status Read(int64_t sample, std::vector<uint8_t>* bytes);
@@ -376,6 +386,7 @@ class ImageLoader {
   int64_t epoch_first_batch_ = 0;
   // This epoch's batches: fewer than batches_per_epoch() after consumed samples.
   int64_t epoch_batches_ = 0;
+  int64_t epoch_items_ = 0;  // samples of this rank in the epoch's batches
   int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;
   std::vector<std::string> bad_named_;

@@ -407,9 +407,10 @@ class TrainTuner {
     const Plan& p = t_->plan();
     if (!p.config_path.empty()) spec.argv.push_back(p.config_path);
     for (const std::string& kv : p.overrides) spec.argv.push_back(kv);
-    // A trial is a fixed stretch of training: no checkpoints, no early end.
+    // A trial is a fixed stretch of training: no checkpoints, no evaluation, no early end.
     for (const char* kv : {"checkpoint.at_end=false", "checkpoint.every_steps=0",
-                           "checkpoint.every_minutes=0", "train.steps=1000000000"})
+                           "checkpoint.every_minutes=0", "eval.at_end=false", "eval.every_steps=0",
+                           "eval.every_epochs=0", "train.steps=1000000000"})
       spec.argv.push_back(kv);
     spec.argv.push_back(fmt::format("train.time_limit_s={}", p.trial_s));
     for (const auto& [key, v] : overrides) spec.argv.push_back(key + "=" + v);

@@ -537,4 +537,17 @@ Result<int64_t> DataParallel::MinOverRanks(int64_t local) {
   }
 }
 
+Result<std::vector<double>> DataParallel::SumOverRanks(const std::vector<double>& local) {
+  try {
+    std::vector<torch::Tensor> t = {
+        torch::tensor(local, torch::TensorOptions().dtype(torch::kDouble))
+            .to(impl_->control_device)};
+    impl_->group->allreduce(t, {c10d::ReduceOp::SUM})->wait();
+    torch::Tensor sums = t[0].cpu();
+    return std::vector<double>(sums.data_ptr<double>(), sums.data_ptr<double>() + sums.numel());
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+}
+
 }  // namespace fullburn

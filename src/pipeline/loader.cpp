@@ -62,7 +62,7 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
     if (!folder.ok()) return folder.status();
     l->folder_ = std::move(*folder);
   }
-  if (l->epoch_size() < options.batch_size)
+  if (l->epoch_size() < (options.keep_last ? 1 : options.batch_size))
     return Status::InvalidArgument("the dataset has " + std::to_string(l->folder_.files.size()) +
                                    " images (" + std::to_string(l->epoch_size()) +
                                    " for this rank), fewer than one batch of " +
@@ -114,12 +114,18 @@ void ImageLoader::StopWorkers() {
     if (t.joinable()) t.join();
 }
 
+int64_t ImageLoader::BatchSize(int64_t batch) const {
+  return std::min<int64_t>(options_.batch_size, epoch_items_ - batch * options_.batch_size);
+}
+
 int64_t ImageLoader::epoch_size() const { return RankShare(dataset_size()); }
 
 // This rank's part of `samples` spread over the ranks: padded to equal
 // counts, or the remainder dropped.
 int64_t ImageLoader::RankShare(int64_t samples) const {
   const int64_t w = options_.world_size;
+  if (options_.keep_last)
+    return samples > options_.rank ? (samples - options_.rank + w - 1) / w : 0;
   return options_.shard_pad ? (samples + w - 1) / w : samples / w;
 }
 
@@ -147,7 +153,9 @@ void ImageLoader::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sa
   order_.resize(static_cast<size_t>(per_rank));
   for (int64_t i = 0; i < per_rank; ++i)
     order_[static_cast<size_t>(i)] = perm[static_cast<size_t>((skip + options_.rank + i * w) % n)];
-  epoch_batches_ = per_rank / options_.batch_size;
+  const int64_t b = options_.batch_size;
+  epoch_items_ = options_.keep_last ? per_rank : per_rank / b * b;
+  epoch_batches_ = (epoch_items_ + b - 1) / b;
   first_batch = std::max<int64_t>(0, std::min(first_batch, epoch_batches_));
   next_item_ = first_batch * options_.batch_size;
   next_to_hand_ = first_batch;
@@ -297,7 +305,7 @@ void ImageLoader::Worker(int id) {
     work_cv_.wait(lock, [&] {
       if (stop_) return true;
       if (id >= active_) return false;  // parked by the tuner
-      if (epoch_ < 0 || next_item_ >= epoch_batches_ * b) return false;
+      if (epoch_ < 0 || next_item_ >= epoch_items_) return false;
       batch = next_item_ / b;
       // Up to depth_ batches ready ahead of the consumer, plus one being filled.
       if (batch > next_to_hand_ + depth_) {
@@ -335,7 +343,7 @@ void ImageLoader::Worker(int id) {
       Fail(error);
       return;
     }
-    if (++slot->filled == b) slot->state = Slot::State::kReady;
+    if (++slot->filled == BatchSize(batch)) slot->state = Slot::State::kReady;
     ready_cv_.notify_all();
   }
 }
@@ -417,14 +425,14 @@ bool ImageLoader::HandOut(Slot& s, Batch* out) {
   s.state = Slot::State::kInUse;
   out->index = next_to_hand_;
   out->epoch = epoch_;
-  out->size = options_.batch_size;
+  out->size = static_cast<int>(BatchSize(next_to_hand_));
   out->images = s.images;
   out->labels = s.labels.data();
   out->samples = s.samples.data();
   out->slot = static_cast<int>(next_to_hand_ % static_cast<int64_t>(slots_.size()));
   ++next_to_hand_;
   ++stats_.batches;
-  stats_.samples += options_.batch_size;
+  stats_.samples += out->size;
   return true;
 }
 

@@ -161,6 +161,43 @@ void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
                      {"series", series}});
 }
 
+// One value of every evaluation event (val_loss, val_accuracy), over time.
+Series EvaluationSeries(const RunData& d, const char* key, double scale) {
+  Series out;
+  for (const RunEvent& e : d.events) {
+    if (e.kind != "evaluation") continue;
+    auto data = nlohmann::json::parse(e.data, nullptr, false);
+    if (data.is_object() && data.contains(key) && data[key].is_number())
+      out.push_back({e.t, data[key].get<double>() * scale});
+  }
+  return out;
+}
+
+// Training loss per rank, with the held-out loss of each evaluation as points.
+void LossCharts(const std::vector<ReportRun>& runs, nlohmann::json* charts) {
+  size_t before = charts->size();
+  StepChart(
+      runs, "Loss", "loss",
+      [](const StepRecord& s) { return std::isfinite(s.loss) ? s.loss : NAN; }, charts);
+  nlohmann::json accuracy = nlohmann::json::array();
+  for (const ReportRun& r : runs) {
+    Series loss = EvaluationSeries(r.data, "val_loss", 1),
+           acc = EvaluationSeries(r.data, "val_accuracy", 100);
+    if (loss.empty()) continue;
+    nlohmann::json held = SeriesJson(RunPrefix(r, runs.size() > 1) + "held-out", loss);
+    held["points"] = true;
+    if (charts->size() > before)
+      (*charts)[before]["series"].push_back(held);
+    else
+      charts->push_back({{"title", "Loss"}, {"unit", "loss"}, {"series", {held}}});
+    nlohmann::json a = SeriesJson(RunPrefix(r, runs.size() > 1) + "held-out", acc);
+    a["points"] = true;
+    accuracy.push_back(a);
+  }
+  if (!accuracy.empty())
+    charts->push_back({{"title", "Held-out accuracy"}, {"unit", "%"}, {"series", accuracy}});
+}
+
 nlohmann::json Charts(const std::vector<ReportRun>& runs) {
   nlohmann::json charts = nlohmann::json::array();
   TelemetryCharts(runs, &charts);
@@ -176,6 +213,7 @@ nlohmann::json Charts(const std::vector<ReportRun>& runs) {
       },
       &charts);
   for (const ReportRun& r : runs) BreakdownChart(r, runs.size() > 1, &charts);
+  LossCharts(runs, &charts);
   for (const ReportRun& r : runs)
     if (IsTuning(r.data)) charts.push_back(TuningChart(r.data));
   return charts;
@@ -316,6 +354,7 @@ const char kScript[] = R"(
                   fill: c.stacked ? color + 'cc' : undefined,
                   value: function(u, v){ return v == null ? '-' : v.toFixed(v < 10 ? 2 : 1); }};
       // Trials: the median as bars, the slowest and fastest windows as points.
+      if (s.points) spec.points = {show: true, size: 7};
       if (c.bars && i == 0) { spec.paths = uPlot.paths.bars({size: [0.6, 80]}); spec.fill = color + '99'; }
       if (c.bars && i > 0) { spec.paths = function(){ return null; }; spec.points = {show: true, size: 7}; }
       series.push(spec);

@@ -16,8 +16,8 @@ const std::vector<OptionDef>& TrainOptions() {
        "Image folder, pack or token file; empty: the synthetic default, created under the store's "
        "directory on first use"},
       {"data.val_path", T::kString, "",
-       "Held-out data evaluated after training (images: Resize+CenterCrop); empty with an empty "
-       "data.path: the synthetic default's held-out split"},
+       "Held-out data (eval.*): an image folder or pack (Resize+CenterCrop) or a token file; "
+       "empty with an empty data.path: the synthetic default's held-out split"},
       {"data.image_size", T::kInt, "64", "Side of the square crop fed to the model (pixels)", "",
        ">0"},
       {"data.threads", T::kInt, "0",
@@ -81,8 +81,8 @@ const std::vector<OptionDef>& TrainOptions() {
        "defaults"},
       {"train.time_every", T::kInt, "1",
        "Time the phases of every Nth step (clocks on CPU; CUDA events on a GPU, waited for once at "
-       "the step's end)", "",
-       ">0"},
+       "the step's end)",
+       "", ">0"},
       {"train.log_every_s", T::kFloat, "1", "Refresh of the live progress line (seconds)", "",
        ">0"},
       {"train.time_limit_s", T::kFloat, "0",
@@ -132,6 +132,14 @@ const std::vector<OptionDef>& TrainOptions() {
       {"checkpoint.keep", T::kInt, "3", "Checkpoints kept (oldest deleted)", "", ">0"},
       {"checkpoint.async", T::kBool, "true",
        "Write on a background thread; the loop is blocked only for the snapshot"},
+      // eval: the held-out loss and accuracy, recorded as the run's evaluation events
+      {"eval.every_steps", T::kInt, "0", "Evaluate every N optimizer steps; 0: off", "", ">=0"},
+      {"eval.every_epochs", T::kInt, "0",
+       "Evaluate every N epochs (every N x steps-per-epoch optimizer steps); 0: off", "", ">=0"},
+      {"eval.at_end", T::kBool, "true", "Evaluate when training ends"},
+      {"eval.max_samples", T::kInt, "0",
+       "Held-out samples per evaluation (over all ranks, each its share); 0: all of them", "",
+       ">=0"},
       {"dist.backend", T::kString, "auto",
        "Data parallelism (ranks from torchrun, Slurm, MPI or fullburn launch): auto = nccl for "
        "CUDA when built in, else gloo",

@@ -192,6 +192,7 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
   t.loader.out_w = t.loader.out_h = static_cast<int>(c.Int("data.image_size"));
   t.loader.eval_resize = static_cast<int>(c.Int("data.image_size") * 256 / 224);
   t.loader.train = s.train;
+  t.loader.keep_last = !s.train;  // evaluation reads every held-out image once
   t.loader.layout = Layout::kNCHW;
   t.loader.seed = s.seed;
   t.loader.on_bad_sample =

@@ -330,7 +330,7 @@ Status Trainer::Run() {
   // A failed step leaves the weights suspect: the last good checkpoint stands.
   if (s.ok() && (cfg_.Bool("checkpoint.at_end") || exit_code == kExitInterrupted)) Checkpoint(true);
   nlohmann::json eval;
-  if (s.ok() && exit_code == 0 && rank_.rank == 0) eval = Evaluate();
+  if (s.ok() && exit_code == 0 && cfg_.Bool("eval.at_end")) s = Evaluate(&eval);
   Finish(s.ok() ? "finished" : "failed",
          s.ok() ? exit_code : (exit_code ? exit_code : kExitFailed));
   if (!s.ok()) return s;
@@ -339,10 +339,7 @@ Status Trainer::Run() {
     if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
     if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok())
       std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
-    if (!eval.empty())
-      std::fprintf(stderr, "  held-out: loss %.4f, accuracy %.1f%% (%g samples)\n",
-                   eval["val_loss"].get<double>(), 100 * eval["val_accuracy"].get<double>(),
-                   eval["val_samples"].get<double>());
+    if (!eval.empty()) std::fprintf(stderr, "  %s\n", EvaluationLine(eval).c_str());
     if (skipped_)
       std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
     auto cks = store_->LoadCheckpoints(run_.id);

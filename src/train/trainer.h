@@ -134,7 +134,10 @@ class Trainer {
   Status Restore();
   void FlushSteps(bool force);
   void Progress(const StepRecord& r, bool force);
-  nlohmann::json Evaluate();
+  // trainer_eval.cpp: held-out loss and accuracy (every rank its share).
+  Status SetupEval();
+  bool EvaluationDue() const;
+  Status Evaluate(nlohmann::json* out);  // out: empty when there was nothing to evaluate
   void StartSampler();
   // Records of a rank whose store is not rank 0's (another node's disk) go
   // through the rendezvous store (trainer_records.cpp).
@@ -158,6 +161,8 @@ class Trainer {
   StepContext ctx_;
   SourceSpec spec_;
   std::unique_ptr<BatchSource> source_;
+  std::unique_ptr<BatchSource> eval_source_;  // null: no evaluation
+  int64_t eval_every_steps_ = 0, eval_every_epoch_steps_ = 0;
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<LossScaler> scaler_;
   LrSchedule schedule_;
@@ -195,5 +200,7 @@ class Trainer {
 };
 
 void FreeDeviceCache(const torch::Device& device);
+// "held-out at step N: loss L, accuracy A% (S samples, T s)".
+std::string EvaluationLine(const nlohmann::json& eval);
 
 }  // namespace fullburn

@@ -264,6 +264,15 @@ Status Trainer::Loop() {
     if ((every_steps > 0 && step_ % every_steps == 0) ||
         (every_s > 0 && now - last_ckpt_time_ >= every_s))
       Checkpoint(false);
+    if (EvaluationDue()) {
+      nlohmann::json eval;
+      if (Status e = Evaluate(&eval); !e.ok()) {
+        exit_code = kExitFailed;
+        return e;
+      }
+      if (!eval.empty() && rank_.rank == 0 && !opt_.quiet)
+        std::fprintf(stderr, "fullburn: %s\n", EvaluationLine(eval).c_str());
+    }
     if (limit_s > 0 && now - mono_start_ >= limit_s) {
       std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n",
                    static_cast<long long>(step_));

@@ -129,12 +129,16 @@ Status Trainer::SetupData() {
     spec_.path = *p;
   }
   // A held-out folder named by hand is checked now, not after the training.
-  if (std::string val = cfg_.Str("data.val_path");
-      !val.empty() && source == "images" && !std::filesystem::is_directory(val)) {
-    exit_code = kExitUsage;
-    return Status::NotFound("data.val_path = " + val +
-                            " is not a folder: give the held-out image folder, or leave "
-                            "data.val_path empty to train without evaluation");
+  if (std::string val = cfg_.Str("data.val_path"); !val.empty() && source != "synthetic") {
+    bool usable =
+        source == "images" ? std::filesystem::exists(val) : std::filesystem::is_regular_file(val);
+    if (!usable) {
+      exit_code = kExitUsage;
+      return Status::NotFound(
+          "data.val_path = " + val + " is not " +
+          (source == "images" ? "an image folder or pack" : "a token file") +
+          ": give the held-out data, or leave data.val_path empty to train without evaluation");
+    }
   }
   spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
   spec_.device = ctx_.device;
@@ -219,7 +223,7 @@ Status Trainer::Setup() {
   if (!ctx_.model)  // the batch-size search built it already
     if (Status s = BuildModel(*source_); !s.ok()) return s;
   SetupOptimization(oo);
-  return Status::Ok();
+  return SetupEval();
 }
 
 Status Trainer::BuildModel(const BatchSource& source) {

@@ -1,4 +1,4 @@
-// `fullburn train`: checkpoint snapshots, restore, evaluation.
+// `fullburn train`: checkpoint snapshots and restore.
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -127,68 +127,6 @@ void Trainer::FinalCheckpointLost() {
                "fullburn: the final checkpoint (step %lld) was not written, so the trained weights "
                "are not saved; free space in checkpoint.dir; %s\n",
                static_cast<long long>(step_), newest.c_str());
-}
-
-std::string Trainer::DatasetsDir() const { return StoreDir(store_->path()) + "/datasets"; }
-
-// The held-out images Evaluate() reads ("" for none); nothing is created.
-std::string Trainer::ResolvedValPath() const {
-  if (cfg_.Str("data.source") != "images") return "";
-  std::string val = cfg_.Str("data.val_path");
-  if (val.empty() && cfg_.Str("data.path").empty())
-    val = DefaultImagesPath(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
-  return val;
-}
-
-nlohmann::json Trainer::Evaluate() {
-  nlohmann::json out;
-  double started = MonoNow();
-  SourceSpec es = spec_;
-  es.train = false;
-  es.rank = 0;  // rank 0 evaluates the whole held-out set
-  es.world_size = 1;
-  if (cfg_.Str("data.source") == "images") {
-    es.path = ResolvedValPath();
-    if (es.path.empty()) return out;
-    // The default's held-out split is made on first use.
-    if (cfg_.Str("data.val_path").empty() &&
-        !DefaultImages(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true).ok())
-      return out;
-  }
-  auto src = OpenSource(cfg_, es);
-  if (!src.ok()) {
-    std::fprintf(stderr, "fullburn: evaluation skipped: %s\n", src.status().message().c_str());
-    return out;
-  }
-  torch::NoGradGuard no_grad;
-  ctx_.model->eval();
-  (*src)->StartEpoch(0, 0);
-  TrainBatch b;
-  double loss = 0, correct = 0, count = 0;
-  int64_t batches = 0;
-  while (batches < 50 && (*src)->Next(&b)) {
-    AutocastGuard autocast(ctx_.device.type(), ctx_.autocast);
-    torch::Tensor logits = ctx_.model->forward(b.inputs).to(torch::kFloat);
-    torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
-    torch::Tensor target = b.targets.reshape({-1});
-    loss += torch::cross_entropy_loss(flat, target, {}, at::Reduction::Sum).item<double>();
-    correct += flat.argmax(1).eq(target).sum().item<double>();
-    count += static_cast<double>(target.size(0));
-    ++batches;
-  }
-  ctx_.model->train();
-  if (count == 0) return out;
-  out = {{"val_loss", loss / count},
-         {"val_accuracy", correct / count},
-         {"val_samples", count},
-         {"duration_s", MonoNow() - started}};
-  RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out.dump()};
-  store_->AddEvent(run_.id, event);
-  if (events_out_) {
-    std::fputs(RunEventLine(event, run_.start_time).c_str(), events_out_.get());
-    std::fflush(events_out_.get());
-  }
-  return out;
 }
 
 }  // namespace fullburn

@@ -232,6 +232,8 @@ TEST_F(ReportE2E, HtmlReportRendersInChromium) {
   EXPECT_EQ(plots, static_cast<size_t>(drawn));
   EXPECT_NE(b.dom.find("<canvas"), std::string::npos);
   EXPECT_NE(b.dom.find("GPU utilization (%)"), std::string::npos);
+  // The evaluation each loop.py run marks at its end, as points.
+  EXPECT_NE(b.dom.find("Held-out accuracy (%)"), std::string::npos);
   double ink = InkShare(dir_ + "/report.png");
   EXPECT_GT(ink, 0.02) << "the screenshot is blank";
 }

@@ -54,11 +54,17 @@ class TrainE2E : public ::testing::Test {
   }
   std::unique_ptr<RunStore> Store() { return std::move(RunStore::Open(store_).value()); }
   std::vector<StepRecord> Steps(int64_t run) { return Store()->LoadSteps(run).value(); }
+  // The last evaluation event's data; {} when there is none.
   nlohmann::json Evaluation(int64_t run) {
+    std::vector<nlohmann::json> all = Evaluations(run);
+    return all.empty() ? nlohmann::json::object() : all.back();
+  }
+  std::vector<nlohmann::json> Evaluations(int64_t run) {
+    std::vector<nlohmann::json> out;
     std::vector<RunEvent> events = Store()->LoadEvents(run).value();
     for (const RunEvent& e : events)
-      if (e.kind == "evaluation") return nlohmann::json::parse(e.data);
-    return {};
+      if (e.kind == "evaluation") out.push_back(nlohmann::json::parse(e.data));
+    return out;
   }
   std::string dir_, store_;
 };
@@ -101,15 +107,49 @@ TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
 TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
   std::string data = dir_ + "/images";
   ASSERT_FALSE(MakeImages("images/train", 4, 48, "48x48").empty());
-  ASSERT_FALSE(MakeImages("images/val", 4, 16, "48x48", 9).empty());
-  auto o = Train({"data.path=" + data + "/train", "data.val_path=" + data + "/val",
-                  "data.image_size=32", "model.width=0.125", "train.batch_size=16",
-                  "train.epochs=6", "optim.lr=0.05", "data.threads=1", "train.threads=1"},
-                 /*tiny=*/false);
+  ASSERT_FALSE(MakeImages("images/val", 4, 15, "48x48", 9).empty());  // 60: not whole batches
+  auto o =
+      Train({"data.path=" + data + "/train", "data.val_path=" + data + "/val", "data.image_size=32",
+             "model.width=0.125", "train.batch_size=16", "train.epochs=6", "optim.lr=0.05",
+             "data.threads=1", "train.threads=1", "eval.every_epochs=2"},
+            /*tiny=*/false);
   ASSERT_EQ(o.code, 0) << o.err;
   auto run = Store()->GetRun("last").value();
-  EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5)
-      << Evaluation(run.id).dump();  // chance: 0.25
+  // Every second epoch of 12 steps, the last one being the evaluation at the
+  // end; each reads all 60 held-out images, the short last batch included.
+  std::vector<nlohmann::json> evals = Evaluations(run.id);
+  ASSERT_EQ(evals.size(), 3u) << o.err;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(evals[i]["step"], 24 * (i + 1));
+    EXPECT_EQ(evals[i]["val_samples"], 60);
+  }
+  EXPECT_GT(evals.back().value("val_accuracy", 0.0), 0.5) << evals.back().dump();  // chance: 0.25
+}
+
+// Evaluating during training changes nothing in it: eval mode leaves the
+// BatchNorm statistics and every random stream alone, so the losses are
+// those of a run that never evaluated, step for step.
+TEST_F(TrainE2E, EvaluationDuringTrainingChangesNothingInTraining) {
+  std::vector<std::string> args = {
+      "model.name=resnet18", "data.source=synthetic",  "data.synthetic_samples=256",
+      "data.image_size=16",  "data.classes=4",         "model.width=0.125",
+      "train.batch_size=16", "train.steps=12",         "train.threads=1",
+      "optim.lr=0.05",       "checkpoint.at_end=false"};
+  auto plain = Train(args, /*tiny=*/false);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  int64_t plain_run = Store()->GetRun("last").value().id;
+  args.insert(args.end(), {"eval.every_steps=4", "eval.at_end=false"});
+  auto evaluated = Train(args, /*tiny=*/false);
+  ASSERT_EQ(evaluated.code, 0) << evaluated.err;
+  int64_t eval_run = Store()->GetRun("last").value().id;
+  std::vector<nlohmann::json> evals = Evaluations(eval_run);
+  ASSERT_EQ(evals.size(), 3u);  // steps 4, 8 and 12 (no extra one at the end)
+  EXPECT_EQ(evals[2]["step"], 12);
+  EXPECT_TRUE(Evaluations(plain_run).size() == 1u);  // eval.at_end (the default) only
+  auto a = Steps(plain_run), b = Steps(eval_run);
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_DOUBLE_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
 }
 
 // Images generated in device memory (what the GPU throughput runs use), kept
@@ -292,6 +332,13 @@ TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
     ASSERT_TRUE(b.count(name)) << name;
     EXPECT_LT((t - b[name]).abs().max().item<double>(), 1e-4) << name;
   }
+  // Each rank evaluates its half of the held-out set and the sums are
+  // all-reduced: one evaluation, over the same samples as one process reads.
+  ASSERT_EQ(Evaluations(ddp).size(), 1u);
+  nlohmann::json one = Evaluation(single), two = Evaluation(ddp);
+  EXPECT_EQ(one["val_samples"], two["val_samples"]);
+  EXPECT_NEAR(one["val_loss"].get<double>(), two["val_loss"].get<double>(), 1e-3);
+  EXPECT_NEAR(one["val_accuracy"].get<double>(), two["val_accuracy"].get<double>(), 0.01);
   auto trained =
       RunToEnd({FULLBURN_BIN, "diagnose", std::to_string(ddp), "--json", "--store", store_});
   EXPECT_EQ(trained.code, 0) << trained.err;
@@ -607,6 +654,7 @@ TEST_F(TrainE2E, DataAndMemoryMistakesStopBeforeTraining) {
       {{"data.path=" + data, "data.val_path=" + dir_ + "/no-such-val"}, 2, "data.val_path = "},
       {{"model.name=gpt", "data.source=tokens", "data.path=" + data}, 2, "not a regular file"},
       {{"data.path=" + data, "train.memory_budget_mb=1"}, 1, "raise train.memory_budget_mb"},
+      {{"model.name=gpt", "data.source=tokens", "eval.every_steps=1"}, 2, "set data.val_path"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;

@@ -494,6 +494,50 @@ TEST(Loader, ShardPaddingAndDropping) {
   EXPECT_NE(bad.status().message().find("rank 2 is not in 0..1"), std::string::npos);
 }
 
+// Evaluation: 25 images over 3 ranks in batches of 4 are all read, each
+// once; shares differ by one and each rank's last batch is short.
+TEST(Loader, KeepLastReadsEverySampleOnceOverRanks) {
+  std::string dir = SmallDataset("keep", 5, 5);  // 25 images
+  std::vector<int64_t> all;
+  const int64_t shares[] = {9, 8, 8};
+  for (int rank = 0; rank < 3; ++rank) {
+    LoaderOptions o = Small(dir, 2);
+    o.rank = rank;
+    o.world_size = 3;
+    o.keep_last = true;
+    o.train = false;
+    auto l = ImageLoader::Open(o);
+    ASSERT_TRUE(l.ok()) << l.status().message();
+    EXPECT_EQ((*l)->epoch_size(), shares[rank]);
+    EXPECT_EQ((*l)->batches_per_epoch(), rank == 0 ? 3 : 2);
+    (*l)->StartEpoch(0);
+    Batch b;
+    std::vector<int> sizes;
+    while ((*l)->Next(&b)) {
+      sizes.push_back(b.size);
+      all.insert(all.end(), b.samples, b.samples + b.size);
+      (*l)->Release(b);
+    }
+    EXPECT_EQ(sizes, rank == 0 ? std::vector<int>({4, 4, 1}) : std::vector<int>({4, 4}));
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> want(25);
+  for (int i = 0; i < 25; ++i) want[i] = i;
+  EXPECT_EQ(all, want);
+  // Fewer images than ranks: a rank with nothing to read is an error.
+  LoaderOptions o = Small(dir, 1);
+  o.keep_last = true;
+  o.world_size = 26;
+  o.rank = 25;
+  EXPECT_FALSE(ImageLoader::Open(o).ok());
+  o.batch_size = 64;  // one short batch holds the whole set
+  o.world_size = 1;
+  o.rank = 0;
+  auto whole = ImageLoader::Open(o);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  EXPECT_EQ((*whole)->batches_per_epoch(), 1);
+}
+
 TEST(Loader, ResumeMidEpochGivesTheSameRemainingBatches) {
   std::string dir = SmallDataset("resume");
   auto first = ImageLoader::Open(Small(dir, 2));

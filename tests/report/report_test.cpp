@@ -295,5 +295,34 @@ TEST(HtmlReport, EscapesWhatTheRunRecorded) {
   EXPECT_NE(html.find("\"stacked\":true"), std::string::npos);
 }
 
+// The training loss per step and, from the evaluation events, the held-out
+// loss and accuracy drawn as points on the same time axis.
+TEST(HtmlReport, LossAndHeldOutCharts) {
+  RunData d = TwoStepRun(1, 64, 0.1);
+  for (size_t i = 0; i < d.steps.size(); ++i) d.steps[i].loss = 2.0 - 0.05 * i;
+  std::string html = RenderHtmlReport({{d, {}}});
+  EXPECT_NE(html.find("\"title\":\"Loss\""), std::string::npos);
+  EXPECT_EQ(html.find("Held-out accuracy"), std::string::npos);  // no evaluation: no chart
+  d.events.push_back({1.0, "evaluation", R"({"step": 10, "val_loss": 1.5, "val_accuracy": 0.25})"});
+  d.events.push_back({2.0, "evaluation", R"({"step": 20, "val_loss": 1.25, "val_accuracy": 0.5})"});
+  d.events.push_back({2.5, "checkpoint", "{}"});
+  html = RenderHtmlReport({{d, {}}});
+  std::string block = html.substr(html.find("fb-data"));
+  nlohmann::json data = nlohmann::json::parse(
+      block.substr(block.find('>') + 1, block.find("</script>") - block.find('>') - 1));
+  nlohmann::json loss, accuracy;
+  for (const auto& c : data["charts"]) {
+    if (c["title"] == "Loss") loss = c;
+    if (c["title"] == "Held-out accuracy") accuracy = c;
+  }
+  ASSERT_EQ(loss["series"].size(), 2u) << loss.dump();  // training, held-out
+  EXPECT_EQ(loss["series"][1]["label"], "held-out");
+  EXPECT_EQ(loss["series"][1]["v"], nlohmann::json({1.5, 1.25}));
+  EXPECT_EQ(loss["series"][1]["points"], true);
+  ASSERT_EQ(accuracy["series"].size(), 1u);
+  EXPECT_EQ(accuracy["series"][0]["t"], nlohmann::json({1.0, 2.0}));
+  EXPECT_EQ(accuracy["series"][0]["v"], nlohmann::json({25.0, 50.0}));
+}
+
 }  // namespace
 }  // namespace fullburn

@@ -1,0 +1,138 @@
+// `fullburn train`: held-out evaluation, during training (eval.every_steps,
+// eval.every_epochs) and at its end (eval.at_end). Every rank evaluates its
+// share of the held-out data and the sums are all-reduced, so an evaluation
+// costs 1/world_size of the time and no rank waits on another past the
+// collective timeout.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "trainer.h"
+
+namespace fullburn {
+
+std::string Trainer::DatasetsDir() const { return StoreDir(store_->path()) + "/datasets"; }
+
+// The held-out data evaluation reads ("" for none; synthetic data draws its
+// own held-out samples); nothing is created here.
+std::string Trainer::ResolvedValPath() const {
+  const std::string& source = cfg_.Str("data.source");
+  if (source == "synthetic") return "";
+  std::string val = cfg_.Str("data.val_path");
+  if (source == "images" && val.empty() && cfg_.Str("data.path").empty())
+    val = DefaultImagesPath(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
+  return val;
+}
+
+Status Trainer::SetupEval() {
+  int64_t per_epoch = std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
+  eval_every_steps_ = cfg_.Int("eval.every_steps");
+  eval_every_epoch_steps_ = cfg_.Int("eval.every_epochs") * per_epoch;
+  bool periodic = eval_every_steps_ > 0 || eval_every_epoch_steps_ > 0;
+  if (!periodic && !cfg_.Bool("eval.at_end")) return Status::Ok();
+  const std::string& source = cfg_.Str("data.source");
+  SourceSpec es = spec_;
+  es.train = false;
+  if (source != "synthetic") {
+    es.path = ResolvedValPath();
+    if (es.path.empty()) {
+      if (!periodic) return Status::Ok();  // nothing held out: no evaluation at the end either
+      exit_code = kExitUsage;
+      return Status::InvalidArgument(
+          "eval.every_steps / eval.every_epochs need held-out data: set data.val_path (" +
+          std::string(source == "tokens" ? "a token file, such as nanoGPT's val.bin"
+                                         : "an image folder or pack") +
+          ") or set them to 0");
+    }
+    // The default's held-out split is made on first use.
+    if (source == "images" && cfg_.Str("data.val_path").empty())
+      if (auto made =
+              DefaultImages(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
+          !made.ok())
+        return made.status();
+  }
+  // A held-out set smaller than one training batch per rank is read in
+  // smaller batches rather than refused.
+  for (;;) {
+    auto src = OpenSource(cfg_, es);
+    if (src.ok()) {
+      eval_source_ = std::move(*src);
+      return Status::Ok();
+    }
+    bool too_few = src.status().message().find("fewer samples than one batch") != std::string::npos;
+    if (!too_few || es.batch_size == 1) {
+      exit_code = kExitUsage;
+      return Status::InvalidArgument("held-out data (data.val_path): " + src.status().message());
+    }
+    es.batch_size = std::max(1, es.batch_size / 2);
+  }
+}
+
+bool Trainer::EvaluationDue() const {
+  if (!eval_source_ || step_ == 0) return false;
+  bool due = (eval_every_steps_ > 0 && step_ % eval_every_steps_ == 0) ||
+             (eval_every_epoch_steps_ > 0 && step_ % eval_every_epoch_steps_ == 0);
+  // The last step's evaluation is the one at the end.
+  return due && !(step_ == total_steps_ && cfg_.Bool("eval.at_end"));
+}
+
+Status Trainer::Evaluate(nlohmann::json* out) {
+  *out = nlohmann::json();
+  if (!eval_source_) return Status::Ok();
+  double started = MonoNow();
+  int64_t max_samples = cfg_.Int("eval.max_samples");
+  double cap = max_samples > 0 ? std::ceil(static_cast<double>(max_samples) / rank_.world_size)
+                               : std::numeric_limits<double>::infinity();
+  std::vector<double> sums(3, 0.0);  // loss, correct, samples
+  {
+    torch::NoGradGuard no_grad;
+    ctx_.model->eval();
+    eval_source_->StartEpoch(0, 0);
+    TrainBatch b;
+    while (sums[2] < cap && eval_source_->Next(&b)) {
+      AutocastGuard autocast(ctx_.device.type(), ctx_.autocast);
+      torch::Tensor logits = ctx_.model->forward(b.inputs).to(torch::kFloat);
+      torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
+      torch::Tensor target = b.targets.reshape({-1});
+      sums[0] += torch::cross_entropy_loss(flat, target, {}, at::Reduction::Sum).item<double>();
+      sums[1] += flat.argmax(1).eq(target).sum().item<double>();
+      sums[2] += static_cast<double>(target.size(0));
+    }
+    ctx_.model->train();
+  }
+  if (!eval_source_->status().ok())
+    return Status::InvalidArgument("held-out data (data.val_path): " +
+                                   eval_source_->status().message());
+  if (dp_) {
+    auto all = dp_->SumOverRanks(sums);
+    if (!all.ok()) return all.status();
+    sums = *all;
+  }
+  if (sums[2] == 0) return Status::Ok();
+  *out = {{"step", step_},
+          {"epoch", epoch_},
+          {"val_loss", sums[0] / sums[2]},
+          {"val_accuracy", sums[1] / sums[2]},
+          {"val_samples", sums[2]},
+          {"duration_s", MonoNow() - started}};
+  if (rank_.rank != 0) return Status::Ok();
+  RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out->dump()};
+  RecordEvent(event);
+  if (events_out_) {
+    std::fputs(RunEventLine(event, run_.start_time).c_str(), events_out_.get());
+    std::fflush(events_out_.get());
+  }
+  return Status::Ok();
+}
+
+std::string EvaluationLine(const nlohmann::json& eval) {
+  return fmt::format("held-out at step {}: loss {:.4f}, accuracy {:.1f}% ({:g} samples, {:.1f} s)",
+                     eval["step"].get<int64_t>(), eval["val_loss"].get<double>(),
+                     100 * eval["val_accuracy"].get<double>(), eval["val_samples"].get<double>(),
+                     eval["duration_s"].get<double>());
+}
+
+}  // namespace fullburn
