@@ -138,8 +138,9 @@ const std::vector<OptionDef>& TrainOptions() {
        "Evaluate every N epochs (every N x steps-per-epoch optimizer steps); 0: off", "", ">=0"},
       {"eval.at_end", T::kBool, "true", "Evaluate when training ends"},
       {"eval.max_samples", T::kInt, "0",
-       "Held-out samples per evaluation (over all ranks, each its share); 0: all of them", "",
-       ">=0"},
+       "Held-out samples per evaluation, the first of the set (over all ranks, each its "
+       "share); 0: all of them",
+       "", ">=0"},
       {"dist.backend", T::kString, "auto",
        "Data parallelism (ranks from torchrun, Slurm, MPI or fullburn launch): auto = nccl for "
        "CUDA when built in, else gloo",

@@ -138,6 +138,7 @@ class Trainer {
   Status SetupEval();
   bool EvaluationDue() const;
   Status Evaluate(nlohmann::json* out);  // out: empty when there was nothing to evaluate
+  Status EvaluateShare(nlohmann::json* out);
   void StartSampler();
   // Records of a rank whose store is not rank 0's (another node's disk) go
   // through the rendezvous store (trainer_records.cpp).

@@ -81,25 +81,45 @@ bool Trainer::EvaluationDue() const {
 
 Status Trainer::Evaluate(nlohmann::json* out) {
   *out = nlohmann::json();
+  try {
+    return EvaluateShare(out);
+  } catch (const std::exception& e) {
+    ctx_.model->train();
+    std::string what = e.what();
+    if (IsOutOfMemory(e))
+      return Status::ResourceExhausted(fmt::format(
+          "out of memory evaluating at step {}: lower train.batch_size (evaluation reads batches "
+          "of the training size); checkpoints so far are intact",
+          step_));
+    return Status::Internal(
+        fmt::format("evaluation at step {} failed: {}", step_, what.substr(0, what.find('\n'))));
+  }
+}
+
+Status Trainer::EvaluateShare(nlohmann::json* out) {
   if (!eval_source_) return Status::Ok();
   double started = MonoNow();
   int64_t max_samples = cfg_.Int("eval.max_samples");
   double cap = max_samples > 0 ? std::ceil(static_cast<double>(max_samples) / rank_.world_size)
                                : std::numeric_limits<double>::infinity();
-  std::vector<double> sums(3, 0.0);  // loss, correct, samples
+  std::vector<double> sums(4,
+                           0.0);  // loss, correct, targets (tokens for a language model), samples
   {
     torch::NoGradGuard no_grad;
     ctx_.model->eval();
     eval_source_->StartEpoch(0, 0);
     TrainBatch b;
-    while (sums[2] < cap && eval_source_->Next(&b)) {
+    while (sums[3] < cap && eval_source_->Next(&b)) {
+      int64_t keep = b.inputs.size(0);
+      if (cap - sums[3] < keep) keep = static_cast<int64_t>(cap - sums[3]);
       AutocastGuard autocast(ctx_.device.type(), ctx_.autocast);
-      torch::Tensor logits = ctx_.model->forward(b.inputs).to(torch::kFloat);
+      torch::Tensor logits = ctx_.model->forward(b.inputs.narrow(0, 0, keep)).to(torch::kFloat);
       torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
-      torch::Tensor target = b.targets.reshape({-1});
+      torch::Tensor target = b.targets.narrow(0, 0, keep).reshape({-1});
       sums[0] += torch::cross_entropy_loss(flat, target, {}, at::Reduction::Sum).item<double>();
       sums[1] += flat.argmax(1).eq(target).sum().item<double>();
       sums[2] += static_cast<double>(target.size(0));
+      sums[3] += static_cast<double>(keep);
     }
     ctx_.model->train();
   }
@@ -116,7 +136,7 @@ Status Trainer::Evaluate(nlohmann::json* out) {
           {"epoch", epoch_},
           {"val_loss", sums[0] / sums[2]},
           {"val_accuracy", sums[1] / sums[2]},
-          {"val_samples", sums[2]},
+          {"val_samples", sums[3]},
           {"duration_s", MonoNow() - started}};
   if (rank_.rank != 0) return Status::Ok();
   RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out->dump()};

@@ -86,6 +86,7 @@ TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
               r.step_s * 1.001 + 1e-4);
   }
   EXPECT_GT(Evaluation(run.id).value("val_accuracy", 0.0), 0.5);  // 10 classes: chance is 0.1
+  EXPECT_EQ(Evaluation(run.id)["val_samples"], 256);              // the whole held-out draw
   auto cks = Store()->LoadCheckpoints(run.id).value();
   ASSERT_EQ(cks.size(), 3u);  // 50, 100, 150 (= the end)
   EXPECT_TRUE(fs::exists(cks.back().path));
@@ -124,6 +125,19 @@ TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
     EXPECT_EQ(evals[i]["val_samples"], 60);
   }
   EXPECT_GT(evals.back().value("val_accuracy", 0.0), 0.5) << evals.back().dump();  // chance: 0.25
+}
+
+// eval.max_samples: exactly that many, the last batch cut short, over ranks too.
+TEST_F(TrainE2E, EvaluationReadsMaxSamples) {
+  ASSERT_EQ(Train({"train.steps=3", "eval.max_samples=40"}).code, 0);
+  EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 40);
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
+                                   FULLBURN_BIN, "train",  "-q",      "--store", store_};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  argv.insert(argv.end(), {"train.steps=3", "eval.max_samples=41"});
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 42);  // 21 per rank
 }
 
 // Evaluating during training changes nothing in it: eval mode leaves the
@@ -335,6 +349,7 @@ TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
   // Each rank evaluates its half of the held-out set and the sums are
   // all-reduced: one evaluation, over the same samples as one process reads.
   ASSERT_EQ(Evaluations(ddp).size(), 1u);
+  EXPECT_EQ(Evaluation(single)["val_samples"], 256);
   nlohmann::json one = Evaluation(single), two = Evaluation(ddp);
   EXPECT_EQ(one["val_samples"], two["val_samples"]);
   EXPECT_NEAR(one["val_loss"].get<double>(), two["val_loss"].get<double>(), 1e-3);
@@ -710,6 +725,24 @@ TEST_F(TrainE2E, CorruptImageNamesTheFileAndTheSettingThatSkipsIt) {
   auto skipped = Train(args, /*tiny=*/false);
   EXPECT_EQ(skipped.code, 0) << skipped.err;
   EXPECT_NE(skipped.err.find("skipping " + bad), std::string::npos) << skipped.err;
+  // A corrupt held-out image, found by the evaluation at step 2: a one-line
+  // error naming the file and the held-out data, exit 1, the run failed.
+  std::string val = MakeImages("val", 2, 4, "40x40", 5);
+  ASSERT_FALSE(val.empty());
+  std::string bad_val = val + "/class_000/img_00001.jpg";
+  std::ofstream(bad_val, std::ios::trunc) << "not a jpeg";
+  args.pop_back();
+  args.insert(args.end(), {"data.val_path=" + val, "eval.every_steps=2"});
+  std::ofstream(bad, std::ios::trunc) << testing::ReadText(val + "/class_000/img_00000.jpg");
+  auto held_out = Train(args, /*tiny=*/false);
+  EXPECT_EQ(held_out.code, 1) << held_out.err;
+  EXPECT_NE(held_out.err.find("held-out data (data.val_path): bad sample " + bad_val),
+            std::string::npos)
+      << held_out.err;
+  std::string last_line =
+      held_out.err.substr(held_out.err.rfind('\n', held_out.err.size() - 2) + 1);
+  EXPECT_EQ(last_line.rfind("fullburn: held-out data", 0), 0u) << held_out.err;  // one line
+  EXPECT_EQ(Store()->GetRun("last").value().status, "failed");
 }
 
 }  // namespace
