@@ -242,7 +242,9 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
                  "dataset on local disk",
                  "start-up: spawn loader workers once (persistent_workers=True), load data lazily");
     else if (what == "evaluation")
-      step = Choose(f, "evaluation: evaluate less often or on fewer batches",
+      step = Choose(f,
+                    "evaluation: evaluate less often (raise eval.every_steps or "
+                    "eval.every_epochs) or on fewer samples (eval.max_samples)",
                     "evaluation: evaluate less often, on a subset, or with a larger batch");
     else if (what == "checkpoint")
       step =

@@ -260,7 +260,9 @@ TEST(Diagnose, IdlePhasesFromGapsBetweenSteps) {
   ASSERT_EQ(f[0].cause, "idle_phases");
   EXPECT_NEAR(f[0].share_lost, 15.0 / 75, 1e-9);
   EXPECT_NE(f[0].evidence.find("evaluation 15.0 s"), std::string::npos) << f[0].evidence;
-  EXPECT_NE(f[0].fix.find("evaluate less often"), std::string::npos);
+  EXPECT_NE(f[0].fix.find("evaluate less often (raise eval.every_steps"), std::string::npos)
+      << f[0].fix;
+  EXPECT_NE(f[0].fix.find("eval.max_samples"), std::string::npos) << f[0].fix;
   for (StepRecord& r : c.steps)
     if (r.step > 25) r.t -= 11;  // a 4 s gap: 5% of the run, a near miss
   c.run.end_time = 64;
