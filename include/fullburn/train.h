@@ -224,6 +224,9 @@ class CheckpointWriter {
   void Wait();
   Status status() const;       // the first failed write, if any
   Status last_status() const;  // the latest Save's outcome once written (Wait() first)
+  // The checkpoint of `step` survives the keep-the-newest rotation (the best
+  // held-out loss so far, checkpoint.keep_best); -1: none.
+  void Protect(int64_t step);
 
  private:
   void Write(int64_t step, CheckpointState state, double stall_s);
@@ -242,6 +245,7 @@ class CheckpointWriter {
   mutable std::mutex mu_;
   Status error_;
   Status last_;
+  int64_t protected_step_ = -1;  // under mu_
 };
 
 // Checkpoint files of a directory, newest (highest step) first.

@@ -302,6 +302,11 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
   return stall;
 }
 
+void CheckpointWriter::Protect(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  protected_step_ = step;
+}
+
 double CheckpointWriter::BeforeUpdate() {
   std::unique_lock<std::mutex> lock(mu_);
   if (staged_) return 0;
@@ -324,8 +329,15 @@ void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s
     RecordLocked(w.status);
   }
   if (w.status.ok()) {
-    std::vector<std::string> all = ListCheckpoints(dir_);
-    for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) ::unlink(all[i].c_str());
+    int64_t kept_step;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kept_step = protected_step_;
+    }
+    int kept = 0;
+    for (const std::string& path : ListCheckpoints(dir_))
+      if (StepOfName(path.substr(path.rfind('/') + 1)) != kept_step && kept++ >= keep_)
+        ::unlink(path.c_str());
   }
   if (done_) done_(w);
 }

@@ -130,6 +130,9 @@ const std::vector<OptionDef>& TrainOptions() {
       {"checkpoint.every_minutes", T::kFloat, "0", "Checkpoint every T minutes; 0: off", "", ">=0"},
       {"checkpoint.at_end", T::kBool, "true", "Checkpoint when training ends"},
       {"checkpoint.keep", T::kInt, "3", "Checkpoints kept (oldest deleted)", "", ">0"},
+      {"checkpoint.keep_best", T::kBool, "false",
+       "Also keep the checkpoint of the lowest held-out loss (written at the evaluation that "
+       "found it; needs eval.*)"},
       {"checkpoint.async", T::kBool, "true",
        "Write on a background thread; the loop is blocked only for the snapshot"},
       // eval: the held-out loss and accuracy, recorded as the run's evaluation events

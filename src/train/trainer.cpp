@@ -247,6 +247,7 @@ Status Trainer::OpenCheckpoints() {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("cannot create checkpoint.dir " + dir + ": " + ec.message());
+  ckpt_dir_ = dir;
   RunStore* store = store_.get();
   int64_t run_id = run_.id;
   double start = run_.start_time;
@@ -340,6 +341,9 @@ Status Trainer::Run() {
     if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok())
       std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
     if (!eval.empty()) std::fprintf(stderr, "  %s\n", EvaluationLine(eval).c_str());
+    if (!best_checkpoint_.empty() && std::filesystem::exists(best_checkpoint_))
+      std::fprintf(stderr, "  best held-out loss %.4f: %s\n", best_val_loss_,
+                   best_checkpoint_.c_str());
     if (skipped_)
       std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
     auto cks = store_->LoadCheckpoints(run_.id);

@@ -138,6 +138,7 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
           {"val_accuracy", sums[1] / sums[2]},
           {"val_samples", sums[3]},
           {"duration_s", MonoNow() - started}};
+  KeepIfBest(out);
   if (rank_.rank != 0) return Status::Ok();
   RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out->dump()};
   RecordEvent(event);
@@ -148,11 +149,28 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
   return Status::Ok();
 }
 
+// checkpoint.keep_best: a new lowest held-out loss checkpoints this step
+// (unless it is written already) and shields it from the rotation.
+void Trainer::KeepIfBest(nlohmann::json* eval) {
+  if (!cfg_.Bool("checkpoint.keep_best") || !((*eval)["val_loss"].get<double>() < best_val_loss_))
+    return;
+  best_val_loss_ = (*eval)["val_loss"].get<double>();
+  (*eval)["best"] = true;
+  if (rank_.rank != 0) return;
+  Checkpoint(false);
+  ckpt_->Protect(step_);
+  char name[64];
+  std::snprintf(name, sizeof name, "/step-%08lld.safetensors", static_cast<long long>(step_));
+  best_checkpoint_ = ckpt_dir_ + name;
+  (*eval)["checkpoint"] = best_checkpoint_;
+}
+
 std::string EvaluationLine(const nlohmann::json& eval) {
-  return fmt::format("held-out at step {}: loss {:.4f}, accuracy {:.1f}% ({:g} samples, {:.1f} s)",
-                     eval["step"].get<int64_t>(), eval["val_loss"].get<double>(),
-                     100 * eval["val_accuracy"].get<double>(), eval["val_samples"].get<double>(),
-                     eval["duration_s"].get<double>());
+  return fmt::format(
+      "held-out at step {}: loss {:.4f}, accuracy {:.1f}% ({:g} samples, {:.1f} s){}",
+      eval["step"].get<int64_t>(), eval["val_loss"].get<double>(),
+      100 * eval["val_accuracy"].get<double>(), eval["val_samples"].get<double>(),
+      eval["duration_s"].get<double>(), eval.value("best", false) ? ", the best so far" : "");
 }
 
 }  // namespace fullburn

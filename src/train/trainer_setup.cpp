@@ -223,7 +223,14 @@ Status Trainer::Setup() {
   if (!ctx_.model)  // the batch-size search built it already
     if (Status s = BuildModel(*source_); !s.ok()) return s;
   SetupOptimization(oo);
-  return SetupEval();
+  if (Status s = SetupEval(); !s.ok()) return s;
+  if (cfg_.Bool("checkpoint.keep_best") && !eval_source_) {
+    exit_code = kExitUsage;
+    return Status::InvalidArgument(
+        "checkpoint.keep_best needs evaluations: set eval.every_steps or eval.every_epochs, with "
+        "held-out data (data.val_path)");
+  }
+  return Status::Ok();
 }
 
 Status Trainer::BuildModel(const BatchSource& source) {

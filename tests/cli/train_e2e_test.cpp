@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "fullburn/pipeline.h"
@@ -138,6 +139,35 @@ TEST_F(TrainE2E, EvaluationReadsMaxSamples) {
   auto o = RunToEnd(argv, 300);
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 42);  // 21 per rank
+}
+
+// checkpoint.keep_best: the checkpoint of the lowest held-out loss outlives
+// the rotation that keeps only the newest.
+TEST_F(TrainE2E, KeepBestKeepsTheLowestHeldOutLossCheckpoint) {
+  std::string ckdir = dir_ + "/ck";
+  auto o = Train({"train.steps=60", "optim.lr=0.8", "optim.warmup_steps=0", "eval.every_steps=5",
+                  "checkpoint.every_steps=5", "checkpoint.keep=1", "checkpoint.keep_best=true",
+                  "checkpoint.dir=" + ckdir});
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<nlohmann::json> evals = Evaluations(Store()->GetRun("last").value().id);
+  ASSERT_EQ(evals.size(), 12u);
+  const nlohmann::json* best = &evals[0];
+  double lowest = INFINITY;
+  for (const nlohmann::json& e : evals) {
+    double loss = e["val_loss"].get<double>();
+    EXPECT_EQ(e.value("best", false), loss < lowest) << e.dump();  // marked when it improves
+    if (loss < lowest) lowest = loss, best = &e;
+  }
+  std::set<std::string> files;
+  for (const auto& f : fs::directory_iterator(ckdir)) files.insert(f.path().filename().string());
+  char name[64];
+  std::snprintf(name, sizeof name, "step-%08d.safetensors", (*best)["step"].get<int>());
+  std::set<std::string> want = {name, "step-00000060.safetensors"};
+  EXPECT_EQ(files, want);
+  EXPECT_EQ((*best)["checkpoint"], ckdir + "/" + name);
+  auto none = Train({"train.steps=5", "checkpoint.keep_best=true", "eval.at_end=false"});
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.err.find("checkpoint.keep_best needs evaluations"), std::string::npos) << none.err;
 }
 
 // Evaluating during training changes nothing in it: eval mode leaves the
