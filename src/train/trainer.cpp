@@ -261,6 +261,9 @@ Status Trainer::OpenCheckpoints() {
         store->AddCheckpoint(run_id, {w.step, Env::Default()->UnixSeconds() - start, w.path,
                                       w.bytes, w.stall_s, w.write_s});
       });
+  // A resumed run writing into the same folder keeps the best one it inherited.
+  if (best_step_ >= 0 && std::filesystem::path(best_checkpoint_).parent_path() == dir)
+    ckpt_->Protect(best_step_);
   mono_start_ = MonoNow();
   last_ckpt_time_ = mono_start_;
   if (!opt_.quiet && rank_.rank == 0) live_ = std::make_unique<LiveStatus>(STDERR_FILENO);

@@ -165,6 +165,7 @@ class Trainer {
   std::unique_ptr<BatchSource> eval_source_;  // null: no evaluation
   int64_t eval_every_steps_ = 0, eval_every_epoch_steps_ = 0;
   double best_val_loss_ = INFINITY;  // checkpoint.keep_best
+  int64_t best_step_ = -1;
   std::string best_checkpoint_, ckpt_dir_;
   void KeepIfBest(nlohmann::json* eval);
   std::unique_ptr<Optimizer> optim_;

@@ -159,6 +159,7 @@ void Trainer::KeepIfBest(nlohmann::json* eval) {
   if (rank_.rank != 0) return;
   Checkpoint(false);
   ckpt_->Protect(step_);
+  best_step_ = step_;
   char name[64];
   std::snprintf(name, sizeof name, "/step-%08lld.safetensors", static_cast<long long>(step_));
   best_checkpoint_ = ckpt_dir_ + name;

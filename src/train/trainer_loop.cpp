@@ -260,10 +260,7 @@ Status Trainer::Loop() {
     last = rec;
     Progress(rec, false);
     FlushSteps(false);
-    double now = MonoNow();
-    if ((every_steps > 0 && step_ % every_steps == 0) ||
-        (every_s > 0 && now - last_ckpt_time_ >= every_s))
-      Checkpoint(false);
+    // Evaluation first, so a checkpoint of this step holds its best-so-far.
     if (EvaluationDue()) {
       nlohmann::json eval;
       if (Status e = Evaluate(&eval); !e.ok()) {
@@ -273,6 +270,10 @@ Status Trainer::Loop() {
       if (!eval.empty() && rank_.rank == 0 && !opt_.quiet)
         std::fprintf(stderr, "fullburn: %s\n", EvaluationLine(eval).c_str());
     }
+    double now = MonoNow();
+    if ((every_steps > 0 && step_ % every_steps == 0) ||
+        (every_s > 0 && now - last_ckpt_time_ >= every_s))
+      Checkpoint(false);
     if (limit_s > 0 && now - mono_start_ >= limit_s) {
       std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n",
                    static_cast<long long>(step_));

@@ -36,6 +36,10 @@ CheckpointState Trainer::Snapshot() {
                       {"skipped_steps", skipped_},
                       {"run_id", run_.id},
                       {"config", cfg_.ToJson()}};
+  if (std::isfinite(best_val_loss_))
+    meta.update({{"best_val_loss", best_val_loss_},
+                 {"best_step", best_step_},
+                 {"best_checkpoint", best_checkpoint_}});
   s.state_json = meta.dump();
   return s;
 }
@@ -81,6 +85,9 @@ Status Trainer::Restore() {
   epoch_skip_ = m.value("epoch_samples", int64_t{0});
   next_batch_ = m.contains("epoch_samples") ? 0 : m.value("next_batch", int64_t{0});
   skipped_ = m.value("skipped_steps", int64_t{0});
+  best_val_loss_ = m.value("best_val_loss", INFINITY);  // checkpoint.keep_best goes on from it
+  best_checkpoint_ = m.value("best_checkpoint", std::string());
+  best_step_ = m.value("best_step", int64_t{-1});
   last_ckpt_step_ = step_;
   std::fprintf(stderr, "fullburn: resuming from %s (step %lld, epoch %lld)\n",
                resume_->path.c_str(), static_cast<long long>(step_),

@@ -165,6 +165,23 @@ TEST_F(TrainE2E, KeepBestKeepsTheLowestHeldOutLossCheckpoint) {
   std::set<std::string> want = {name, "step-00000060.safetensors"};
   EXPECT_EQ(files, want);
   EXPECT_EQ((*best)["checkpoint"], ckdir + "/" + name);
+  // Resumed for 30 more steps: the best so far comes with the checkpoint, so
+  // only losses below it are marked (and checkpointed) as the best.
+  auto more = Train({"--resume", "last", "train.steps=90"});
+  ASSERT_EQ(more.code, 0) << more.err;
+  std::vector<nlohmann::json> later = Evaluations(Store()->GetRun("last").value().id);
+  ASSERT_EQ(later.size(), 6u);
+  for (const nlohmann::json& e : later) {
+    double loss = e["val_loss"].get<double>();
+    EXPECT_EQ(e.value("best", false), loss < lowest) << e.dump() << " after " << lowest;
+    if (loss < lowest) lowest = loss, best = &e;
+  }
+  // The same folder: the best checkpoint of either run survives, beside the newest.
+  files.clear();
+  for (const auto& f : fs::directory_iterator(ckdir)) files.insert(f.path().filename().string());
+  std::string best_path = (*best)["checkpoint"];
+  EXPECT_EQ(files, std::set<std::string>(
+                       {fs::path(best_path).filename().string(), "step-00000090.safetensors"}));
   auto none = Train({"train.steps=5", "checkpoint.keep_best=true", "eval.at_end=false"});
   EXPECT_EQ(none.code, 2);
   EXPECT_NE(none.err.find("checkpoint.keep_best needs evaluations"), std::string::npos) << none.err;
