@@ -37,6 +37,18 @@ std::string NoRendezvousAnswer(const RankInfo& rank, const std::string& detail) 
       rank.rank, rank.master_addr, rank.master_port, detail);
 }
 
+Status RendezvousFailed(const RankInfo& rank, const DistOptions& options, const std::string& why) {
+  if (rank.rank == 0 && why.find("ddress already in use") != std::string::npos)
+    return Status::Unavailable(
+        fmt::format("port {} on {} is in use: choose another MASTER_PORT (fullburn launch "
+                    "picks a free one)",
+                    rank.master_port, rank.master_addr));
+  return Status::Unavailable(
+      fmt::format("rank {} cannot meet the other ranks at {}:{} within {} s ({}): check "
+                  "MASTER_ADDR/MASTER_PORT, that rank 0 started, and the firewall",
+                  rank.rank, rank.master_addr, rank.master_port, options.timeout_s, why));
+}
+
 // A TCPStore client that has connected waits for the server's answer to its
 // check-in in a recv() with no timeout (libtorch 1.13's waitForWorkers): a
 // port held by anything but this job's rank 0 would hang it for good. The
@@ -248,30 +260,32 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
     return Status::InvalidArgument("dist.compress must be none, fp16 or bf16");
   impl->backend = backend;
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
-  try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(rank.master_port);
-    so.isServer = rank.rank == 0;
-    so.numWorkers = rank.world_size;
-    so.waitWorkers = true;
-    so.timeout = timeout;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(rank.master_port);
+  so.isServer = rank.rank == 0;
+  so.numWorkers = rank.world_size;
+  so.waitWorkers = true;
+  so.timeout = timeout;
+  {
     // Rank 0 may wait the whole timeout for the others; then the margin.
     RendezvousWatchdog watchdog(
         options.timeout_s + 5,
         NoRendezvousAnswer(rank, fmt::format("none within {} s", options.timeout_s + 5)));
-    impl->store = c10::make_intrusive<c10d::TCPStore>(rank.master_addr, so);
-  } catch (const std::exception& e) {
-    std::string why = FirstLine(e.what());
-    if (rank.rank == 0 && why.find("ddress already in use") != std::string::npos)
-      return Status::Unavailable(
-          fmt::format("port {} on {} is in use: choose another MASTER_PORT (fullburn launch "
-                      "picks a free one)",
-                      rank.master_port, rank.master_addr));
-    return Status::Unavailable(
-        fmt::format("rank {} cannot meet the other ranks at {}:{} within {} s ({}): check "
-                    "MASTER_ADDR/MASTER_PORT, that rank 0 "
-                    "started, and the firewall",
-                    rank.rank, rank.master_addr, rank.master_port, options.timeout_s, why));
+    for (double deadline = Now() + options.timeout_s;;) {
+      try {
+        impl->store = c10::make_intrusive<c10d::TCPStore>(rank.master_addr, so);
+        break;
+      } catch (const std::exception& e) {
+        // A rank that reached the port before rank 0 listened there, through
+        // something that accepted and hung up (a proxy, a load balancer, a
+        // Kubernetes Service ahead of its pod), tries again until the timeout.
+        double left = deadline - Now();
+        if (rank.rank == 0 || left < 0.5)
+          return RendezvousFailed(rank, options, FirstLine(e.what()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        so.timeout = std::chrono::milliseconds(static_cast<int64_t>((left - 0.25) * 1000));
+      }
+    }
   }
   // The first exchange: a rank that connected yet gets no answer reached
   // something other than this job's rank 0 (or rank 0 just stopped).

@@ -458,7 +458,8 @@ TEST_F(TrainE2E, TwoRankRunResumesInOneProcess) {
                                    FULLBURN_BIN, "train",  "-q",      "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   argv.push_back("train.steps=10");
-  ASSERT_EQ(RunToEnd(argv, 300).code, 0);
+  auto two = RunToEnd(argv, 300);
+  ASSERT_EQ(two.code, 0) << two.err;
   int64_t ddp = Store()->GetRun("last").value().id;
   auto o = Train({"--resume", std::to_string(ddp), "train.steps=60"}, /*tiny=*/false);
   ASSERT_EQ(o.code, 0) << o.err;

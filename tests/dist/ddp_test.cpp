@@ -3,13 +3,17 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "process.h"
 
@@ -201,6 +205,56 @@ TEST_F(DdpTest, BadRendezvousIsAClearError) {
   EXPECT_NE(busy.err.find("is in use"), std::string::npos) << busy.err;
   EXPECT_EQ(stranger.code, 1);
   EXPECT_NE(stranger.err.find("no rendezvous answered there"), std::string::npos) << stranger.err;
+}
+
+// Rank 1 reaches the port before rank 0 listens there, through something
+// that accepts and hangs up (a proxy, or a Service ahead of its pod): it
+// tries again within its timeout, and the job starts once rank 0 is up.
+TEST_F(DdpTest, ARankThatMeetsAHangUpBeforeRankZeroTriesAgain) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // not inherited by the ranks
+  int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::atomic<int> hung_up{0};
+  std::atomic<bool> stop{false};
+  std::thread hang_up([&] {
+    while (!stop) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) > 0) {
+        int c = ::accept(fd, nullptr, nullptr);
+        if (c < 0) continue;
+        linger reset{1, 0};  // hang up with a reset: no TIME_WAIT left on the port
+        ::setsockopt(c, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+        ::close(c);
+        ++hung_up;
+      }
+    }
+  });
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
+  ::setenv("RANK", "1", 1);
+  testing::Background one, zero;
+  testing::Start(&one, {DDP_WORKER, "--steps", "2", "--timeout", "30", "--out", dir_ + "/h"},
+                 "rank1");
+  for (int i = 0; i < 100 && hung_up < 2; ++i) ::usleep(50 * 1000);
+  stop = true;
+  hang_up.join();
+  ::close(fd);
+  ::setenv("RANK", "0", 1);
+  testing::Start(&zero, {DDP_WORKER, "--steps", "2", "--timeout", "30", "--out", dir_ + "/h"},
+                 "rank0");
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  EXPECT_GE(hung_up, 2) << "rank 1 should have met the hang-up at least twice";
+  EXPECT_EQ(zero.Wait(90), 0) << zero.Err();
+  EXPECT_EQ(one.Wait(90), 0) << one.Err();
+  EXPECT_EQ(Params("h", 0), Params("h", 1));
 }
 
 }  // namespace

@@ -774,7 +774,7 @@ TEST(Loader, PrefetchDeepensForBurstyProduction) {
   Batch b;
   for (int k = 0; (*l)->Next(&b); ++k) {
     (*l)->Release(b);
-    if (k % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (k % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   }
   EXPECT_GT((*l)->stats().prefetch, 3);
   o.prefetch = 2;  // fixed
