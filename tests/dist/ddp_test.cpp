@@ -163,6 +163,21 @@ TEST_F(DdpTest, ALostRankStopsTheOthersWithinTheTimeout) {
   EXPECT_FALSE(std::ifstream(dir_ + "/lost.0").good());  // no result file from a failed job
 }
 
+// A listening loopback socket on a free port that child processes do not
+// inherit (a rank holding it would keep the port busy); -1 on failure.
+int ListenOnLoopback(int* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(fd, 16) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return -1;
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 TEST_F(DdpTest, BadRendezvousIsAClearError) {
   auto mismatch = RunToEnd({FULLBURN_BIN, "launch", "--nproc", "2", "--", "sh", "-c",
                             std::string(DDP_WORKER) + " --steps 1 --out " + dir_ + "/m --config-hash h$RANK"},
@@ -180,18 +195,12 @@ TEST_F(DdpTest, BadRendezvousIsAClearError) {
   EXPECT_NE(alone.err.find("cannot meet the other ranks at 127.0.0.1:9"), std::string::npos) << alone.err;
 
   // Rank 0 cannot serve the rendezvous on a port something else holds.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = 0, fd = ListenOnLoopback(&port);
+  ASSERT_GE(fd, 0);
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "2", 1);
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   auto busy = RunToEnd({DDP_WORKER, "--steps", "1", "--timeout", "2", "--out", dir_ + "/b"}, 60);
   // Rank 1 pointed at that port connects (the kernel accepts into the
   // backlog) but nothing there speaks the rendezvous.
@@ -211,16 +220,8 @@ TEST_F(DdpTest, BadRendezvousIsAClearError) {
 // that accepts and hangs up (a proxy, or a Service ahead of its pod): it
 // tries again within its timeout, and the job starts once rank 0 is up.
 TEST_F(DdpTest, ARankThatMeetsAHangUpBeforeRankZeroTriesAgain) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // not inherited by the ranks
-  int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 16), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = 0, fd = ListenOnLoopback(&port);
+  ASSERT_GE(fd, 0);
   std::atomic<int> hung_up{0};
   std::atomic<bool> stop{false};
   std::thread hang_up([&] {
@@ -238,7 +239,7 @@ TEST_F(DdpTest, ARankThatMeetsAHangUpBeforeRankZeroTriesAgain) {
   });
   ::setenv("WORLD_SIZE", "2", 1);
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   ::setenv("RANK", "1", 1);
   testing::Background one, zero;
   testing::Start(&one, {DDP_WORKER, "--steps", "2", "--timeout", "30", "--out", dir_ + "/h"},
