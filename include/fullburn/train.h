@@ -248,6 +248,8 @@ class CheckpointWriter {
   int64_t protected_step_ = -1;  // under mu_
 };
 
+// Where CheckpointWriter puts the checkpoint of `step`: DIR/step-00001234.safetensors.
+std::string CheckpointPath(const std::string& dir, int64_t step);
 // Checkpoint files of a directory, newest (highest step) first.
 std::vector<std::string> ListCheckpoints(const std::string& dir);
 

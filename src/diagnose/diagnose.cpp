@@ -67,7 +67,8 @@ std::vector<Finding> Diagnose(const RunData& run) {
 }
 
 JobGpus ReadJobGpus(const RunData& run) {
-  Facts f = Gather(run);
+  Facts f;
+  GatherGpus(run.samples, &f);
   return {f.gpu_util, f.mem_peak_share, f.other_gpus};
 }
 

@@ -68,55 +68,6 @@ std::set<std::pair<int, int>> NotTheJobs(const std::map<std::string, Series>& m,
   return out;
 }
 
-void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
-  double util_sum = 0;
-  std::vector<std::pair<int, int>> found;  // (rank, gpu) with a util series
-  for (const auto& [name, series] : m) {
-    int index = 0, rank = 0;
-    const MetricDef* def = FindMetric(name, &index, &rank);
-    if (def && def->scope == MetricScope::kGpu && std::string(def->suffix) == "util")
-      found.emplace_back(rank, index);
-  }
-  std::sort(found.begin(), found.end());
-  std::set<std::pair<int, int>> not_the_jobs = NotTheJobs(m, found);
-  for (const auto& [rank, g] : found) {
-    std::string p = RankPrefix(rank) + "gpu" + std::to_string(g) + ".";
-    const Series* util = Find(m, p + "util");
-    if (!util) continue;
-    GpuFacts gf;
-    gf.index = g;
-    gf.rank = rank;
-    if (not_the_jobs.count({rank, g})) {
-      f->other_gpus.push_back(gf.Name());
-      continue;
-    }
-    gf.util = MedianOf(*util);
-    util_sum += gf.util;
-    const Series *used = Find(m, p + "mem_used_bytes"), *total = Find(m, p + "mem_total_bytes");
-    if (used && total && Max(*total) > 0) {
-      gf.mem_peak_share = Max(*used) / Max(*total);
-      f->mem_peak_share = std::isnan(f->mem_peak_share)
-                              ? gf.mem_peak_share
-                              : std::max(f->mem_peak_share, gf.mem_peak_share);
-    }
-    if (const Series* rx = Find(m, p + "pcie_rx_bytes_per_s")) {
-      gf.pcie_rx = MedianOf(*rx);
-      f->pcie_rx = std::isnan(f->pcie_rx) ? gf.pcie_rx : std::max(f->pcie_rx, gf.pcie_rx);
-    }
-    if (const Series* t = Find(m, p + "throttle_reasons")) {
-      double power = 0, thermal = 0;
-      for (const SeriesPoint& s : *t) {
-        power += IsPowerThrottled(static_cast<uint64_t>(s.v));
-        thermal += IsThermalThrottled(static_cast<uint64_t>(s.v));
-      }
-      f->power_share = std::max(f->power_share, power / t->size());
-      f->thermal_share = std::max(f->thermal_share, thermal / t->size());
-    }
-    f->gpus.push_back(gf);
-  }
-  if (!f->gpus.empty()) f->gpu_util = util_sum / f->gpus.size();
-}
-
 // One node's host readings; Facts keeps the worst node's of each.
 void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
   std::string p = RankPrefix(rank) + "host.";
@@ -252,6 +203,55 @@ void IdleFromGpus(const RunData& d, Facts* f) {
 }
 
 }  // namespace
+
+void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
+  double util_sum = 0;
+  std::vector<std::pair<int, int>> found;  // (rank, gpu) with a util series
+  for (const auto& [name, series] : m) {
+    int index = 0, rank = 0;
+    const MetricDef* def = FindMetric(name, &index, &rank);
+    if (def && def->scope == MetricScope::kGpu && std::string(def->suffix) == "util")
+      found.emplace_back(rank, index);
+  }
+  std::sort(found.begin(), found.end());
+  std::set<std::pair<int, int>> not_the_jobs = NotTheJobs(m, found);
+  for (const auto& [rank, g] : found) {
+    std::string p = RankPrefix(rank) + "gpu" + std::to_string(g) + ".";
+    const Series* util = Find(m, p + "util");
+    if (!util) continue;
+    GpuFacts gf;
+    gf.index = g;
+    gf.rank = rank;
+    if (not_the_jobs.count({rank, g})) {
+      f->other_gpus.push_back(gf.Name());
+      continue;
+    }
+    gf.util = MedianOf(*util);
+    util_sum += gf.util;
+    const Series *used = Find(m, p + "mem_used_bytes"), *total = Find(m, p + "mem_total_bytes");
+    if (used && total && Max(*total) > 0) {
+      gf.mem_peak_share = Max(*used) / Max(*total);
+      f->mem_peak_share = std::isnan(f->mem_peak_share)
+                              ? gf.mem_peak_share
+                              : std::max(f->mem_peak_share, gf.mem_peak_share);
+    }
+    if (const Series* rx = Find(m, p + "pcie_rx_bytes_per_s")) {
+      gf.pcie_rx = MedianOf(*rx);
+      f->pcie_rx = std::isnan(f->pcie_rx) ? gf.pcie_rx : std::max(f->pcie_rx, gf.pcie_rx);
+    }
+    if (const Series* t = Find(m, p + "throttle_reasons")) {
+      double power = 0, thermal = 0;
+      for (const SeriesPoint& s : *t) {
+        power += IsPowerThrottled(static_cast<uint64_t>(s.v));
+        thermal += IsThermalThrottled(static_cast<uint64_t>(s.v));
+      }
+      f->power_share = std::max(f->power_share, power / t->size());
+      f->thermal_share = std::max(f->thermal_share, thermal / t->size());
+    }
+    f->gpus.push_back(gf);
+  }
+  if (!f->gpus.empty()) f->gpu_util = util_sum / f->gpus.size();
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return NAN;

@@ -302,6 +302,12 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
   return stall;
 }
 
+std::string CheckpointPath(const std::string& dir, int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "/step-%08lld.safetensors", static_cast<long long>(step));
+  return dir + name;
+}
+
 void CheckpointWriter::Protect(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   protected_step_ = step;
@@ -318,9 +324,7 @@ double CheckpointWriter::BeforeUpdate() {
 
 void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s) {
   double start = Now();
-  char name[64];
-  std::snprintf(name, sizeof name, "/step-%08lld.safetensors", static_cast<long long>(step));
-  Written w{step, dir_ + name, 0, stall_s, 0, Status::Ok()};
+  Written w{step, CheckpointPath(dir_, step), 0, stall_s, 0, Status::Ok()};
   w.status = WriteCheckpointFile(w.path, state, &w.bytes);
   w.write_s = Now() - start;
   {

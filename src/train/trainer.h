@@ -197,6 +197,9 @@ class Trainer {
   // Samples of the epoch read before next_batch_ counted from 0 (a resumed
   // run's start); the position a checkpoint saves is EpochSamplesRead().
   int64_t epoch_skip_ = 0;
+  int64_t StepsPerEpoch() const {
+    return std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
+  }
   int64_t EpochSamplesRead() const { return epoch_skip_ + next_batch_ * batch_ * rank_.world_size; }
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
   double recent_rate_ = 0, recent_wait_share_ = 0;

@@ -28,9 +28,8 @@ std::string Trainer::ResolvedValPath() const {
 }
 
 Status Trainer::SetupEval() {
-  int64_t per_epoch = std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
   eval_every_steps_ = cfg_.Int("eval.every_steps");
-  eval_every_epoch_steps_ = cfg_.Int("eval.every_epochs") * per_epoch;
+  eval_every_epoch_steps_ = cfg_.Int("eval.every_epochs") * StepsPerEpoch();
   bool periodic = eval_every_steps_ > 0 || eval_every_epoch_steps_ > 0;
   if (!periodic && !cfg_.Bool("eval.at_end")) return Status::Ok();
   const std::string& source = cfg_.Str("data.source");
@@ -54,21 +53,13 @@ Status Trainer::SetupEval() {
           !made.ok())
         return made.status();
   }
-  // A held-out set smaller than one training batch per rank is read in
-  // smaller batches rather than refused.
-  for (;;) {
-    auto src = OpenSource(cfg_, es);
-    if (src.ok()) {
-      eval_source_ = std::move(*src);
-      return Status::Ok();
-    }
-    bool too_few = src.status().message().find("fewer samples than one batch") != std::string::npos;
-    if (!too_few || es.batch_size == 1) {
-      exit_code = kExitUsage;
-      return Status::InvalidArgument("held-out data (data.val_path): " + src.status().message());
-    }
-    es.batch_size = std::max(1, es.batch_size / 2);
+  auto src = OpenSource(cfg_, es);
+  if (!src.ok()) {
+    exit_code = kExitUsage;
+    return Status::InvalidArgument("held-out data (data.val_path): " + src.status().message());
   }
+  eval_source_ = std::move(*src);
+  return Status::Ok();
 }
 
 bool Trainer::EvaluationDue() const {
@@ -160,9 +151,7 @@ void Trainer::KeepIfBest(nlohmann::json* eval) {
   Checkpoint(false);
   ckpt_->Protect(step_);
   best_step_ = step_;
-  char name[64];
-  std::snprintf(name, sizeof name, "/step-%08lld.safetensors", static_cast<long long>(step_));
-  best_checkpoint_ = ckpt_dir_ + name;
+  best_checkpoint_ = CheckpointPath(ckpt_dir_, step_);
   (*eval)["checkpoint"] = best_checkpoint_;
 }
 

@@ -196,9 +196,8 @@ void Trainer::SetupOptimization(const OptimizerOptions& oo) {
   so.growth_interval = cfg_.Int("amp.growth_interval");
   scaler_ = std::make_unique<LossScaler>(so);
 
-  int64_t per_epoch = std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
-  total_steps_ =
-      cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps") : per_epoch * cfg_.Int("train.epochs");
+  total_steps_ = cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps")
+                                             : StepsPerEpoch() * cfg_.Int("train.epochs");
   schedule_.peak = cfg_.Float("optim.lr");
   if (cfg_.Bool("optim.scale_lr"))
     schedule_.peak *= static_cast<double>(batch_ * accumulate_ * rank_.world_size) /
