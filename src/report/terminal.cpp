@@ -136,11 +136,21 @@ std::string RenderSummary(const RunInfo& run, const RunSummary& sum, const std::
 
 std::string RenderLiveLine(const Snapshot& s, double elapsed) {
   std::string line = fmt::format("fullburn {:>7}", FormatDuration(elapsed));
+  // Once the job holds memory on a GPU, the line shows only the GPUs it holds
+  // (as the diagnosis counts them): a one-GPU job on an eight-GPU node fits.
+  bool job_seen = false;
+  for (const GpuSample& g : s.gpus) job_seen = job_seen || g.proc_mem_used_bytes.value_or(0) > 0;
+  int others = 0;
   for (const GpuSample& g : s.gpus) {
+    if (job_seen && g.proc_mem_used_bytes && *g.proc_mem_used_bytes <= 0) {
+      ++others;
+      continue;
+    }
     line += fmt::format(" | gpu{} {}", g.index, Opt(g.util, "%"));
     if (g.mem_used_bytes) line += " " + FormatBytes(*g.mem_used_bytes);
     if (g.power_w) line += fmt::format(" {:.0f}W", *g.power_w);
   }
+  if (others) line += fmt::format(" (+{} not the job's)", others);
   if (s.gpus.empty()) line += " | gpu n/a";
   line += " | cpu " + Opt(s.host.cpu.util, "%");
   if (s.proc)

@@ -44,7 +44,7 @@ class ImageSource : public BatchSource {
 class TensorSource : public BatchSource {
  public:
   TensorSource(torch::Tensor x, torch::Tensor y, int batch, uint64_t seed, int64_t classes,
-               bool tokens, int rank, int world)
+               bool tokens, int rank, int world, bool keep_last)
       : x_(std::move(x)),
         y_(std::move(y)),
         batch_(batch),
@@ -52,8 +52,9 @@ class TensorSource : public BatchSource {
         classes_(classes),
         tokens_(tokens),
         rank_(rank),
-        world_(world) {}
-  int64_t batches_per_epoch() const override { return x_.size(0) / world_ / batch_; }
+        world_(world),
+        keep_last_(keep_last) {}
+  int64_t batches_per_epoch() const override { return Batches(x_.size(0)); }
   void StartEpoch(int epoch, int64_t consumed) override {
     std::vector<int64_t> all = EpochPermutation(x_.size(0), seed_, epoch), perm;
     const int64_t n = x_.size(0), skip = std::max<int64_t>(0, std::min(consumed, n));
@@ -62,15 +63,16 @@ class TensorSource : public BatchSource {
     for (int64_t i = skip + rank_; i < n; i += world_) perm.push_back(all[static_cast<size_t>(i)]);
     order_ = torch::from_blob(perm.data(), {static_cast<int64_t>(perm.size())}, torch::kLong)
                  .to(x_.device(), /*non_blocking=*/false, /*copy=*/true);
-    epoch_batches_ = (n - skip) / world_ / batch_;
+    epoch_batches_ = Batches(n - skip);
     next_ = 0;
   }
   bool Next(TrainBatch* b) override {
     if (next_ >= epoch_batches_) return false;
-    torch::Tensor idx = order_.slice(0, next_ * batch_, (next_ + 1) * batch_);
+    torch::Tensor idx =
+        order_.slice(0, next_ * batch_, std::min((next_ + 1) * batch_, order_.size(0)));
     b->inputs = x_.index_select(0, idx);
     b->targets = y_.index_select(0, idx);
-    b->samples = batch_;
+    b->samples = idx.size(0);
     ++next_;
     return true;
   }
@@ -78,12 +80,21 @@ class TensorSource : public BatchSource {
   int64_t in_features() const override { return tokens_ || x_.dim() != 2 ? 0 : x_.size(1); }
 
  private:
+  // Training: whole batches the same on every rank (a collective per step).
+  // Evaluation (keep_last): every sample of this rank's share, the last batch short.
+  int64_t Batches(int64_t samples) const {
+    if (!keep_last_) return samples / world_ / batch_;
+    int64_t mine = samples > rank_ ? (samples - rank_ + world_ - 1) / world_ : 0;
+    return (mine + batch_ - 1) / batch_;
+  }
+
   torch::Tensor x_, y_, order_;
   int batch_;
   uint64_t seed_;
   int64_t classes_;
   bool tokens_;
   int rank_, world_;
+  bool keep_last_;
   int64_t next_ = 0, epoch_batches_ = 0;
 };
 
@@ -168,7 +179,8 @@ std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
     y = x.matmul(w).argmax(1);
   }
   return std::make_unique<TensorSource>(x.to(s.device), y.to(s.device), s.batch_size, s.seed,
-                                        classes, tokens, s.rank, s.world_size);
+                                        classes, tokens, s.rank, s.world_size,
+                                        /*keep_last=*/!s.train);
 }
 
 }  // namespace

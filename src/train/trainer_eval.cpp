@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <limits>
 
@@ -91,7 +90,9 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
   if (!eval_source_) return Status::Ok();
   double started = MonoNow();
   int64_t max_samples = cfg_.Int("eval.max_samples");
-  double cap = max_samples > 0 ? std::ceil(static_cast<double>(max_samples) / rank_.world_size)
+  // Rank r reads max/world samples, one more while r < max % world: max in all.
+  double cap = max_samples > 0 ? static_cast<double>(max_samples / rank_.world_size +
+                                                     (rank_.rank < max_samples % rank_.world_size))
                                : std::numeric_limits<double>::infinity();
   std::vector<double> sums(4,
                            0.0);  // loss, correct, targets (tokens for a language model), samples

@@ -128,17 +128,25 @@ TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
   EXPECT_GT(evals.back().value("val_accuracy", 0.0), 0.5) << evals.back().dump();  // chance: 0.25
 }
 
-// eval.max_samples: exactly that many, the last batch cut short, over ranks too.
+// eval.max_samples: exactly that many, the last batch cut short, over ranks too;
+// without it, every held-out sample, though they are not whole batches.
 TEST_F(TrainE2E, EvaluationReadsMaxSamples) {
   ASSERT_EQ(Train({"train.steps=3", "eval.max_samples=40"}).code, 0);
   EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 40);
+  // 2000 / 8 = 250 held-out samples: 7 batches of 32 and one of 26.
+  ASSERT_EQ(Train({"train.steps=3", "data.synthetic_samples=2000"}).code, 0);
+  EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 250);
   std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
                                    FULLBURN_BIN, "train",  "-q",      "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   argv.insert(argv.end(), {"train.steps=3", "eval.max_samples=41"});
   auto o = RunToEnd(argv, 300);
   ASSERT_EQ(o.code, 0) << o.err;
-  EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 42);  // 21 per rank
+  EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 41);  // 21 + 20
+  argv.back() = "data.synthetic_samples=2002";  // 250 held out: 125 per rank, not whole batches
+  o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(Evaluation(Store()->GetRun("last").value().id)["val_samples"], 250);
 }
 
 // checkpoint.keep_best: the checkpoint of the lowest held-out loss outlives

@@ -60,6 +60,31 @@ TEST(Report, SummarySaysWhichGpusTheJobDidNotUse) {
   EXPECT_EQ(text.find("not used by this job"), std::string::npos) << text;
 }
 
+// The live line of `fullburn run`: all GPUs until the job holds memory on
+// one, then only those it holds, with a count of the rest.
+TEST(Report, LiveLineShowsTheJobsGpusOnceKnown) {
+  Snapshot s;
+  for (int i = 0; i < 8; ++i) {
+    GpuSample g;
+    g.index = i;
+    g.util = 10.0 * i;
+    g.proc_mem_used_bytes = 0.0;
+    s.gpus.push_back(g);
+  }
+  std::string line = RenderLiveLine(s, 5);
+  for (int i = 0; i < 8; ++i)
+    EXPECT_NE(line.find("gpu" + std::to_string(i) + " "), std::string::npos) << line;
+  s.gpus[3].proc_mem_used_bytes = 1e9;
+  line = RenderLiveLine(s, 5);
+  EXPECT_NE(line.find("gpu3 30 %"), std::string::npos) << line;
+  EXPECT_EQ(line.find("gpu0 "), std::string::npos) << line;
+  EXPECT_NE(line.find("+7 not the job's"), std::string::npos) << line;
+  s.gpus[5].proc_mem_used_bytes.reset();  // unknown: shown, never hidden on a guess
+  line = RenderLiveLine(s, 5);
+  EXPECT_NE(line.find("gpu5 "), std::string::npos) << line;
+  EXPECT_NE(line.find("+6 not the job's"), std::string::npos) << line;
+}
+
 TEST(Report, ExitCodesOfSignalsAreNamed) {
   EXPECT_EQ(DescribeExitCode(3), "exit code 3");
   EXPECT_NE(DescribeExitCode(137).find("SIGKILL"), std::string::npos);
