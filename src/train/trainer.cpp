@@ -303,9 +303,10 @@ Status Trainer::Run() {
       s = Status::ResourceExhausted(fmt::format(
           "the model, its optimizer state and the data held in memory do not fit ({}): use a "
           "smaller model (model.width, model.hidden, model.layers) or less data in memory{}",
-          what,
-          ctx_.device.is_cuda() ? ", or a GPU with more memory"
-                                : ", or raise train.memory_budget_mb"));
+          DescribeOutOfMemory(e),
+          ctx_.device.is_cuda()   ? ", or a GPU with more memory"
+          : CpuMemoryBudget() > 0 ? ", or raise train.memory_budget_mb"
+                                  : ""));
     else
       s = Status::Internal("setting up training failed: " + what);
   }
@@ -366,7 +367,22 @@ bool IsOutOfMemory(const std::exception& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
   std::string what = e.what();
   return what.find("out of memory") != std::string::npos ||
-         what.find("memory budget exceeded") != std::string::npos;
+         what.find("memory budget exceeded") != std::string::npos ||
+         what.find("can't allocate memory") != std::string::npos;  // CPU allocator
+}
+
+std::string DescribeOutOfMemory(const std::exception& e) {
+  std::string what = e.what();
+  // The CPU allocator's "[enforce fail at alloc_cpu.cpp:75] ... you tried to
+  // allocate N bytes. Error code 12 ..." says one useful thing: N.
+  const std::string tried = "tried to allocate ";
+  if (size_t at = what.find(tried); at != std::string::npos) {
+    double bytes = std::strtod(what.c_str() + at + tried.size(), nullptr);
+    if (what.compare(at + tried.size() + std::to_string(static_cast<int64_t>(bytes)).size(), 6,
+                     " bytes") == 0)
+      return fmt::format("one allocation of {:.1f} GiB failed", bytes / (1 << 30));
+  }
+  return what.substr(0, what.find('\n'));
 }
 
 int RunTraining(const TrainerOptions& options) {

@@ -72,6 +72,8 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
                                 const std::function<void(const BatchTrial&)>& trial);
 
 bool IsOutOfMemory(const std::exception& e);
+// The one line of an out-of-memory error worth showing a user.
+std::string DescribeOutOfMemory(const std::exception& e);
 
 // The signal (SIGINT/SIGTERM) that asked training to stop, or 0.
 int PendingStopSignal();

@@ -736,6 +736,26 @@ TEST_F(TrainE2E, DataAndMemoryMistakesStopBeforeTraining) {
     EXPECT_NE(o.err.find(c.expect), std::string::npos) << o.err;
     EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
   }
+  // A model past the machine's memory (an address-space limit makes the
+  // allocator fail the same way everywhere): the size, not an allocator trace.
+  std::vector<std::string> argv = {"bash",
+                                   "-c",
+                                   "ulimit -v 8000000; exec \"$0\" \"$@\"",
+                                   FULLBURN_BIN,
+                                   "train",
+                                   "-q",
+                                   "--store",
+                                   store_,
+                                   "model.name=mlp",
+                                   "data.source=synthetic",
+                                   "model.hidden=200000"};
+  auto o = RunToEnd(argv, 300);
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_NE(o.err.find("do not fit (one allocation of 149.0 GiB failed): use a smaller model"),
+            std::string::npos)
+      << o.err;
+  EXPECT_EQ(o.err.find("enforce fail"), std::string::npos) << o.err;
+  EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
   EXPECT_TRUE(Store()->ListRuns().value().empty());
 }
 
