@@ -293,6 +293,9 @@ Facts Gather(const RunData& d) {
     if (cfg.contains("train") && cfg["train"].contains("precision") &&
         cfg["train"]["precision"].is_string())
       f.precision = cfg["train"]["precision"].get<std::string>();
+    if (cfg.contains("resolved") && cfg["resolved"].contains("device") &&
+        cfg["resolved"]["device"].is_string())
+      f.device = cfg["resolved"]["device"].get<std::string>();
     if (cfg.contains("data") && cfg["data"].contains("threads") &&
         cfg["data"]["threads"].is_number())
       f.data_threads = cfg["data"]["threads"].get<int>();

@@ -77,6 +77,7 @@ struct Facts {
   bool interrupted = false;  // the latter (the store found the recorder gone)
   bool killed = false;  // exit code 137: SIGKILL, the kernel's OOM killer's signal
   std::string precision;
+  std::string device;     // where fullburn train ran ("cpu", "cuda:0"), from the run's config
   int cores = 0;          // host.cpuN series
   int data_threads = -1;  // data.threads of a fullburn train run (0: tuned)
 };

@@ -81,6 +81,15 @@ TEST(Diagnose, BusyGpuIsHealthyWithNoFalseAlarms) {
   fp32.run.config_json = R"({"train": {"precision": "fp32"}})";
   auto g = fp32.Gpu(95, 0.7).Host(40).Run();
   EXPECT_NE(g[0].fix.find("bf16"), std::string::npos);  // compute-bound: suggest mixed precision
+  EXPECT_NE(g[0].fix.find("tensor cores"), std::string::npos);
+  // fullburn train on the CPU: no tensor cores to point to.
+  Case cpu;
+  cpu.run.config_json = R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu"}})";
+  auto h = cpu.Host(95).Wait(0.02).Run();
+  ASSERT_EQ(Causes(h), std::vector<std::string>{"healthy"});
+  EXPECT_NE(h[0].fix.find("compute-bound on the CPU: train.threads"), std::string::npos)
+      << h[0].fix;
+  EXPECT_EQ(h[0].fix.find("tensor cores"), std::string::npos) << h[0].fix;
 }
 
 TEST(Diagnose, NothingMeasuredSaysHowToMeasureNotHowToSpeedUp) {
