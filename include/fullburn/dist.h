@@ -29,10 +29,22 @@ constexpr int kDefaultPort = 29500;
 
 struct RankInfo {
   int rank = 0, world_size = 1, local_rank = 0;
+  // Ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
+  // SLURM_NTASKS_PER_NODE); the world size when no local rank is given (one
+  // node); 0 when unknown.
+  int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultPort;
   std::string launcher;  // torchrun | slurm | mpi | fullburn
 };
+
+// The CPUs one rank should use for its threads. An affinity mask narrower
+// than the machine (Slurm's binding, taskset, a cpuset) is the share a
+// launcher already gave this rank; otherwise the node's CPUs are split evenly
+// over its ranks (local_world_size 0, unknown, counts as 1).
+int RankCpus(int affinity_cpus, int machine_cpus, int local_world_size);
+// This process's affinity mask, counted (0 when it cannot be read).
+int AffinityCpus();
 
 using EnvMap = std::map<std::string, std::string>;
 EnvMap EnvironmentMap();

@@ -1,6 +1,8 @@
 // Ranks from launcher environments, and the environment of `fullburn launch`.
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "fullburn/dist.h"
@@ -12,11 +14,13 @@ namespace {
 
 struct Scheme {
   const char* launcher;
-  const char *rank, *size, *local_rank;
+  const char *rank, *size, *local_rank, *local_size;
 };
-const Scheme kSchemes[] = {{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-                           {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
-                           {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}};
+const Scheme kSchemes[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"}};
 
 const std::string* Get(const EnvMap& env, const char* name) {
   auto it = env.find(name);
@@ -35,6 +39,19 @@ Result<int> NonNegativeInt(const EnvMap& env, const char* name, int lo) {
 }
 
 }  // namespace
+
+int RankCpus(int affinity_cpus, int machine_cpus, int local_world_size) {
+  if (affinity_cpus > 0 && affinity_cpus < machine_cpus) return affinity_cpus;
+  int cpus = std::max(1, std::max(affinity_cpus, machine_cpus));
+  return std::max(1, cpus / std::max(1, local_world_size));
+}
+
+int AffinityCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+  return CPU_COUNT(&set);
+}
 
 EnvMap EnvironmentMap() {
   EnvMap env;
@@ -81,6 +98,9 @@ Result<std::optional<RankInfo>> RankFromEnvironment(const EnvMap& env) {
     if (local.ok()) info.local_rank = *local;
     else if (local.status().code() != Status::Code::kNotFound) return local.status();
     else info.local_rank = info.rank;  // one node
+    // Only a thread-count default depends on it: a malformed value reads as unknown.
+    Result<int> local_size = NonNegativeInt(env, s.local_size, 1);
+    info.local_world_size = local_size.ok() ? *local_size : local.ok() ? 0 : info.world_size;
     if (const std::string* nodes = Get(env, "SLURM_JOB_NODELIST"); nodes && info.launcher == "slurm") {
       Result<std::string> host = FirstSlurmHost(*nodes);
       if (!host.ok()) return host.status();

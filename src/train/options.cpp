@@ -21,7 +21,7 @@ const std::vector<OptionDef>& TrainOptions() {
       {"data.image_size", T::kInt, "64", "Side of the square crop fed to the model (pixels)", "",
        ">0"},
       {"data.threads", T::kInt, "0",
-       "Loader worker threads; 0: tuned while running within cores - 1", "", ">=0"},
+       "Loader worker threads; 0: tuned while running within this rank's CPUs - 1", "", ">=0"},
       {"data.prefetch", T::kInt, "0", "Batches prepared ahead; 0: tuned (3..8)", "", ">=0"},
       {"data.cache_mb", T::kInt, "0", "RAM cache of encoded samples (MiB); 0: off", "", ">=0"},
       {"data.bad_samples", T::kString, "fail",
@@ -74,7 +74,9 @@ const std::vector<OptionDef>& TrainOptions() {
        ">=0"},
       {"train.seed", T::kInt, "0", "Seed of weights, data order and augmentation", "", ">=0"},
       {"train.threads", T::kInt, "0",
-       "Intra-op threads of the training thread; 0: the cores the loader does not use", "", ">=0"},
+       "Intra-op threads of the training thread; 0: this rank's share of the CPUs (all of them for "
+       "one process, split over a node's ranks, or the CPUs a launcher bound it to)",
+       "", ">=0"},
       {"train.keep_host_memory", T::kBool, "true",
        "Keep freed host memory for reuse (glibc: no trimming, mmap only past 32 MiB) instead of "
        "returning it to the OS every step, whose page faults slow CPU steps; false: glibc's "

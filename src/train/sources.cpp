@@ -199,6 +199,7 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
   t.loader.root = s.path;
   t.loader.batch_size = s.batch_size;
   t.loader.threads = static_cast<int>(c.Int("data.threads"));
+  t.loader.cpu_budget = s.loader_cpu_budget;
   t.loader.prefetch = static_cast<int>(c.Int("data.prefetch"));
   t.loader.cache_bytes = c.Int("data.cache_mb") << 20;
   t.loader.out_w = t.loader.out_h = static_cast<int>(c.Int("data.image_size"));

@@ -44,6 +44,7 @@ struct SourceSpec {
   torch::Device device = torch::kCPU;
   bool channels_last = false;
   int rank = 0, world_size = 1;
+  int loader_cpu_budget = 0;  // most loader threads (LoaderOptions::cpu_budget)
 };
 
 Result<std::unique_ptr<BatchSource>> OpenSource(const Config& config, const SourceSpec& spec);

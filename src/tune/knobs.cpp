@@ -168,7 +168,10 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
   } else if (knob == "prefetch") {
     out = Values("data.prefetch", {"0", "2", "8"}, Get(ctx, "data.prefetch"));
   } else if (knob == "threads") {
-    out = Values("train.threads", {"0", n(cores / 2), n(cores)}, Get(ctx, "train.threads"));
+    // Trials run one process, for which 0 (auto) is every core: one trial of it, not two.
+    std::string current = Get(ctx, "train.threads");
+    out = Values("train.threads", {n(cores / 2), n(cores - 1), n(cores)},
+                 current == "0" ? n(cores) : current);
   } else if (knob == "precision") {
     std::vector<std::string> v =
         ctx.cuda ? std::vector<std::string>{"bf16", "fp16"} : std::vector<std::string>{"bf16"};

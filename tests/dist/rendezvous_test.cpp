@@ -21,6 +21,7 @@ TEST(Rendezvous, Torchrun) {
   EXPECT_EQ(i.rank, 3);
   EXPECT_EQ(i.world_size, 8);
   EXPECT_EQ(i.local_rank, 1);
+  EXPECT_EQ(i.local_world_size, 0);  // no LOCAL_WORLD_SIZE: unknown
   EXPECT_EQ(i.master_addr, "node7");
   EXPECT_EQ(i.master_port, 29400);
   EXPECT_EQ(i.launcher, "torchrun");
@@ -32,6 +33,7 @@ TEST(Rendezvous, SlurmTakesTheFirstHostOfTheNodeList) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ((*r)->rank, 5);
   EXPECT_EQ((*r)->local_rank, 1);
+  EXPECT_EQ((*r)->local_world_size, 0);
   EXPECT_EQ((*r)->master_addr, "gpu012");
   EXPECT_EQ((*r)->master_port, kDefaultPort);
   EXPECT_EQ((*r)->launcher, "slurm");
@@ -48,6 +50,19 @@ TEST(Rendezvous, OpenMpiWithAnExplicitMaster) {
   EXPECT_EQ((*r)->world_size, 2);
   EXPECT_EQ((*r)->master_addr, "10.0.0.1");
   EXPECT_EQ((*r)->launcher, "mpi");
+  auto sized = RankFromEnvironment({{"OMPI_COMM_WORLD_RANK", "0"},
+                                    {"OMPI_COMM_WORLD_SIZE", "8"},
+                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  EXPECT_EQ((*sized)->local_world_size, 4);
+  auto slurm = RankFromEnvironment({{"SLURM_PROCID", "0"},
+                                    {"SLURM_NTASKS", "8"},
+                                    {"SLURM_LOCALID", "0"},
+                                    {"SLURM_NTASKS_PER_NODE", "2"}});
+  EXPECT_EQ((*slurm)->local_world_size, 2);
+  // No local rank at all: one node, every rank on it.
+  auto one_node = RankFromEnvironment({{"RANK", "1"}, {"WORLD_SIZE", "3"}, {"MASTER_PORT", "9"}});
+  EXPECT_EQ((*one_node)->local_world_size, 3);
 }
 
 TEST(Rendezvous, TorchrunWinsOverSlurm) {
@@ -57,6 +72,16 @@ TEST(Rendezvous, TorchrunWinsOverSlurm) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*r)->rank, 1);
   EXPECT_EQ((*r)->launcher, "torchrun");
+}
+
+TEST(Rendezvous, EachRankGetsItsShareOfTheCpus) {
+  EXPECT_EQ(RankCpus(16, 16, 1), 16);
+  EXPECT_EQ(RankCpus(16, 16, 4), 4);   // 4 ranks on a 16-CPU node, none bound
+  EXPECT_EQ(RankCpus(16, 16, 0), 16);  // unknown ranks per node
+  EXPECT_EQ(RankCpus(4, 16, 4), 4);    // bound to 4 CPUs by the launcher: not split again
+  EXPECT_EQ(RankCpus(2, 2, 3), 1);     // more ranks than CPUs: one thread each
+  EXPECT_EQ(RankCpus(0, 8, 2), 4);     // affinity unreadable
+  EXPECT_GE(AffinityCpus(), 1);
 }
 
 TEST(Rendezvous, BadVariablesAreClearErrors) {
@@ -94,6 +119,7 @@ TEST(Rendezvous, LaunchEnvironmentIsTorchruns) {
   EXPECT_EQ((*r)->rank, 6);  // node 1, local 2, 4 per node
   EXPECT_EQ((*r)->world_size, 8);
   EXPECT_EQ((*r)->local_rank, 2);
+  EXPECT_EQ((*r)->local_world_size, 4);
   EXPECT_EQ((*r)->master_addr, "node0");
   p.node_rank = 2;
   EXPECT_FALSE(CheckLaunchPlan(p).ok());

@@ -141,6 +141,10 @@ TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
   std::vector<std::string> values;
   for (const Candidate& c : threads) values.push_back(c.overrides.at("data.threads"));
   EXPECT_EQ(values, (std::vector<std::string>{"0", "7", "8"}));
+  values.clear();  // train.threads = 0 is all 8 cores: not tried again as 8
+  for (const Candidate& c : KnobCandidates("threads", ctx, &skip))
+    values.push_back(c.overrides.at("train.threads"));
+  EXPECT_EQ(values, (std::vector<std::string>{"4", "7"}));
   auto precision = KnobCandidates("precision", ctx, &skip);
   ASSERT_EQ(precision.size(), 1u);  // CPU: bf16 only
   EXPECT_EQ(precision[0].overrides.at("train.precision"), "bf16");
