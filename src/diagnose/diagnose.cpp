@@ -39,9 +39,13 @@ Finding Healthy(const Facts& f) {
   else if (f.trainer && f.device == "cpu")
     // No tensor cores to win: bf16 autocast is slower than fp32 on CPUs
     // without native bf16 (-91% in docs/benchmarks.md), so the advice is cores or a GPU.
-    fix =
-        "compute-bound on the CPU: train.threads up to the cores free of the loader, or train "
-        "on a GPU (bf16 pays off only on CPUs with native bf16: AVX512-BF16, AMX)";
+    fix = f.train_threads > 0 && f.train_threads < f.cores
+              ? fmt::format(
+                    "compute-bound on the CPU with {} of {} cores: train.threads = 0 (this rank's "
+                    "share of the CPUs) or {}",
+                    f.train_threads, f.cores, f.cores)
+              : "compute-bound on the CPU, every core at work: train on a GPU (bf16 pays off only "
+                "on CPUs with native bf16: AVX512-BF16, AMX)";
   else if (f.precision == "fp32")
     fix = "compute-bound: train.precision = bf16 (or fp16 on CUDA) for tensor cores";
   else if (f.trainer)

@@ -296,6 +296,9 @@ Facts Gather(const RunData& d) {
     if (cfg.contains("resolved") && cfg["resolved"].contains("device") &&
         cfg["resolved"]["device"].is_string())
       f.device = cfg["resolved"]["device"].get<std::string>();
+    if (cfg.contains("resolved") && cfg["resolved"].contains("threads") &&
+        cfg["resolved"]["threads"].is_number_integer())
+      f.train_threads = cfg["resolved"]["threads"].get<int>();
     if (cfg.contains("data") && cfg["data"].contains("threads") &&
         cfg["data"]["threads"].is_number())
       f.data_threads = cfg["data"]["threads"].get<int>();

@@ -78,6 +78,7 @@ struct Facts {
   bool killed = false;  // exit code 137: SIGKILL, the kernel's OOM killer's signal
   std::string precision;
   std::string device;     // where fullburn train ran ("cpu", "cuda:0"), from the run's config
+  int train_threads = 0;  // its intra-op threads (0: not recorded)
   int cores = 0;          // host.cpuN series
   int data_threads = -1;  // data.threads of a fullburn train run (0: tuned)
 };

@@ -84,12 +84,18 @@ TEST(Diagnose, BusyGpuIsHealthyWithNoFalseAlarms) {
   EXPECT_NE(g[0].fix.find("tensor cores"), std::string::npos);
   // fullburn train on the CPU: no tensor cores to point to.
   Case cpu;
-  cpu.run.config_json = R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu"}})";
-  auto h = cpu.Host(95).Wait(0.02).Run();
+  cpu.run.config_json =
+      R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu", "threads": 2}})";
+  for (int c = 0; c < 4; ++c) cpu.m["host.cpu" + std::to_string(c) + ".util"] = Flat(60);
+  auto h = cpu.Host(60).Wait(0.02).Run();
   ASSERT_EQ(Causes(h), std::vector<std::string>{"healthy"});
-  EXPECT_NE(h[0].fix.find("compute-bound on the CPU: train.threads"), std::string::npos)
+  EXPECT_NE(h[0].fix.find("compute-bound on the CPU with 2 of 4 cores: train.threads = 0"),
+            std::string::npos)
       << h[0].fix;
   EXPECT_EQ(h[0].fix.find("tensor cores"), std::string::npos) << h[0].fix;
+  cpu.run.config_json =
+      R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu", "threads": 4}})";
+  EXPECT_NE(cpu.Run()[0].fix.find("every core at work: train on a GPU"), std::string::npos);
 }
 
 TEST(Diagnose, NothingMeasuredSaysHowToMeasureNotHowToSpeedUp) {
