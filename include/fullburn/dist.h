@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "fullburn/env.h"
 #include "fullburn/status.h"
 
 namespace fullburn {
@@ -38,13 +39,24 @@ struct RankInfo {
   std::string launcher;  // torchrun | slurm | mpi | fullburn
 };
 
+// What this process may run on: its affinity mask (0: unreadable), the
+// machine's CPUs, and a CPU quota of its cgroup (Kubernetes limits, docker
+// --cpus), rounded down (0: none).
+struct CpuView {
+  int affinity = 0, machine = 0, quota = 0;
+};
+CpuView ReadCpuView(const Env* env);
+// The quota of /proc/self/cgroup's cgroups, v2 cpu.max or v1
+// cpu.cfs_quota_us / cpu.cfs_period_us, the tightest of the cgroup and its
+// ancestors; 0 when there is none or it cannot be read.
+int CgroupCpuQuota(const Env* env);
+
 // The CPUs one rank should use for its threads. An affinity mask narrower
 // than the machine (Slurm's binding, taskset, a cpuset) is the share a
-// launcher already gave this rank; otherwise the node's CPUs are split evenly
-// over its ranks (local_world_size 0, unknown, counts as 1).
-int RankCpus(int affinity_cpus, int machine_cpus, int local_world_size);
-// This process's affinity mask, counted (0 when it cannot be read).
-int AffinityCpus();
+// launcher already gave this rank; otherwise the node's CPUs, or the
+// container's quota where lower, are split evenly over its ranks
+// (local_world_size 0, unknown, counts as 1).
+int RankCpus(const CpuView& cpus, int local_world_size);
 
 using EnvMap = std::map<std::string, std::string>;
 EnvMap EnvironmentMap();

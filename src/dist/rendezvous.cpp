@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
+#include <sstream>
+#include <thread>
 
 #include "fullburn/dist.h"
 
@@ -40,17 +43,80 @@ Result<int> NonNegativeInt(const EnvMap& env, const char* name, int lo) {
 
 }  // namespace
 
-int RankCpus(int affinity_cpus, int machine_cpus, int local_world_size) {
-  if (affinity_cpus > 0 && affinity_cpus < machine_cpus) return affinity_cpus;
-  int cpus = std::max(1, std::max(affinity_cpus, machine_cpus));
-  return std::max(1, cpus / std::max(1, local_world_size));
+int RankCpus(const CpuView& cpus, int local_world_size) {
+  int quota = cpus.quota > 0 ? cpus.quota : INT_MAX;
+  if (cpus.affinity > 0 && cpus.affinity < cpus.machine) return std::min(cpus.affinity, quota);
+  int node = std::min(std::max({1, cpus.affinity, cpus.machine}), quota);
+  return std::max(1, node / std::max(1, local_world_size));
 }
 
-int AffinityCpus() {
+CpuView ReadCpuView(const Env* env) {
+  CpuView v;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 0;
-  return CPU_COUNT(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) v.affinity = CPU_COUNT(&set);
+  v.machine = static_cast<int>(std::thread::hardware_concurrency());
+  v.quota = CgroupCpuQuota(env);
+  return v;
+}
+
+namespace {
+
+// "/a/b" -> "/a/b", "/a", "" (a limit on any ancestor applies too).
+std::vector<std::string> SelfAndAncestors(std::string path) {
+  std::vector<std::string> out;
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  for (;;) {
+    out.push_back(path);
+    if (path.empty()) return out;
+    path = path.substr(0, path.rfind('/'));
+  }
+}
+
+double ReadNumber(const Env* env, const std::string& path, std::string* word = nullptr) {
+  Result<std::string> text = env->ReadFile(path);
+  if (!text.ok()) return 0;
+  std::istringstream in(*text);
+  std::string first;
+  in >> first;
+  if (word) in >> *word;
+  if (first == "max" || first.empty()) return 0;
+  return std::strtod(first.c_str(), nullptr);
+}
+
+}  // namespace
+
+int CgroupCpuQuota(const Env* env) {
+  Result<std::string> cgroups = env->ReadFile("/proc/self/cgroup");
+  if (!cgroups.ok()) return 0;
+  double tightest = 0;
+  auto take = [&](double quota_us, double period_us) {
+    if (quota_us <= 0 || period_us <= 0) return;  // -1 (v1) or "max" (v2): no limit
+    double cpus = quota_us / period_us;
+    if (tightest == 0 || cpus < tightest) tightest = cpus;
+  };
+  std::istringstream lines(*cgroups);
+  for (std::string line; std::getline(lines, line);) {
+    size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    // Inside a container the path is the host's, while the container sees its
+    // own cgroup at the mount's root: the walk up ends there either way.
+    if (controllers.empty()) {
+      for (const std::string& dir : SelfAndAncestors(path)) {
+        std::string period;
+        double quota = ReadNumber(env, "/sys/fs/cgroup" + dir + "/cpu.max", &period);
+        take(quota, std::strtod(period.c_str(), nullptr));
+      }
+    } else if (("," + controllers + ",").find(",cpu,") != std::string::npos) {
+      for (const std::string& mount :
+           {"/sys/fs/cgroup/" + controllers, std::string("/sys/fs/cgroup/cpu")})
+        for (const std::string& dir : SelfAndAncestors(path))
+          take(ReadNumber(env, mount + dir + "/cpu.cfs_quota_us"),
+               ReadNumber(env, mount + dir + "/cpu.cfs_period_us"));
+    }
+  }
+  return tightest > 0 ? std::max(1, static_cast<int>(tightest)) : 0;
 }
 
 EnvMap EnvironmentMap() {

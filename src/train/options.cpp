@@ -74,8 +74,9 @@ const std::vector<OptionDef>& TrainOptions() {
        ">=0"},
       {"train.seed", T::kInt, "0", "Seed of weights, data order and augmentation", "", ">=0"},
       {"train.threads", T::kInt, "0",
-       "Intra-op threads of the training thread; 0: this rank's share of the CPUs (all of them for "
-       "one process, split over a node's ranks, or the CPUs a launcher bound it to)",
+       "Intra-op threads of the training thread; 0: this rank's share of the CPUs (all of them, "
+       "or the container's CPU quota, for one process; split over a node's ranks; or the CPUs a "
+       "launcher bound it to)",
        "", ">=0"},
       {"train.keep_host_memory", T::kBool, "true",
        "Keep freed host memory for reuse (glibc: no trimming, mmap only past 32 MiB) instead of "

@@ -68,8 +68,7 @@ Status Trainer::SetupDevice() {
   // Every CPU of this rank's share, the loader's too: its threads sleep
   // whenever it keeps ahead, and a core held back for it sat idle (the demo
   // on 2 cores ran 1.35-1.56x faster on 2 threads than on 1).
-  int cpus = RankCpus(AffinityCpus(), static_cast<int>(std::thread::hardware_concurrency()),
-                      rank_.local_world_size);
+  int cpus = RankCpus(ReadCpuView(Env::Default()), rank_.local_world_size);
   int threads = static_cast<int>(cfg_.Int("train.threads"));
   torch::set_num_threads(threads > 0 ? threads : cpus);
   spec_.loader_cpu_budget = std::max(1, cpus - 1);

@@ -1,7 +1,12 @@
 // Rank discovery from the environments of torchrun, Slurm and Open MPI.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "fullburn/dist.h"
+#include "replay_env.h"
 
 namespace fullburn {
 namespace {
@@ -75,14 +80,71 @@ TEST(Rendezvous, TorchrunWinsOverSlurm) {
 }
 
 TEST(Rendezvous, EachRankGetsItsShareOfTheCpus) {
-  EXPECT_EQ(RankCpus(16, 16, 1), 16);
-  EXPECT_EQ(RankCpus(16, 16, 4), 4);   // 4 ranks on a 16-CPU node, none bound
-  EXPECT_EQ(RankCpus(16, 16, 0), 16);  // unknown ranks per node
-  EXPECT_EQ(RankCpus(4, 16, 4), 4);    // bound to 4 CPUs by the launcher: not split again
-  EXPECT_EQ(RankCpus(2, 2, 3), 1);     // more ranks than CPUs: one thread each
-  EXPECT_EQ(RankCpus(0, 8, 2), 4);     // affinity unreadable
-  EXPECT_GE(AffinityCpus(), 1);
+  EXPECT_EQ(RankCpus({16, 16, 0}, 1), 16);
+  EXPECT_EQ(RankCpus({16, 16, 0}, 4), 4);   // 4 ranks on a 16-CPU node, none bound
+  EXPECT_EQ(RankCpus({16, 16, 0}, 0), 16);  // unknown ranks per node
+  EXPECT_EQ(RankCpus({4, 16, 0}, 4), 4);    // bound to 4 CPUs by the launcher: not split again
+  EXPECT_EQ(RankCpus({2, 2, 0}, 3), 1);     // more ranks than CPUs: one thread each
+  EXPECT_EQ(RankCpus({0, 8, 0}, 2), 4);     // affinity unreadable
+  EXPECT_EQ(RankCpus({64, 64, 4}, 1), 4);   // a container limited to 4 CPUs on a 64-CPU host
+  EXPECT_EQ(RankCpus({64, 64, 4}, 2), 2);
+  EXPECT_EQ(RankCpus({8, 64, 4}, 1), 4);  // bound to 8, limited to 4
+  CpuView here = ReadCpuView(Env::Default());
+  EXPECT_GE(here.affinity, 1);
+  EXPECT_GE(here.machine, here.affinity);
 }
+
+// Recorded cgroup layouts: v2 (a quota on the pod's parent), v1 (cpu,cpuacct),
+// none, and a container that sees its own cgroup at the mount's root.
+class CgroupQuota : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::temp_directory_path() /
+            ("fullburn-cgroup-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  void Write(const std::string& path, const std::string& text) {
+    std::filesystem::path p = root_.string() + path;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+  int Quota() {
+    testing::ReplayEnv env(root_.string());
+    return CgroupCpuQuota(&env);
+  }
+  std::filesystem::path root_;
+};
+
+TEST_F(CgroupQuota, V2TakesTheTightestOfTheCgroupAndItsParents) {
+  Write("/proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
+  Write("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "max 100000\n");
+  Write("/sys/fs/cgroup/kubepods/pod1/cpu.max", "250000 100000\n");  // 2.5 CPUs
+  Write("/sys/fs/cgroup/kubepods/cpu.max", "max 100000\n");
+  EXPECT_EQ(Quota(), 2);  // rounded down: 2 threads are never throttled
+  Write("/sys/fs/cgroup/kubepods/pod1/cpu.max", "max 100000\n");
+  EXPECT_EQ(Quota(), 0);
+  Write("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "50000 100000\n");  // half a CPU
+  EXPECT_EQ(Quota(), 1);
+}
+
+TEST_F(CgroupQuota, V1ReadsCfsQuotaAndPeriod) {
+  Write("/proc/self/cgroup", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n");
+  Write("/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "400000\n");
+  Write("/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(Quota(), 4);
+  Write("/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n");
+  EXPECT_EQ(Quota(), 0);
+}
+
+TEST_F(CgroupQuota, AContainerSeesItsOwnCgroupAtTheRoot) {
+  Write("/proc/self/cgroup", "0::/system.slice/docker-abc.scope\n");  // the host's path
+  Write("/sys/fs/cgroup/cpu.max", "300000 100000\n");                 // the container's own
+  EXPECT_EQ(Quota(), 3);
+}
+
+TEST_F(CgroupQuota, NoCgroupFileIsNoQuota) { EXPECT_EQ(Quota(), 0); }
 
 TEST(Rendezvous, BadVariablesAreClearErrors) {
   struct Case {
