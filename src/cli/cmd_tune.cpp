@@ -14,6 +14,7 @@
 #include "child.h"
 #include "cli.h"
 #include "fullburn/config.h"
+#include "fullburn/dist.h"
 #include "fullburn/env.h"
 #include "fullburn/pipeline.h"
 #include "fullburn/report.h"
@@ -376,7 +377,7 @@ class TrainTuner {
     TuneContext ctx;
     ctx.config = FlatConfig(best_.run_id);
     ctx.cuda = ctx.config["resolved.device"].rfind("cuda", 0) == 0;
-    ctx.cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    ctx.cores = RankCpus(ReadCpuView(Env::Default()), 1);  // what one trial may use
     ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                             static_cast<double>(::sysconf(_SC_PAGESIZE));
     ctx.input_bound = InputBound(findings);
