@@ -33,6 +33,17 @@ class Env {
   static const Env* Default();
 };
 
+// The tightest CPU quota over this process's cgroups and their ancestors
+// (Kubernetes CPU limits, docker --cpus): cgroup v2 cpu.max, v1
+// cpu.cfs_quota_us / cpu.cfs_period_us. Inside a container the cgroup path is
+// the host's while the container sees its own cgroup at the mount's root: the
+// walk up ends there either way. cpus is 0 where there is no quota.
+struct CpuQuota {
+  double cpus = 0;
+  std::string dir;  // the cgroup directory that sets it; its cpu.stat counts throttling
+};
+CpuQuota FindCpuQuota(const Env& env);
+
 // Serves every path from below `root`: "/proc/stat" reads root + "/proc/stat".
 // Used by tests to replay /proc recordings; ticks and page size are those of
 // the machine the recording was made on.

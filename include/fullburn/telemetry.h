@@ -54,6 +54,9 @@ struct HostSample {
   Value disk_read_bytes_per_s, disk_write_bytes_per_s;
   Value net_rx_bytes_per_s, net_tx_bytes_per_s;
   Value load1, load5, load15;
+  // The recorder's cgroup CPU quota (a container's limit), in CPUs, and the
+  // share of its CFS periods that were throttled: absent without a quota.
+  Value cpu_quota, cpu_throttled;
 };
 
 // The monitored process and all its descendants (e.g. data-loader workers).
@@ -160,7 +163,13 @@ class HostCollector {
   void ReadCounters(Counters* c);
   void ReadMemory(HostSample* out);
   void ReadLoad(HostSample* out);
+  void ReadQuota(double now, HostSample* out);
   const Env* env_;
+  // The quota is looked up again every few seconds (a limit can change);
+  // throttling is the change of cpu.stat's counters since the last sample.
+  CpuQuota quota_;
+  double quota_checked_ = -1e9;
+  std::optional<std::pair<uint64_t, uint64_t>> last_periods_;  // nr_periods, nr_throttled
   std::optional<Counters> last_;
   std::vector<std::string> whole_disks_;
   bool disks_listed_ = false;

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <sstream>
 
 namespace fullburn {
 
@@ -68,6 +70,65 @@ Result<std::string> RootedEnv::ReadFile(const std::string& path) const {
 
 Result<std::vector<std::string>> RootedEnv::ListDir(const std::string& path) const {
   return Env::ListDir(root_ + path);
+}
+
+namespace {
+
+// "/a/b" -> "/a/b", "/a", "" (a limit on any ancestor applies too).
+std::vector<std::string> SelfAndAncestors(std::string path) {
+  std::vector<std::string> out;
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  for (;;) {
+    out.push_back(path);
+    if (path.empty()) return out;
+    path = path.substr(0, path.rfind('/'));
+  }
+}
+
+// The first number of a file, 0 for "max", a missing file or no number;
+// `second` gets the next word.
+double FirstNumber(const Env& env, const std::string& path, std::string* second = nullptr) {
+  Result<std::string> text = env.ReadFile(path);
+  if (!text.ok()) return 0;
+  std::istringstream in(*text);
+  std::string first;
+  in >> first;
+  if (second) in >> *second;
+  if (first == "max" || first.empty()) return 0;
+  return std::strtod(first.c_str(), nullptr);
+}
+
+}  // namespace
+
+CpuQuota FindCpuQuota(const Env& env) {
+  CpuQuota tightest;
+  Result<std::string> cgroups = env.ReadFile("/proc/self/cgroup");
+  if (!cgroups.ok()) return tightest;
+  auto take = [&](double quota_us, double period_us, const std::string& dir) {
+    if (quota_us <= 0 || period_us <= 0) return;  // -1 (v1) or "max" (v2): no limit
+    double cpus = quota_us / period_us;
+    if (tightest.cpus == 0 || cpus < tightest.cpus) tightest = {cpus, dir};
+  };
+  std::istringstream lines(*cgroups);
+  for (std::string line; std::getline(lines, line);) {
+    size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (controllers.empty()) {
+      for (const std::string& dir : SelfAndAncestors(path)) {
+        std::string period;
+        double quota = FirstNumber(env, "/sys/fs/cgroup" + dir + "/cpu.max", &period);
+        take(quota, std::strtod(period.c_str(), nullptr), "/sys/fs/cgroup" + dir);
+      }
+    } else if (("," + controllers + ",").find(",cpu,") != std::string::npos) {
+      for (const std::string& mount :
+           {"/sys/fs/cgroup/" + controllers, std::string("/sys/fs/cgroup/cpu")})
+        for (const std::string& dir : SelfAndAncestors(path))
+          take(FirstNumber(env, mount + dir + "/cpu.cfs_quota_us"),
+               FirstNumber(env, mount + dir + "/cpu.cfs_period_us"), mount + dir);
+    }
+  }
+  return tightest;
 }
 
 }  // namespace fullburn

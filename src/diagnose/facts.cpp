@@ -75,6 +75,22 @@ void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
     f->cpu = MedianOf(*s);
     f->cpu_rank = rank;
   }
+  const Series* quota = Find(m, p + "cpu_quota");
+  const Series* job = Find(m, RankPrefix(rank) + "proc.cpu_util");
+  if (quota && Max(*quota) > 0) {
+    const Series* throttled = Find(m, p + "cpu_throttled");
+    double q = MedianOf(*quota), t = throttled ? MedianOf(*throttled) : NAN;
+    double use = job ? MedianOf(*job) / q : NAN;  // % of the quota (proc is % of one core)
+    // Throttled at the quota is saturated even when the median use is lower (bursts).
+    double level = t >= kCpuThrottled ? std::max(std::isnan(use) ? 0.0 : use, kCpuSaturated) : use;
+    if (!std::isnan(level) && !(level <= f->cpu)) {
+      f->cpu = level;
+      f->cpu_rank = rank;
+      f->cpu_of_quota = true;
+      f->cpu_quota = q;
+      f->cpu_throttled = t;
+    }
+  }
   if (const Series* s = Find(m, p + "cpu_iowait"); s && !(MedianOf(*s) <= f->iowait)) {
     f->iowait = MedianOf(*s);
     f->iowait_rank = rank;
@@ -100,6 +116,9 @@ void GatherHost(const std::map<std::string, Series>& m, Facts* f) {
   if (f->cpu_rank < 0) GatherNode(m, 0, f);  // iowait or memory without a CPU series
   if (const Series* s = Find(m, "proc.cpu_util")) f->proc_cpu = MedianOf(*s);
   while (Find(m, "host.cpu" + std::to_string(f->cores) + ".util")) ++f->cores;
+  // Worker advice counts the CPUs the quota allows, not the host's.
+  if (const Series* q = Find(m, "host.cpu_quota"); q && f->cores > 0)
+    f->cores = std::min(f->cores, std::max(1, static_cast<int>(MedianOf(*q))));
 }
 
 void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::string, Series>& samples,
@@ -267,6 +286,15 @@ std::string GpuFacts::Name() const {
 }
 
 std::string NodeNote(int rank) { return rank > 0 ? fmt::format(" on rank {}'s node", rank) : ""; }
+
+std::string CpuReading(const Facts& f) {
+  if (!f.cpu_of_quota) return fmt::format("host CPU median {:.0f}%{}", f.cpu, NodeNote(f.cpu_rank));
+  std::string s = fmt::format("the job's CPU median {:.0f}% of its container's {:.3g}-CPU quota{}",
+                              f.cpu, f.cpu_quota, NodeNote(f.cpu_rank));
+  if (!std::isnan(f.cpu_throttled))
+    s += fmt::format(", throttled in {:.0f}% of CFS periods", f.cpu_throttled);
+  return s;
+}
 
 Facts Gather(const RunData& d) {
   Facts f;

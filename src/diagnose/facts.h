@@ -15,6 +15,7 @@ constexpr double kDataWaitShare = 0.10;  // of step time: the input pipeline is 
 constexpr double kH2dShare = 0.10;       // of step time: copies to the device are a bottleneck
 constexpr double kCommShare = 0.10;      // of step time: communication not hidden behind backward
 constexpr double kCpuSaturated = 80;     // host.cpu_util %, all cores
+constexpr double kCpuThrottled = 25;  // host.cpu_throttled %: kubernetes-mixin's CPUThrottlingHigh
 constexpr double kLauncherBusy = 80;     // proc.cpu_util %, one core: the launching thread is busy
 constexpr double kIoWait = 10;           // host.cpu_iowait %
 constexpr double kGpuLowUtil = 50;       // gpuN.util %, median
@@ -65,6 +66,11 @@ struct Facts {
   // host), with the rank that sampled it; -1 when there was no reading.
   double cpu = NAN, iowait = NAN, proc_cpu = NAN;
   int cpu_rank = -1, iowait_rank = -1;
+  // In a container with a CPU quota, `cpu` is the job's CPU as a share of the
+  // quota when that is higher than the host's (a 4-CPU pod on a 64-CPU host
+  // is saturated at 6% host CPU); throttled is the median % of CFS periods.
+  double cpu_quota = NAN, cpu_throttled = NAN;
+  bool cpu_of_quota = false;
   double swap_share = 0, host_avail_min_share = NAN;
   double power_share = 0, thermal_share = 0;
   bool have_steps = false;
@@ -90,6 +96,8 @@ double Median(std::vector<double> v);
 std::string Pct(double share);
 // " on rank R's node" for readings another node's first rank sampled; "" for rank 0's.
 std::string NodeNote(int rank);
+// "host CPU median 93%", or the job's share of its container's CPU quota.
+std::string CpuReading(const Facts& f);
 
 void InputRules(const Facts& f, std::vector<Finding>* out);
 void TransferRules(const Facts& f, std::vector<Finding>* out);

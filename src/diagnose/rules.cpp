@@ -89,13 +89,18 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                "disappears), smaller source images, or more cores for the loader",
                "decode and augment less on the CPU: pre-decode once (fullburn pack), smaller "
                "source images, augment on the GPU (DALI, torchvision v2 on tensors), more cores");
+    if (f.cpu_of_quota)
+      fix = fmt::format(
+                "the container's CPU limit ({:.3g} CPUs) is the ceiling: raise it (Kubernetes "
+                "resources.limits.cpu, docker --cpus), or ",
+                f.cpu_quota) +
+            fix;
     // A fixed worker count below the cores a loader may use comes first.
     if (f.trainer && f.data_threads > 0 && f.cores > 2 && f.data_threads < f.cores - 1)
       fix = fmt::format("data.threads {} -> {} (or 0: tuned); then ", f.data_threads, f.cores - 1) +
             fix;
     out->push_back({"input_cpu", "Input-bound: the CPU cannot prepare batches fast enough",
-                    wait + fmt::format("; host CPU median {:.0f}%{} (>= {:.0f}%)", f.cpu,
-                                       NodeNote(f.cpu_rank), kCpuSaturated),
+                    wait + "; " + CpuReading(f) + fmt::format(" (>= {:.0f}%)", kCpuSaturated),
                     share, conf, fix});
   } else if (measured && std::isnan(f.cpu)) {
     // Too short a run for a CPU reading: workers or CPU cannot be told apart.
@@ -122,15 +127,13 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                   std::max(2, f.cores - 1));
     out->push_back(
         {"input_workers", "Input-bound with idle cores: too few loader workers",
-         wait + fmt::format("; host CPU median {:.0f}% (< {:.0f}%)", f.cpu, kCpuSaturated), share,
-         conf,
+         wait + "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated), share, conf,
          Choose(f, threads + "; data.prefetch = 0 (tuned) absorbs bursts",
                 fmt::format("DataLoader(num_workers={}, persistent_workers=True, pin_memory=True); "
                             "or fullburn train's loader",
                             workers))});
   } else if (f.mem_peak_share < kMemHeadroom) {
-    SmallBatch(f, wait + (std::isnan(f.cpu) ? "" : fmt::format("; host CPU median {:.0f}%", f.cpu)),
-               share, out);
+    SmallBatch(f, wait + (std::isnan(f.cpu) ? "" : "; " + CpuReading(f)), share, out);
   }
 }
 

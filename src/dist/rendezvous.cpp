@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <sstream>
 #include <thread>
 
 #include "fullburn/dist.h"
@@ -60,63 +59,10 @@ CpuView ReadCpuView(const Env* env) {
   return v;
 }
 
-namespace {
-
-// "/a/b" -> "/a/b", "/a", "" (a limit on any ancestor applies too).
-std::vector<std::string> SelfAndAncestors(std::string path) {
-  std::vector<std::string> out;
-  while (!path.empty() && path.back() == '/') path.pop_back();
-  for (;;) {
-    out.push_back(path);
-    if (path.empty()) return out;
-    path = path.substr(0, path.rfind('/'));
-  }
-}
-
-double ReadNumber(const Env* env, const std::string& path, std::string* word = nullptr) {
-  Result<std::string> text = env->ReadFile(path);
-  if (!text.ok()) return 0;
-  std::istringstream in(*text);
-  std::string first;
-  in >> first;
-  if (word) in >> *word;
-  if (first == "max" || first.empty()) return 0;
-  return std::strtod(first.c_str(), nullptr);
-}
-
-}  // namespace
-
 int CgroupCpuQuota(const Env* env) {
-  Result<std::string> cgroups = env->ReadFile("/proc/self/cgroup");
-  if (!cgroups.ok()) return 0;
-  double tightest = 0;
-  auto take = [&](double quota_us, double period_us) {
-    if (quota_us <= 0 || period_us <= 0) return;  // -1 (v1) or "max" (v2): no limit
-    double cpus = quota_us / period_us;
-    if (tightest == 0 || cpus < tightest) tightest = cpus;
-  };
-  std::istringstream lines(*cgroups);
-  for (std::string line; std::getline(lines, line);) {
-    size_t a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    // Inside a container the path is the host's, while the container sees its
-    // own cgroup at the mount's root: the walk up ends there either way.
-    if (controllers.empty()) {
-      for (const std::string& dir : SelfAndAncestors(path)) {
-        std::string period;
-        double quota = ReadNumber(env, "/sys/fs/cgroup" + dir + "/cpu.max", &period);
-        take(quota, std::strtod(period.c_str(), nullptr));
-      }
-    } else if (("," + controllers + ",").find(",cpu,") != std::string::npos) {
-      for (const std::string& mount :
-           {"/sys/fs/cgroup/" + controllers, std::string("/sys/fs/cgroup/cpu")})
-        for (const std::string& dir : SelfAndAncestors(path))
-          take(ReadNumber(env, mount + dir + "/cpu.cfs_quota_us"),
-               ReadNumber(env, mount + dir + "/cpu.cfs_period_us"));
-    }
-  }
-  return tightest > 0 ? std::max(1, static_cast<int>(tightest)) : 0;
+  double cpus = FindCpuQuota(*env).cpus;
+  return cpus > 0 ? std::max(1, static_cast<int>(cpus))
+                  : 0;  // 2.5 CPUs: 2 threads, never throttled
 }
 
 EnvMap EnvironmentMap() {

@@ -165,6 +165,26 @@ void HostCollector::ReadLoad(HostSample* out) {
   }
 }
 
+void HostCollector::ReadQuota(double now, HostSample* out) {
+  if (now - quota_checked_ >= 5) {
+    CpuQuota q = FindCpuQuota(*env_);
+    if (q.dir != quota_.dir) last_periods_.reset();
+    quota_ = q;
+    quota_checked_ = now;
+  }
+  if (quota_.cpus <= 0) return;
+  out->cpu_quota = quota_.cpus;
+  Result<std::string> stat = env_->ReadFile(quota_.dir + "/cpu.stat");
+  uint64_t periods = 0, throttled = 0;
+  if (!stat.ok() || !parse::KeyValue(*stat, "nr_periods", &periods) ||
+      !parse::KeyValue(*stat, "nr_throttled", &throttled))
+    return;
+  if (last_periods_ && periods > last_periods_->first && throttled >= last_periods_->second)
+    out->cpu_throttled = 100.0 * static_cast<double>(throttled - last_periods_->second) /
+                         static_cast<double>(periods - last_periods_->first);
+  last_periods_ = std::make_pair(periods, throttled);
+}
+
 void HostCollector::Collect(HostSample* out) {
   Counters now;
   now.time = env_->MonotonicSeconds();
@@ -172,6 +192,7 @@ void HostCollector::Collect(HostSample* out) {
   ReadCounters(&now);
   ReadMemory(out);
   ReadLoad(out);
+  ReadQuota(now.time, out);
   if (last_) {
     const Counters& was = *last_;
     double dt = now.time - was.time;

@@ -108,6 +108,12 @@ const std::vector<Entry>& Entries() {
         Host("load1", &H::load1, "", "Load average, 1 minute"),
         Host("load5", &H::load5, "", "Load average, 5 minutes"),
         Host("load15", &H::load15, "", "Load average, 15 minutes"),
+        Host("cpu_quota", &H::cpu_quota, "cpus",
+             "CPU quota of the recorder's cgroup (a container's CPU limit: cgroup v2 cpu.max, v1 "
+             "cpu.cfs_quota_us); absent without one"),
+        Host("cpu_throttled", &H::cpu_throttled, "%",
+             "Share of the cgroup's CFS periods in which it was throttled at its quota (cpu.stat "
+             "nr_throttled / nr_periods, as cAdvisor's container_cpu_cfs_throttled_periods_total)"),
         Proc("cpu_util", &P::cpu_util, "%", "CPU of the process tree (100 = one core)"),
         Proc("rss_bytes", &P::rss_bytes, "bytes", "Resident memory of the process tree"),
         Proc("threads", &P::threads, "", "Threads in the process tree"),

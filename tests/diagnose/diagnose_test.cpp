@@ -119,6 +119,36 @@ TEST(Diagnose, InputCpuFromMeasuredDataWait) {
   EXPECT_NE(fixed.Host(92).Wait(0.3).Run()[0].fix.find("data.threads 4 -> 15"), std::string::npos);
 }
 
+// A pod limited to 4 CPUs on a 64-CPU host: the host reads 8% busy while the
+// job uses its whole quota, so the loader is CPU-bound, not short of workers.
+TEST(Diagnose, InputCpuAtAContainersQuota) {
+  auto pod = [](double job_cpu, double throttled) {
+    Case c;
+    c.run.config_json = R"({"data": {"threads": 2}})";
+    for (int i = 0; i < 64; ++i) c.m["host.cpu" + std::to_string(i) + ".util"] = Flat(8);
+    c.m["host.cpu_quota"] = Flat(4);
+    c.m["host.cpu_throttled"] = Flat(throttled);
+    c.m["proc.cpu_util"] = Flat(job_cpu);
+    return c.Host(8).Wait(0.3).Run();
+  };
+  auto full = pod(380, 5);
+  ASSERT_EQ(full[0].cause, "input_cpu");
+  EXPECT_NE(full[0].evidence.find("the job's CPU median 95% of its container's 4-CPU quota"),
+            std::string::npos)
+      << full[0].evidence;
+  EXPECT_NE(full[0].fix.find("container's CPU limit (4 CPUs)"), std::string::npos) << full[0].fix;
+  EXPECT_NE(full[0].fix.find("data.threads 2 -> 3"), std::string::npos) << full[0].fix;
+  // Throttled in 40% of periods: saturated in bursts though the median use is 62%.
+  auto bursts = pod(250, 40);
+  ASSERT_EQ(bursts[0].cause, "input_cpu");
+  EXPECT_NE(bursts[0].evidence.find("throttled in 40% of CFS periods"), std::string::npos);
+  // Near miss: a third of the quota used, little throttling: too few workers,
+  // and the advice counts the 4 CPUs, not the host's 64.
+  auto idle = pod(130, 2);
+  ASSERT_EQ(idle[0].cause, "input_workers");
+  EXPECT_NE(idle[0].fix.find("data.threads 2 -> 3"), std::string::npos) << idle[0].fix;
+}
+
 TEST(Diagnose, InputCpuInferredWithoutStepsFromAnIdleGpu) {
   auto f = Case().Gpu(30, 0.7).Host(95).Run();
   ASSERT_EQ(f[0].cause, "input_cpu");

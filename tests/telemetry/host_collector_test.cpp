@@ -2,6 +2,7 @@
 // (tests/telemetry/fixtures/t0 and t1, one second apart, recorded with
 // record_proc.sh while two `yes` processes and a 200 MB dd ran).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -134,6 +135,46 @@ TEST(HostCollector, UnreadableFilesLeaveMetricsAbsent) {
   EXPECT_FALSE(s.disk_read_bytes_per_s.has_value());
   EXPECT_TRUE(s.cpu.util.has_value());  // the rest carries on
   EXPECT_TRUE(s.load1.has_value());
+}
+
+// A container limited to 2.5 CPUs (cgroup v2, the quota on its parent):
+// the quota every sample, the throttled share of CFS periods from the second.
+TEST(HostCollector, ContainerQuotaAndThrottling) {
+  std::string dir =
+      std::filesystem::temp_directory_path() / ("fullburn-quota-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto write = [&](const std::string& root, const std::string& path, const std::string& text) {
+    std::filesystem::path p = root + path;
+    std::filesystem::create_directories(p.parent_path());
+    std::FILE* f = std::fopen(p.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  for (const char* t : {"/a", "/b"}) {
+    write(dir + t, "/proc/self/cgroup", "0::/kubepods/pod7/ctr\n");
+    write(dir + t, "/sys/fs/cgroup/kubepods/pod7/cpu.max", "250000 100000\n");
+  }
+  write(dir + "/a", "/sys/fs/cgroup/kubepods/pod7/cpu.stat",
+        "usage_usec 1000\nnr_periods 100\nnr_throttled 10\nthrottled_usec 5\n");
+  write(dir + "/b", "/sys/fs/cgroup/kubepods/pod7/cpu.stat",
+        "usage_usec 9000\nnr_periods 140\nnr_throttled 40\nthrottled_usec 90\n");
+  ReplayEnv env(dir + "/a");
+  HostCollector c(&env);
+  HostSample first;
+  c.Collect(&first);
+  ASSERT_TRUE(first.cpu_quota.has_value());
+  EXPECT_DOUBLE_EQ(*first.cpu_quota, 2.5);
+  EXPECT_FALSE(first.cpu_throttled.has_value());  // a share needs two readings
+  HostSample b = TwoReadings(&env, dir + "/a", dir + "/b", 1.0);
+  ASSERT_TRUE(b.cpu_throttled.has_value());
+  EXPECT_DOUBLE_EQ(*b.cpu_throttled, 75.0);  // 30 of 40 periods
+  // No quota (the host, or a pod without a limit): both absent, not 0.
+  ReplayEnv host(kT0);
+  HostSample none = TwoReadings(&host, kT0, kT1, 1.0);
+  EXPECT_FALSE(none.cpu_quota.has_value());
+  EXPECT_FALSE(none.cpu_throttled.has_value());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
