@@ -70,6 +70,7 @@ std::string FormatValue(double v, const std::string& unit) {
   if (unit == "bytes/s") return FormatBytes(v) + "/s";
   if (unit == "%") return fmt::format("{:.0f} %", v);
   if (unit.empty()) return v == std::floor(v) ? fmt::format("{:.0f}", v) : fmt::format("{:.2f}", v);
+  if (unit == "cpus") return fmt::format("{:g} cpus", v);  // a quota of 0.5 or 2.5 CPUs
   return fmt::format("{:.0f} {}", v, unit);
 }
 
