@@ -68,29 +68,34 @@ std::set<std::pair<int, int>> NotTheJobs(const std::map<std::string, Series>& m,
   return out;
 }
 
+// In a container with a CPU quota the host's /proc/stat counts every core of
+// the node: the job's CPU is judged against the quota instead.
+void GatherQuota(const std::map<std::string, Series>& m, int rank, Facts* f) {
+  const Series* quota = Find(m, RankPrefix(rank) + "host.cpu_quota");
+  if (!quota || !(Max(*quota) > 0)) return;
+  const Series* job = Find(m, RankPrefix(rank) + "proc.cpu_util");
+  const Series* throttled = Find(m, RankPrefix(rank) + "host.cpu_throttled");
+  double q = MedianOf(*quota), t = throttled ? MedianOf(*throttled) : NAN;
+  double use = job ? MedianOf(*job) / q : NAN;  // % of the quota (proc is % of one core)
+  // Throttled at the quota is saturated even when the median use is lower (bursts).
+  double level = t >= kCpuThrottled ? std::max(std::isnan(use) ? 0.0 : use, kCpuSaturated) : use;
+  if (std::isnan(level) || level <= f->cpu) return;
+  f->cpu = level;
+  f->cpu_rank = rank;
+  f->cpu_of_quota = true;
+  f->cpu_quota = q;
+  f->cpu_throttled = t;
+}
+
 // One node's host readings; Facts keeps the worst node's of each.
 void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
   std::string p = RankPrefix(rank) + "host.";
   if (const Series* s = Find(m, p + "cpu_util"); s && !(MedianOf(*s) <= f->cpu)) {
     f->cpu = MedianOf(*s);
     f->cpu_rank = rank;
+    f->cpu_of_quota = false;  // a busier node's host reading replaces a quota reading
   }
-  const Series* quota = Find(m, p + "cpu_quota");
-  const Series* job = Find(m, RankPrefix(rank) + "proc.cpu_util");
-  if (quota && Max(*quota) > 0) {
-    const Series* throttled = Find(m, p + "cpu_throttled");
-    double q = MedianOf(*quota), t = throttled ? MedianOf(*throttled) : NAN;
-    double use = job ? MedianOf(*job) / q : NAN;  // % of the quota (proc is % of one core)
-    // Throttled at the quota is saturated even when the median use is lower (bursts).
-    double level = t >= kCpuThrottled ? std::max(std::isnan(use) ? 0.0 : use, kCpuSaturated) : use;
-    if (!std::isnan(level) && !(level <= f->cpu)) {
-      f->cpu = level;
-      f->cpu_rank = rank;
-      f->cpu_of_quota = true;
-      f->cpu_quota = q;
-      f->cpu_throttled = t;
-    }
-  }
+  GatherQuota(m, rank, f);
   if (const Series* s = Find(m, p + "cpu_iowait"); s && !(MedianOf(*s) <= f->iowait)) {
     f->iowait = MedianOf(*s);
     f->iowait_rank = rank;

@@ -144,6 +144,15 @@ TEST(Diagnose, InputCpuAtAContainersQuota) {
   EXPECT_NE(bursts[0].evidence.find("throttled in 40% of CFS periods"), std::string::npos);
   // Near miss: a third of the quota used, little throttling: too few workers,
   // and the advice counts the 4 CPUs, not the host's 64.
+  // Another node's host busier than this pod's quota: its host reading, named as such.
+  Case two;
+  two.m["host.cpu_quota"] = Flat(4);
+  two.m["proc.cpu_util"] = Flat(380);
+  two.m["rank1.host.cpu_util"] = Flat(99);
+  auto busier = two.Host(8).Wait(0.3).Run();
+  ASSERT_EQ(busier[0].cause, "input_cpu");
+  EXPECT_NE(busier[0].evidence.find("host CPU median 99% on rank 1's node"), std::string::npos)
+      << busier[0].evidence;
   auto idle = pod(130, 2);
   ASSERT_EQ(idle[0].cause, "input_workers");
   EXPECT_NE(idle[0].fix.find("data.threads 2 -> 3"), std::string::npos) << idle[0].fix;
