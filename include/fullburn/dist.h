@@ -46,9 +46,8 @@ struct CpuView {
   int affinity = 0, machine = 0, quota = 0;
 };
 CpuView ReadCpuView(const Env* env);
-// The quota of /proc/self/cgroup's cgroups, v2 cpu.max or v1
-// cpu.cfs_quota_us / cpu.cfs_period_us, the tightest of the cgroup and its
-// ancestors; 0 when there is none or it cannot be read.
+// FindCpuQuota (env.h) in whole CPUs, rounded down so the threads it allows
+// are never throttled (at least 1; 0: no quota).
 int CgroupCpuQuota(const Env* env);
 
 // The CPUs one rank should use for its threads. An affinity mask narrower

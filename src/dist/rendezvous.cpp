@@ -61,8 +61,7 @@ CpuView ReadCpuView(const Env* env) {
 
 int CgroupCpuQuota(const Env* env) {
   double cpus = FindCpuQuota(*env).cpus;
-  return cpus > 0 ? std::max(1, static_cast<int>(cpus))
-                  : 0;  // 2.5 CPUs: 2 threads, never throttled
+  return cpus > 0 ? std::max(1, static_cast<int>(cpus)) : 0;
 }
 
 EnvMap EnvironmentMap() {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "fullburn/diagnose.h"
@@ -377,9 +378,10 @@ std::string DescribeOutOfMemory(const std::exception& e) {
   // allocate N bytes. Error code 12 ..." says one useful thing: N.
   const std::string tried = "tried to allocate ";
   if (size_t at = what.find(tried); at != std::string::npos) {
-    double bytes = std::strtod(what.c_str() + at + tried.size(), nullptr);
-    if (what.compare(at + tried.size() + std::to_string(static_cast<int64_t>(bytes)).size(), 6,
-                     " bytes") == 0)
+    const char* number = what.c_str() + at + tried.size();
+    char* end = nullptr;
+    double bytes = std::strtod(number, &end);
+    if (end != number && std::strncmp(end, " bytes", 6) == 0)
       return fmt::format("one allocation of {:.1f} GiB failed", bytes / (1 << 30));
   }
   return what.substr(0, what.find('\n'));
