@@ -160,6 +160,7 @@ class RunStore {
  private:
   RunStore() = default;
   Status Exec(const char* sql);
+  Status SwitchToWal();
   Status Migrate();
   Result<int64_t> MetricId(const std::string& name);
   Result<std::vector<RunInfo>> QueryRuns(const std::string& where, int64_t id);

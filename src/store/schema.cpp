@@ -99,9 +99,15 @@ Status RunStore::Migrate() {
     sqlite3_finalize(st);
     return ok;
   };
-  if (!scalar("PRAGMA user_version", &version) || !scalar("PRAGMA application_id", &app_id) ||
-      !scalar("SELECT count(*) FROM sqlite_master", &tables))
-    return SqlError("cannot read");
+  // One read transaction, so the three values come from one snapshot: read
+  // one by one, another process's migration could commit between them and
+  // its tables, without its application id, would read as a foreign file.
+  if (Status s = Exec("BEGIN"); !s.ok()) return s;
+  bool read = scalar("PRAGMA user_version", &version) && scalar("PRAGMA application_id", &app_id) &&
+              scalar("SELECT count(*) FROM sqlite_master", &tables);
+  Status read_error = read ? Status::Ok() : SqlError("cannot read");
+  Exec("COMMIT");
+  if (!read) return read_error;
   if (app_id != kApplicationId && tables > 0)
     return Status::Corruption(path_ +
                               " is an SQLite file but not a fullburn run store: pass --store with "

@@ -63,7 +63,7 @@ Result<std::unique_ptr<RunStore>> RunStore::Open(const std::string& path) {
   sqlite3_busy_timeout(store->db_, 5000);
   // journal_mode is the first statement that reads the file: a corrupt or
   // foreign file fails here, before anything is written to it.
-  if (Status s = store->Exec("PRAGMA journal_mode=WAL"); !s.ok()) {
+  if (Status s = store->SwitchToWal(); !s.ok()) {
     if (sqlite3_errcode(store->db_) == SQLITE_NOTADB || sqlite3_errcode(store->db_) == SQLITE_CORRUPT)
       return Status::Corruption(path + " is not a fullburn run store or is corrupt (" +
                                 sqlite3_errmsg(store->db_) +
@@ -74,6 +74,19 @@ Result<std::unique_ptr<RunStore>> RunStore::Open(const std::string& path) {
   if (Status s = store->Exec("PRAGMA synchronous=NORMAL"); !s.ok()) return s;
   if (Status s = store->Migrate(); !s.ok()) return s;
   return store;
+}
+
+// Switching a new file to WAL takes an exclusive lock, and SQLite answers
+// SQLITE_BUSY at once, without the busy handler, when another process is
+// opening the same new file (two ranks starting together). Retry until the
+// busy timeout instead of failing the run.
+Status RunStore::SwitchToWal() {
+  constexpr int kRetryMs = 10, kTimeoutMs = 5000;
+  for (int waited = 0;; waited += kRetryMs) {
+    Status s = Exec("PRAGMA journal_mode=WAL");
+    if (s.ok() || sqlite3_errcode(db_) != SQLITE_BUSY || waited >= kTimeoutMs) return s;
+    ::usleep(kRetryMs * 1000);
+  }
 }
 
 RunStore::~RunStore() {

@@ -182,6 +182,45 @@ TEST_F(StoreTest, RunOfADeadRecorderReadsInterrupted) {
   EXPECT_EQ(store->GetRun(std::to_string(*live))->status, "running");
 }
 
+TEST_F(StoreTest, ProcessesOpeningANewStoreTogetherAllSucceed) {
+  // Ranks of one job start together and open the same new store. Two races
+  // failed here: switching the new file to WAL answered "database is locked"
+  // at once (about one start in four), and a migration that committed between
+  // two reads made the file look foreign ("not a fullburn run store").
+  for (int round = 0; round < 20; ++round) {
+    std::string path = dir_ + "/race" + std::to_string(round) + ".db";
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    std::vector<pid_t> children;
+    for (int i = 0; i < 4; ++i) {
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        ::close(go[1]);
+        char c;
+        (void)!::read(go[0], &c, 1);  // returns when the parent closes its end
+        auto store = RunStore::Open(path);
+        if (!store.ok()) {
+          std::fprintf(stderr, "%s\n", store.status().message().c_str());
+          ::_exit(1);
+        }
+        ::_exit(store.value()->BeginRun(RunInfo{}).ok() ? 0 : 2);
+      }
+      children.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(go[1]);
+    for (pid_t pid : children) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "round " << round;
+    }
+    auto store = RunStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    EXPECT_EQ(store.value()->ListRuns().value().size(), 4u);
+    if (HasFailure()) return;
+  }
+}
+
 TEST_F(StoreTest, BatchWriterCommitsAboutOnceASecond) {
   auto store = OpenOk();
   RunInfo info;
