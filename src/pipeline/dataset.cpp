@@ -1,11 +1,13 @@
 // Image folders (torchvision's ImageFolder layout), epoch permutations, and
 // the synthetic photo-like dataset used by demos and tests.
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "fullburn/pipeline.h"
@@ -169,9 +171,10 @@ Status MakeSyntheticImages(const std::string& dir, const SyntheticImagesOptions&
       bool ok = std::fwrite(jpeg->data(), 1, jpeg->size(), f) == jpeg->size();
       ok = (std::fclose(f) == 0) && ok;
       if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::string why = std::strerror(errno);
         std::remove(tmp.c_str());  // the images already there are whole; no fragment joins them
-        return Status::IoError("cannot write " + path +
-                               " (disk full?): free space, then run make-dataset again");
+        return Status::IoError("cannot write " + path + ": " + why +
+                               "; free space or fix the directory, then run make-dataset again");
       }
     }
   }

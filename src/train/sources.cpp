@@ -1,8 +1,12 @@
 // Batch sources of the trainer.
 #include "sources.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -15,6 +19,35 @@ Status MakeDirs(const std::string& path) {
   if (ec) return Status::IoError("cannot create " + path + ": " + ec.message() + "; set data.path");
   return Status::Ok();
 }
+
+// The ranks of a job, and jobs that share a store, may all find a default
+// dataset missing at once; made side by side, their renames of one temporary
+// file failed. One process makes it under an exclusive lock on the datasets
+// directory while the others wait and then find it complete. The kernel drops
+// the lock when its holder dies, so a maker killed mid-way blocks no one.
+class DatasetsLock {
+ public:
+  static Result<std::unique_ptr<DatasetsLock>> Take(const std::string& dir) {
+    if (Status s = MakeDirs(dir); !s.ok()) return s;
+    std::string path = dir + "/.lock";
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      return Status::IoError("cannot create " + path + ": " + std::strerror(errno) +
+                             "; make the directory writable or set data.path");
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return Status::IoError("cannot lock " + path + ": " + std::strerror(err) + "; set data.path");
+    }
+    return std::unique_ptr<DatasetsLock>(new DatasetsLock(fd));
+  }
+  ~DatasetsLock() { ::close(fd_); }  // closing the file drops the lock
+
+ private:
+  explicit DatasetsLock(int fd) : fd_(fd) {}
+  int fd_;
+};
 
 class ImageSource : public BatchSource {
  public:
@@ -236,6 +269,9 @@ Result<std::string> DefaultImages(const std::string& dir, int classes, bool val)
   // The marker is written last: a half-made set (killed mid-way) is remade.
   std::string done = split + "/.complete";
   if (std::filesystem::exists(done)) return split;
+  auto lock = DatasetsLock::Take(dir);
+  if (!lock.ok()) return lock.status();
+  if (std::filesystem::exists(done)) return split;  // made while this process waited
   if (Status s = MakeDirs(split); !s.ok()) return s;
   SyntheticImagesOptions o;
   o.classes = classes;
@@ -254,6 +290,9 @@ Result<std::string> DefaultTokens(const std::string& dir, int vocab) {
   if (Status s = MakeDirs(dir); !s.ok()) return s;
   std::string path = dir + "/synthetic-tokens-v" + std::to_string(vocab) + ".bin";
   if (std::filesystem::exists(path)) return path;
+  auto lock = DatasetsLock::Take(dir);
+  if (!lock.ok()) return lock.status();
+  if (std::filesystem::exists(path)) return path;  // made while this process waited
   SyntheticTokensOptions o;
   o.vocab = vocab;
   std::string tmp = path + ".tmp";

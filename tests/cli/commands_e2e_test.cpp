@@ -291,7 +291,7 @@ TEST_F(CommandsE2E, PipelineBadInputs) {
   auto made =
       RunToEnd({"bash", "-c", "trap '' XFSZ; ulimit -f 8; exec \"$0\" \"$@\"", FULLBURN_BIN,
                 "make-dataset", "images", dir_ + "/big", "--per-class", "3", "--size", "512x512"});
-  ExpectOneLineError(made, "disk full?");
+  ExpectOneLineError(made, "free space");
   for (const auto& e : fs::recursive_directory_iterator(dir_ + "/big"))
     EXPECT_EQ(e.path().extension(), e.is_directory() ? "" : ".jpg") << e.path();  // no .tmp left
   std::ofstream(dir_ + "/p/index.fbpx", std::ios::trunc) << "FBPACK01 but not really";

@@ -459,6 +459,34 @@ TEST_F(TrainE2E, RanksAgreeOnTheSearchedBatchSize) {
   for (const StepRecord& r : steps) EXPECT_EQ(r.samples, common) << "rank " << r.rank;
 }
 
+TEST_F(TrainE2E, RanksOfAFirstRunMakeTheDefaultDatasetOnce) {
+  // Every rank finds the default images missing. Made side by side, their
+  // renames of the same temporary files collided and ranks failed with
+  // "cannot write"; now one rank makes each split and the others wait.
+  auto o = RunToEnd(
+      {FULLBURN_BIN, "launch", "--nproc", "3", "--", FULLBURN_BIN, "train", "-q", "--store", store_,
+       "data.source=images", "model.name=mlp", "train.threads=1", "train.steps=1"},
+      300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto count = [&](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = o.err.find(text); at != std::string::npos; at = o.err.find(text, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("creating the synthetic training images"), 1u) << o.err;
+  EXPECT_EQ(count("creating the synthetic held-out images"), 1u) << o.err;
+  size_t images = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ + "/datasets")) {
+    if (!e.is_regular_file()) continue;
+    std::string ext = e.path().extension().string();
+    EXPECT_TRUE(ext == ".jpg" || e.path().filename() == ".complete" ||
+                e.path().filename() == ".lock")
+        << e.path();
+    images += ext == ".jpg";
+  }
+  EXPECT_EQ(images, 10u * (260 + 50));
+}
+
 TEST_F(TrainE2E, TwoRankRunResumesInOneProcess) {
   // Rank 0's checkpoint holds the one set of weights every rank had: a
   // single process (a different world size) continues from it.
