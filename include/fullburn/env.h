@@ -44,6 +44,24 @@ struct CpuQuota {
 };
 CpuQuota FindCpuQuota(const Env& env);
 
+// What this process may run on: its affinity mask (0: unreadable), the
+// machine's CPUs, and a CPU quota of its cgroup (Kubernetes limits, docker
+// --cpus), rounded down (0: none).
+struct CpuView {
+  int affinity = 0, machine = 0, quota = 0;
+};
+CpuView ReadCpuView(const Env* env);
+// FindCpuQuota in whole CPUs, rounded down so the threads it allows
+// are never throttled (at least 1; 0: no quota).
+int CgroupCpuQuota(const Env* env);
+
+// The CPUs one rank should use for its threads. An affinity mask narrower
+// than the machine (Slurm's binding, taskset, a cpuset) is the share a
+// launcher already gave this rank; otherwise the node's CPUs, or the
+// container's quota where lower, are split evenly over its ranks
+// (local_world_size 0, unknown, counts as 1).
+int RankCpus(const CpuView& cpus, int local_world_size);
+
 // Serves every path from below `root`: "/proc/stat" reads root + "/proc/stat".
 // Used by tests to replay /proc recordings; ticks and page size are those of
 // the machine the recording was made on.

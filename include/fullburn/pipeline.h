@@ -131,7 +131,7 @@ struct PackOptions {
   PackFormat format = PackFormat::kJpeg;
   int max_side = 0;  // resize so neither side exceeds this (0: keep the size)
   int quality = 90;  // for kJpeg
-  int threads = 0;   // 0: one per core
+  int threads = 0;   // 0: one per CPU this process may use (RankCpus)
 };
 // Writes an image folder as a pack: DST/index.fbpx plus DST/shard-NNNNN.fbp
 // files, in the folder's order. Unreadable images are left out and counted.
@@ -237,7 +237,9 @@ struct LoaderOptions {
   // few batches, up to cpu_budget; it parks one when the consumer never waited
   // and the measured per-sample time says fewer workers keep up.
   int threads = 0;
-  int cpu_budget = 0;  // most worker threads; 0: cores - 1 (one for training)
+  // Most worker threads; 0: the CPUs this process may use (its affinity, or
+  // its container's CPU quota where lower: RankCpus) - 1, one for training.
+  int cpu_budget = 0;
   // Batches prepared ahead of the consumer. 0: tuned, starting at 3: the
   // depth grows (up to 8) when the consumer waits although the workers could
   // keep up on average, i.e. when production is bursty rather than slow.

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "fullburn/env.h"
 #include "fullburn/pipeline.h"
 
 namespace fullburn::cli {
@@ -120,7 +121,8 @@ int BenchLoader(const BenchOptions& o) {
 int BenchDecode(const BenchOptions& o) {
   Result<ImageFolder> folder = ScanImageFolder(o.data);
   if (!folder.ok()) return Fail(folder.status().message());
-  int threads = o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  int threads =
+      o.threads > 0 ? o.threads : std::max(1, RankCpus(ReadCpuView(Env::Default()), 1) - 1);
   const int64_t total = static_cast<int64_t>(o.batches) * o.batch_size;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> failed{0};
@@ -167,7 +169,9 @@ int Pack(PackCliOptions o) {
 
 void AddBenchFlags(CLI::App* app, BenchOptions* o) {
   app->add_option("DATA", o->data, "Image folder (ROOT/<class>/*.jpg) or pack")->required();
-  app->add_option("--threads", o->threads, "Worker threads (0: cores - 1)")->capture_default_str();
+  app->add_option("--threads", o->threads,
+                  "Worker threads (0: the CPUs this process may use, less one)")
+      ->capture_default_str();
   app->add_option("--batch-size", o->batch_size, "Images per batch")->capture_default_str()->check(CLI::PositiveNumber);
   app->add_option("--batches", o->batches, "Batches to time (after warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
   app->add_flag("--json", o->json, "JSON output");
@@ -197,7 +201,8 @@ void SetupData(CLI::App& app) {
   pack->add_option("--format", po->format, "jpeg (re-encoded when resized) or raw (decoded RGB: no decoding while training)")
       ->capture_default_str()->check(CLI::IsMember({"jpeg", "raw"}));
   pack->add_option("--quality", po->pack.quality, "JPEG quality when re-encoding")->capture_default_str()->check(CLI::Range(1, 100));
-  pack->add_option("--threads", po->pack.threads, "Threads (0: one per core)")->capture_default_str();
+  pack->add_option("--threads", po->pack.threads, "Threads (0: one per CPU this process may use)")
+      ->capture_default_str();
   pack->callback([po] { ExitCode() = Pack(*po); });
 
   auto to = std::make_shared<std::pair<std::string, SyntheticTokensOptions>>();

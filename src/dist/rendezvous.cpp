@@ -1,11 +1,7 @@
 // Ranks from launcher environments, and the environment of `fullburn launch`.
-#include <sched.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <climits>
 #include <cstdlib>
-#include <thread>
 
 #include "fullburn/dist.h"
 
@@ -41,28 +37,6 @@ Result<int> NonNegativeInt(const EnvMap& env, const char* name, int lo) {
 }
 
 }  // namespace
-
-int RankCpus(const CpuView& cpus, int local_world_size) {
-  int quota = cpus.quota > 0 ? cpus.quota : INT_MAX;
-  if (cpus.affinity > 0 && cpus.affinity < cpus.machine) return std::min(cpus.affinity, quota);
-  int node = std::min(std::max({1, cpus.affinity, cpus.machine}), quota);
-  return std::max(1, node / std::max(1, local_world_size));
-}
-
-CpuView ReadCpuView(const Env* env) {
-  CpuView v;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) v.affinity = CPU_COUNT(&set);
-  v.machine = static_cast<int>(std::thread::hardware_concurrency());
-  v.quota = CgroupCpuQuota(env);
-  return v;
-}
-
-int CgroupCpuQuota(const Env* env) {
-  double cpus = FindCpuQuota(*env).cpus;
-  return cpus > 0 ? std::max(1, static_cast<int>(cpus)) : 0;
-}
 
 EnvMap EnvironmentMap() {
   EnvMap env;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "fullburn/env.h"
 #include "fullburn/pipeline.h"
 
 namespace fullburn {
@@ -69,9 +70,8 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
                                    std::to_string(options.batch_size) + ": lower the batch size");
   if (options.cache_bytes > 0) l->cache_.resize(l->folder_.files.size());
   l->image_bytes_ = static_cast<size_t>(options.out_w) * options.out_h * 3;
-  int budget = options.cpu_budget > 0
-                   ? options.cpu_budget
-                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  int budget = options.cpu_budget > 0 ? options.cpu_budget
+                                      : std::max(1, RankCpus(ReadCpuView(Env::Default()), 1) - 1);
   int threads = options.threads > 0 ? options.threads : budget;
   l->autotune_ = options.threads <= 0;
   l->active_ = l->autotune_ ? 1 : threads;

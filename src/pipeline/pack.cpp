@@ -15,6 +15,7 @@
 #include <memory>
 #include <thread>
 
+#include "fullburn/env.h"
 #include "fullburn/pipeline.h"
 
 namespace fullburn {
@@ -130,7 +131,7 @@ namespace {
 // Shards, then the index, into `dst` (an empty directory).
 Result<PackReport> WritePackFiles(const ImageFolder* folder, const std::string& src,
                                   const std::string& dst, const PackOptions& o) {
-  int threads = o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int threads = o.threads > 0 ? o.threads : RankCpus(ReadCpuView(Env::Default()), 1);
   const size_t n = folder->files.size();
   PackReport report;
   std::vector<PackRecord> records;
