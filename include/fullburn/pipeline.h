@@ -139,6 +139,10 @@ struct PackReport {
   int64_t images = 0, skipped = 0, bytes = 0;
 };
 Result<PackReport> WritePack(const std::string& src, const std::string& dst, const PackOptions& o);
+// The same for a folder already scanned (from `src`), so a caller that
+// needed its file list first does not walk a large tree twice.
+Result<PackReport> WritePack(const ImageFolder& folder, const std::string& src,
+                             const std::string& dst, const PackOptions& o);
 
 struct PackRecord {
   uint32_t shard;

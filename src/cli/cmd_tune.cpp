@@ -301,7 +301,7 @@ class TrainTuner {
     PackOptions po;
     po.format = PackFormat::kRaw;
     po.max_side = job.max_side;
-    auto report = WritePack(job.src, job.dst, po);
+    auto report = WritePack(*folder, job.src, job.dst, po);
     if (!report.ok())  // WritePack has removed what it wrote
       return Status::IoError("packing " + job.src + " failed: " + report.status().message());
     packed_ = job;

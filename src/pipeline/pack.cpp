@@ -216,12 +216,17 @@ Result<PackReport> WritePackFiles(const ImageFolder* folder, const std::string& 
 }  // namespace
 
 Result<PackReport> WritePack(const std::string& src, const std::string& dst, const PackOptions& o) {
+  Result<ImageFolder> folder = ScanImageFolder(src);
+  if (!folder.ok()) return folder.status();
+  return WritePack(*folder, src, dst, o);
+}
+
+Result<PackReport> WritePack(const ImageFolder& folder, const std::string& src,
+                             const std::string& dst, const PackOptions& o) {
   if (o.quality < 1 || o.quality > 100)
     return Status::InvalidArgument("--quality must be 1 to 100");
   if (o.max_side < 0 || o.max_side > 65535)
     return Status::InvalidArgument("--max-side must be 0 to 65535");
-  Result<ImageFolder> folder = ScanImageFolder(src);
-  if (!folder.ok()) return folder.status();
   std::error_code ec;
   bool existed = fs::exists(dst, ec);
   if (existed && !fs::is_empty(dst, ec))
@@ -229,7 +234,7 @@ Result<PackReport> WritePack(const std::string& src, const std::string& dst, con
         dst + " exists and is not empty: remove it or choose another destination");
   fs::create_directories(dst, ec);
   if (ec) return Status::IoError("cannot create " + dst + ": " + ec.message());
-  Result<PackReport> report = WritePackFiles(&*folder, src, dst, o);
+  Result<PackReport> report = WritePackFiles(&folder, src, dst, o);
   if (report.ok()) return report;
   // A half-written pack is gigabytes of no use: dst was empty, so all of it goes.
   if (existed)
