@@ -37,15 +37,16 @@ Finding Healthy(const Facts& f) {
         "nothing measured this job's speed: run it where NVML sees the GPUs, or have it print "
         "step markers (python/fullburn_markers.py) so each step is timed";
   else if (f.trainer && f.device == "cpu")
-    // No tensor cores to win: bf16 autocast is slower than fp32 on CPUs
-    // without native bf16 (-91% in docs/benchmarks.md), so the advice is cores or a GPU.
+    // No tensor cores to win. bf16 autocast on the CPU went from -21% to +32%
+    // on one AVX512-BF16 machine depending on the model (docs/benchmarks.md,
+    // tuning), and is far slower without native bf16: only a measurement tells.
     fix = f.train_threads > 0 && f.train_threads < f.cores
               ? fmt::format(
                     "compute-bound on the CPU with {} of {} cores: train.threads = 0 (this rank's "
                     "share of the CPUs) or {}",
                     f.train_threads, f.cores, f.cores)
-              : "compute-bound on the CPU, every core at work: train on a GPU (bf16 pays off only "
-                "on CPUs with native bf16: AVX512-BF16, AMX)";
+              : "compute-bound on the CPU, every core at work: train on a GPU; on a CPU with "
+                "native bf16 (AVX512-BF16, AMX) fullburn tune measures train.precision = bf16";
   else if (f.precision == "fp32")
     fix = "compute-bound: train.precision = bf16 (or fp16 on CUDA) for tensor cores";
   else if (f.trainer)
