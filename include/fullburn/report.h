@@ -71,10 +71,14 @@ nlohmann::json SamplesJson(const RunInfo& run, const std::map<std::string, Serie
 
 // What a training run's steps add up to. Phase shares are of the step time of
 // timed steps; the first 10% of steps (warm-up) are left out of the rate.
+// A run's steps as the job took them: with several ranks, step N is every
+// rank's record of step N (samples summed over ranks, its time the slowest
+// rank's, its loss the ranks' mean); the phase shares are over all records.
 struct StepsSummary {
   int64_t steps = 0, skipped = 0, samples = 0;
+  int ranks = 0;
   double first_loss = NAN, final_loss = NAN;  // means of the first/last 10 finite losses
-  double median_samples_per_s = 0;
+  double median_samples_per_s = 0;            // the job's, first tenth of the steps left out
   std::vector<std::pair<std::string, double>> phase_share;  // in step order
 };
 StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -170,23 +171,43 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
 
 namespace fullburn {
 
+// Ranks each record every optimizer step: the job's step is the set of
+// records with one step number. Its samples are the sum over ranks, it
+// ends when the slowest rank ends, and its loss is the mean of the ranks'
+// (each rank's is over its own shard). One rank reads as before.
 StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
+  struct JobStep {
+    int64_t samples = 0;
+    double slowest_s = 0, loss_sum = 0;
+    int losses = 0;
+    bool skipped = false;
+  };
+  std::map<int64_t, JobStep> job;
+  std::set<int> ranks;
   StepsSummary s;
-  s.steps = static_cast<int64_t>(steps.size());
-  std::vector<double> finite, rates;
   double timed_total = 0;
   std::vector<double> phase_total(std::size(kStepPhases), 0.0);
-  size_t warmup = steps.size() / 10;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const StepRecord& r = steps[i];
+  for (const StepRecord& r : steps) {
+    JobStep& j = job[r.step];
+    j.samples += r.samples;
+    j.slowest_s = std::max(j.slowest_s, r.step_s);
+    if (std::isfinite(r.loss)) j.loss_sum += r.loss, ++j.losses;
+    j.skipped = j.skipped || r.skipped;
+    ranks.insert(r.rank);
     s.samples += r.samples;
-    s.skipped += r.skipped ? 1 : 0;
-    if (std::isfinite(r.loss)) finite.push_back(r.loss);
-    if (i >= warmup && r.step_s > 0) rates.push_back(r.samples / r.step_s);
     if (!r.forward_s && !r.data_wait_s) continue;  // not a timed step
     timed_total += r.step_s;
     for (size_t p = 0; p < std::size(kStepPhases); ++p)
       phase_total[p] += (r.*kStepPhases[p].field).value_or(0);
+  }
+  s.steps = static_cast<int64_t>(job.size());
+  s.ranks = static_cast<int>(ranks.size());
+  std::vector<double> finite, rates;
+  size_t warmup = job.size() / 10, i = 0;
+  for (const auto& [step, j] : job) {
+    s.skipped += j.skipped ? 1 : 0;
+    if (j.losses) finite.push_back(j.loss_sum / j.losses);
+    if (i++ >= warmup && j.slowest_s > 0) rates.push_back(j.samples / j.slowest_s);
   }
   auto mean = [](auto begin, auto end) {
     double sum = 0;
@@ -215,7 +236,9 @@ std::string RenderStepsSummary(const std::vector<StepRecord>& steps) {
   std::ostringstream o;
   o.setf(std::ios::fixed);
   o.precision(4);
-  o << "  steps:   " << s.steps << " (" << s.samples << " samples";
+  o << "  steps:   " << s.steps;
+  if (s.ranks > 1) o << " on " << s.ranks << " ranks";
+  o << " (" << s.samples << " samples";
   if (s.skipped) o << ", " << s.skipped << " skipped by the loss scaler";
   o << ")";
   if (std::isfinite(s.first_loss)) o << ", loss " << s.first_loss << " -> " << s.final_loss;

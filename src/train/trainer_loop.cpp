@@ -189,8 +189,11 @@ void Trainer::FlushSteps(bool force) {
 void Trainer::Progress(const StepRecord& r, bool force) {
   if (rank_.rank != 0) return;  // one progress line per job
   double now = MonoNow();
-  // An exponential average over about 20 steps: steady, yet quick to move.
-  double rate = r.step_s > 0 ? r.samples / r.step_s : 0;
+  // The job's rate, as in the summary: every rank takes the same batch and
+  // the all-reduce keeps their steps in lock step. An exponential average
+  // over about 20 steps: steady, yet quick to move.
+  const int world = dp_ ? dp_->world_size() : 1;
+  double rate = r.step_s > 0 ? static_cast<double>(r.samples) * world / r.step_s : 0;
   double share = r.step_s > 0 ? r.data_wait_s.value_or(0) / r.step_s : 0;
   recent_rate_ = recent_rate_ == 0 ? rate : 0.95 * recent_rate_ + 0.05 * rate;
   recent_wait_share_ = 0.95 * recent_wait_share_ + 0.05 * share;
@@ -207,7 +210,7 @@ void Trainer::Progress(const StepRecord& r, bool force) {
     }
   }
   double left_steps = static_cast<double>(total_steps_ - r.step);
-  double eta = recent_rate_ > 0 ? left_steps * (batch_ * accumulate_) / recent_rate_ : 0;
+  double eta = recent_rate_ > 0 ? left_steps * (batch_ * accumulate_ * world) / recent_rate_ : 0;
   std::string line = fmt::format(
       "step {}/{}  epoch {}  loss {:.4f}  {:.0f} samples/s  data-wait {:.0f}%  {}  ETA {}", r.step,
       total_steps_, r.epoch, r.loss, recent_rate_, recent_wait_share_ * 100, util,

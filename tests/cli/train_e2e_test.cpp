@@ -364,14 +364,16 @@ TEST_F(TrainE2E, RanksWithTheirOwnStoreSendTheirRecordsToRankZero) {
 TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
   // One process, batch 32 vs two ranks of 16 (fullburn launch, Gloo on loopback).
   ASSERT_EQ(Train({"train.steps=20", "train.batch_size=32"}).code, 0);
-  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
-                                   FULLBURN_BIN, "train",  "-q",      "--store", store_};
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",   "--",
+                                   FULLBURN_BIN, "train",  "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   for (const char* a : {"train.steps=20", "train.batch_size=16", "dist.bucket_mb=0.004",
                         "dist.first_bucket_mb=0.002"})
     argv.push_back(a);
   auto o = RunToEnd(argv, 300);
   ASSERT_EQ(o.code, 0) << o.err;
+  // Rank 0's summary is the job's, and it waited for rank 1's last records.
+  EXPECT_NE(o.err.find("steps:   20 on 2 ranks (640 samples)"), std::string::npos) << o.err;
   auto store = Store();
   std::vector<RunInfo> runs = store->ListRuns().value();
   ASSERT_EQ(runs.size(), 2u) << "the ranks record into one run";

@@ -197,6 +197,23 @@ TEST(StepsReport, SummaryAddsUpPhasesAndRate) {
   EXPECT_NE(RenderStepsSummary(MakeSteps(3)).find("data_wait 40.0%"), std::string::npos);
 }
 
+TEST(StepsReport, SummaryOfSeveralRanksIsTheJobs) {
+  // Two ranks, 32 samples each per step; rank 1 takes 0.2 s, so each step of
+  // the job takes 0.2 s for 64 samples. Rank 1's loss is 1 higher.
+  std::vector<StepRecord> steps = MakeSteps(100), other = MakeSteps(100);
+  for (StepRecord& r : other) r.rank = 1, r.step_s = 0.2, r.loss += 1;
+  steps.insert(steps.end(), other.begin(), other.end());
+  StepsSummary s = SummarizeSteps(steps);
+  EXPECT_EQ(s.steps, 100);
+  EXPECT_EQ(s.ranks, 2);
+  EXPECT_EQ(s.samples, 6400);
+  EXPECT_NEAR(s.median_samples_per_s, 320, 1e-6);
+  EXPECT_NEAR(s.first_loss, 3.5 - 0.01 * 5.5, 1e-9);
+  EXPECT_NE(RenderStepsSummary(steps).find("steps:   100 on 2 ranks (6400 samples)"),
+            std::string::npos)
+      << RenderStepsSummary(steps);
+}
+
 TEST(StepsReport, CsvHasOneRowPerStepAndBlanksForAbsent) {
   auto steps = MakeSteps(2);
   steps[1].forward_s.reset();
