@@ -9,7 +9,9 @@
 //   batches (about once a second), so a recorder killed with SIGKILL loses at
 //   most the last batch and the file stays consistent (WAL, synchronous=NORMAL).
 // - A RunStore may be used from several threads; calls are serialized by an
-//   internal mutex. Several processes may use the same file (busy timeout 5 s).
+//   internal mutex. Several processes may use the same file (busy timeout 5 s),
+//   and may open a new file together (the ranks of a job): the switch to WAL
+//   is retried for as long, and the schema is read in one snapshot.
 // - The schema is written down in docs/store.md; kSchemaVersion counts it.
 #pragma once
 
