@@ -89,7 +89,9 @@ const std::vector<OptionDef>& TrainOptions() {
       {"train.log_every_s", T::kFloat, "1", "Refresh of the live progress line (seconds)", "",
        ">0"},
       {"train.time_limit_s", T::kFloat, "0",
-       "Stop (with a checkpoint) after this many seconds; 0: none", "", ">=0"},
+       "Stop (with a checkpoint) after this many seconds; 0: none. With several ranks, at the next "
+       "multiple of 5 steps",
+       "", ">=0"},
       {"train.memory_budget_mb", T::kInt, "0",
        "CPU only: a memory budget (MiB) that stands in for device memory; allocations past it fail "
        "as an out-of-memory would. 0: none",

@@ -281,7 +281,9 @@ void Trainer::Finish(const std::string& status, int code) {
   // Ranks sharing rank 0's store write their last steps themselves: wait for
   // every rank's, so the summary and diagnosis rank 0 prints next see them
   // all (before, a 2-rank run of 30 steps could print 54 of its 60 records).
-  if (dp_ && status == "finished") (void)dp_->AnyRank(false);
+  // Only after every step ran: ranks stopped by a signal may have stopped at
+  // different steps, and one of them may still be in a gradient all-reduce.
+  if (dp_ && status == "finished" && code == 0) (void)dp_->AnyRank(false);
   live_.reset();
   if (run_.id > 0 && rank_.rank == 0)
     store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);

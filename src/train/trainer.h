@@ -118,6 +118,7 @@ class Trainer {
   Status GatherSenders();
   Status OpenCheckpoints();
   Status Loop();
+  Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);
   struct StepOutcome {
     double start, wait_s, lr, loss;

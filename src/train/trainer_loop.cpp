@@ -223,6 +223,46 @@ void Trainer::Progress(const StepRecord& r, bool force) {
   }
 }
 
+// Whether to stop before the next step: a SIGINT/SIGTERM, or
+// train.time_limit_s. Ranks must stop at the same step, or one would wait in
+// a gradient all-reduce the others never join: a signal may reach only some
+// of them (a preempted node, a kill by hand) and each rank has its own clock.
+// So with several ranks the decision is shared every kStopCheckSteps steps
+// (one all-reduce of two numbers), at step numbers every rank counts alike,
+// and a rank stops when any rank wants to.
+Result<bool> Trainer::StopHere(double limit_s) {
+  constexpr int64_t kStopCheckSteps = 5;
+  double signalled = PendingStopSignal();
+  double time_up = limit_s > 0 && MonoNow() - mono_start_ >= limit_s ? 1 : 0;
+  if (dp_ && dp_->world_size() > 1) {
+    if (step_ % kStopCheckSteps != 0) return false;
+    auto sums = dp_->SumOverRanks({signalled > 0 ? 1.0 : 0.0, time_up});
+    if (!sums.ok()) return sums.status();
+    if ((*sums)[0] > 0 && signalled == 0) {
+      exit_code = kExitInterrupted;
+      std::fprintf(stderr,
+                   "\nfullburn: rank %d: stopping at step %lld with the ranks a signal reached; "
+                   "checkpointing\n",
+                   rank_.rank, static_cast<long long>(step_));
+      return true;
+    }
+    time_up = (*sums)[1] > 0 ? 1 : 0;
+  }
+  if (signalled > 0) {
+    exit_code = kExitInterrupted;
+    std::fprintf(stderr, "\nfullburn: stopped by signal %d at step %lld; checkpointing\n",
+                 static_cast<int>(signalled), static_cast<long long>(step_));
+    return true;
+  }
+  if (time_up > 0 && step_ > 0) {
+    if (rank_.rank == 0)
+      std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n",
+                   static_cast<long long>(step_));
+    return true;
+  }
+  return false;
+}
+
 Status Trainer::Loop() {
   int64_t every_steps = cfg_.Int("checkpoint.every_steps");
   double every_s = cfg_.Float("checkpoint.every_minutes") * 60;
@@ -236,12 +276,12 @@ Status Trainer::Loop() {
   ctx_.model->train();
   StepRecord last;
   while (step_ < total_steps_) {
-    if (int sig = PendingStopSignal()) {
-      exit_code = kExitInterrupted;
-      std::fprintf(stderr, "\nfullburn: stopped by signal %d at step %lld; checkpointing\n", sig,
-                   static_cast<long long>(step_));
-      break;
+    Result<bool> stop = StopHere(limit_s);
+    if (!stop.ok()) {
+      exit_code = kExitFailed;
+      return stop.status();
     }
+    if (*stop) break;
     StepRecord rec;
     bool timed = (step_ + 1) % time_every == 0 || step_ == 0;
     Status s;
@@ -277,11 +317,6 @@ Status Trainer::Loop() {
     if ((every_steps > 0 && step_ % every_steps == 0) ||
         (every_s > 0 && now - last_ckpt_time_ >= every_s))
       Checkpoint(false);
-    if (limit_s > 0 && now - mono_start_ >= limit_s) {
-      std::fprintf(stderr, "\nfullburn: train.time_limit_s reached at step %lld\n",
-                   static_cast<long long>(step_));
-      break;
-    }
   }
   if (last.step > 0) Progress(last, true);
   return Status::Ok();

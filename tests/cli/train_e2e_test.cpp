@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -414,6 +415,67 @@ TEST_F(TrainE2E, TwoRanksTrainLikeOneProcessOnTheGlobalBatch) {
   auto trained =
       RunToEnd({FULLBURN_BIN, "diagnose", std::to_string(ddp), "--json", "--store", store_});
   EXPECT_EQ(trained.code, 0) << trained.err;
+}
+
+TEST_F(TrainE2E, ASignalToOneRankStopsEveryRankAtOneStep) {
+  // A preempted node's ranks get SIGTERM, the others do not. Every rank must
+  // stop at the same step and rank 0 must write the checkpoint; before, rank
+  // 1 left and rank 0 failed with "lost contact", its progress unsaved.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::string port = std::to_string(ntohs(a.sin_port));
+  ::close(fd);
+  testing::Background ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> argv = {"env",
+                                     "RANK=" + std::to_string(r),
+                                     "WORLD_SIZE=2",
+                                     "LOCAL_RANK=" + std::to_string(r),
+                                     "MASTER_ADDR=127.0.0.1",
+                                     "MASTER_PORT=" + port,
+                                     FULLBURN_BIN,
+                                     "train",
+                                     "-q",
+                                     "--store",
+                                     store_,
+                                     "train.steps=1000000",
+                                     "dist.timeout_s=30"};
+    argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+    testing::Start(&ranks[r], argv,
+                   "sig_rank" + std::to_string(r) + "_" + std::to_string(::getpid()));
+  }
+  // Signal once rank 1 has trained a while.
+  auto rank1_steps = [&] {
+    auto run = Store()->GetRun("last");
+    if (!run.ok()) return size_t{0};
+    auto steps = Store()->LoadSteps(run->id);
+    return steps.ok()
+               ? static_cast<size_t>(std::count_if(steps->begin(), steps->end(),
+                                                   [](const StepRecord& r) { return r.rank == 1; }))
+               : size_t{0};
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (rank1_steps() < 20 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(rank1_steps(), 20u) << ranks[0].Err() << ranks[1].Err();
+  ASSERT_EQ(::kill(ranks[1].pid, SIGTERM), 0);
+  EXPECT_EQ(ranks[1].Wait(60), 130) << ranks[1].Err();
+  EXPECT_EQ(ranks[0].Wait(60), 130) << ranks[0].Err();
+  EXPECT_NE(ranks[0].Err().find("with the ranks a signal reached"), std::string::npos)
+      << ranks[0].Err();
+  RunData data = Store()->LoadRun("last").value();
+  int64_t last[2] = {0, 0};
+  for (const StepRecord& r : data.steps) last[r.rank] = std::max(last[r.rank], r.step);
+  EXPECT_EQ(last[0], last[1]);
+  ASSERT_FALSE(data.checkpoints.empty());
+  EXPECT_EQ(data.checkpoints.back().step, last[0]);
+  EXPECT_TRUE(fs::exists(data.checkpoints.back().path));
+  EXPECT_EQ(data.run.exit_code.value_or(-1), 130);
 }
 
 TEST_F(TrainE2E, RanksAgreeOnTheSearchedBatchSize) {
