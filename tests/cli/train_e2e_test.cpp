@@ -26,6 +26,20 @@ using testing::Background;
 using testing::RunToEnd;
 
 // Small and deterministic: an MLP on in-memory synthetic data, one thread.
+// A loopback port the kernel says is free now, for ranks started by hand
+// ("" if none could be had).
+std::string FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok ? std::to_string(ntohs(a.sin_port)) : "";
+}
+
 const std::vector<std::string> kTiny = {
     "model.name=mlp",   "data.source=synthetic", "data.synthetic_samples=2048",
     "data.features=32", "model.hidden=64",       "train.threads=1",
@@ -291,15 +305,8 @@ std::map<std::string, torch::Tensor> CheckpointWeights(RunStore* store, int64_t 
 // stores on different paths, as on machines that share no disk. Rank 1's
 // steps and process telemetry reach rank 0's run through the rendezvous.
 TEST_F(TrainE2E, RanksWithTheirOwnStoreSendTheirRecordsToRankZero) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  std::string port = std::to_string(ntohs(a.sin_port));
-  ::close(fd);
+  std::string port = FreeLoopbackPort();
+  ASSERT_FALSE(port.empty());
   std::string other = dir_ + "/node1";
   fs::create_directories(other);
   // Node 1 has a GPU (the fake NVML, the hardware boundary); node 0 has none.
@@ -421,15 +428,8 @@ TEST_F(TrainE2E, ASignalToOneRankStopsEveryRankAtOneStep) {
   // A preempted node's ranks get SIGTERM, the others do not. Every rank must
   // stop at the same step and rank 0 must write the checkpoint; before, rank
   // 1 left and rank 0 failed with "lost contact", its progress unsaved.
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  std::string port = std::to_string(ntohs(a.sin_port));
-  ::close(fd);
+  std::string port = FreeLoopbackPort();
+  ASSERT_FALSE(port.empty());
   testing::Background ranks[2];
   for (int r = 0; r < 2; ++r) {
     std::vector<std::string> argv = {"env",
