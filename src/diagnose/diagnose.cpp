@@ -40,11 +40,15 @@ Finding Healthy(const Facts& f) {
     // No tensor cores to win. bf16 autocast on the CPU went from -21% to +32%
     // on one AVX512-BF16 machine depending on the model (docs/benchmarks.md,
     // tuning), and is far slower without native bf16: only a measurement tells.
-    fix = f.train_threads > 0 && f.train_threads < f.cores
+    fix = f.train_threads > 0 && f.train_threads < f.RankCores()
               ? fmt::format(
-                    "compute-bound on the CPU with {} of {} cores: train.threads = 0 (this rank's "
-                    "share of the CPUs) or {}",
-                    f.train_threads, f.cores, f.cores)
+                    "compute-bound on the CPU with {} of {} cores{}: train.threads = 0 (this "
+                    "rank's share of the CPUs) or {}",
+                    f.train_threads, f.RankCores(),
+                    f.ranks_per_node > 1
+                        ? fmt::format(" per rank ({} ranks share {})", f.ranks_per_node, f.cores)
+                        : "",
+                    f.RankCores())
               : "compute-bound on the CPU, every core at work: train on a GPU; on a CPU with "
                 "native bf16 (AVX512-BF16, AMX) fullburn tune measures train.precision = bf16";
   else if (f.precision == "fp32")

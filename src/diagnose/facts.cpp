@@ -316,6 +316,12 @@ Facts Gather(const RunData& d) {
       if (!s.empty()) f.wall_s = std::max(f.wall_s, s.back().t);
     for (const StepRecord& r : d.steps) f.wall_s = std::max(f.wall_s, r.t);
   }
+  // Without the trainer's count (0: unknown, or another job's step markers),
+  // the ranks that recorded steps, spread over the nodes that sampled a host.
+  if (f.ranks.size() > 1) {
+    int nodes = std::max<int>(1, HostRanks(d.samples).size());
+    f.ranks_per_node = (static_cast<int>(f.ranks.size()) + nodes - 1) / nodes;
+  }
   if (!f.ranks.empty())
     IdleFromSteps(d, &f);
   else
@@ -332,6 +338,10 @@ Facts Gather(const RunData& d) {
     if (cfg.contains("resolved") && cfg["resolved"].contains("threads") &&
         cfg["resolved"]["threads"].is_number_integer())
       f.train_threads = cfg["resolved"]["threads"].get<int>();
+    if (cfg.contains("resolved") && cfg["resolved"].contains("ranks_per_node") &&
+        cfg["resolved"]["ranks_per_node"].is_number_integer() &&
+        cfg["resolved"]["ranks_per_node"].get<int>() > 0)
+      f.ranks_per_node = cfg["resolved"]["ranks_per_node"].get<int>();
     if (cfg.contains("data") && cfg["data"].contains("threads") &&
         cfg["data"]["threads"].is_number())
       f.data_threads = cfg["data"]["threads"].get<int>();

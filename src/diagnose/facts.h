@@ -2,6 +2,7 @@
 // the thresholds they compare it with (docs/diagnosis.md gives the sources).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -86,6 +87,10 @@ struct Facts {
   std::string device;     // where fullburn train ran ("cpu", "cuda:0"), from the run's config
   int train_threads = 0;  // its intra-op threads (0: not recorded)
   int cores = 0;          // host.cpuN series
+  // The job's processes on rank 0's node: they split its cores, so per-process
+  // advice (threads, workers) counts RankCores(), not cores.
+  int ranks_per_node = 1;
+  int RankCores() const { return cores > 0 ? std::max(1, cores / ranks_per_node) : 0; }
   int data_threads = -1;  // data.threads of a fullburn train run (0: tuned)
 };
 

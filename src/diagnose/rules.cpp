@@ -70,7 +70,7 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                              Pct(f.data_wait_share), Pct(kDataWaitShare))
                : fmt::format("GPU utilization median {:.0f}% (< {:.0f}%)", f.gpu_util, kGpuLowUtil);
   double conf = measured ? 0.9 : 0.6;
-  int workers = std::max(2, f.cores - 1);
+  int workers = std::max(2, f.RankCores() - 1);
   if (f.iowait >= kIoWait) {
     out->push_back(
         {"input_io", "Input-bound: waiting on storage",
@@ -96,8 +96,9 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                 f.cpu_quota) +
             fix;
     // A fixed worker count below the cores a loader may use comes first.
-    if (f.trainer && f.data_threads > 0 && f.cores > 2 && f.data_threads < f.cores - 1)
-      fix = fmt::format("data.threads {} -> {} (or 0: tuned); then ", f.data_threads, f.cores - 1) +
+    if (f.trainer && f.data_threads > 0 && f.RankCores() > 2 && f.data_threads < f.RankCores() - 1)
+      fix = fmt::format("data.threads {} -> {} (or 0: tuned); then ", f.data_threads,
+                        f.RankCores() - 1) +
             fix;
     out->push_back({"input_cpu", "Input-bound: the CPU cannot prepare batches fast enough",
                     wait + "; " + CpuReading(f) + fmt::format(" (>= {:.0f}%)", kCpuSaturated),
@@ -112,7 +113,7 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
          Choose(f,
                 fmt::format("run longer to tell; with idle cores data.threads = {}, with a busy "
                             "CPU decode less (fullburn pack SRC DST --format raw)",
-                            std::max(1, f.cores - 1)),
+                            std::max(1, f.RankCores() - 1)),
                 fmt::format("run longer to tell; with idle cores DataLoader(num_workers={}), with "
                             "a busy CPU pre-decode once (fullburn pack) or use smaller images",
                             workers))});
@@ -120,11 +121,11 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
     std::string threads =
         f.data_threads > 0
             ? fmt::format("data.threads {} -> {} (or 0: tuned while running)", f.data_threads,
-                          std::max(f.data_threads + 1, f.cores - 1))
+                          std::max(f.data_threads + 1, f.RankCores() - 1))
             : fmt::format(
                   "data.threads is tuned (0) yet cores idle: fix it at {}, or pack the "
                   "images (fullburn pack) so each sample costs less",
-                  std::max(2, f.cores - 1));
+                  std::max(2, f.RankCores() - 1));
     out->push_back(
         {"input_workers", "Input-bound with idle cores: too few loader workers",
          wait + "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated), share, conf,
@@ -282,6 +283,24 @@ void RankRules(const Facts& f, std::vector<Finding>* out) {
       if (!std::isnan(hi->proc_cpu) && !std::isnan(lo->proc_cpu))
         wait += fmt::format("; its process used {:.0f}% of a core, rank {}'s {:.0f}%", hi->proc_cpu,
                             lo->rank, lo->proc_cpu);
+      std::string fix = fmt::format(
+          "look at rank {}: its input pipeline, its GPU's clocks and PCIe slot, other jobs "
+          "on its host; give every rank equal shards and batch sizes",
+          hi->rank);
+      // Ranks that share one busy host's cores slow each other: which one is
+      // last is chance, and the cure is CPUs, not rank hi.
+      bool one_busy_host = f.ranks_per_node >= static_cast<int>(f.ranks.size()) &&
+                           f.cpu_rank <= 0 && f.cpu >= kCpuSaturated;
+      if (one_busy_host) {
+        wait += fmt::format("; its {} ranks share one host, {} (>= {:.0f}%)", f.ranks.size(),
+                            CpuReading(f), kCpuSaturated);
+        fix = Choose(f,
+                     "the ranks compete for the host's CPUs: give each its own (train.threads = 0 "
+                     "splits the cores between the ranks of a node, fewer data.threads), or run "
+                     "fewer ranks per node",
+                     "the ranks compete for the host's CPUs: torch.set_num_threads(cores // "
+                     "ranks) and fewer DataLoader workers per rank, or fewer ranks per node");
+      }
       out->push_back(
           {"uneven_ranks",
            fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
@@ -289,11 +308,7 @@ void RankRules(const Facts& f, std::vector<Finding>* out) {
                "median step work {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
                hi->work_s * 1e3, hi->rank, lo->work_s * 1e3, lo->rank, Pct(spread),
                Pct(kUnevenRanks), wait),
-           uneven_share, 0.8,
-           fmt::format(
-               "look at rank {}: its input pipeline, its GPU's clocks and PCIe slot, other jobs "
-               "on its host; give every rank equal shards and batch sizes",
-               hi->rank)});
+           uneven_share, 0.8, fix});
     }
   } else if (f.gpus.size() >= 2) {
     auto [lo, hi] =

@@ -192,6 +192,7 @@ Status Trainer::BeginRun() {
   // the device, and packs the data it was given).
   config["resolved"] = {{"device", ctx_.device.str()},
                         {"threads", torch::get_num_threads()},
+                        {"ranks_per_node", rank_.local_world_size},
                         {"data_path", spec_.path},
                         {"val_path", ResolvedValPath()}};
   run_.config_json = config.dump();

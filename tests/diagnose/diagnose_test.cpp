@@ -98,6 +98,39 @@ TEST(Diagnose, BusyGpuIsHealthyWithNoFalseAlarms) {
   EXPECT_NE(cpu.Run()[0].fix.find("every core at work: train on a GPU"), std::string::npos);
 }
 
+// Ranks on one node split its cores: per-process advice counts a rank's share.
+TEST(Diagnose, CpuAdviceCountsTheCoresOfOneRank) {
+  Case cpu;
+  cpu.run.config_json =
+      R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu", "threads": 2,)"
+      R"( "ranks_per_node": 2}})";
+  for (int c = 0; c < 4; ++c) cpu.m["host.cpu" + std::to_string(c) + ".util"] = Flat(95);
+  auto h = cpu.Host(95).Wait(0.02).Run();
+  ASSERT_EQ(Causes(h), std::vector<std::string>{"healthy"});
+  EXPECT_NE(h[0].fix.find("every core at work"), std::string::npos) << h[0].fix;
+  cpu.run.config_json =
+      R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu", "threads": 1,)"
+      R"( "ranks_per_node": 2}})";
+  EXPECT_NE(cpu.Run()[0].fix.find("with 1 of 2 cores per rank (2 ranks share 4): train.threads"),
+            std::string::npos)
+      << cpu.Run()[0].fix;
+  // Without the trainer's count: the ranks that recorded steps on the one
+  // sampled node. Each of 4 ranks on 16 cores gets 3 loader threads, not 15.
+  Case input;
+  input.run.config_json = R"({"data": {"threads": 1}})";
+  for (int c = 0; c < 16; ++c) input.m["host.cpu" + std::to_string(c) + ".util"] = Flat(40);
+  input.Host(40).Wait(0.3);
+  std::vector<StepRecord> one_rank = input.steps;
+  for (int rank = 1; rank < 4; ++rank)
+    for (StepRecord r : one_rank) {
+      r.rank = rank;
+      input.steps.push_back(r);
+    }
+  auto g = input.Run();
+  ASSERT_EQ(g[0].cause, "input_workers");
+  EXPECT_NE(g[0].fix.find("data.threads 1 -> 3"), std::string::npos) << g[0].fix;
+}
+
 TEST(Diagnose, NothingMeasuredSaysHowToMeasureNotHowToSpeedUp) {
   auto f = Case().Host(40).Run();  // host samples only: no GPU, no steps
   ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
@@ -438,6 +471,26 @@ TEST(Diagnose, StragglerEvidenceNamesEachRanksProcessCpu) {
   ASSERT_EQ(f[0].cause, "uneven_ranks");
   EXPECT_NE(f[0].evidence.find("its process used 95% of a core, rank 0's 190%"), std::string::npos)
       << f[0].evidence;
+}
+
+// Two ranks on one saturated host: the straggler is whichever gets less CPU,
+// so the fix is CPUs for the ranks, not a look at one rank's machine.
+TEST(Diagnose, StragglerOnASharedBusyHostPointsToTheCpus) {
+  Case c = TwoRanks(0.9, 1.1);
+  c.Host(95);
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "uneven_ranks");
+  EXPECT_NE(f[0].evidence.find("its 2 ranks share one host, host CPU median 95%"),
+            std::string::npos)
+      << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("the ranks compete for the host's CPUs"), std::string::npos) << f[0].fix;
+  // A second node that sampled its host: the ranks may not share one.
+  c.m["rank1.host.cpu_util"] = Flat(95);
+  auto g = c.Run();
+  ASSERT_EQ(g[0].cause, "uneven_ranks");
+  EXPECT_NE(g[0].fix.find("look at rank 1"), std::string::npos) << g[0].fix;
+  // One host with idle cores: the ranks do not compete.
+  EXPECT_NE(TwoRanks(0.9, 1.1).Run()[0].fix.find("look at rank 1"), std::string::npos);
 }
 
 TEST(Diagnose, CommunicationNotHidden) {
