@@ -78,4 +78,18 @@ std::string ConfigMarkdown();
 // The table printed by `fullburn train --help`.
 std::string ConfigHelp();
 
+// fullburn train's flags (the config keys aside): the one table that
+// `fullburn train --help` prints and fullburn-train parses with.
+struct TrainFlag {
+  const char* names;  // CLI11's form: "-q,--quiet"
+  const char* value;  // the value's placeholder in --help ("RUN|PATH"); "" for a switch
+  const char* help;
+};
+const std::vector<TrainFlag>& TrainFlags();
+// The help of the flag named `names` exactly; throws std::out_of_range for
+// an unknown one (a programming error).
+const char* TrainFlagHelp(const std::string& names);
+// `fullburn train --help`: usage, flags, then ConfigHelp().
+std::string TrainHelp();
+
 }  // namespace fullburn

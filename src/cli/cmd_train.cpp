@@ -13,20 +13,6 @@
 namespace fullburn::cli {
 namespace {
 
-const char* const kTrainUsage =
-    "fullburn train: train a model with libtorch and record every step\n\n"
-    "Usage: fullburn train [CONFIG.toml] [key=value ...] [OPTIONS]\n\n"
-    "With no arguments: trains a small ResNet on a synthetic JPEG image set (created on first\n"
-    "use beside the run store) for a few minutes, on the GPU when libtorch sees one.\n\n"
-    "Options:\n"
-    "  --resume RUN|PATH   Continue a run (its last good checkpoint) or a checkpoint file\n"
-    "  --name NAME         Name of the run (default: model and data)\n"
-    "  --parent RUN        Record the run as part of another (fullburn tune's trials)\n"
-    "  --store PATH        Run store (env FULLBURN_STORE)\n"
-    "  -q, --quiet         No live progress line\n"
-    "  --print-config      Print the effective config as TOML and exit\n"
-    "  --help-config [--markdown]  Every config key with its default (docs/config.md)\n\n";
-
 bool Has(int argc, char** argv, const char* flag) {
   for (int i = 2; i < argc; ++i)
     if (std::strcmp(argv[i], flag) == 0) return true;
@@ -42,7 +28,7 @@ int Train(int argc, char** argv) {
     return 0;
   }
   if (train && (Has(argc, argv, "--help") || Has(argc, argv, "-h"))) {
-    std::printf("%s%s", kTrainUsage, ConfigHelp().c_str());
+    std::fputs(TrainHelp().c_str(), stdout);
     return 0;
   }
   std::string exe = TrainingExecutable();

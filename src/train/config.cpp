@@ -1,4 +1,6 @@
 // Reading, checking and printing `fullburn train` configs.
+#include "fullburn/config.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -6,8 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
-
-#include "fullburn/config.h"
+#include <stdexcept>
 
 namespace fullburn {
 namespace {
@@ -348,6 +349,44 @@ std::string ConfigHelp() {
     if (*d.choices && d.type == OptionType::kString) o << "  [" << d.choices << "]";
     o << "  (" << OptionEnvVar(d) << ")\n      " << d.help << "\n";
   }
+  return o.str();
+}
+
+const std::vector<TrainFlag>& TrainFlags() {
+  static const std::vector<TrainFlag> flags = {
+      {"--resume", "RUN|PATH",
+       "Continue a run from its last good checkpoint (a run id or 'last'), or a checkpoint file"},
+      {"--name", "NAME", "Name of the run (default: model and data)"},
+      {"--parent", "RUN", "Record the run as part of another (fullburn tune's trials)"},
+      {"--store", "PATH", "Run store (env FULLBURN_STORE)"},
+      {"-q,--quiet", "", "No live progress line, no end-of-run summary"},
+      {"--print-config", "", "Print the effective config as TOML and exit"},
+      {"--help-config", "[--markdown]", "Every config key with its default (docs/config.md)"},
+  };
+  return flags;
+}
+
+const char* TrainFlagHelp(const std::string& names) {
+  for (const TrainFlag& f : TrainFlags())
+    if (names == f.names) return f.help;
+  throw std::out_of_range("no fullburn train flag " + names);
+}
+
+std::string TrainHelp() {
+  std::ostringstream o;
+  o << "fullburn train: train a model with libtorch and record every step\n\n"
+       "Usage: fullburn train [CONFIG.toml] [key=value ...] [OPTIONS]\n\n"
+       "With no arguments: trains a small ResNet on a synthetic JPEG image set (created on "
+       "first\nuse beside the run store) for a few minutes, on the GPU when libtorch sees "
+       "one.\n\nOptions:\n";
+  for (const TrainFlag& f : TrainFlags()) {
+    std::string names = f.names;
+    if (size_t comma = names.find(','); comma != std::string::npos) names.replace(comma, 1, ", ");
+    std::string left = names + (*f.value ? std::string(" ") + f.value : "");
+    o << "  " << left << std::string(left.size() < 26 ? 26 - left.size() : 1, ' ') << f.help
+      << "\n";
+  }
+  o << "\n" << ConfigHelp();
   return o.str();
 }
 

@@ -130,12 +130,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> positionals;
   CLI::App* train = app.add_subcommand("train", "Train a model (see 'fullburn train --help')");
   train->add_option("ARGS", positionals, "CONFIG.toml and/or key=value overrides");
-  train->add_option("--resume", to.resume, "A run id, 'last', or a checkpoint file");
-  train->add_option("--name", to.name, "Name of the run");
-  train->add_option("--parent", to.parent_run, "The run this one belongs to (fullburn tune passes its tuning)");
-  train->add_option("--store", to.store_path, "Run store")->envname("FULLBURN_STORE");
-  train->add_flag("-q,--quiet", to.quiet, "No live progress line, no summary");
-  train->add_flag("--print-config", to.print_config, "Print the effective config as TOML and exit");
+  using fullburn::TrainFlagHelp;
+  train->add_option("--resume", to.resume, TrainFlagHelp("--resume"));
+  train->add_option("--name", to.name, TrainFlagHelp("--name"));
+  train->add_option("--parent", to.parent_run, TrainFlagHelp("--parent"));
+  train->add_option("--store", to.store_path, TrainFlagHelp("--store"))->envname("FULLBURN_STORE");
+  train->add_flag("-q,--quiet", to.quiet, TrainFlagHelp("-q,--quiet"));
+  train->add_flag("--print-config", to.print_config, TrainFlagHelp("--print-config"));
   train->callback([&] { code = Train(positionals, to, argv, argc); });
 
   std::string export_from, export_to;

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
+#include "fullburn/config.h"
 #include "fullburn/pipeline.h"
 #include "fullburn/report.h"
 #include "fullburn/store.h"
@@ -633,6 +635,25 @@ TEST_F(TrainE2E, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   auto missing = Train({"--resume", dir_ + "/nope.safetensors"}, false);
   EXPECT_NE(missing.code, 0);
   EXPECT_NE(missing.err.find("no such checkpoint file"), std::string::npos) << missing.err;
+}
+
+// `fullburn train --help` is answered without the training half; its flags
+// come from the table fullburn-train parses with, so the two cannot drift.
+TEST_F(TrainE2E, HelpListsTheFlagsTheTrainerParses) {
+  std::string bin = FULLBURN_BIN;
+  std::string trainer = bin.substr(0, bin.rfind('/') + 1) + "fullburn-train";
+  auto help = RunToEnd({bin, "train", "--help"});
+  auto parser = RunToEnd({trainer, "train", "--help"});
+  ASSERT_EQ(help.code, 0) << help.err;
+  ASSERT_EQ(parser.code, 0) << parser.err;
+  for (const TrainFlag& f : TrainFlags()) {
+    EXPECT_NE(help.out.find(f.help), std::string::npos) << f.names;
+    if (std::string(f.names) != "--help-config") {  // answered by fullburn alone
+      EXPECT_NE(parser.out.find(f.help), std::string::npos) << f.names << "\n" << parser.out;
+    }
+  }
+  EXPECT_NE(help.out.find("train.batch_size = 64"), std::string::npos);  // then every config key
+  EXPECT_THROW(TrainFlagHelp("--no-such-flag"), std::out_of_range);
 }
 
 TEST_F(TrainE2E, BadConfigsAreOneLineErrors) {
