@@ -264,74 +264,86 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
                   f.ranks.empty() ? 0.6 : 0.8, fix});
 }
 
+namespace {
+
+// The slowest rank by median work, when the ranks are >= kUnevenRanks apart;
+// returns the share of the job's time lost to waiting for it (0: none).
+double StragglerRule(const Facts& f, std::vector<Finding>* out) {
+  if (f.ranks.size() < 2) return 0;
+  auto [lo, hi] = std::minmax_element(
+      f.ranks.begin(), f.ranks.end(),
+      [](const RankFacts& a, const RankFacts& b) { return a.work_s < b.work_s; });
+  double spread = (hi->work_s - lo->work_s) / hi->work_s;
+  if (!(hi->work_s > 0 && spread >= kUnevenRanks)) return 0;
+  double mean = 0;
+  for (const RankFacts& r : f.ranks) mean += r.work_s / f.ranks.size();
+  double share = 1 - mean / hi->work_s;
+  std::string wait =
+      std::isnan(hi->data_wait_share)
+          ? ""
+          : fmt::format(" (data wait {} of its steps, rank {} {})", Pct(hi->data_wait_share),
+                        lo->rank, Pct(lo->data_wait_share));
+  if (!std::isnan(hi->proc_cpu) && !std::isnan(lo->proc_cpu))
+    wait += fmt::format("; its process used {:.0f}% of a core, rank {}'s {:.0f}%", hi->proc_cpu,
+                        lo->rank, lo->proc_cpu);
+  std::string fix = fmt::format(
+      "look at rank {}: its input pipeline, its GPU's clocks and PCIe slot, other jobs "
+      "on its host; give every rank equal shards and batch sizes",
+      hi->rank);
+  // Ranks that share one busy host's cores slow each other: which one is
+  // last is chance, and the cure is CPUs, not rank hi.
+  if (f.ranks_per_node >= static_cast<int>(f.ranks.size()) && f.cpu_rank <= 0 &&
+      f.cpu >= kCpuSaturated) {
+    wait += fmt::format("; its {} ranks share one host, {} (>= {:.0f}%)", f.ranks.size(),
+                        CpuReading(f), kCpuSaturated);
+    fix = Choose(f,
+                 "the ranks compete for the host's CPUs: give each its own (train.threads = 0 "
+                 "splits the cores between the ranks of a node, fewer data.threads), or run "
+                 "fewer ranks per node",
+                 "the ranks compete for the host's CPUs: torch.set_num_threads(cores // "
+                 "ranks) and fewer DataLoader workers per rank, or fewer ranks per node");
+  }
+  out->push_back(
+      {"uneven_ranks",
+       fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
+       fmt::format(
+           "median step work {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
+           hi->work_s * 1e3, hi->rank, lo->work_s * 1e3, lo->rank, Pct(spread), Pct(kUnevenRanks),
+           wait),
+       share, 0.8, fix});
+  return share;
+}
+
+// Without step records: GPUs of one job far apart in utilization.
+void UnevenGpusRule(const Facts& f, std::vector<Finding>* out) {
+  if (f.gpus.size() < 2) return;
+  auto [lo, hi] =
+      std::minmax_element(f.gpus.begin(), f.gpus.end(),
+                          [](const GpuFacts& a, const GpuFacts& b) { return a.util < b.util; });
+  if (!(hi->util - lo->util >= kUnevenUtil && lo->util < kGpuBusy)) return;
+  double lost = 0;
+  for (const GpuFacts& g : f.gpus) lost += (hi->util - g.util) / 100 / f.gpus.size();
+  out->push_back(
+      {"uneven_ranks",
+       fmt::format("Uneven GPUs: {} is busy far less than {}", lo->Name(), hi->Name()),
+       fmt::format("GPU utilization median {:.0f}% on {} vs {:.0f}% on {} ({:.0f} points apart, "
+                   ">= {:.0f})",
+                   lo->util, lo->Name(), hi->util, hi->Name(), hi->util - lo->util, kUnevenUtil),
+       lost, 0.6,
+       fmt::format("give every GPU the same work (equal shards, same batch per rank); if {} waits "
+                   "on {}, look at {}'s rank (clocks, input, PCIe); if {} is not part of "
+                   "the job, ignore this",
+                   lo->Name(), hi->Name(), hi->Name(), lo->Name())});
+}
+
+}  // namespace
+
 void RankRules(const Facts& f, std::vector<Finding>* out) {
   double uneven_share = 0;
-  if (f.ranks.size() >= 2) {
-    auto [lo, hi] = std::minmax_element(
-        f.ranks.begin(), f.ranks.end(),
-        [](const RankFacts& a, const RankFacts& b) { return a.work_s < b.work_s; });
-    double spread = (hi->work_s - lo->work_s) / hi->work_s;
-    if (hi->work_s > 0 && spread >= kUnevenRanks) {
-      double mean = 0;
-      for (const RankFacts& r : f.ranks) mean += r.work_s / f.ranks.size();
-      uneven_share = 1 - mean / hi->work_s;
-      std::string wait =
-          std::isnan(hi->data_wait_share)
-              ? ""
-              : fmt::format(" (data wait {} of its steps, rank {} {})", Pct(hi->data_wait_share),
-                            lo->rank, Pct(lo->data_wait_share));
-      if (!std::isnan(hi->proc_cpu) && !std::isnan(lo->proc_cpu))
-        wait += fmt::format("; its process used {:.0f}% of a core, rank {}'s {:.0f}%", hi->proc_cpu,
-                            lo->rank, lo->proc_cpu);
-      std::string fix = fmt::format(
-          "look at rank {}: its input pipeline, its GPU's clocks and PCIe slot, other jobs "
-          "on its host; give every rank equal shards and batch sizes",
-          hi->rank);
-      // Ranks that share one busy host's cores slow each other: which one is
-      // last is chance, and the cure is CPUs, not rank hi.
-      bool one_busy_host = f.ranks_per_node >= static_cast<int>(f.ranks.size()) &&
-                           f.cpu_rank <= 0 && f.cpu >= kCpuSaturated;
-      if (one_busy_host) {
-        wait += fmt::format("; its {} ranks share one host, {} (>= {:.0f}%)", f.ranks.size(),
-                            CpuReading(f), kCpuSaturated);
-        fix = Choose(f,
-                     "the ranks compete for the host's CPUs: give each its own (train.threads = 0 "
-                     "splits the cores between the ranks of a node, fewer data.threads), or run "
-                     "fewer ranks per node",
-                     "the ranks compete for the host's CPUs: torch.set_num_threads(cores // "
-                     "ranks) and fewer DataLoader workers per rank, or fewer ranks per node");
-      }
-      out->push_back(
-          {"uneven_ranks",
-           fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
-           fmt::format(
-               "median step work {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
-               hi->work_s * 1e3, hi->rank, lo->work_s * 1e3, lo->rank, Pct(spread),
-               Pct(kUnevenRanks), wait),
-           uneven_share, 0.8, fix});
-    }
-  } else if (f.gpus.size() >= 2) {
-    auto [lo, hi] =
-        std::minmax_element(f.gpus.begin(), f.gpus.end(),
-                            [](const GpuFacts& a, const GpuFacts& b) { return a.util < b.util; });
-    if (hi->util - lo->util >= kUnevenUtil && lo->util < kGpuBusy) {
-      double lost = 0;
-      for (const GpuFacts& g : f.gpus) lost += (hi->util - g.util) / 100 / f.gpus.size();
-      out->push_back(
-          {"uneven_ranks",
-           fmt::format("Uneven GPUs: {} is busy far less than {}", lo->Name(), hi->Name()),
-           fmt::format(
-               "GPU utilization median {:.0f}% on {} vs {:.0f}% on {} ({:.0f} points apart, "
-               ">= {:.0f})",
-               lo->util, lo->Name(), hi->util, hi->Name(), hi->util - lo->util, kUnevenUtil),
-           lost, 0.6,
-           fmt::format(
-               "give every GPU the same work (equal shards, same batch per rank); if {} waits "
-               "on {}, look at {}'s rank (clocks, input, PCIe); if {} is not part of "
-               "the job, ignore this",
-               lo->Name(), hi->Name(), hi->Name(), lo->Name())});
-    }
-  }
+  if (f.ranks.size() >= 2)
+    uneven_share = StragglerRule(f, out);
+  else
+    UnevenGpusRule(f, out);
   // Communication a straggler explains is the straggler's, not the network's.
   double comm = f.comm_share - uneven_share;
   if (f.have_steps && comm >= kCommShare)
