@@ -152,9 +152,27 @@ class Markers:
             self._file = None
 
 
+_shared = None
+
+
+def _shared_markers(sync):
+    """One Markers for every `steps` call without its own, so step numbers go
+    on from epoch to epoch and the events file is opened once."""
+    global _shared
+    if _shared is None:
+        _shared = Markers(sync=sync)
+    elif sync is not None:
+        _shared._sync = sync
+    return _shared
+
+
 def steps(iterable, markers=None, sync=None, epoch=None):
-    """Yields from `iterable`, marking each item as one training step."""
-    m = markers or Markers(sync=sync)
+    """Yields from `iterable`, marking each item as one training step.
+
+    Call it once per epoch (`for batch in steps(loader)` inside the epoch
+    loop): without `markers`, every call shares one Markers, so step numbers
+    continue across epochs."""
+    m = markers or _shared_markers(sync)
     it = iter(iterable)
     m.step_start()
     samples = None

@@ -199,7 +199,10 @@ Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start);
 // Follows an events file that other processes append to: each Poll reads the
 // lines completed since the last one. A malformed line is counted and
 // skipped (the first one's reason kept), never fatal: a job's markers must
-// not stop its recording. Used from one thread at a time.
+// not stop its recording. A rank whose step number does not grow (its
+// counter started again: a new Markers each epoch) has those steps numbered
+// on from its last one, since the store keeps one record per (rank, step).
+// Used from one thread at a time.
 class EventFileReader {
  public:
   explicit EventFileReader(std::string path) : path_(std::move(path)) {}
@@ -207,13 +210,25 @@ class EventFileReader {
   const std::string& path() const { return path_; }
   int64_t bad_lines() const { return bad_lines_; }
   const std::string& first_error() const { return first_error_; }
+  // Times a rank's step counter started again; the first such rank.
+  int64_t restarts() const { return restarts_; }
+  int first_restarted_rank() const { return first_restarted_rank_; }
 
  private:
+  void Renumber(StepRecord* step);
+
+  struct RankCounter {
+    bool seen = false;
+    int64_t last = 0, offset = 0;
+  };
   std::string path_;
   uint64_t offset_ = 0;
   std::string partial_;
   int64_t lines_ = 0, bad_lines_ = 0;
   std::string first_error_;
+  std::map<int, RankCounter> counters_;
+  int64_t restarts_ = 0;
+  int first_restarted_rank_ = -1;
 };
 
 // Buffers snapshots of one run and appends them in one transaction once

@@ -114,6 +114,12 @@ int Run(const RunOptions& opts) {
     if (events.bad_lines() > 0 && !opts.quiet)
       std::fprintf(stderr, "fullburn: %lld malformed step event line(s) skipped; first: %s\n",
                    static_cast<long long>(events.bad_lines()), events.first_error().c_str());
+    if (events.restarts() > 0 && !opts.quiet)
+      std::fprintf(stderr,
+                   "fullburn: rank %d's step numbers started again %lld time(s) (a new "
+                   "fullburn_markers.Markers per epoch?): its steps were numbered on so none was "
+                   "lost; keep one Markers for the whole run\n",
+                   events.first_restarted_rank(), static_cast<long long>(events.restarts()));
   }
   double end = env->UnixSeconds();
   (*store)->FinishRun(info.id, end, code, "finished");

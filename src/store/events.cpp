@@ -181,6 +181,7 @@ Status EventFileReader::Poll(double run_start, std::vector<StepRecord>* steps,
             "line " + std::to_string(lines_) + " of " + path_ + ": " + e.status().message();
       ++bad_lines_;
     } else if (e->is_step) {
+      Renumber(&e->step);
       steps->push_back(e->step);
     } else {
       events->push_back(e->event);
@@ -188,6 +189,17 @@ Status EventFileReader::Poll(double run_start, std::vector<StepRecord>* steps,
   }
   partial_.erase(0, start);
   return Status::Ok();
+}
+
+void EventFileReader::Renumber(StepRecord* step) {
+  RankCounter& c = counters_[step->rank];
+  if (c.seen && step->step + c.offset <= c.last) {
+    c.offset = c.last + 1 - step->step;
+    if (restarts_++ == 0) first_restarted_rank_ = step->rank;
+  }
+  step->step += c.offset;
+  c.last = step->step;
+  c.seen = true;
 }
 
 }  // namespace fullburn

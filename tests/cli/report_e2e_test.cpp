@@ -119,6 +119,37 @@ TEST_F(ReportE2E, MalformedMarkerLinesAreSkippedNotFatal) {
   EXPECT_EQ(nlohmann::json::parse(steps.out).size(), 1u);
 }
 
+// The documented pattern, steps(loader) inside an epoch loop: every step of
+// every epoch is stored, numbered on. A new Markers per epoch restarts its
+// count: fullburn numbers on too, and says so.
+TEST_F(ReportE2E, StepMarkersOfEveryEpochAreKept) {
+  std::string script = dir_ + "/epochs.py";
+  std::ofstream(script) << "import sys\n"
+                           "sys.path.insert(0, '" SOURCE_DIR
+                           "/python')\n"
+                           "from fullburn_markers import Markers, steps\n"
+                           "for epoch in range(3):\n"
+                           "    m = Markers() if sys.argv[1] == 'own' else None\n"
+                           "    for batch in steps([[0] * 8] * 5, markers=m, epoch=epoch):\n"
+                           "        pass\n";
+  for (std::string how : {"shared", "own"}) {
+    std::vector<std::string> argv = {FULLBURN_BIN, "run",     "--store", store_,
+                                     "--",         "python3", script,    how};
+    auto o = RunToEnd(argv);
+    ASSERT_EQ(o.code, 0) << o.err;
+    auto steps = nlohmann::json::parse(
+        Fullburn({"runs", "export", "last", "--table", "steps", "--format", "json"}).out);
+    ASSERT_EQ(steps.size(), 15u) << how;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      EXPECT_EQ(steps[i]["step"], i + 1) << how;
+      EXPECT_EQ(steps[i]["epoch"], i / 5) << how;
+      EXPECT_EQ(steps[i]["samples"], 8) << how;
+    }
+    bool warned = o.err.find("step numbers started again 2 time(s)") != std::string::npos;
+    EXPECT_EQ(warned, how == "own") << o.err;
+  }
+}
+
 // --- GPU scenarios through the fake NVML, scripted series.
 
 TEST_F(ReportE2E, IdleGpuWithSaturatedCpuIsInputCpu) {

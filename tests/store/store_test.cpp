@@ -471,5 +471,32 @@ TEST(StepEvents, ReaderTakesOnlyCompleteLinesAndSkipsBadOnes) {
   EXPECT_DOUBLE_EQ(steps[1].t, 3);
 }
 
+// A counter that starts again (a new Markers each epoch) would overwrite the
+// earlier epoch's records, one per (rank, step): they are numbered on.
+TEST(StepEvents, ARestartedStepCounterIsNumberedOn) {
+  std::string path = ::testing::TempDir() + "/fb_events_restart.jsonl";
+  std::remove(path.c_str());
+  {
+    std::ofstream out(path);
+    for (int epoch = 0; epoch < 3; ++epoch)
+      for (int step = 1; step <= 2; ++step)
+        for (int rank = 0; rank < 2; ++rank)
+          if (rank == 0 || epoch == 0)  // rank 1 marks one epoch only
+            out << R"({"kind":"step","rank":)" << rank << R"(,"step":)" << step << R"(,"time":)"
+                << 10 + epoch * 2 + step << R"(,"step_s":0.5})"
+                << "\n";
+  }
+  EventFileReader reader(path);
+  std::vector<StepRecord> steps;
+  std::vector<RunEvent> events;
+  ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
+  std::vector<int64_t> rank0, rank1;
+  for (const StepRecord& r : steps) (r.rank == 0 ? rank0 : rank1).push_back(r.step);
+  EXPECT_EQ(rank0, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(rank1, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(reader.restarts(), 2);
+  EXPECT_EQ(reader.first_restarted_rank(), 0);
+}
+
 }  // namespace
 }  // namespace fullburn
