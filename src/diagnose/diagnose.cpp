@@ -20,6 +20,19 @@ namespace {
 
 using namespace diagnose;
 
+// A wrapped job with steps but no GPU sampled ran on the CPU, or on a GPU
+// NVML could not see: tensor cores are not the first thing to point to.
+std::string WrappedCpuFix(const Facts& f) {
+  const char* unseen =
+      "; if it ran on a GPU, NVML did not see it (fullburn version names the driver)";
+  if (f.cores > 1 && f.proc_cpu < (f.cores - 0.5) * 100)
+    return fmt::format(
+        "compute-bound on the CPU (no GPU sampled), the job's processes used {:.1f} of {} cores: "
+        "torch.set_num_threads({}) (OMP_NUM_THREADS), or train on a GPU{}",
+        f.proc_cpu / 100, f.cores, f.RankCores(), unseen);
+  return std::string("compute-bound on the CPU (no GPU sampled): train on a GPU") + unseen;
+}
+
 Finding Healthy(const Facts& f) {
   std::string evidence = !std::isnan(f.gpu_util) ? fmt::format("GPU utilization median {:.0f}%", f.gpu_util)
                          : f.have_steps ? fmt::format("data wait {} of step time (< {})", Pct(f.data_wait_share),
@@ -51,6 +64,8 @@ Finding Healthy(const Facts& f) {
                     f.RankCores())
               : "compute-bound on the CPU, every core at work: train on a GPU; on a CPU with "
                 "native bf16 (AVX512-BF16, AMX) fullburn tune measures train.precision = bf16";
+  else if (!f.trainer && f.gpus.empty())
+    fix = WrappedCpuFix(f);
   else if (f.precision == "fp32")
     fix = "compute-bound: train.precision = bf16 (or fp16 on CUDA) for tensor cores";
   else if (f.trainer)

@@ -131,6 +131,24 @@ TEST(Diagnose, CpuAdviceCountsTheCoresOfOneRank) {
   EXPECT_NE(g[0].fix.find("data.threads 1 -> 3"), std::string::npos) << g[0].fix;
 }
 
+// A wrapped job with steps and no GPU sampled ran on the CPU: tensor cores
+// are not the advice, its threads are.
+TEST(Diagnose, WrappedJobWithoutAGpuGetsCpuAdvice) {
+  Case job;
+  job.run.config_json = R"({"interval_s": 1})";  // fullburn run, not fullburn train
+  for (int c = 0; c < 4; ++c) job.m["host.cpu" + std::to_string(c) + ".util"] = Flat(30);
+  job.m["proc.cpu_util"] = Flat(100);
+  auto f = job.Host(30).Wait(0.02).Run();
+  ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
+  EXPECT_NE(f[0].fix.find("used 1.0 of 4 cores: torch.set_num_threads(4)"), std::string::npos)
+      << f[0].fix;
+  EXPECT_EQ(f[0].fix.find("tensor cores"), std::string::npos) << f[0].fix;
+  job.m["proc.cpu_util"] = Flat(390);
+  auto busy = job.Run();
+  EXPECT_NE(busy[0].fix.find("(no GPU sampled): train on a GPU"), std::string::npos) << busy[0].fix;
+  EXPECT_NE(job.Gpu(95, 0.7).Run()[0].fix.find("tensor cores"), std::string::npos);  // a GPU job
+}
+
 TEST(Diagnose, NothingMeasuredSaysHowToMeasureNotHowToSpeedUp) {
   auto f = Case().Host(40).Run();  // host samples only: no GPU, no steps
   ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
