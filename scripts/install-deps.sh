@@ -14,14 +14,14 @@ packages=(
   libtomlplusplus-dev             # fullburn train configs
   libjpeg62-turbo-dev libpng-dev  # input pipeline (JPEG, PNG)
   libgtest-dev libgmock-dev       # tests
-  python3                         # bench/ scripts, examples/scenarios
+  python3 python3-pil             # bench/ scripts, examples/scenarios, python/fullburn_pack.py
   chromium                        # tests: the HTML report in a real browser
 )
 if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)
 fi
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-torchvision python3-pil)  # bench/ baselines
+  packages+=(python3-torch python3-torchvision)  # bench/ baselines
 fi
 
 missing=()

@@ -81,14 +81,17 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                 "read from local SSD or RAM: data.cache_mb = the dataset size, or pack it once "
                 "(fullburn pack SRC DST --format raw) for sequential reads",
                 "copy the data to local SSD or RAM (/dev/shm), pack small files into large shards "
-                "(fullburn pack, WebDataset), DataLoader(prefetch_factor=4)")});
+                "(fullburn pack SRC DST, read by python/fullburn_pack.py's PackDataset in place "
+                "of ImageFolder; or WebDataset), DataLoader(prefetch_factor=4)")});
   } else if (f.cpu >= kCpuSaturated) {
     std::string fix =
         Choose(f,
                "decode less: fullburn pack SRC DST --format raw --max-side 256 (decoding "
                "disappears), smaller source images, or more cores for the loader",
-               "decode and augment less on the CPU: pre-decode once (fullburn pack), smaller "
-               "source images, augment on the GPU (DALI, torchvision v2 on tensors), more cores");
+               "decode and augment less on the CPU: pack the images once at the size you train "
+               "at (fullburn pack SRC DST --max-side 256; read by python/fullburn_pack.py's "
+               "PackDataset in place of ImageFolder), augment on the GPU (DALI, torchvision v2 "
+               "on tensors), more cores");
     if (f.cpu_of_quota)
       fix = fmt::format(
                 "the container's CPU limit ({:.3g} CPUs) is the ceiling: raise it (Kubernetes "
@@ -115,7 +118,8 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                             "CPU decode less (fullburn pack SRC DST --format raw)",
                             std::max(1, f.RankCores() - 1)),
                 fmt::format("run longer to tell; with idle cores DataLoader(num_workers={}), with "
-                            "a busy CPU pre-decode once (fullburn pack) or use smaller images",
+                            "a busy CPU smaller images (fullburn pack SRC DST --max-side 256, "
+                            "python/fullburn_pack.py)",
                             workers))});
   } else if (measured) {
     std::string threads =

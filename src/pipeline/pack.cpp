@@ -28,8 +28,13 @@ constexpr uint32_t kVersion = 1;
 constexpr uint64_t kShardBytes = 1ull << 30;
 const char* const kIndexName = "index.fbpx";
 
-uint64_t Fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
+constexpr uint64_t kFnvBasis = 14695981039346656037ull;
+// Packs written before 2026-11-23 used this mistyped offset basis (a digit
+// short); readers accept both so those packs need no re-packing.
+constexpr uint64_t kFnvBasisV1Early = 1469598103934665603ull;
+
+uint64_t Fnv1a(const uint8_t* p, size_t n, uint64_t basis = kFnvBasis) {
+  uint64_t h = basis;
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
@@ -270,7 +275,9 @@ Result<std::unique_ptr<PackReader>> PackReader::Open(const std::string& dir) {
   if (index.size() < 8 + 8 || std::memcmp(index.data(), kMagic, 8) != 0) return corrupt("not a fullburn pack index");
   uint64_t stored;
   std::memcpy(&stored, index.data() + index.size() - 8, 8);
-  if (Fnv1a(index.data(), index.size() - 8) != stored) return corrupt("checksum mismatch");
+  if (Fnv1a(index.data(), index.size() - 8) != stored &&
+      Fnv1a(index.data(), index.size() - 8, kFnvBasisV1Early) != stored)
+    return corrupt("checksum mismatch");
   Cursor c{index.data() + 8, index.data() + index.size() - 8};
   uint32_t version = 0, format = 0, classes = 0, shards = 0;
   uint64_t count = 0;

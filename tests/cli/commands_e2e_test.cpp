@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "fullburn/pipeline.h"
 #include "fullburn/store.h"
 #include "process.h"
 
@@ -248,6 +249,75 @@ TEST_F(CommandsE2E, MakeDatasetPackAndBenchLoader) {
   auto tokens = Fb({"make-dataset", "tokens", dir_ + "/t.bin", "--tokens", "1000"});
   ASSERT_EQ(tokens.code, 0) << tokens.err;
   EXPECT_EQ(fs::file_size(dir_ + "/t.bin"), 2000u);
+}
+
+// python/fullburn_pack.py reads what fullburn pack wrote, as fullburn's own
+// reader does: the same classes, labels and record bytes, images through
+// Pillow the size the index says, and a damaged pack refused with the fix.
+TEST_F(CommandsE2E, PythonReadsPacksLikeTheLoader) {
+  std::string imgs = dir_ + "/imgs";
+  ASSERT_EQ(
+      Fb({"make-dataset", "images", imgs, "--classes", "3", "--per-class", "7", "--size", "48x40"})
+          .code,
+      0);
+  std::string script = dir_ + "/read.py";
+  std::ofstream(script) << "import json, sys\n"
+                           "sys.path.insert(0, '" SOURCE_DIR
+                           "/python')\n"
+                           "from fullburn_pack import PackDataset, PackError\n"
+                           "try:\n"
+                           "    d = PackDataset(sys.argv[1])\n"
+                           "except PackError as e:\n"
+                           "    sys.exit('error: %s' % e)\n"
+                           "items = []\n"
+                           "for i in range(len(d)):\n"
+                           "    img, label = d[i]\n"
+                           "    items.append({'label': label, 'bytes': sum(d.raw(i)),\n"
+                           "                  'size': list(img.size), 'mode': img.mode,\n"
+                           "                  'pixels': sum(img.tobytes())})\n"
+                           "print(json.dumps({'format': d.format, 'classes': d.classes,\n"
+                           "                  'items': items}))\n";
+  for (std::string format : {"raw", "jpeg"}) {
+    std::string pack = dir_ + "/" + format;
+    ASSERT_EQ(Fb({"pack", imgs, pack, "--format", format, "--max-side", "32"}).code, 0);
+    auto o = RunToEnd({"/usr/bin/python3", script, pack});
+    ASSERT_EQ(o.code, 0) << o.err;
+    json j = json::parse(o.out);
+    auto reader = PackReader::Open(pack);
+    ASSERT_TRUE(reader.ok()) << reader.status().message();
+    EXPECT_EQ(j["format"], format);
+    EXPECT_EQ(j["classes"].get<std::vector<std::string>>(), (*reader)->classes());
+    ASSERT_EQ(j["items"].size(), (*reader)->records().size());
+    for (size_t i = 0; i < (*reader)->records().size(); ++i) {
+      const PackRecord& r = (*reader)->records()[i];
+      const uint8_t* p = (*reader)->Data(r);
+      int64_t sum = 0;
+      for (uint32_t k = 0; k < r.size; ++k) sum += p[k];
+      const json& item = j["items"][i];
+      EXPECT_EQ(item["label"], r.label) << i;
+      EXPECT_EQ(item["bytes"], sum) << i;
+      EXPECT_EQ(item["size"], json::array({int(r.width), int(r.height)})) << i;
+      EXPECT_EQ(item["mode"], "RGB");
+      if (format == "raw") {
+        EXPECT_EQ(item["pixels"], sum) << i;  // the pixels as stored
+      }
+    }
+  }
+  std::string shard = dir_ + "/raw/shard-00000.fbp";
+  fs::resize_file(shard, fs::file_size(shard) - 1);
+  auto truncated = RunToEnd({"/usr/bin/python3", script, dir_ + "/raw"});
+  EXPECT_NE(truncated.code, 0);
+  EXPECT_NE(truncated.err.find("(truncated?): re-run fullburn pack"), std::string::npos)
+      << truncated.err;
+  std::string index = dir_ + "/jpeg/index.fbpx";
+  std::string text = ReadText(index);
+  text[30] ^= 0x55;
+  std::ofstream(index, std::ios::binary | std::ios::trunc) << text;
+  auto corrupt = RunToEnd({"/usr/bin/python3", script, dir_ + "/jpeg"});
+  EXPECT_NE(corrupt.code, 0);
+  EXPECT_NE(corrupt.err.find("is corrupt (checksum mismatch): re-run fullburn pack"),
+            std::string::npos)
+      << corrupt.err;
 }
 
 TEST_F(CommandsE2E, BenchLoaderIntoDeviceMemory) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -651,6 +652,33 @@ TEST(Pack, TruncatedOrCorruptPacksAreRefused) {
   auto again = WritePack(dir, dst, PackOptions{});
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find("exists and is not empty"), std::string::npos);
+}
+
+// The index checksum is FNV-1a with its published 64-bit offset basis, so
+// other readers (python/fullburn_pack.py) can check it; packs from before the
+// basis was corrected (a digit short) still open.
+TEST(Pack, IndexChecksumIsStandardFnv1aAndEarlyPacksStillOpen) {
+  auto fnv1a = [](const std::string& bytes, uint64_t h) {
+    for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+  };
+  EXPECT_EQ(fnv1a("a", 0xcbf29ce484222325ull), 0xaf63dc4c8601ec8cull);  // published test vector
+  std::string dir = SmallDataset("packfnv");
+  std::string dst = dir + ".pack";
+  fs::remove_all(dst);
+  ASSERT_TRUE(WritePack(dir, dst, PackOptions{}).ok());
+  std::string index = dst + "/index.fbpx";
+  std::string text = testing::ReadText(index);
+  std::string body = text.substr(0, text.size() - 8);
+  uint64_t stored;
+  std::memcpy(&stored, text.data() + body.size(), 8);
+  EXPECT_EQ(stored, fnv1a(body, 0xcbf29ce484222325ull));
+  uint64_t early = fnv1a(body, 1469598103934665603ull);
+  std::ofstream(index, std::ios::binary | std::ios::trunc)
+      << body << std::string(reinterpret_cast<const char*>(&early), 8);
+  auto pack = PackReader::Open(dst);
+  ASSERT_TRUE(pack.ok()) << pack.status().message();
+  EXPECT_FALSE((*pack)->records().empty());
 }
 
 TEST(Pack, CorruptSourceImagesAreLeftOut) {
