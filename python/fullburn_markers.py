@@ -9,7 +9,9 @@ Two lines give a PyTorch loop the same data-wait diagnosis as `fullburn train`:
 `steps` times how long each `next(loader)` blocks (data wait) and how long the
 whole step takes (from asking for the batch to asking for the next one), and
 appends one line per step to the file that `fullburn run` names in
-$FULLBURN_EVENTS. Outside `fullburn run` it does nothing but iterate.
+$FULLBURN_EVENTS; for a torch DataLoader it also records num_workers and
+pin_memory once, which the diagnosis's advice starts from. Outside
+`fullburn run` it does nothing but iterate.
 
 On CUDA, kernels run asynchronously: pass `sync=True` (or set
 FULLBURN_MARKERS_SYNC=1) to call torch.cuda.synchronize() at each step's end so
@@ -75,6 +77,7 @@ class Markers:
         self.step = 0
         self._step_start = time.time()
         self._wait = 0.0
+        self._described = set()
 
     def _write(self, obj):
         if self._file is None:
@@ -128,6 +131,22 @@ class Markers:
         self._step_start = now
         self._wait = 0.0
 
+    def describe_loader(self, loader):
+        """Records a torch DataLoader's settings once (a "dataloader" event), so
+        the diagnosis can name its num_workers and pin_memory; other iterables
+        are left alone."""
+        workers = getattr(loader, "num_workers", None)
+        if self._file is None or not isinstance(workers, int) or id(loader) in self._described:
+            return
+        self._described.add(id(loader))
+        data = {"num_workers": workers}
+        for key in ("batch_size", "pin_memory", "persistent_workers", "prefetch_factor"):
+            value = getattr(loader, key, None)
+            if isinstance(value, (bool, int)):
+                data[key] = value
+        self._write({"kind": "event", "name": "dataloader", "rank": self.rank,
+                     "time": time.time(), "data": data})
+
     @contextmanager
     def phase(self, name, **data):
         """A named stretch outside the steps (evaluation, checkpoint).
@@ -173,6 +192,7 @@ def steps(iterable, markers=None, sync=None, epoch=None):
     loop): without `markers`, every call shares one Markers, so step numbers
     continue across epochs."""
     m = markers or _shared_markers(sync)
+    m.describe_loader(iterable)
     it = iter(iterable)
     m.step_start()
     samples = None

@@ -171,7 +171,8 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
 // What happened inside [start, end]: the first event or checkpoint there.
 std::string Label(const RunData& d, double start, double end, const std::string& fallback) {
   for (const RunEvent& e : d.events)
-    if (e.t >= start && e.t <= end + 0.5 && e.kind != "loader") return e.kind;
+    if (e.t >= start && e.t <= end + 0.5 && e.kind != "loader" && e.kind != "dataloader")
+      return e.kind;
   for (const CheckpointRecord& c : d.checkpoints)
     if (c.t >= start && c.t <= end + 0.5) return "checkpoint";
   return fallback;
@@ -301,11 +302,27 @@ std::string CpuReading(const Facts& f) {
   return s;
 }
 
+// The first DataLoader a wrapped job's markers described.
+void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
+  for (const RunEvent& e : events) {
+    if (e.kind != "dataloader") continue;
+    auto data = nlohmann::json::parse(e.data, nullptr, false);
+    if (!data.is_object() || !data.contains("num_workers") ||
+        !data["num_workers"].is_number_integer())
+      continue;
+    f->loader_workers = std::max(0, data["num_workers"].get<int>());
+    if (data.contains("pin_memory") && data["pin_memory"].is_boolean())
+      f->loader_pin_memory = data["pin_memory"].get<bool>() ? 1 : 0;
+    return;
+  }
+}
+
 Facts Gather(const RunData& d) {
   Facts f;
   GatherGpus(d.samples, &f);
   GatherHost(d.samples, &f);
   GatherSteps(d.steps, d.samples, &f);
+  GatherDataLoader(d.events, &f);
   f.running = !d.run.end_time.has_value();
   f.interrupted = d.run.status == "interrupted";
   f.killed = d.run.exit_code == 128 + SIGKILL;

@@ -92,6 +92,9 @@ struct Facts {
   int ranks_per_node = 1;
   int RankCores() const { return cores > 0 ? std::max(1, cores / ranks_per_node) : 0; }
   int data_threads = -1;  // data.threads of a fullburn train run (0: tuned)
+  // A wrapped job's torch DataLoader as python/fullburn_markers.py saw it (its
+  // "dataloader" event); -1: not reported.
+  int loader_workers = -1, loader_pin_memory = -1;
 };
 
 Facts Gather(const RunData& run);

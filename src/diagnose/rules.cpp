@@ -16,6 +16,31 @@ std::string Choose(const Facts& f, const std::string& trainer, const std::string
   return f.trainer ? trainer : wrapped;
 }
 
+// "; its DataLoader: num_workers=0, pin_memory=False" when the markers told.
+std::string DataLoaderNote(const Facts& f) {
+  if (f.trainer || f.loader_workers < 0) return "";
+  std::string note = fmt::format("; its DataLoader: num_workers={}", f.loader_workers);
+  if (f.loader_pin_memory >= 0)
+    note += f.loader_pin_memory ? ", pin_memory=True" : ", pin_memory=False";
+  return note;
+}
+
+// What a wrapped job with idle cores should give its DataLoader.
+std::string MoreWorkersFix(const Facts& f, int workers) {
+  if (f.loader_workers < 0 || f.loader_workers < workers)
+    return fmt::format(
+        "DataLoader(num_workers={}{}, persistent_workers=True, pin_memory=True); "
+        "or fullburn train's loader",
+        f.loader_workers < 0 ? "" : std::to_string(f.loader_workers) + " -> ", workers);
+  // Workers enough for the cores, yet cores idle: the main process is the limit.
+  return fmt::format(
+      "num_workers={} already covers the cores: the main process hands batches on too slowly "
+      "(collate_fn, a per-batch Python loop, transfers): prefetch_factor=4, pin_memory=True, "
+      "lighter per-sample work (fullburn pack SRC DST --max-side 256, read by "
+      "python/fullburn_pack.py's PackDataset)",
+      f.loader_workers);
+}
+
 // "batch 64 -> 256" when memory tells how far it can grow, else "".
 std::string BatchSuggestion(const Facts& f) {
   if (f.batch <= 0 || !(f.mem_peak_share > 0) || f.mem_peak_share >= kMemHeadroom) return "";
@@ -69,6 +94,7 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
       measured ? fmt::format("the training loop waited for data {} of step time (>= {})",
                              Pct(f.data_wait_share), Pct(kDataWaitShare))
                : fmt::format("GPU utilization median {:.0f}% (< {:.0f}%)", f.gpu_util, kGpuLowUtil);
+  wait += DataLoaderNote(f);
   double conf = measured ? 0.9 : 0.6;
   int workers = std::max(2, f.RankCores() - 1);
   if (f.iowait >= kIoWait) {
@@ -103,6 +129,11 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
       fix = fmt::format("data.threads {} -> {} (or 0: tuned); then ", f.data_threads,
                         f.RankCores() - 1) +
             fix;
+    if (!f.trainer && f.loader_workers >= 0 && f.RankCores() > 2 &&
+        f.loader_workers < f.RankCores() - 1)
+      fix = fmt::format("DataLoader(num_workers {} -> {}); then ", f.loader_workers,
+                        f.RankCores() - 1) +
+            fix;
     out->push_back({"input_cpu", "Input-bound: the CPU cannot prepare batches fast enough",
                     wait + "; " + CpuReading(f) + fmt::format(" (>= {:.0f}%)", kCpuSaturated),
                     share, conf, fix});
@@ -130,13 +161,11 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                   "data.threads is tuned (0) yet cores idle: fix it at {}, or pack the "
                   "images (fullburn pack) so each sample costs less",
                   std::max(2, f.RankCores() - 1));
-    out->push_back(
-        {"input_workers", "Input-bound with idle cores: too few loader workers",
-         wait + "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated), share, conf,
-         Choose(f, threads + "; data.prefetch = 0 (tuned) absorbs bursts",
-                fmt::format("DataLoader(num_workers={}, persistent_workers=True, pin_memory=True); "
-                            "or fullburn train's loader",
-                            workers))});
+    out->push_back({"input_workers", "Input-bound with idle cores: too few loader workers",
+                    wait + "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated), share,
+                    conf,
+                    Choose(f, threads + "; data.prefetch = 0 (tuned) absorbs bursts",
+                           MoreWorkersFix(f, workers))});
   } else if (f.mem_peak_share < kMemHeadroom) {
     SmallBatch(f, wait + (std::isnan(f.cpu) ? "" : "; " + CpuReading(f)), share, out);
   }
@@ -147,8 +176,10 @@ void TransferRules(const Facts& f, std::vector<Finding>* out) {
       Choose(f,
              "keep the inputs small on the wire: uint8 images normalized on the device, "
              "data.image_size; the loader pins and copies ahead (data.prefetch = 0 tunes it)",
-             "DataLoader(pin_memory=True) and .to(device, non_blocking=True); send uint8 and "
-             "normalize on the GPU; copy the next batch while this one computes");
+             std::string(f.loader_pin_memory == 0 ? "DataLoader(pin_memory=False -> True)"
+                                                  : "DataLoader(pin_memory=True)") +
+                 " and .to(device, non_blocking=True); send uint8 and normalize on the GPU; "
+                 "copy the next batch while this one computes");
   if (f.have_steps && f.h2d_share >= kH2dShare) {
     out->push_back({"h2d_copy", "Host-to-device copies take a large share of each step",
                     fmt::format("copies to the device took {} of step time (>= {})",

@@ -150,6 +150,35 @@ TEST_F(ReportE2E, StepMarkersOfEveryEpochAreKept) {
   }
 }
 
+// steps(loader) records a DataLoader's settings (duck-typed: torch is not a
+// test package) and the diagnosis of a starved loop names them.
+TEST_F(ReportE2E, TheMarkersDescribeTheDataLoader) {
+  std::string script = dir_ + "/loader.py";
+  std::ofstream(script) << "import sys, time\n"
+                           "sys.path.insert(0, '" SOURCE_DIR
+                           "/python')\n"
+                           "from fullburn_markers import steps\n"
+                           "class DataLoader:  # the attributes torch's DataLoader has\n"
+                           "    num_workers, pin_memory, batch_size = 0, False, 16\n"
+                           "    def __iter__(self):\n"
+                           "        for _ in range(40):\n"
+                           "            time.sleep(0.03)  # the batch is read in this process\n"
+                           "            yield [0] * 16\n"
+                           "loader = DataLoader()\n"
+                           "for epoch in range(2):\n"
+                           "    for batch in steps(loader, epoch=epoch):\n"
+                           "        time.sleep(0.003)\n";
+  ASSERT_EQ(Record({"python3", script}).code, 0);
+  auto f = Findings();
+  ASSERT_EQ(f[0]["cause"], "input_workers") << f.dump(2);
+  EXPECT_NE(
+      f[0]["evidence"].get<std::string>().find("its DataLoader: num_workers=0, pin_memory=False"),
+      std::string::npos)
+      << f.dump(2);
+  EXPECT_NE(f[0]["fix"].get<std::string>().find("DataLoader(num_workers=0 -> "), std::string::npos)
+      << f.dump(2);
+}
+
 // --- GPU scenarios through the fake NVML, scripted series.
 
 TEST_F(ReportE2E, IdleGpuWithSaturatedCpuIsInputCpu) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace fullburn {
 namespace {
@@ -320,6 +321,44 @@ TEST(Diagnose, WrappedJobsGetPyTorchKnobs) {
   ASSERT_EQ(f[0].cause, "input_workers");
   EXPECT_NE(f[0].fix.find("num_workers"), std::string::npos) << f[0].fix;
   EXPECT_EQ(f[0].fix.find("data.threads"), std::string::npos);
+}
+
+// python/fullburn_markers.py describes the job's DataLoader: the evidence
+// names its settings and the fix starts from them.
+TEST(Diagnose, AWrappedJobsDataLoaderSettingsShapeTheFix) {
+  auto job = [](int workers, bool pin) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    for (int k = 0; k < 8; ++k) c.m["host.cpu" + std::to_string(k) + ".util"] = Flat(40);
+    c.Host(40, 2).Wait(0.25);
+    nlohmann::json data{{"num_workers", workers}, {"pin_memory", pin}, {"batch_size", 64}};
+    c.events.push_back({0.5, "dataloader", data.dump()});
+    return c;
+  };
+  auto f = job(0, false).Run();
+  ASSERT_EQ(f[0].cause, "input_workers");
+  EXPECT_NE(f[0].evidence.find("its DataLoader: num_workers=0, pin_memory=False"),
+            std::string::npos)
+      << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("DataLoader(num_workers=0 -> 7,"), std::string::npos) << f[0].fix;
+  auto g = job(7, true).Run();  // workers for every core, yet cores idle
+  ASSERT_EQ(g[0].cause, "input_workers");
+  EXPECT_NE(g[0].fix.find("num_workers=7 already covers the cores"), std::string::npos) << g[0].fix;
+  Case busy = job(2, false);  // a saturated CPU with few workers on 8 cores
+  busy.Host(92);
+  auto h = busy.Run();
+  ASSERT_EQ(h[0].cause, "input_cpu");
+  EXPECT_EQ(h[0].fix.rfind("DataLoader(num_workers 2 -> 7); then ", 0), 0u) << h[0].fix;
+  Case copies = job(2, false);  // copies measured: pinned memory first
+  copies.Gpu(60, 0.7).Wait(0.02);
+  for (StepRecord& r : copies.steps) r.h2d_s = r.step_s * 0.25;
+  auto c = copies.Run();
+  ASSERT_TRUE(Has(c, "h2d_copy"));
+  for (const Finding& x : c) {
+    if (x.cause == "h2d_copy") {
+      EXPECT_NE(x.fix.find("DataLoader(pin_memory=False -> True)"), std::string::npos) << x.fix;
+    }
+  }
 }
 
 TEST(Diagnose, HostToDeviceCopiesMeasuredAndInferred) {
