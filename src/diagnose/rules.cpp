@@ -301,10 +301,43 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
 
 namespace {
 
+// Steps timed without communication (a wrapped DDP job's markers): every
+// rank's step lasts as long as the slowest's, since the others wait inside
+// backward's all-reduce, so a straggler shows only as its own data wait.
+double DataWaitStragglerRule(const Facts& f, std::vector<Finding>* out) {
+  std::vector<RankFacts> timed;
+  for (const RankFacts& r : f.ranks)
+    if (!std::isnan(r.data_wait_share)) timed.push_back(r);
+  if (timed.size() < 2) return 0;
+  auto [lo, hi] = std::minmax_element(
+      timed.begin(), timed.end(),
+      [](const RankFacts& a, const RankFacts& b) { return a.data_wait_share < b.data_wait_share; });
+  double spread = hi->data_wait_share - lo->data_wait_share;
+  if (spread < kUnevenRanks) return 0;
+  out->push_back(
+      {"uneven_ranks",
+       fmt::format("Straggler: rank {} waits for its data, the others wait for it", hi->rank),
+       fmt::format("data wait {} of rank {}'s step time vs {} on rank {} ({:.0f} points apart, "
+                   ">= {:.0f}); the steps carry no communication time, so the other ranks' "
+                   "wait for rank {} is inside their steps",
+                   Pct(hi->data_wait_share), hi->rank, Pct(lo->data_wait_share), lo->rank,
+                   spread * 100, kUnevenRanks * 100, hi->rank),
+       spread, 0.7,
+       Choose(f,
+              fmt::format("look at rank {}'s input: its host's CPU and disk, other jobs there; "
+                          "every rank the same data.threads",
+                          hi->rank),
+              fmt::format("look at rank {}'s input: its DataLoader workers, its shard "
+                          "(DistributedSampler gives equal ones), its host's CPU and disk",
+                          hi->rank))});
+  return spread;
+}
+
 // The slowest rank by median work, when the ranks are >= kUnevenRanks apart;
 // returns the share of the job's time lost to waiting for it (0: none).
 double StragglerRule(const Facts& f, std::vector<Finding>* out) {
   if (f.ranks.size() < 2) return 0;
+  if (std::isnan(f.comm_share)) return DataWaitStragglerRule(f, out);
   auto [lo, hi] = std::minmax_element(
       f.ranks.begin(), f.ranks.end(),
       [](const RankFacts& a, const RankFacts& b) { return a.work_s < b.work_s; });

@@ -550,6 +550,38 @@ TEST(Diagnose, StragglerOnASharedBusyHostPointsToTheCpus) {
   EXPECT_NE(TwoRanks(0.9, 1.1).Run()[0].fix.find("look at rank 1"), std::string::npos);
 }
 
+// A wrapped DDP job's markers time steps without communication: every rank's
+// step is as long as the slowest's, and only the straggler's data wait shows.
+TEST(Diagnose, StragglerFromDataWaitWhenStepsCarryNoCommunication) {
+  auto ranks = [](double wait0, double wait1) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    c.Host(40);
+    for (int rank = 0; rank < 2; ++rank)
+      for (int i = 1; i <= 50; ++i) {
+        StepRecord r;
+        r.rank = rank;
+        r.step = i;
+        r.step_s = 1.2;
+        r.t = 1.2 * i;
+        r.samples = 64;
+        r.data_wait_s = 1.2 * (rank == 0 ? wait0 : wait1);
+        c.steps.push_back(r);
+      }
+    return c.Run();
+  };
+  auto f = ranks(0.02, 0.30);
+  ASSERT_TRUE(Has(f, "uneven_ranks"));
+  const Finding& u =
+      *std::find_if(f.begin(), f.end(), [](const Finding& x) { return x.cause == "uneven_ranks"; });
+  EXPECT_NE(u.title.find("rank 1 waits for its data"), std::string::npos) << u.title;
+  EXPECT_NEAR(u.share_lost, 0.28, 1e-9);
+  EXPECT_NE(u.evidence.find("30% of rank 1's step time vs 2% on rank 0"), std::string::npos)
+      << u.evidence;
+  EXPECT_NE(u.fix.find("DistributedSampler"), std::string::npos) << u.fix;
+  EXPECT_FALSE(Has(ranks(0.02, 0.09), "uneven_ranks"));  // 7 points apart
+}
+
 TEST(Diagnose, CommunicationNotHidden) {
   auto f = TwoRanks(0.9, 0.9).Run();  // equal ranks, 25 % of each step in communication
   ASSERT_EQ(f[0].cause, "communication");
