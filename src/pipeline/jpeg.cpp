@@ -1,12 +1,15 @@
 // JPEG through libjpeg-turbo's libjpeg API, which (unlike TurboJPEG 2.x) can
 // skip rows (jpeg_skip_scanlines) and crop columns (jpeg_crop_scanline), so a
 // small RandomResizedCrop decodes only its region, downscaled in the DCT domain.
-#include <csetjmp>
 #include <cmath>
+#include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
+// clang-format off: jpeglib.h uses size_t and FILE without including them.
 #include <jpeglib.h>
+// clang-format on
 
 #include "fullburn/pipeline.h"
 
@@ -48,13 +51,33 @@ Status HeaderError(const char* what) {
   return Status::Corruption(std::string("not a decodable JPEG: ") + what);
 }
 
+// Print-workflow JPEGs (a few in ImageNet's training set): libjpeg gives CMYK
+// (from YCCK too), converted to RGB here as Pillow's convert("RGB") does.
+bool IsCmyk(const jpeg_decompress_struct& c) {
+  return c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK;
+}
+
+// a * b / 255, rounded exactly (Pillow's MULDIV255).
+inline uint8_t MulDiv255(int a, int b) {
+  int t = a * b + 128;
+  return static_cast<uint8_t>((t + (t >> 8)) >> 8);
+}
+
+// Adobe's CMYK JPEGs (Photoshop, Pillow) store inverted inks; others plain.
+void CmykRowToRgb(const uint8_t* cmyk, int width, bool inverted, uint8_t* rgb) {
+  for (int x = 0; x < width; ++x, cmyk += 4, rgb += 3) {
+    int k = inverted ? cmyk[3] : 255 - cmyk[3];
+    for (int ch = 0; ch < 3; ++ch) rgb[ch] = MulDiv255(inverted ? cmyk[ch] : 255 - cmyk[ch], k);
+  }
+}
+
 // Checks what fullburn can decode to RGB; call after jpeg_read_header.
 Status CheckSupported(const jpeg_decompress_struct& c) {
   if (c.data_precision != 8)
     return Status::InvalidArgument("unsupported JPEG: " + std::to_string(c.data_precision) +
                                    "-bit samples (only 8-bit)");
-  if (c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK)
-    return Status::InvalidArgument("unsupported JPEG: CMYK colour (convert it to RGB)");
+  if (IsCmyk(c))
+    return c.num_components == 4 ? Status::Ok() : HeaderError("CMYK without 4 components");
   if (c.num_components != 1 && c.num_components != 3)
     return Status::InvalidArgument("unsupported JPEG: " + std::to_string(c.num_components) +
                                    " components");
@@ -100,7 +123,8 @@ Status DecodeJpegRegion(const uint8_t* data, size_t size, const BoxF& crop, int 
   }
   c.scale_num = static_cast<unsigned>(num);
   c.scale_denom = 8;
-  c.out_color_space = JCS_RGB;
+  const bool cmyk = IsCmyk(c);
+  c.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   c.dct_method = JDCT_ISLOW;
   jpeg_start_decompress(&c);
   const double s = static_cast<double>(c.output_width) / c.image_width;
@@ -120,9 +144,12 @@ Status DecodeJpegRegion(const uint8_t* data, size_t size, const BoxF& crop, int 
   out->origin_x = xoff / s;
   out->origin_y = y0 / s;
   out->rgb.resize(static_cast<size_t>(out->width) * out->height * 3);
+  std::vector<uint8_t> cmyk_row(cmyk ? static_cast<size_t>(out->width) * 4 : 0);
   for (int row = 0; row < out->height; ++row) {
-    JSAMPROW ptr = out->rgb.data() + static_cast<size_t>(row) * out->width * 3;
+    uint8_t* rgb = out->rgb.data() + static_cast<size_t>(row) * out->width * 3;
+    JSAMPROW ptr = cmyk ? cmyk_row.data() : rgb;
     if (jpeg_read_scanlines(&c, &ptr, 1) != 1) return HeaderError("fewer rows than the header says");
+    if (cmyk) CmykRowToRgb(cmyk_row.data(), out->width, c.saw_Adobe_marker, rgb);
   }
   jpeg_abort_decompress(&c);
   return Status::Ok();

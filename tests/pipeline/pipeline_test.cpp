@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <jpeglib.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -200,8 +201,14 @@ TEST(Jpeg, DctDownscaleWhenTheCropAllows) {
   EXPECT_GT(Psnr(region.rgb, small), 30.0);
 }
 
-// A CMYK or progressive JPEG, written with libjpeg directly.
-std::vector<uint8_t> EncodeSpecial(bool cmyk, bool progressive, bool gray = false) {
+// A CMYK or progressive JPEG, written with libjpeg directly; a CMYK one is
+// flat `ink` (stored values), with or without Adobe's marker (whose
+// convention is inverted inks), or YCCK-encoded.
+enum class Cmyk { kNone, kAdobe, kPlain, kYcck };
+std::vector<uint8_t> EncodeSpecial(bool progressive, bool gray = false,
+                                   Cmyk cmyk_kind = Cmyk::kNone,
+                                   std::array<uint8_t, 4> ink = {90, 90, 90, 90}) {
+  bool cmyk = cmyk_kind != Cmyk::kNone;
   jpeg_compress_struct c;
   jpeg_error_mgr err;
   c.err = jpeg_std_error(&err);
@@ -214,9 +221,13 @@ std::vector<uint8_t> EncodeSpecial(bool cmyk, bool progressive, bool gray = fals
   c.input_components = cmyk ? 4 : gray ? 1 : 3;
   c.in_color_space = cmyk ? JCS_CMYK : gray ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_set_defaults(&c);
+  if (cmyk_kind == Cmyk::kYcck) jpeg_set_colorspace(&c, JCS_YCCK);
+  if (cmyk_kind == Cmyk::kPlain) c.write_Adobe_marker = FALSE;
   if (progressive) jpeg_simple_progression(&c);
   jpeg_start_compress(&c, TRUE);
   std::vector<uint8_t> row(32 * 4, 90);
+  if (cmyk)
+    for (size_t i = 0; i < row.size(); ++i) row[i] = ink[i % 4];
   while (c.next_scanline < 32) {
     JSAMPROW r = row.data();
     jpeg_write_scanlines(&c, &r, 1);
@@ -240,8 +251,32 @@ TEST(Jpeg, BadInputsAreClearErrors) {
   auto jpeg = EncodeJpeg(ref.data(), 64, 64, 90);
   std::vector<uint8_t> truncated(jpeg->begin(), jpeg->begin() + jpeg->size() / 2);
   EXPECT_FALSE(DecodeJpeg(truncated.data(), truncated.size(), &d).ok());
-  std::vector<uint8_t> cmyk = EncodeSpecial(true, false);
-  EXPECT_NE(DecodeJpeg(cmyk.data(), cmyk.size(), &d).message().find("CMYK"), std::string::npos);
+}
+
+// CMYK JPEGs decode to RGB as Pillow's convert("RGB") gives them (its
+// output matched exactly on Pillow-written files): R = (255 - C)(255 - K) / 255
+// in plain inks; Adobe's files store inverted inks, so R = C' K' / 255.
+TEST(Jpeg, CmykDecodesToRgb) {
+  const std::array<uint8_t, 4> ink = {40, 120, 200, 60};
+  auto expect = [](int c, int k) { return (255 - c) * (255 - k) / 255.0; };
+  struct Case {
+    Cmyk kind;
+    std::array<double, 3> rgb;
+  } cases[] = {
+      {Cmyk::kPlain, {expect(40, 60), expect(120, 60), expect(200, 60)}},
+      {Cmyk::kAdobe, {40 * 60 / 255.0, 120 * 60 / 255.0, 200 * 60 / 255.0}},
+      {Cmyk::kYcck, {40 * 60 / 255.0, 120 * 60 / 255.0, 200 * 60 / 255.0}},
+  };
+  for (const Case& c : cases) {
+    std::vector<uint8_t> jpeg = EncodeSpecial(false, false, c.kind, ink);
+    auto header = ReadJpegHeader(jpeg.data(), jpeg.size());
+    ASSERT_TRUE(header.ok()) << header.status().message();
+    DecodedRegion d;
+    ASSERT_TRUE(DecodeJpeg(jpeg.data(), jpeg.size(), &d).ok());
+    ASSERT_EQ(d.rgb.size(), 32u * 32 * 3);
+    for (int ch = 0; ch < 3; ++ch)
+      EXPECT_NEAR(d.rgb[(16 * 32 + 16) * 3 + ch], c.rgb[ch], 3) << static_cast<int>(c.kind) << ch;
+  }
 }
 
 TEST(Jpeg, TwelveBitSamplesAreRefused) {
@@ -263,11 +298,11 @@ TEST(Jpeg, TwelveBitSamplesAreRefused) {
 
 TEST(Jpeg, ProgressiveAndGrayscaleDecodeToRgb) {
   DecodedRegion d;
-  std::vector<uint8_t> progressive = EncodeSpecial(false, true);
+  std::vector<uint8_t> progressive = EncodeSpecial(true);
   ASSERT_TRUE(DecodeJpeg(progressive.data(), progressive.size(), &d).ok());
   EXPECT_EQ(d.width, 32);
   EXPECT_NEAR(d.rgb[0], 90, 3);
-  std::vector<uint8_t> gray = EncodeSpecial(false, false, true);
+  std::vector<uint8_t> gray = EncodeSpecial(false, true);
   ASSERT_TRUE(DecodeJpeg(gray.data(), gray.size(), &d).ok());
   EXPECT_EQ(d.rgb.size(), 32u * 32 * 3);
   EXPECT_NEAR(d.rgb[1], 90, 3);
