@@ -48,6 +48,15 @@ class CommandsE2E : public ::testing::Test {
     args.insert(args.begin(), FULLBURN_BIN);
     return RunToEnd(args);
   }
+  // A synthetic JPEG folder under the test's directory.
+  std::string MakeImages(const std::string& classes, const std::string& per_class,
+                         const std::string& size) {
+    std::string imgs = dir_ + "/imgs";
+    auto o = Fb({"make-dataset", "images", imgs, "--classes", classes, "--per-class", per_class,
+                 "--size", size});
+    EXPECT_EQ(o.code, 0) << o.err;
+    return imgs;
+  }
   void RecordRun(const std::string& name) {
     auto o = Fb({"run", "-q", "--name", name, "--interval", "0.1", "--store", store_, "--",
                  WORKLOAD_BIN, "burn", "--seconds", "0.5"});
@@ -255,11 +264,7 @@ TEST_F(CommandsE2E, MakeDatasetPackAndBenchLoader) {
 // reader does: the same classes, labels and record bytes, images through
 // Pillow the size the index says, and a damaged pack refused with the fix.
 TEST_F(CommandsE2E, PythonReadsPacksLikeTheLoader) {
-  std::string imgs = dir_ + "/imgs";
-  ASSERT_EQ(
-      Fb({"make-dataset", "images", imgs, "--classes", "3", "--per-class", "7", "--size", "48x40"})
-          .code,
-      0);
+  std::string imgs = MakeImages("3", "7", "48x40");
   std::string script = dir_ + "/read.py";
   std::ofstream(script) << "import json, sys\n"
                            "sys.path.insert(0, '" SOURCE_DIR
@@ -321,11 +326,7 @@ TEST_F(CommandsE2E, PythonReadsPacksLikeTheLoader) {
 }
 
 TEST_F(CommandsE2E, BenchLoaderIntoDeviceMemory) {
-  std::string imgs = dir_ + "/imgs";
-  ASSERT_EQ(
-      Fb({"make-dataset", "images", imgs, "--classes", "2", "--per-class", "8", "--size", "64x48"})
-          .code,
-      0);
+  std::string imgs = MakeImages("2", "8", "64x48");
   auto o = Fb({"bench", "loader", imgs, "--device", "cpu", "--batch-size", "4", "--batches", "3",
                "--json"});
   if (!HAVE_TORCH) {

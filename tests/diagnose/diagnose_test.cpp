@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -487,9 +488,11 @@ TEST(Diagnose, OtherNodesGpusAndHostsAreRead) {
   EXPECT_NE(cpu.Run()[0].cause, "input_cpu");
 }
 
-// Two ranks of a synchronous job with 1.2 s steps: what a rank does not
-// spend working it spends in communication (waiting for the other).
-Case TwoRanks(double work0, double work1) {
+// Two ranks of a synchronous job with 1.2 s steps, each waiting `wait` of
+// them for data. With communication timed, what a rank does not spend
+// working it spends waiting for the other; without (a wrapped job's
+// markers), only the ranks' data waits tell them apart.
+Case TwoRankSteps(std::array<double, 2> work, std::array<double, 2> wait, bool comm) {
   Case c;
   c.Host(40);
   for (int rank = 0; rank < 2; ++rank)
@@ -500,11 +503,14 @@ Case TwoRanks(double work0, double work1) {
       r.step_s = 1.2;
       r.t = 1.2 * i;
       r.samples = 64;
-      r.data_wait_s = 0.01;
-      r.comm_s = 1.2 - (rank == 0 ? work0 : work1);
+      r.data_wait_s = 1.2 * wait[rank];
+      if (comm) r.comm_s = 1.2 - work[rank];
       c.steps.push_back(r);
     }
   return c;
+}
+Case TwoRanks(double work0, double work1) {
+  return TwoRankSteps({work0, work1}, {0.01 / 1.2, 0.01 / 1.2}, true);
 }
 
 TEST(Diagnose, StragglerRankFromStepRecords) {
@@ -554,20 +560,8 @@ TEST(Diagnose, StragglerOnASharedBusyHostPointsToTheCpus) {
 // step is as long as the slowest's, and only the straggler's data wait shows.
 TEST(Diagnose, StragglerFromDataWaitWhenStepsCarryNoCommunication) {
   auto ranks = [](double wait0, double wait1) {
-    Case c;
+    Case c = TwoRankSteps({1.2, 1.2}, {wait0, wait1}, false);
     c.run.config_json = R"({"interval_s": 1})";
-    c.Host(40);
-    for (int rank = 0; rank < 2; ++rank)
-      for (int i = 1; i <= 50; ++i) {
-        StepRecord r;
-        r.rank = rank;
-        r.step = i;
-        r.step_s = 1.2;
-        r.t = 1.2 * i;
-        r.samples = 64;
-        r.data_wait_s = 1.2 * (rank == 0 ? wait0 : wait1);
-        c.steps.push_back(r);
-      }
     return c.Run();
   };
   auto f = ranks(0.02, 0.30);
