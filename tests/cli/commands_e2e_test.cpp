@@ -255,6 +255,16 @@ TEST_F(CommandsE2E, MakeDatasetPackAndBenchLoader) {
   auto decode = Fb({"bench", "decode", imgs, "--batch-size", "8", "--batches", "2", "--json"});
   ASSERT_EQ(decode.code, 0) << decode.err;
   EXPECT_EQ(json::parse(decode.out)["failed"], 0);
+  // A PNG among the JPEGs is decoded as the loader decodes it, not failed.
+  std::vector<uint8_t> gray(16 * 12 * 3, 128);
+  auto png = EncodePng(gray.data(), 16, 12);
+  ASSERT_TRUE(png.ok());
+  std::ofstream(imgs + "/class_000/extra.png", std::ios::binary)
+      .write(reinterpret_cast<const char*>(png->data()), static_cast<std::streamsize>(png->size()));
+  decode = Fb({"bench", "decode", imgs, "--batch-size", "31", "--batches", "1", "--json"});
+  ASSERT_EQ(decode.code, 0) << decode.err;
+  EXPECT_EQ(json::parse(decode.out)["failed"], 0) << decode.out;
+  EXPECT_EQ(json::parse(decode.out)["png"], 1) << decode.out;
   auto tokens = Fb({"make-dataset", "tokens", dir_ + "/t.bin", "--tokens", "1000"});
   ASSERT_EQ(tokens.code, 0) << tokens.err;
   EXPECT_EQ(fs::file_size(dir_ + "/t.bin"), 2000u);
