@@ -157,25 +157,30 @@ class PackDataset:
     def __len__(self):
         return len(self.targets)
 
+    def _entry(self, i):
+        """Item i's record (shard, offset, size, width, height, label)."""
+        if not -len(self) <= i < len(self):
+            raise IndexError("item %d of a pack of %d" % (i, len(self)))
+        return RECORD.unpack_from(self._records, (i % len(self)) * RECORD.size)
+
+    def _bytes(self, entry):
+        shard, offset, size = entry[:3]
+        return self._shard(shard)[offset:offset + size]
+
     def record(self, i):
         """(width, height, label) of item i."""
-        _, _, _, width, height, label = RECORD.unpack_from(self._records, i * RECORD.size)
-        return width, height, label
+        return self._entry(i)[3:]
 
     def raw(self, i):
         """The bytes of item i: RGB pixels (raw pack) or the JPEG file (jpeg pack)."""
-        if not -len(self) <= i < len(self):
-            raise IndexError("item %d of a pack of %d" % (i, len(self)))
-        i %= len(self)
-        shard, offset, size, _, _, _ = RECORD.unpack_from(self._records, i * RECORD.size)
-        return self._shard(shard)[offset:offset + size]
+        return self._bytes(self._entry(i))
 
     def image(self, i):
         from PIL import Image  # only when images are asked for
-        data = self.raw(i)
-        width, height, _ = self.record(i % len(self))
+        entry = self._entry(i)
+        data = self._bytes(entry)
         if self.format == "raw":
-            return Image.frombytes("RGB", (width, height), data)
+            return Image.frombytes("RGB", entry[3:5], data)
         return Image.open(io.BytesIO(data)).convert("RGB")
 
     def __getitem__(self, i):
