@@ -823,8 +823,19 @@ TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
 }
 
 TEST(Loader, PrefetchDeepensForBurstyProduction) {
-  std::string dir = SmallDataset("bursty", 4, 40);  // 40 batches of 4
-  LoaderOptions o = Small(dir, 2);                  // two fixed workers: plenty on average
+  // 40 batches of 4. The images are large enough that a batch takes
+  // milliseconds to decode: with tiny ones, a fast many-core machine decoded
+  // the next batch within the microseconds the consumer took to reach it, so
+  // the consumer never waited and the queue was (rightly) left as it was.
+  std::string dir = ::testing::TempDir() + "/fb_pipe_bursty";
+  fs::remove_all(dir);
+  SyntheticImagesOptions big;
+  big.classes = 4;
+  big.per_class = 40;
+  big.width = 640;
+  big.height = 480;
+  ASSERT_TRUE(MakeSyntheticImages(dir, big).ok());
+  LoaderOptions o = Small(dir, 2);  // two fixed workers: plenty on average
   o.prefetch = 0;
   auto l = ImageLoader::Open(o);
   ASSERT_TRUE(l.ok());
