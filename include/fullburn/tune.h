@@ -139,6 +139,13 @@ Trial TrialFromJson(const nlohmann::json& j);
 // and by the average of their spreads? *gain is candidate/best - 1.
 bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, double* gain);
 
+// The measured trial with the highest objective, or -1 when none was measured.
+int BestTrial(const std::vector<Trial>& trials);
+// The other measured trials that the best does not beat beyond the noise
+// (BeatsBest with `min_gain`): as fast as the best, as far as the
+// measurements can tell, so the user may prefer the one that costs least.
+std::vector<int> TiedWithBest(const std::vector<Trial>& trials, int best, double min_gain);
+
 // "512 ±2%" (half the IQR as a ±), "64 (5 steps)" for a rough measure, "-".
 std::string FormatMeasure(const Measure& m);
 

@@ -497,14 +497,20 @@ std::string GridValue(const std::vector<GridAxis>& axes,
   return value;
 }
 
-// The fastest measured trial, or -1.
-int BestTrial(const std::vector<Trial>& trials) {
-  int best = -1;
-  for (size_t i = 0; i < trials.size(); ++i)
-    if (trials[i].status == "ok" &&
-        (best < 0 || trials[i].measure.value > trials[best].measure.value))
-      best = static_cast<int>(i);
-  return best;
+// A grid has no start to improve on: each combination is judged against the
+// fastest before it, and a faster median within the noise is called a tie.
+std::string GridVerdict(const Trial& trial, const std::vector<Trial>& before, double min_gain) {
+  if (trial.status != "ok") return "";
+  int best = BestTrial(before);
+  if (best < 0) return "first";
+  const Trial& b = before[best];
+  double gain = 0;
+  if (BeatsBest(trial.measure, b.measure, min_gain, &gain))
+    return fmt::format("fastest so far ({:+.0f}%)", gain * 100);
+  double back = 0;
+  if (!BeatsBest(b.measure, trial.measure, min_gain, &back))
+    return fmt::format("ties #{} ({:+.0f}%, within the noise)", b.index, gain * 100);
+  return fmt::format("{:+.0f}% vs #{}", gain * 100, b.index);
 }
 
 int TuneGrid(Tuning* t, const TuneOptions& o) {
@@ -538,15 +544,7 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
     spec.metric_regex = o.metric_regex;
     spec.objective = p.objective;
     RunTrial(spec, t->store(), &trial);
-    int best = BestTrial(t->trials());
-    if (trial.status == "ok" && best >= 0) {
-      double gain = trial.measure.value / t->trials()[best].measure.value - 1;
-      trial.verdict = gain > 0
-                          ? fmt::format("fastest so far ({:+.0f}%)", gain * 100)
-                          : fmt::format("{:+.0f}% vs #{}", gain * 100, t->trials()[best].index);
-    } else if (trial.status == "ok") {
-      trial.verdict = "first";
-    }
+    trial.verdict = GridVerdict(trial, t->trials(), o.min_gain);
     t->Record(trial);
   }
   for (; i < combos.size(); ++i) {
@@ -574,9 +572,20 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
   result["best_trial"] = best.index;
   result["overrides"] = best.overrides;
   result["command"] = command;
-  t->Finish(fmt::format("tuning {}: best {} at {:.1f} {} (trial #{}, run {}){}\n  {}", t->id(),
+  std::string ties;
+  result["ties"] = nlohmann::json::array();
+  for (int i : TiedWithBest(t->trials(), best_index, o.min_gain)) {
+    const Trial& tie = t->trials()[i];
+    result["ties"].push_back(tie.index);
+    ties += fmt::format("{}#{} {}", ties.empty() ? "" : ", ", tie.index, tie.value);
+  }
+  if (!ties.empty())
+    ties = fmt::format(
+        "\n  as fast within the noise (pick the one that costs least; --min-gain {:.0f}%): {}",
+        o.min_gain * 100, ties);
+  t->Finish(fmt::format("tuning {}: best {} at {:.1f} {} (trial #{}, run {}){}\n  {}{}", t->id(),
                         best.value, best.measure.value, best.measure.unit, best.index, best.run_id,
-                        t->interrupted() ? ", interrupted" : "", command),
+                        t->interrupted() ? ", interrupted" : "", command, ties),
             result, code);
   return code;
 }

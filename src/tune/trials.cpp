@@ -89,6 +89,28 @@ bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, d
   return *gain > std::max(min_gain, noise);
 }
 
+int BestTrial(const std::vector<Trial>& trials) {
+  int best = -1;
+  for (size_t i = 0; i < trials.size(); ++i)
+    if (trials[i].status == "ok" && !std::isnan(trials[i].measure.value) &&
+        (best < 0 || trials[i].measure.value > trials[best].measure.value))
+      best = static_cast<int>(i);
+  return best;
+}
+
+std::vector<int> TiedWithBest(const std::vector<Trial>& trials, int best, double min_gain) {
+  std::vector<int> ties;
+  if (best < 0) return ties;
+  for (size_t i = 0; i < trials.size(); ++i) {
+    double gain = 0;
+    if (static_cast<int>(i) != best && trials[i].status == "ok" &&
+        !std::isnan(trials[i].measure.value) &&
+        !BeatsBest(trials[best].measure, trials[i].measure, min_gain, &gain))
+      ties.push_back(static_cast<int>(i));
+  }
+  return ties;
+}
+
 std::string RenderTrialTable(const std::vector<Trial>& trials) {
   std::string unit = "samples/s";
   for (const Trial& t : trials)

@@ -95,6 +95,30 @@ TEST_F(TuneE2E, MetricRegexRanksByTheCommandsOwnNumbers) {
   for (const json& t : Trials()) EXPECT_EQ(t["unit"], "metric");
 }
 
+TEST_F(TuneE2E, CombinationsAsFastAsTheBestAreNamed) {
+  // {secs} changes how long the script runs, not its speed: the two batch=128
+  // runs tie, and batch=16 (about 4x slower) ties with nothing.
+  auto o = Tune({"--grid", "batch=16,128", "--grid", "secs=1.5,2", "--min-gain", "0.5", "--trial",
+                 "30s", "--", "python3", kToy, "--batch-size", "{batch}", "--workers", "2",
+                 "--seconds", "{secs}"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("ties #"), std::string::npos) << o.out;
+  int64_t tuning = 0;
+  std::vector<json> trials = Trials(&tuning);
+  ASSERT_EQ(trials.size(), 4u);
+  auto store = Store();
+  json result;
+  std::vector<RunEvent> events = store->LoadEvents(tuning).value();
+  for (const RunEvent& e : events)
+    if (e.kind == "tune_result") result = json::parse(e.data);
+  int best = result.at("best_trial").get<int>();
+  ASSERT_GE(best, 3);  // #3 and #4 are batch=128
+  ASSERT_EQ(result.at("ties").size(), 1u) << result.dump();
+  EXPECT_EQ(result["ties"][0].get<int>(), 7 - best);
+  EXPECT_NE(o.out.find("as fast within the noise"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("#" + std::to_string(7 - best) + " batch=128"), std::string::npos) << o.out;
+}
+
 TEST_F(TuneE2E, SamplesPerJouleUsesThePowerReadings) {
   std::string script = dir_ + "/nvml.json";
   std::ofstream(script) << R"({"driver": "550.1", "gpus": [{"name": "Fake H100", "uuid": "GPU-tune",

@@ -111,6 +111,26 @@ TEST(TuneKeep, AChangeMustBeatTheNoise) {
   EXPECT_FALSE(BeatsBest(failed, best, 0.03, &gain));
 }
 
+TEST(TuneKeep, TheBestNamesTheTrialsItDoesNotBeatBeyondTheNoise) {
+  std::vector<Trial> trials(5);
+  double values[] = {50, 99, 100, 90, 101};
+  for (int i = 0; i < 5; ++i) {
+    trials[i].index = i + 1;
+    trials[i].measure.value = values[i];
+    trials[i].measure.spread = 0.02;
+  }
+  trials[4].status = "failed";  // failed trials neither win nor tie
+  EXPECT_EQ(BestTrial(trials), 2);
+  // 100 vs 99: 1%, under the 3% minimum gain; vs 90: 11%, beyond it.
+  EXPECT_EQ(TiedWithBest(trials, 2, 0.03), (std::vector<int>{1}));
+  EXPECT_EQ(TiedWithBest(trials, 2, 0.15), (std::vector<int>{1, 3}));
+  trials[1].measure.spread = 0.5;  // too noisy to tell apart even from 90
+  trials[3].measure.spread = 0.3;
+  EXPECT_EQ(TiedWithBest(trials, 2, 0.03), (std::vector<int>{1, 3}));
+  EXPECT_EQ(BestTrial({}), -1);
+  EXPECT_TRUE(TiedWithBest(trials, -1, 0.03).empty());
+}
+
 TEST(TuneKnobs, UnknownKnobSuggestsTheClosest) {
   auto k = ParseKnobList("batch,thread");
   ASSERT_FALSE(k.ok());
