@@ -251,6 +251,24 @@ void ThrottleRules(const Facts& f, std::vector<Finding>* out) {
                     "improve cooling: airflow, fan curve, ambient temperature"});
 }
 
+namespace {
+
+// Start-up is paid once, so its share falls as the run gets longer; where it
+// is worth cutting, it goes to imports, building the dataset's file list and
+// starting the loader's worker processes.
+std::string WrappedStartUpFix(const Facts& f) {
+  std::string fix =
+      "start-up: a fixed cost, smaller in a longer run; to cut it, time the imports (python -X "
+      "importtime) and the dataset set-up (an ImageFolder lists every file: cache the list, or "
+      "fullburn pack)";
+  if (f.loader_workers > 0)
+    fix += fmt::format("; the first batch waits for num_workers={} processes to start",
+                       f.loader_workers);
+  return fix;
+}
+
+}  // namespace
+
 void IdleRules(const Facts& f, std::vector<Finding>* out) {
   if (f.idle.empty() || f.wall_s <= 0) return;
   std::map<std::string, std::pair<int, double>> by_what;  // count, seconds
@@ -274,12 +292,11 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
                             cs.first > 1 ? fmt::format(" x{}", cs.first) : "", cs.second);
     std::string step;
     if (what == "start-up")
-      step =
-          Choose(f,
-                 "start-up: reuse the batch-size search (set train.batch_size to the chosen "
-                 "value), keep the "
-                 "dataset on local disk",
-                 "start-up: spawn loader workers once (persistent_workers=True), load data lazily");
+      step = Choose(f,
+                    "start-up: reuse the batch-size search (set train.batch_size to the chosen "
+                    "value), keep the "
+                    "dataset on local disk",
+                    WrappedStartUpFix(f));
     else if (what == "evaluation")
       step = Choose(f,
                     "evaluation: evaluate less often (raise eval.every_steps or "
@@ -295,8 +312,11 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
     fix += (fix.empty() ? "" : "; ") + step;
   }
   evidence.pop_back();
-  out->push_back({"idle_phases", "The device idles between phases", evidence, share,
-                  f.ranks.empty() ? 0.6 : 0.8, fix});
+  // Without a GPU there is no device to idle: the time is simply not training.
+  out->push_back(
+      {"idle_phases",
+       f.gpus.empty() ? "Time outside training steps" : "The device idles between phases", evidence,
+       share, f.ranks.empty() ? 0.6 : 0.8, fix});
 }
 
 namespace {

@@ -414,6 +414,24 @@ TEST(Diagnose, IdlePhasesFromGapsBetweenSteps) {
   EXPECT_FALSE(Has(c.Run(), "idle_phases"));
 }
 
+TEST(Diagnose, AWrappedJobsStartUpWithoutAGpuIsTimeOutsideSteps) {
+  Case c;
+  c.Host(40).Wait(0.02);
+  c.run.config_json = "{}";                 // wrapped: no trainer config
+  for (StepRecord& r : c.steps) r.t += 12;  // 12 s before the first step
+  c.run.end_time = 72;
+  c.events.push_back({0, "dataloader", R"({"num_workers": 3, "pin_memory": false})"});
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "idle_phases");
+  EXPECT_EQ(f[0].title, "Time outside training steps");  // no GPU sampled
+  EXPECT_NE(f[0].evidence.find("start-up 12.0 s"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("a fixed cost"), std::string::npos) << f[0].fix;
+  EXPECT_NE(f[0].fix.find("python -X importtime"), std::string::npos) << f[0].fix;
+  EXPECT_NE(f[0].fix.find("num_workers=3 processes"), std::string::npos) << f[0].fix;
+  c.Gpu(95, 0.7);
+  EXPECT_EQ(c.Run()[0].title, "The device idles between phases");
+}
+
 TEST(Diagnose, IdlePhasesFromGpuSamplesWithoutSteps) {
   Case c;
   c.Gpu(95, 0.7).Host(40);
