@@ -87,8 +87,11 @@ void GatherQuota(const std::map<std::string, Series>& m, int rank, Facts* f) {
   f->cpu_throttled = t;
 }
 
-// One node's host readings; Facts keeps the worst node's of each.
-void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
+// One node's host readings; Facts keeps the worst node's of each. Levels
+// come from the training window (`m`); memory lows and swapping from the
+// whole run (`all`), where a start-up spike is as real a pressure.
+void GatherNode(const std::map<std::string, Series>& m, const std::map<std::string, Series>& all,
+                int rank, Facts* f) {
   std::string p = RankPrefix(rank) + "host.";
   if (const Series* s = Find(m, p + "cpu_util"); s && !(MedianOf(*s) <= f->cpu)) {
     f->cpu = MedianOf(*s);
@@ -100,7 +103,7 @@ void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
     f->iowait = MedianOf(*s);
     f->iowait_rank = rank;
   }
-  const Series *in = Find(m, p + "swap_in_per_s"), *out = Find(m, p + "swap_out_per_s");
+  const Series *in = Find(all, p + "swap_in_per_s"), *out = Find(all, p + "swap_out_per_s");
   size_t n = 0, swapping = 0;
   for (const Series* s : {in, out}) {
     if (!s) continue;
@@ -108,7 +111,8 @@ void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
     for (const SeriesPoint& pt : *s) swapping += pt.v > 0;
   }
   if (n) f->swap_share = std::max(f->swap_share, std::min(1.0, static_cast<double>(swapping) / n));
-  const Series *avail = Find(m, p + "mem_available_bytes"), *total = Find(m, p + "mem_total_bytes");
+  const Series *avail = Find(all, p + "mem_available_bytes"),
+               *total = Find(all, p + "mem_total_bytes");
   if (avail && total && Max(*total) > 0) {
     double lo = INFINITY;
     for (const SeriesPoint& pt : *avail) lo = std::min(lo, pt.v);
@@ -116,9 +120,10 @@ void GatherNode(const std::map<std::string, Series>& m, int rank, Facts* f) {
   }
 }
 
-void GatherHost(const std::map<std::string, Series>& m, Facts* f) {
-  for (int rank : HostRanks(m)) GatherNode(m, rank, f);
-  if (f->cpu_rank < 0) GatherNode(m, 0, f);  // iowait or memory without a CPU series
+void GatherHost(const std::map<std::string, Series>& m, const std::map<std::string, Series>& all,
+                Facts* f) {
+  for (int rank : HostRanks(m)) GatherNode(m, all, rank, f);
+  if (f->cpu_rank < 0) GatherNode(m, all, 0, f);  // iowait or memory without a CPU series
   if (const Series* s = Find(m, "proc.cpu_util")) f->proc_cpu = MedianOf(*s);
   while (Find(m, "host.cpu" + std::to_string(f->cores) + ".util")) ++f->cores;
   // Worker advice counts the CPUs the quota allows, not the host's.
@@ -227,6 +232,31 @@ void IdleFromGpus(const RunData& d, Facts* f) {
   }
 }
 
+// The samples taken while the job trained: from the start of its first step
+// to the end of its last (a sample covers the interval before its time, so
+// one counts when its middle is inside). Start-up (imports, a single-threaded
+// dataset scan, the batch-size search) and the end are left out: they are
+// idle_phases' to judge, and in a short run they pulled the CPU median of a
+// job whose loader workers filled both cores down to 76%. A series with fewer
+// than 3 samples inside is kept whole.
+std::map<std::string, Series> TrainingWindow(const RunData& d) {
+  if (d.steps.empty()) return d.samples;
+  double t0 = INFINITY, t1 = -INFINITY;
+  for (const StepRecord& r : d.steps) {
+    t0 = std::min(t0, r.t - r.step_s);
+    t1 = std::max(t1, r.t);
+  }
+  double half = d.run.interval_s > 0 ? d.run.interval_s / 2 : 0.5;
+  std::map<std::string, Series> out;
+  for (const auto& [name, series] : d.samples) {
+    Series inside;
+    for (const SeriesPoint& p : series)
+      if (p.t - half >= t0 && p.t - half <= t1) inside.push_back(p);
+    out[name] = inside.size() >= 3 ? inside : series;
+  }
+  return out;
+}
+
 }  // namespace
 
 void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
@@ -319,9 +349,10 @@ void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
 
 Facts Gather(const RunData& d) {
   Facts f;
-  GatherGpus(d.samples, &f);
-  GatherHost(d.samples, &f);
-  GatherSteps(d.steps, d.samples, &f);
+  std::map<std::string, Series> training = TrainingWindow(d);
+  GatherGpus(training, &f);
+  GatherHost(training, d.samples, &f);
+  GatherSteps(d.steps, training, &f);
   GatherDataLoader(d.events, &f);
   f.running = !d.run.end_time.has_value();
   f.interrupted = d.run.status == "interrupted";

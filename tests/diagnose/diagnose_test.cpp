@@ -432,6 +432,27 @@ TEST(Diagnose, AWrappedJobsStartUpWithoutAGpuIsTimeOutsideSteps) {
   EXPECT_EQ(c.Run()[0].title, "The device idles between phases");
 }
 
+TEST(Diagnose, HostLevelsAreReadWhileTheJobTrains) {
+  // 70 s of single-threaded start-up at 50% CPU, then 60 s of steps waiting
+  // 78% of the time on loader workers that fill the host (95%). Over the
+  // whole run the CPU median reads 50%: "idle cores, add workers" would be
+  // wrong advice for a host that is full while it trains.
+  Case c;
+  c.Wait(0.78);
+  for (StepRecord& r : c.steps) r.t += 70;
+  c.run.end_time = 130;
+  for (int i = 0; i < 130; ++i) {
+    c.m["host.cpu_util"].push_back({static_cast<double>(i + 1), i < 70 ? 50.0 : 95.0});
+    c.m["host.cpu_iowait"].push_back({static_cast<double>(i + 1), 1.0});
+  }
+  auto f = c.Run();
+  EXPECT_TRUE(Has(f, "input_cpu")) << ::testing::PrintToString(Causes(f));
+  EXPECT_FALSE(Has(f, "input_workers"));
+  EXPECT_TRUE(Has(f, "idle_phases"));  // the start-up is judged on its own
+  for (const Finding& x : f)
+    if (x.cause == "input_cpu") EXPECT_NE(x.evidence.find("median 95%"), std::string::npos);
+}
+
 TEST(Diagnose, IdlePhasesFromGpuSamplesWithoutSteps) {
   Case c;
   c.Gpu(95, 0.7).Host(40);
