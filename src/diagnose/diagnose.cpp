@@ -98,7 +98,7 @@ std::vector<Finding> Diagnose(const RunData& run) {
 
 JobGpus ReadJobGpus(const RunData& run) {
   Facts f;
-  GatherGpus(run.samples, &f);
+  GatherGpus(run, &f);
   return {f.gpu_util, f.mem_peak_share, f.other_gpus};
 }
 

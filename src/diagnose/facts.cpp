@@ -257,9 +257,11 @@ std::map<std::string, Series> TrainingWindow(const RunData& d) {
   return out;
 }
 
-}  // namespace
-
-void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
+// Utilisation, PCIe and throttling from the training window (`m`); memory
+// peaks and which GPUs the job used from the whole run (`all`): an
+// out-of-memory comes after the last step that finished.
+void GatherGpuSeries(const std::map<std::string, Series>& m,
+                     const std::map<std::string, Series>& all, Facts* f) {
   double util_sum = 0;
   std::vector<std::pair<int, int>> found;  // (rank, gpu) with a util series
   for (const auto& [name, series] : m) {
@@ -269,7 +271,7 @@ void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
       found.emplace_back(rank, index);
   }
   std::sort(found.begin(), found.end());
-  std::set<std::pair<int, int>> not_the_jobs = NotTheJobs(m, found);
+  std::set<std::pair<int, int>> not_the_jobs = NotTheJobs(all, found);
   for (const auto& [rank, g] : found) {
     std::string p = RankPrefix(rank) + "gpu" + std::to_string(g) + ".";
     const Series* util = Find(m, p + "util");
@@ -283,7 +285,7 @@ void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
     }
     gf.util = MedianOf(*util);
     util_sum += gf.util;
-    const Series *used = Find(m, p + "mem_used_bytes"), *total = Find(m, p + "mem_total_bytes");
+    const Series *used = Find(all, p + "mem_used_bytes"), *total = Find(all, p + "mem_total_bytes");
     if (used && total && Max(*total) > 0) {
       gf.mem_peak_share = Max(*used) / Max(*total);
       f->mem_peak_share = std::isnan(f->mem_peak_share)
@@ -306,6 +308,12 @@ void GatherGpus(const std::map<std::string, Series>& m, Facts* f) {
     f->gpus.push_back(gf);
   }
   if (!f->gpus.empty()) f->gpu_util = util_sum / f->gpus.size();
+}
+
+}  // namespace
+
+void GatherGpus(const RunData& run, Facts* f) {
+  GatherGpuSeries(TrainingWindow(run), run.samples, f);
 }
 
 double Median(std::vector<double> v) {
@@ -350,7 +358,7 @@ void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
 Facts Gather(const RunData& d) {
   Facts f;
   std::map<std::string, Series> training = TrainingWindow(d);
-  GatherGpus(training, &f);
+  GatherGpuSeries(training, d.samples, &f);
   GatherHost(training, d.samples, &f);
   GatherSteps(d.steps, training, &f);
   GatherDataLoader(d.events, &f);

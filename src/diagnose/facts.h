@@ -99,7 +99,7 @@ struct Facts {
 
 Facts Gather(const RunData& run);
 // The GPU part of Gather: gpus, other_gpus, gpu_util, mem_peak_share, pcie_rx, throttling.
-void GatherGpus(const std::map<std::string, Series>& samples, Facts* f);
+void GatherGpus(const RunData& run, Facts* f);
 double Median(std::vector<double> v);
 std::string Pct(double share);
 // " on rank R's node" for readings another node's first rank sampled; "" for rank 0's.

@@ -266,6 +266,20 @@ TEST(Diagnose, MemoryPressureOnGpuAndHost) {
   EXPECT_FALSE(Has(swap.Run(), "memory_pressure"));
 }
 
+TEST(Diagnose, MemoryPeaksAfterTheLastStepCount) {
+  // The GPU fills after the last step that finished (the step that ran out
+  // of memory never finished): outside the training window, still counted.
+  Case c;
+  c.Gpu(95, 0.7).Host(40).Wait(0.02);
+  c.run.end_time = 63;
+  for (double t : {61.0, 62.0}) {
+    c.m["gpu0.util"].push_back({t, 95});
+    c.m["gpu0.mem_total_bytes"].push_back({t, 80e9});
+    c.m["gpu0.mem_used_bytes"].push_back({t, 79.5e9});
+  }
+  EXPECT_TRUE(Has(c.Run(), "memory_pressure"));
+}
+
 TEST(Diagnose, SigkillWithNoMemoryLeftPointsAtTheOomKiller) {
   Case c;
   c.run.config_json = R"({"interval_s": 1})";  // fullburn run -- python train.py
