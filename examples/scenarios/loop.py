@@ -7,6 +7,8 @@ python/fullburn_markers.py.
                                          10 ms of "device" work: input-bound
   python3 loop.py compute  --seconds S   two workers, 5 ms per batch, 40 ms of
                                          device work: compute-bound (healthy)
+  python3 loop.py stalls   --seconds S   as compute, and every 10th step a
+                                         400 ms blocking save: step stalls
   python3 loop.py disk     --seconds S --file F
                                          batches read from F past the page cache
                                          (posix_fadvise DONTNEED): storage-bound
@@ -68,13 +70,13 @@ def disk_loader(path, seconds, chunk=4 << 20):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["starved", "compute", "disk"])
+    ap.add_argument("mode", choices=["starved", "compute", "stalls", "disk"])
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--file")
     args = ap.parse_args()
     if args.mode == "starved":
         loader, device_s = cpu_loader(1, 0.040, args.seconds), 0.010
-    elif args.mode == "compute":
+    elif args.mode in ("compute", "stalls"):
         loader, device_s = cpu_loader(2, 0.005, args.seconds), 0.040
     else:
         if not args.file:
@@ -85,6 +87,8 @@ def main():
     for batch in steps(loader, markers=markers):
         time.sleep(device_s)  # the device's work: the host waits, its CPU idles
         n += len(batch)
+        if args.mode == "stalls" and markers.step % 10 == 9:
+            time.sleep(0.4)  # a synchronous save inside the loop (markers.step: steps ended)
     # A held-out pass at the end, as a training script has; its numbers
     # stand in for a model's (the report draws them).
     with markers.phase("evaluation") as result:

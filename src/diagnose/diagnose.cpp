@@ -10,10 +10,10 @@
 
 namespace fullburn {
 
-const char* const kCauses[] = {"input_cpu",       "input_io",        "input_workers",   "h2d_copy",
-                               "small_batch",     "memory_headroom", "memory_pressure", "throttle_power",
-                               "throttle_thermal", "idle_phases",    "uneven_ranks",    "communication",
-                               "healthy"};
+const char* const kCauses[] = {
+    "input_cpu",       "input_io",        "input_workers",  "h2d_copy",         "small_batch",
+    "memory_headroom", "memory_pressure", "throttle_power", "throttle_thermal", "idle_phases",
+    "uneven_ranks",    "communication",   "step_stalls",    "healthy"};
 const size_t kCauseCount = sizeof(kCauses) / sizeof(kCauses[0]);
 
 namespace {
@@ -86,6 +86,7 @@ std::vector<Finding> Diagnose(const RunData& run) {
   ThrottleRules(f, &out);
   IdleRules(f, &out);
   RankRules(f, &out);
+  StallRule(f, &out);
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) { return a.share_lost > b.share_lost; });
   bool problem = std::any_of(out.begin(), out.end(), [](const Finding& x) { return x.share_lost >= kMinShare; });
   if (!problem) out.push_back(Healthy(f));

@@ -257,6 +257,66 @@ std::map<std::string, Series> TrainingWindow(const RunData& d) {
   return out;
 }
 
+// Stalls recur with a period when most gaps between them are one length.
+int64_t StallPeriod(const std::vector<int64_t>& stalled) {
+  if (stalled.size() < 3) return 0;
+  std::map<int64_t, int> gaps;
+  for (size_t i = 1; i < stalled.size(); ++i) ++gaps[stalled[i] - stalled[i - 1]];
+  auto most = std::max_element(gaps.begin(), gaps.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+  return most->second >= 0.75 * (stalled.size() - 1) && most->first > 1 ? most->first : 0;
+}
+
+// Of the phases the step records time (forward, backward, ...), the one whose
+// time beyond its median makes up most of the stalls' excess; "" if none does.
+std::string GrownPhase(const std::vector<const StepRecord*>& steps,
+                       const std::vector<const StepRecord*>& stalled, double excess) {
+  std::string best;
+  double best_s = 0;
+  for (const StepPhase& ph : kStepPhases) {
+    if (std::string(ph.name) == "data_wait") continue;
+    std::vector<double> all;
+    for (const StepRecord* r : steps)
+      if ((r->*ph.field).has_value()) all.push_back(*(r->*ph.field));
+    if (all.size() != steps.size()) continue;
+    double median = Median(all), grown = 0;
+    for (const StepRecord* r : stalled) grown += std::max(0.0, *(r->*ph.field) - median);
+    if (grown > best_s) best_s = grown, best = ph.label;
+  }
+  return best_s > 0.5 * excess ? best : "";
+}
+
+void GatherStalls(const RunData& d, Facts* f) {
+  if (d.steps.empty()) return;
+  int rank = d.steps.front().rank;
+  for (const StepRecord& r : d.steps) rank = std::min(rank, r.rank);
+  std::vector<const StepRecord*> steps;
+  int seen = 0;
+  for (const StepRecord& r : d.steps)
+    if (r.rank == rank && ++seen > kStallWarmupSteps) steps.push_back(&r);
+  if (static_cast<int>(steps.size()) < kStallMinSteps) return;
+  auto work = [](const StepRecord* r) { return r->step_s - r->data_wait_s.value_or(0); };
+  std::vector<double> all;
+  for (const StepRecord* r : steps) all.push_back(work(r));
+  StallFacts& s = f->stalls;
+  s.judged = static_cast<int>(steps.size());
+  s.median_s = Median(all);
+  if (!(s.median_s > 0)) return;
+  std::vector<const StepRecord*> stalled;
+  std::vector<int64_t> numbers;
+  for (const StepRecord* r : steps) {
+    if (work(r) < kStallSteps * s.median_s) continue;
+    stalled.push_back(r);
+    numbers.push_back(r->step);
+    s.excess_s += work(r) - s.median_s;
+    s.longest_s = std::max(s.longest_s, work(r));
+  }
+  s.stalls = static_cast<int>(stalled.size());
+  s.period = StallPeriod(numbers);
+  s.first.assign(numbers.begin(), numbers.begin() + std::min<size_t>(4, numbers.size()));
+  s.phase = GrownPhase(steps, stalled, s.excess_s);
+}
+
 // Utilisation, PCIe and throttling from the training window (`m`); memory
 // peaks and which GPUs the job used from the whole run (`all`): an
 // out-of-memory comes after the last step that finished.
@@ -362,6 +422,7 @@ Facts Gather(const RunData& d) {
   GatherHost(training, d.samples, &f);
   GatherSteps(d.steps, training, &f);
   GatherDataLoader(d.events, &f);
+  GatherStalls(d, &f);
   f.running = !d.run.end_time.has_value();
   f.interrupted = d.run.status == "interrupted";
   f.killed = d.run.exit_code == 128 + SIGKILL;

@@ -34,6 +34,9 @@ constexpr double kIdleGapSteps = 5;    // a gap between steps longer than this m
 constexpr double kIdleGapMin_s = 1.0;  // ...and this many seconds is an idle phase
 constexpr double kIdleShare = 0.10;    // of wall time idle outside steps
 constexpr double kMinShare = 0.05;     // smaller losses are not reported as problems
+constexpr double kStallSteps = 3;      // a step whose work is this many medians is a stall
+constexpr int kStallWarmupSteps = 3;   // each rank's first steps (allocator, autotuning, compile)
+constexpr int kStallMinSteps = 10;     // steps needed for a median to judge against
 
 struct GpuFacts {
   int index = 0;
@@ -54,6 +57,22 @@ struct RankFacts {
 struct IdleSpan {
   double start = 0, end = 0;
   std::string what;  // start-up, evaluation, checkpoint, end, between steps
+};
+
+// Steps whose work (step time minus data wait, which the input rules judge)
+// took kStallSteps medians or more: a synchronous save, logging or
+// evaluation inside the loop, garbage collection. Judged on the lowest
+// rank's steps after its warm-up; in data-parallel training every rank
+// waits for a stalled one.
+struct StallFacts {
+  int judged = 0;              // steps judged
+  int stalls = 0;              // of them, stalled
+  double median_s = NAN;       // median work per step
+  double longest_s = 0;        // the longest stalled step's work
+  double excess_s = 0;         // over the stalls: work beyond the median
+  int64_t period = 0;          // > 0: the stalls recur every `period` steps
+  std::vector<int64_t> first;  // the first stalled step numbers (up to 4)
+  std::string phase;           // the step phase that grew most ("backward"), or ""
 };
 
 struct Facts {
@@ -79,6 +98,7 @@ struct Facts {
   int64_t batch = 0;                                                // median samples per step
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
+  StallFacts stalls;
   double wall_s = 0;
   bool running = false;      // no end recorded: still going, or its recorder was killed
   bool interrupted = false;  // the latter (the store found the recorder gone)
@@ -113,5 +133,6 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out);
 void ThrottleRules(const Facts& f, std::vector<Finding>* out);
 void IdleRules(const Facts& f, std::vector<Finding>* out);
 void RankRules(const Facts& f, std::vector<Finding>* out);
+void StallRule(const Facts& f, std::vector<Finding>* out);
 
 }  // namespace fullburn::diagnose

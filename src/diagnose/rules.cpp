@@ -2,6 +2,7 @@
 // sources in docs/diagnosis.md. Each fix names a knob: a config key for a
 // fullburn train run, the usual PyTorch setting for a wrapped job.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -317,6 +318,48 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
       {"idle_phases",
        f.gpus.empty() ? "Time outside training steps" : "The device idles between phases", evidence,
        share, f.ranks.empty() ? 0.6 : 0.8, fix});
+}
+
+void StallRule(const Facts& f, std::vector<Finding>* out) {
+  const StallFacts& s = f.stalls;
+  if (s.stalls == 0 || f.wall_s <= 0) return;
+  double share = s.excess_s / f.wall_s;
+  if (share < kMinShare) return;
+  std::string steps = fmt::format("{}", fmt::join(s.first, ", "));
+  if (s.stalls > static_cast<int>(s.first.size())) steps += ", ...";
+  std::string evidence = fmt::format(
+      "{} of {} steps took >= {:.0f}x the median step's work ({:.3g} s, data wait left out): the "
+      "longest {:.3g} s; {}steps {}; {:.1f} s beyond the median, {} of the run",
+      s.stalls, s.judged, kStallSteps, s.median_s, s.longest_s,
+      s.period > 0 ? fmt::format("every {} steps, ", s.period) : "", steps, s.excess_s, Pct(share));
+  if (!s.phase.empty()) evidence += "; the time went to " + s.phase;
+  std::string near_full =
+      f.mem_peak_share >= 0.9
+          ? fmt::format(
+                "; at {} peak GPU memory, the allocator freeing and retrying (a smaller "
+                "micro-batch)",
+                Pct(f.mem_peak_share))
+          : "";
+  std::string fix;
+  if (f.trainer)
+    fix = fmt::format(
+        "fullburn runs trace RUN shows the slow steps{}; other work on the host competing for "
+        "its CPUs{}",
+        s.phase.empty() ? "" : " and their " + s.phase, near_full);
+  else if (s.period > 0)
+    fix = fmt::format(
+        "something the loop does every {} steps: a synchronous torch.save (save less often, or in "
+        "the background: torch.distributed.checkpoint.async_save), evaluation or logging inside "
+        "the loop (wrap it in Markers.phase so it is timed apart), a .item() or print that waits "
+        "for the GPU",
+        s.period);
+  else
+    fix =
+        "irregular stalls: Python's garbage collector (gc.freeze() once the model and data are "
+        "set up), other processes competing for the host's CPUs" +
+        near_full;
+  out->push_back(
+      {"step_stalls", "Some steps stall", evidence, share, s.period > 0 ? 0.8 : 0.6, fix});
 }
 
 namespace {

@@ -82,6 +82,18 @@ TEST_F(ReportE2E, SlowConsumerIsHealthy) {
   EXPECT_EQ(f.size(), 1u) << f.dump(2);  // no false alarms
 }
 
+TEST_F(ReportE2E, ABlockingSaveEveryTenStepsIsAStall) {
+  // loop.py's compute loop (healthy above) with a 400 ms save inside every
+  // 10th step: about 400 ms lost per 850 ms.
+  auto o = Record({"python3", kLoop, "stalls", "--seconds", "5"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto f = Findings();
+  EXPECT_EQ(f[0]["cause"], "step_stalls") << f.dump(2);
+  EXPECT_GT(f[0]["time_lost_pct"].get<double>(), 25) << f.dump(2);
+  EXPECT_NE(f[0]["evidence"].get<std::string>().find("every 10 steps"), std::string::npos)
+      << f.dump(2);
+}
+
 TEST_F(ReportE2E, DiskReadsAreInputIo) {
   std::string data = dir_ + "/shard.bin";
   struct statfs fs {};

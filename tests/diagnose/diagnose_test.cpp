@@ -467,6 +467,54 @@ TEST(Diagnose, HostLevelsAreReadWhileTheJobTrains) {
     if (x.cause == "input_cpu") EXPECT_NE(x.evidence.find("median 95%"), std::string::npos);
 }
 
+TEST(Diagnose, StepsThatStallEveryFewStepsAreNamed) {
+  Case c;
+  c.Host(40).Wait(0.02);
+  c.run.config_json = "{}";  // wrapped: a torch.save inside the loop every 10 steps
+  auto stall_every_10 = [&](double times) {
+    for (StepRecord& r : c.steps) {
+      r.step_s = 1.2;
+      r.forward_s.reset();
+      if (r.step % 10 == 0) r.step_s = 1.2 + (times - 1) * (1.2 - *r.data_wait_s);
+    }
+  };
+  stall_every_10(4);  // 5 stalls of 3 x 1.176 s beyond the median: 17.6 s of 60 s
+  auto f = c.Run();
+  const Finding* stall = nullptr;
+  for (const Finding& x : f)
+    if (x.cause == "step_stalls") stall = &x;
+  ASSERT_NE(stall, nullptr) << ::testing::PrintToString(Causes(f));
+  EXPECT_NEAR(stall->share_lost, 5 * 3 * 1.176 / 60, 1e-6);
+  EXPECT_NE(stall->evidence.find("5 of 47 steps"), std::string::npos) << stall->evidence;
+  EXPECT_NE(stall->evidence.find("every 10 steps, steps 10, 20, 30, 40, ..."), std::string::npos)
+      << stall->evidence;
+  EXPECT_NE(stall->fix.find("every 10 steps: a synchronous torch.save"), std::string::npos);
+  // A run of fullburn train is pointed at its trace, with the phase that grew.
+  c.run.config_json = R"({"train": {"precision": "bf16"}})";
+  for (StepRecord& r : c.steps) {
+    r.forward_s = 0.4;
+    r.backward_s = r.step_s - *r.data_wait_s - 0.4;
+  }
+  f = c.Run();
+  ASSERT_TRUE(Has(f, "step_stalls"));
+  for (const Finding& x : f)
+    if (x.cause == "step_stalls") {
+      EXPECT_NE(x.evidence.find("the time went to backward"), std::string::npos) << x.evidence;
+      EXPECT_NE(x.fix.find("fullburn runs trace RUN"), std::string::npos) << x.fix;
+    }
+  // Near misses: 2.5x the median is no stall; slow warm-up steps are not
+  // judged; a long wait for data is the input rules', not a stall.
+  stall_every_10(2.5);
+  EXPECT_FALSE(Has(c.Run(), "step_stalls"));
+  stall_every_10(1);
+  for (int i = 0; i < 3; ++i) c.steps[i].step_s = 20;
+  EXPECT_FALSE(Has(c.Run(), "step_stalls"));
+  c.steps[0].step_s = c.steps[1].step_s = c.steps[2].step_s = 1.2;
+  c.steps[20].data_wait_s = 20;
+  c.steps[20].step_s = 21.2;
+  EXPECT_FALSE(Has(c.Run(), "step_stalls"));
+}
+
 TEST(Diagnose, IdlePhasesFromGpuSamplesWithoutSteps) {
   Case c;
   c.Gpu(95, 0.7).Host(40);
