@@ -122,9 +122,12 @@ struct RunDigest {
   double data_wait_share = NAN, gpu_util = NAN, cpu_util = NAN, gpu_mem_peak_share = NAN;
   std::map<std::string, double> time_lost;    // cause -> share of wall time
   std::map<std::string, std::string> config;  // flattened ("train.batch_size") plus "command"
+  std::vector<std::string> command;           // the run's argv
 };
 RunDigest Digest(const RunData& run, const std::vector<Finding>& findings);
 // Rows of measures, one column per run; config rows only where runs differ.
+// Commands of one length show only the arguments that differ (with the flag
+// before each), since a long command elided in the middle hid them.
 using ComparisonRow = std::pair<std::string, std::vector<std::string>>;  // label, a cell per run
 std::vector<ComparisonRow> ComparisonTable(const std::vector<RunDigest>& runs);
 std::string RenderComparison(const std::vector<RunDigest>& runs);

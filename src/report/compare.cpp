@@ -33,6 +33,33 @@ std::string Change(double v, double base) {
   return fmt::format(" ({:+.0f}%)", (v / base - 1) * 100);
 }
 
+// For commands of one length: each run's differing arguments, each run of
+// them after the flag that names it ("--batch-size 16 ... --workers 0").
+bool DifferingArgs(const std::vector<RunDigest>& runs, std::vector<std::string>* cells) {
+  const std::vector<std::string>& first = runs.front().command;
+  for (const RunDigest& d : runs)
+    if (d.command.size() != first.size()) return false;
+  std::vector<bool> differs(first.size(), false);
+  for (const RunDigest& d : runs)
+    for (size_t i = 0; i < first.size(); ++i) differs[i] = differs[i] || d.command[i] != first[i];
+  cells->clear();
+  for (const RunDigest& d : runs) {
+    std::string cell;
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (!differs[i]) continue;
+      bool starts = i == 0 || !differs[i - 1];
+      if (starts && !cell.empty()) cell += " ... ";
+      if (starts && i > 0 && !first[i - 1].empty() && first[i - 1][0] == '-')
+        cell += first[i - 1] + " ";
+      else if (!starts)
+        cell += " ";
+      cell += d.command[i];
+    }
+    cells->push_back(cell);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<ComparisonRow> ComparisonTable(const std::vector<RunDigest>& runs) {
@@ -72,6 +99,10 @@ std::vector<ComparisonRow> ComparisonTable(const std::vector<RunDigest>& runs) {
       values.push_back(it == d.config.end() ? "-" : it->second);
     }
     if (std::all_of(values.begin(), values.end(), [&](const std::string& v) { return v == values[0]; })) continue;
+    if (k == "command" && DifferingArgs(runs, &values)) {
+      rows.push_back({"config: command (what differs)", values});
+      continue;
+    }
     rows.push_back({"config: " + k, values});
   }
   return rows;
@@ -104,6 +135,7 @@ RunDigest Digest(const RunData& d, const std::vector<Finding>& findings) {
   Flatten(nlohmann::json::parse(d.run.config_json, nullptr, false), "", &g.config);
   g.config.erase("");
   g.config["command"] = JoinedCommand(d.run.command);
+  g.command = d.run.command;
   return g;
 }
 

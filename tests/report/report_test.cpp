@@ -319,6 +319,30 @@ TEST(Compare, ShowsThroughputChangeAndOnlyTheConfigThatDiffers) {
   EXPECT_TRUE(j[0]["gpu_util_pct"].is_null());  // no GPU: null, never 0
 }
 
+TEST(Compare, CommandsShowTheArgumentsThatDiffer) {
+  RunData a = TwoStepRun(1, 64, 0.1), b = TwoStepRun(2, 64, 0.1);
+  a.run.command = {"/usr/bin/python3", "/home/me/projects/vision/train.py",
+                   "--batch-size",     "16",
+                   "--workers",        "0",
+                   "--seconds",        "15"};
+  b.run.command = a.run.command;
+  b.run.command[3] = "32";
+  b.run.command[5] = "2";
+  std::vector<RunDigest> runs = {Digest(a, {}), Digest(b, {})};
+  std::string text = RenderComparison(runs);
+  EXPECT_NE(text.find("config: command (what differs)"), std::string::npos) << text;
+  EXPECT_NE(text.find("--batch-size 16 ... --workers 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("--batch-size 32 ... --workers 2"), std::string::npos) << text;
+  // Commands of other lengths are shown whole (elided in the middle).
+  b.run.command.push_back("--amp");
+  text = RenderComparison({Digest(a, {}), Digest(b, {})});
+  EXPECT_NE(text.find("config: command "), std::string::npos) << text;
+  EXPECT_EQ(text.find("what differs"), std::string::npos) << text;
+  EXPECT_EQ(ComparisonJson(runs)[1]["config"]["command"],
+            "/usr/bin/python3 /home/me/projects/vision/train.py --batch-size 32 --workers 2 "
+            "--seconds 15");
+}
+
 TEST(HtmlReport, EscapesWhatTheRunRecorded) {
   RunData d = TwoStepRun(1, 64, 0.1);
   d.run.name = "</script><script>alert(1)</script>";
