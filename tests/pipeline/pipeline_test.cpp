@@ -310,14 +310,15 @@ TEST(Jpeg, ProgressiveAndGrayscaleDecodeToRgb) {
 
 // ---- the loader ----
 
-std::string SmallDataset(const std::string& name, int classes = 3, int per_class = 8) {
+std::string SmallDataset(const std::string& name, int classes = 3, int per_class = 8,
+                         int width = 64, int height = 48) {
   std::string dir = ::testing::TempDir() + "/fb_pipe_" + name;
   fs::remove_all(dir);
   SyntheticImagesOptions o;
   o.classes = classes;
   o.per_class = per_class;
-  o.width = 64;
-  o.height = 48;
+  o.width = width;
+  o.height = height;
   EXPECT_TRUE(MakeSyntheticImages(dir, o).ok());
   return dir;
 }
@@ -791,14 +792,8 @@ TEST(Tokens, ReadsLlmcHeaderAndRefusesTruncatedFiles) {
 }
 
 TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
-  std::string dir = ::testing::TempDir() + "/fb_pipe_tune";
-  fs::remove_all(dir);
-  SyntheticImagesOptions big;  // decoding dominates: the workers are the bottleneck
-  big.classes = 4;
-  big.per_class = 60;  // 60 batches of 4
-  big.width = 240;
-  big.height = 180;
-  ASSERT_TRUE(MakeSyntheticImages(dir, big).ok());
+  // 60 batches of 4; decoding dominates: the workers are the bottleneck.
+  std::string dir = SmallDataset("tune", 4, 60, 240, 180);
   LoaderOptions o = Small(dir, 0);
   o.cpu_budget = 4;
   // A consumer that takes each batch at once is starved: workers are added.
@@ -827,14 +822,7 @@ TEST(Loader, PrefetchDeepensForBurstyProduction) {
   // milliseconds to decode: with tiny ones, a fast many-core machine decoded
   // the next batch within the microseconds the consumer took to reach it, so
   // the consumer never waited and the queue was (rightly) left as it was.
-  std::string dir = ::testing::TempDir() + "/fb_pipe_bursty";
-  fs::remove_all(dir);
-  SyntheticImagesOptions big;
-  big.classes = 4;
-  big.per_class = 40;
-  big.width = 640;
-  big.height = 480;
-  ASSERT_TRUE(MakeSyntheticImages(dir, big).ok());
+  std::string dir = SmallDataset("bursty", 4, 40, 640, 480);
   LoaderOptions o = Small(dir, 2);  // two fixed workers: plenty on average
   o.prefetch = 0;
   auto l = ImageLoader::Open(o);
@@ -858,14 +846,7 @@ TEST(Loader, PrefetchDeepensForBurstyProduction) {
 }
 
 TEST(Loader, ImagesSmallerThanTheOutputAreUpscaled) {
-  std::string dir = ::testing::TempDir() + "/fb_pipe_tiny";
-  fs::remove_all(dir);
-  SyntheticImagesOptions s;
-  s.classes = 2;
-  s.per_class = 4;
-  s.width = 12;
-  s.height = 9;
-  ASSERT_TRUE(MakeSyntheticImages(dir, s).ok());
+  std::string dir = SmallDataset("tiny", 2, 4, 12, 9);
   for (bool train : {true, false}) {
     LoaderOptions o = Small(dir, 2);
     o.out_w = o.out_h = 48;  // larger than every image
