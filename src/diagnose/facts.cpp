@@ -286,10 +286,10 @@ std::string GrownPhase(const std::vector<const StepRecord*>& steps,
   return best_s > 0.5 * excess ? best : "";
 }
 
+// After GatherSteps: f->ranks is in rank order, so its first is the lowest.
 void GatherStalls(const RunData& d, Facts* f) {
-  if (d.steps.empty()) return;
-  int rank = d.steps.front().rank;
-  for (const StepRecord& r : d.steps) rank = std::min(rank, r.rank);
+  if (f->ranks.empty()) return;
+  int rank = f->ranks.front().rank;
   std::vector<const StepRecord*> steps;
   int seen = 0;
   for (const StepRecord& r : d.steps)
