@@ -33,6 +33,15 @@ std::string MoreWorkersFix(const Facts& f, int workers) {
         "DataLoader(num_workers={}{}, persistent_workers=True, pin_memory=True); "
         "or fullburn train's loader",
         f.loader_workers < 0 ? "" : std::to_string(f.loader_workers) + " -> ", workers);
+  // Workers enough for the cores, cores idle, and no process of the job busy
+  // for even one core: the workers wait rather than compute.
+  if (f.proc_cpu < kLauncherBusy)
+    return fmt::format(
+        "num_workers={} covers the cores, yet the job's processes used {:.0f}% of one core: "
+        "the workers wait rather than decode (remote or slow storage, network reads, a lock "
+        "or sleep in the Dataset); for waiting, not computing, more workers than cores help: "
+        "num_workers {} -> {}, prefetch_factor=4; or local copies of the data",
+        f.loader_workers, f.proc_cpu, f.loader_workers, 2 * f.loader_workers);
   // Workers enough for the cores, yet cores idle: the main process is the limit.
   return fmt::format(
       "num_workers={} already covers the cores: the main process hands batches on too slowly "

@@ -356,9 +356,20 @@ TEST(Diagnose, AWrappedJobsDataLoaderSettingsShapeTheFix) {
             std::string::npos)
       << f[0].evidence;
   EXPECT_NE(f[0].fix.find("DataLoader(num_workers=0 -> 7,"), std::string::npos) << f[0].fix;
-  auto g = job(7, true).Run();  // workers for every core, yet cores idle
+  Case covered = job(7, true);  // workers for every core, yet cores idle
+  covered.m["proc.cpu_util"] = Flat(310);
+  auto g = covered.Run();
   ASSERT_EQ(g[0].cause, "input_workers");
   EXPECT_NE(g[0].fix.find("num_workers=7 already covers the cores"), std::string::npos) << g[0].fix;
+  // The same, but the job's processes together use a third of one core: its
+  // workers wait (storage, network, a sleep) rather than decode.
+  Case waiting = job(7, true);
+  waiting.Host(5, 2);
+  waiting.m["proc.cpu_util"] = Flat(35);
+  auto w = waiting.Run();
+  ASSERT_EQ(w[0].cause, "input_workers");
+  EXPECT_NE(w[0].fix.find("the workers wait rather than decode"), std::string::npos) << w[0].fix;
+  EXPECT_NE(w[0].fix.find("num_workers 7 -> 14"), std::string::npos) << w[0].fix;
   Case busy = job(2, false);  // a saturated CPU with few workers on 8 cores
   busy.Host(92);
   auto h = busy.Run();
@@ -463,8 +474,11 @@ TEST(Diagnose, HostLevelsAreReadWhileTheJobTrains) {
   EXPECT_TRUE(Has(f, "input_cpu")) << ::testing::PrintToString(Causes(f));
   EXPECT_FALSE(Has(f, "input_workers"));
   EXPECT_TRUE(Has(f, "idle_phases"));  // the start-up is judged on its own
-  for (const Finding& x : f)
-    if (x.cause == "input_cpu") EXPECT_NE(x.evidence.find("median 95%"), std::string::npos);
+  for (const Finding& x : f) {
+    if (x.cause == "input_cpu") {
+      EXPECT_NE(x.evidence.find("median 95%"), std::string::npos);
+    }
+  }
 }
 
 TEST(Diagnose, StepsThatStallEveryFewStepsAreNamed) {
