@@ -37,6 +37,10 @@ from contextlib import contextmanager
 
 ENV_VAR = "FULLBURN_EVENTS"
 
+# Set by fullburn_autosteps when it marks steps by itself: called with each
+# Markers the job makes, which then takes over.
+_on_explicit_markers = None
+
 
 def _rank():
     for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
@@ -66,7 +70,7 @@ def _batch_size(batch):
 class Markers:
     """Writes step and phase events; a no-op when no events file is named."""
 
-    def __init__(self, path=None, rank=None, sync=None):
+    def __init__(self, path=None, rank=None, sync=None, _automatic=False):
         path = path if path is not None else os.environ.get(ENV_VAR)
         self.enabled = bool(path)
         self.rank = _rank() if rank is None else int(rank)
@@ -78,6 +82,8 @@ class Markers:
         self._step_start = time.time()
         self._wait = 0.0
         self._described = set()
+        if not _automatic and _on_explicit_markers is not None:
+            _on_explicit_markers(self)  # automatic markers stop (fullburn_autosteps)
 
     def _write(self, obj):
         if self._file is None:

@@ -19,6 +19,7 @@ packages=(
 )
 if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)
+  packages+=(python3-torch)             # tests: fullburn run on unchanged PyTorch scripts
 fi
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch python3-torchvision)  # bench/ baselines

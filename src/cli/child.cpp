@@ -96,7 +96,17 @@ Result<pid_t> SpawnChild(const std::vector<std::string>& argv, const std::vector
   args.push_back(nullptr);
   // Built before fork: between fork and exec only async-signal-safe calls.
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  // extra_env replaces a variable of the same name: with both, C's getenv
+  // would read the first and Python's os.environ the last.
+  auto overridden = [&](const char* kv) {
+    for (const std::string& extra : extra_env) {
+      size_t eq = extra.find('=');
+      if (eq != std::string::npos && std::strncmp(kv, extra.c_str(), eq + 1) == 0) return true;
+    }
+    return false;
+  };
+  for (char** e = environ; *e; ++e)
+    if (!overridden(*e)) env_strings.emplace_back(*e);
   for (const std::string& kv : extra_env) env_strings.push_back(kv);
   std::vector<char*> envp;
   for (const std::string& kv : env_strings) envp.push_back(const_cast<char*>(kv.c_str()));

@@ -48,6 +48,11 @@ std::vector<std::string> OwnCommandLine();
 std::string SelfExecutable();
 std::string CurrentDir();
 
+// The folder holding fullburn_markers.py: $FULLBURN_PYTHON_DIR, else
+// <prefix>/share/fullburn/python beside an installed binary, else the source
+// tree's python/; "" if none has the file.
+std::string PythonDir();
+
 // fullburn-train beside this executable (the libtorch half), or "" if not built.
 std::string TrainingExecutable();
 

@@ -20,8 +20,19 @@ struct RunOptions {
   std::string name;
   int64_t parent = 0;  // 0: none
   bool quiet = false;
+  bool no_auto_steps = false;
   std::vector<std::string> command;
 };
+
+// PYTHONPATH for the child: python/ (so `import fullburn_markers` works) and,
+// unless turned off, python/autosteps/, whose sitecustomize.py marks a
+// PyTorch job's steps with no change to it. The job's own PYTHONPATH follows.
+std::string ChildPythonPath(const std::string& python_dir, bool auto_steps) {
+  std::string path = auto_steps ? python_dir + "/autosteps:" + python_dir : python_dir;
+  const char* own = std::getenv("PYTHONPATH");
+  if (own && *own) path += std::string(":") + own;
+  return path;
+}
 
 // A fresh, empty file for the child's step events ($FULLBURN_EVENTS), in the
 // temporary directory; "" if none can be made (markers are then off).
@@ -70,7 +81,9 @@ int Run(const RunOptions& opts) {
   info.interval_s = opts.common.interval_s;
   info.gpus_json = GpusJson(**gpus);
   if (opts.parent > 0) info.parent_id = opts.parent;
-  nlohmann::json config{{"interval_s", opts.common.interval_s}};
+  std::string python_dir = PythonDir();
+  bool auto_steps = !opts.no_auto_steps && !python_dir.empty();
+  nlohmann::json config{{"interval_s", opts.common.interval_s}, {"auto_steps", auto_steps}};
   info.config_json = config.dump();
   Result<int64_t> run_id = (*store)->BeginRun(info);
   if (!run_id.ok()) return Fail(run_id.status().message());
@@ -80,6 +93,8 @@ int Run(const RunOptions& opts) {
                                         "FULLBURN_STORE=" + (*store)->path()};
   std::string events_path = MakeEventsFile(info.id);
   if (!events_path.empty()) child_env.push_back(std::string(kEventsEnvVar) + "=" + events_path);
+  if (!python_dir.empty())
+    child_env.push_back("PYTHONPATH=" + ChildPythonPath(python_dir, auto_steps));
   EventFileReader events(events_path);
   Result<pid_t> child = SpawnChild(opts.command, child_env);
   if (!child.ok()) {
@@ -146,6 +161,10 @@ void SetupRun(CLI::App& app) {
   run->footer("Usage: fullburn run [OPTIONS] -- CMD [ARGS...]");
   run->add_option("--name", opts->name, "Name of the run (default: the command)");
   run->add_flag("-q,--quiet", opts->quiet, "No live line and no summary");
+  run->add_flag("--no-auto-steps", opts->no_auto_steps,
+                "Do not time a PyTorch job's steps by itself (optimizer.step, DataLoader waits; "
+                "python/fullburn_autosteps.py)")
+      ->envname("FULLBURN_NO_AUTO_STEPS");
   run->add_option("--parent", opts->parent, "Record the run as part of another (fullburn tune's trials)");
   AddIntervalOption(run, &opts->common, 1.0);
   AddStoreOption(run, &opts->common);

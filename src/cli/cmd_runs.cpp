@@ -123,8 +123,8 @@ int Export(const RunsOptions& o) {
     if (steps->empty())
       return Fail(
           "run " + std::to_string(run->id) +
-          " has no per-step records (fullburn train writes them, and jobs that mark steps with "
-          "python/fullburn_markers.py): export "
+          " has no per-step records (fullburn train writes them, PyTorch jobs under fullburn run "
+          "get them, other jobs mark steps with python/fullburn_markers.py): export "
           "--table samples instead");
     if (o.format == "json")
       std::printf("%s\n", StepsJson(*steps).dump().c_str());

@@ -108,7 +108,9 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
     if (!data.ok())
       m = data.status();
     else if (data->steps.empty())
-      m = Status::NotFound("no step records: use fullburn_markers in the script or --metric-regex");
+      m = Status::NotFound(
+          "no step records: no torch optimizer.step() seen; use fullburn_markers in the script or "
+          "--metric-regex");
     else
       m = MeasureRun(*data, spec.objective);
   }

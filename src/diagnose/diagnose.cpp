@@ -48,7 +48,8 @@ Finding Healthy(const Facts& f) {
   if (!f.have_steps && f.gpus.empty())
     fix =
         "nothing measured this job's speed: run it where NVML sees the GPUs, or have it print "
-        "step markers (python/fullburn_markers.py) so each step is timed";
+        "step markers (python/fullburn_markers.py; a PyTorch job's optimizer steps are timed "
+        "by themselves unless --no-auto-steps) so each step is timed";
   else if (f.trainer && f.device == "cpu")
     // No tensor cores to win. bf16 autocast on the CPU went from -21% to +32%
     // on one AVX512-BF16 machine depending on the model (docs/benchmarks.md,

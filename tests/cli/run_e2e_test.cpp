@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "fullburn/report.h"
 #include "fullburn/store.h"
@@ -83,6 +84,27 @@ TEST_F(RunE2E, ExitCodePassesThrough) {
   EXPECT_EQ(*(*runs)[0].exit_code, 7);
   EXPECT_EQ((*runs)[0].status, "finished");
   EXPECT_EQ(*(*runs)[1].exit_code, 143);
+}
+
+// A job started under another fullburn run (a tuning trial, a nested run)
+// inherits its variables: the inner run's own values must be the ones it reads.
+TEST_F(RunE2E, TheChildSeesThisRunsVariablesNotInheritedOnes) {
+  ::setenv("FULLBURN_RUN_ID", "999", 1);
+  ::setenv("PYTHONPATH", "/inherited", 1);
+  auto o = RunToEnd(Run({"/usr/bin/env"}));  // its environment as it came, duplicates too
+  ::unsetenv("FULLBURN_RUN_ID");
+  ::unsetenv("PYTHONPATH");
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<std::string> ids, paths;
+  std::istringstream lines(o.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("FULLBURN_RUN_ID=", 0) == 0) ids.push_back(line);
+    if (line.rfind("PYTHONPATH=", 0) == 0) paths.push_back(line);
+  }
+  EXPECT_EQ(ids, std::vector<std::string>{"FULLBURN_RUN_ID=1"});
+  ASSERT_EQ(paths.size(), 1u);
+  // fullburn's python/ first, the job's own path after it.
+  EXPECT_NE(paths[0].find("/python:/inherited"), std::string::npos) << paths[0];
 }
 
 TEST_F(RunE2E, SigtermIsForwardedToTheCommand) {

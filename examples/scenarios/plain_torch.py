@@ -1,0 +1,76 @@
+"""A plain PyTorch training script with no fullburn code in it: `fullburn run`
+times its steps by itself (python/fullburn_autosteps.py). For the tests and
+the README tour; needs torch (Debian's python3-torch: /usr/bin/python3).
+
+Each sample "arrives" after --sample-ms of waiting (a slow disk or network
+read, no CPU), so the loop is input-bound; a small MLP trains on it with SGD,
+accumulating --accumulate micro-batches per optimizer step, and a validation
+pass under torch.no_grad() follows every epoch.
+
+  python3 plain_torch.py --workers 0 --epochs 2
+  python3 plain_torch.py --markers      # marks its own steps with fullburn_markers instead
+"""
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SlowReads(torch.utils.data.Dataset):
+    def __init__(self, n, sample_s, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 32, generator=g)
+        self.y = (self.x[:, :16].sum(1) > 0).long()
+        self.sample_s = sample_s
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(self.sample_s)
+        return self.x[i], self.y[i]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--samples", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--accumulate", type=int, default=2)
+    p.add_argument("--sample-ms", type=float, default=3)
+    p.add_argument("--markers", action="store_true", help="mark steps with fullburn_markers.steps")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    train = torch.utils.data.DataLoader(SlowReads(a.samples, a.sample_ms / 1000, 1),
+                                        batch_size=a.batch_size, shuffle=True,
+                                        num_workers=a.workers, drop_last=True)
+    val = torch.utils.data.DataLoader(SlowReads(a.samples // 2, a.sample_ms / 1000, 2),
+                                      batch_size=a.batch_size)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    wrap = lambda loader, epoch: loader  # noqa: E731
+    if a.markers:
+        from fullburn_markers import steps  # on the path under fullburn run
+        wrap = lambda loader, epoch: steps(loader, epoch=epoch)  # noqa: E731
+    for epoch in range(a.epochs):
+        model.train()
+        for i, (x, y) in enumerate(wrap(train, epoch)):
+            loss = F.cross_entropy(model(x), y) / a.accumulate
+            loss.backward()
+            if (i + 1) % a.accumulate == 0:
+                opt.step()
+                opt.zero_grad()
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for x, y in val:
+                correct += int((model(x).argmax(1) == y).sum())
+        print(f"epoch {epoch}: validation accuracy {correct / len(val.dataset):.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

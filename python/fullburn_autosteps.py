@@ -1,0 +1,289 @@
+"""Step markers for an unchanged PyTorch script, under `fullburn run`.
+
+`fullburn run` puts python/autosteps/ first on the child's PYTHONPATH; its
+sitecustomize.py calls `install()`, which waits for the script to import torch
+and then hooks three places:
+
+- the end of `optimizer.step()` (torch's global step post-hook where it has
+  one, 2.x; `Optimizer._optimizer_step_code`, the profiler's hook, in 1.x)
+  ends a step. Only the first optimizer that steps counts, so a GAN's second
+  optimizer or an optimizer wrapping another does not split steps;
+- `next()` on a torch DataLoader iterator, and `iter(loader)`, which starts
+  the worker processes, are timed as the step's data wait; the batches' sizes
+  add up to the step's samples (micro-batches of an accumulated step too);
+- `tensor.backward()` on a one-element tensor records the step's loss when
+  it can be read without waiting for the device (a CPU tensor, or any tensor
+  with FULLBURN_MARKERS_SYNC=1); the mean over the step's backward calls.
+
+Evaluation: fetches from a DataLoader iterator during which no optimizer step
+happens (a validation loop) are not a step. When another iterator is fetched
+from next (training goes on), that stretch is written as an "evaluation" event
+and the next step starts after it, so it shows as time outside the steps.
+
+A job with its own markers (fullburn_markers.Markers, steps()) turns this off
+the moment it makes one, and its step numbers go on from these. Steps without
+a DataLoader (a hand-written get_batch()) carry no data_wait_s: unmeasured,
+not zero. A step skipped by a GradScaler (inf/NaN) never reaches the hook, so
+its time goes to the next step.
+"""
+
+import atexit
+import importlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+
+import fullburn_markers
+
+_state = None
+
+
+class _AutoSteps:
+    def __init__(self, torch):
+        self.torch = torch
+        self.enabled = True
+        self.markers = None  # opened at the first step
+        self.optimizer = None  # the one whose steps are counted
+        self.saw_loader = False
+        self.step_start = None
+        self._reset_pending()
+
+    def _reset_pending(self):
+        self.iterator = None  # what fed the step so far
+        self.first_fetch = None
+        self.wait = 0.0
+        self.samples = 0
+        self.losses = []
+        self.last_activity = None
+
+    def _open(self):
+        if self.markers is None:
+            self.markers = fullburn_markers.Markers(_automatic=True)
+        return self.markers
+
+    # --- the DataLoader side ---------------------------------------------
+
+    def before_fetch(self, iterator, now):
+        pending = self.iterator
+        if pending is not None and pending is not iterator and not getattr(
+                pending, "_fullburn_stepped", False):
+            self._evaluation_ended(now)
+        if self.step_start is None:
+            self.step_start = now
+        if self.first_fetch is None:
+            self.first_fetch = now
+
+    def after_fetch(self, iterator, started, batch):
+        now = time.time()
+        self.saw_loader = True
+        self.iterator = iterator
+        self.wait += now - started
+        self.samples += fullburn_markers._batch_size(batch)
+        self.last_activity = now
+
+    def _evaluation_ended(self, now):
+        """The fetches since the last step fed no step: an evaluation."""
+        start = self.first_fetch if self.first_fetch is not None else now
+        self._open()._write({"kind": "event", "name": "evaluation", "rank": self.markers.rank,
+                             "time": now, "duration_s": max(0.0, now - start),
+                             "data": {"detected": "automatic"}})
+        self._reset_pending()
+        self.step_start = now
+
+    # --- the optimizer side ----------------------------------------------
+
+    def record_loss(self, tensor):
+        if tensor.numel() != 1:
+            return
+        if tensor.device.type != "cpu" and not self._open()._sync:
+            return  # reading it would wait for the device
+        try:
+            self.losses.append(float(tensor.detach()))
+        except (RuntimeError, ValueError):
+            pass
+
+    def optimizer_stepped(self, optimizer):
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        if optimizer is not self.optimizer:
+            return
+        m = self._open()
+        m._synchronize()
+        now = time.time()
+        start = self.step_start if self.step_start is not None else now
+        m.step += 1
+        event = {"kind": "step", "rank": m.rank, "step": m.step, "time": now,
+                 "step_s": max(0.0, now - start), "samples": self.samples}
+        if self.saw_loader:
+            event["data_wait_s"] = self.wait
+        if self.iterator is not None:
+            self.iterator._fullburn_stepped = True
+            epoch = getattr(self.iterator, "_fullburn_epoch", None)
+            if epoch is not None:
+                event["epoch"] = epoch
+            loader = getattr(self.iterator, "_fullburn_loader", None)
+            if loader is not None:
+                m.describe_loader(loader)
+        if self.losses:
+            loss = sum(self.losses) / len(self.losses)
+            event["loss"] = loss if loss == loss and abs(loss) != float("inf") else str(loss)
+        lr = _first_lr(optimizer)
+        if lr is not None:
+            event["lr"] = lr
+        m._write(event)
+        iterator = self.iterator
+        self._reset_pending()
+        self.iterator = iterator  # accumulation: the same iterator goes on
+        self.step_start = now
+
+    def finish(self):
+        """At exit: an evaluation after the last step is still written."""
+        if not self.enabled or self.iterator is None or getattr(self.iterator, "_fullburn_stepped",
+                                                                False):
+            return
+        end = self.last_activity or time.time()
+        start = self.first_fetch or end
+        self._open()._write({"kind": "event", "name": "evaluation", "rank": self.markers.rank,
+                             "time": end, "duration_s": max(0.0, end - start),
+                             "data": {"detected": "automatic"}})
+
+    def hand_over(self, markers):
+        """The job made its own Markers: they count from here on."""
+        self.enabled = False
+        if self.markers is not None:
+            markers.step = max(markers.step, self.markers.step)
+
+
+def _first_lr(optimizer):
+    try:
+        lr = optimizer.param_groups[0]["lr"]
+        return float(lr)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _hook_torch(torch):
+    global _state
+    state = _AutoSteps(torch)
+    # Everything is looked up before anything is patched: a torch without one
+    # of these hooks is left as it was.
+    data = importlib.import_module("torch.utils.data.dataloader")
+    optim = importlib.import_module("torch.optim.optimizer")
+    register = getattr(optim, "register_optimizer_step_post_hook", None)
+    original_code = optim.Optimizer._optimizer_step_code if register is None else None
+
+    original_iter = data.DataLoader.__iter__
+
+    def __iter__(loader):
+        if not state.enabled:
+            return original_iter(loader)
+        started = time.time()
+        iterator = original_iter(loader)
+        # Starting workers is data wait too, charged to the step it delays.
+        epochs = getattr(loader, "_fullburn_epochs", -1) + 1
+        try:
+            loader._fullburn_epochs = epochs
+            iterator._fullburn_loader = loader
+            iterator._fullburn_epoch = epochs
+            iterator._fullburn_iter_s = time.time() - started
+        except AttributeError:
+            pass
+        return iterator
+
+    original_next = data._BaseDataLoaderIter.__next__
+
+    def __next__(iterator):
+        if not state.enabled:
+            return original_next(iterator)
+        started = time.time()
+        startup = getattr(iterator, "_fullburn_iter_s", 0.0)
+        if startup:  # iter(loader) just ran: its time is this fetch's
+            iterator._fullburn_iter_s = 0.0
+            started -= startup
+        state.before_fetch(iterator, started)
+        try:
+            batch = original_next(iterator)
+        except StopIteration:
+            state.last_activity = time.time()
+            raise
+        state.after_fetch(iterator, started, batch)
+        return batch
+
+    original_backward = torch.Tensor.backward
+    scaled_last = []  # [(scaled loss, loss)]: GradScaler.scale's last call
+
+    def backward(tensor, *args, **kwargs):
+        if state.enabled:
+            unscaled = tensor
+            if scaled_last and scaled_last[0][0] is tensor:
+                unscaled = scaled_last.pop()[1]
+            state.record_loss(unscaled)
+        return original_backward(tensor, *args, **kwargs)
+
+    # GradScaler.scale(loss).backward(): the loss before scaling is recorded.
+    scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None) or getattr(
+        torch.cuda.amp, "GradScaler", None)
+    original_scale = scaler_class.scale if scaler_class is not None else None
+
+    def scale(scaler, outputs):
+        scaled = original_scale(scaler, outputs)
+        scaled_last.clear()
+        if isinstance(outputs, torch.Tensor):
+            scaled_last.append((scaled, outputs))
+        return scaled
+
+    if scaler_class is not None:
+        scaler_class.scale = scale
+    data.DataLoader.__iter__ = __iter__
+    data._BaseDataLoaderIter.__next__ = __next__
+    torch.Tensor.backward = backward
+    if register is not None:
+        register(lambda optimizer, args, kwargs: state.enabled and state.optimizer_stepped(optimizer))
+    else:
+
+        def _optimizer_step_code(optimizer):
+            original_code(optimizer)
+            if state.enabled:
+                state.optimizer_stepped(optimizer)
+
+        optim.Optimizer._optimizer_step_code = _optimizer_step_code
+    _state = state
+    atexit.register(state.finish)
+
+
+class _TorchImportWatch(importlib.abc.MetaPathFinder):
+    """Hooks torch right after `import torch` has run, so a script that never
+    imports it pays nothing and one that does needs no change."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once: torch imports only once
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_hook(module):
+            exec_module(module)
+            try:
+                _hook_torch(module)
+            except Exception as e:  # never break the job over its markers
+                sys.stderr.write("fullburn: automatic step markers are off (%s: %s)\n" %
+                                 (type(e).__name__, e))
+
+        spec.loader.exec_module = exec_and_hook
+        return spec
+
+
+def install():
+    """Called by python/autosteps/sitecustomize.py; a no-op outside `fullburn run`."""
+    if not os.environ.get(fullburn_markers.ENV_VAR):
+        return
+    fullburn_markers._on_explicit_markers = lambda m: _state is not None and _state.hand_over(m)
+    if "torch" in sys.modules:
+        _hook_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _TorchImportWatch())

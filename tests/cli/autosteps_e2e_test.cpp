@@ -1,0 +1,144 @@
+// End to end: `fullburn run` times the steps of an unchanged PyTorch script
+// (python/fullburn_autosteps.py) with real torch (Debian's python3-torch).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fullburn/diagnose.h"
+#include "fullburn/store.h"
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+using testing::RunToEnd;
+
+constexpr const char* kPython = "/usr/bin/python3";
+const std::string kScript = std::string(SOURCE_DIR) + "/examples/scenarios/plain_torch.py";
+
+bool PythonHasTorch() {
+  static const bool has = RunToEnd({kPython, "-c", "import torch"}).code == 0;
+  return has;
+}
+
+class AutoStepsE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!PythonHasTorch())
+      GTEST_SKIP() << kPython
+                   << " cannot import torch: scripts/install-deps.sh installs python3-torch";
+    dir_ = testing::FreshTestDir("fb_autosteps");
+    store_ = dir_ + "/runs.db";
+    ::unsetenv("FULLBURN_NVML_LIBRARY");
+    ::unsetenv("FULLBURN_STORE");
+    ::unsetenv("FULLBURN_NO_AUTO_STEPS");
+    ::unsetenv("PYTHONPATH");
+  }
+  void TearDown() override { ::unsetenv("PYTHONPATH"); }
+  testing::Outcome Run(std::vector<std::string> args, std::vector<std::string> flags = {}) {
+    std::vector<std::string> argv = {FULLBURN_BIN, "run", "--interval", "0.2", "--store", store_};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"--", kPython, kScript});
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunToEnd(argv);
+  }
+  RunData Stored() {
+    auto store = RunStore::Open(store_);
+    EXPECT_TRUE(store.ok());
+    auto run = (*store)->LoadRun("last");
+    EXPECT_TRUE(run.ok()) << run.status().message();
+    return run.ok() ? *run : RunData{};
+  }
+  std::string dir_, store_;
+};
+
+std::vector<nlohmann::json> EventsOf(const RunData& run, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (const RunEvent& e : run.events)
+    if (e.kind == kind) out.push_back(nlohmann::json::parse(e.data));
+  return out;
+}
+
+// 128 samples of 8, two micro-batches per optimizer step, 2 epochs: 16 steps
+// of 16 samples, each waiting 3 ms per sample; a validation pass per epoch.
+TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations) {
+  auto o = Run({"--workers", "0", "--epochs", "2"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData run = Stored();
+  ASSERT_EQ(run.steps.size(), 16u) << o.err;
+  std::vector<double> step_s;
+  for (size_t i = 0; i < run.steps.size(); ++i) {
+    const StepRecord& s = run.steps[i];
+    EXPECT_EQ(s.step, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(s.epoch, i < 8 ? 0 : 1);
+    EXPECT_EQ(s.samples, 16);  // both micro-batches
+    ASSERT_TRUE(s.data_wait_s.has_value());
+    // 16 samples x 3 ms of sleeping: the data wait is most of the step.
+    EXPECT_GT(*s.data_wait_s, 0.040);
+    EXPECT_LE(*s.data_wait_s, s.step_s + 1e-6);
+    EXPECT_GT(s.loss, 0);  // the loss passed to backward(), a CPU tensor
+    EXPECT_DOUBLE_EQ(s.lr, 0.1);
+    step_s.push_back(s.step_s);
+  }
+  // The validation passes (32 samples = 96 ms each) are events, not folded
+  // into the first step of the next epoch.
+  auto evaluations = EventsOf(run, "evaluation");
+  ASSERT_EQ(evaluations.size(), 2u);
+  for (const auto& e : evaluations) EXPECT_GT(e.value("duration_s", 0.0), 0.080) << e.dump();
+  std::sort(step_s.begin(), step_s.end());
+  EXPECT_LT(step_s.back(), 2 * step_s[step_s.size() / 2]) << "a step holds an evaluation";
+  auto loaders = EventsOf(run, "dataloader");
+  ASSERT_EQ(loaders.size(), 1u);  // the training loader only
+  EXPECT_EQ(loaders[0].value("num_workers", -1), 0);
+  EXPECT_EQ(loaders[0].value("batch_size", -1), 8);
+  EXPECT_NE(run.run.config_json.find("\"auto_steps\":true"), std::string::npos);
+  // The diagnosis reads them like any marked job's: input-bound, idle cores.
+  auto findings = Diagnose(run);
+  ASSERT_FALSE(findings.empty());
+  EXPECT_EQ(findings[0].cause, "input_workers") << RenderFindings(findings);
+  EXPECT_NE(findings[0].evidence.find("num_workers=0"), std::string::npos);
+}
+
+// A job that marks its own steps (one per micro-batch here) is not counted
+// twice: its Markers take over from the automatic ones.
+TEST_F(AutoStepsE2E, AJobWithItsOwnMarkersIsCountedOnce) {
+  auto o = Run({"--markers", "--epochs", "2", "--sample-ms", "0"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData run = Stored();
+  EXPECT_EQ(run.steps.size(), 32u);
+  EXPECT_EQ(o.err.find("started again"), std::string::npos) << o.err;
+  for (const StepRecord& s : run.steps) EXPECT_EQ(s.samples, 8);
+}
+
+// --no-auto-steps turns them off; either way a sitecustomize.py the job's own
+// PYTHONPATH names still runs, and plain Python (no torch) is untouched.
+TEST_F(AutoStepsE2E, OffWhenAskedAndTheJobsOwnSitecustomizeStillRuns) {
+  std::string own = dir_ + "/own";
+  std::filesystem::create_directories(own);
+  std::ofstream(own + "/sitecustomize.py")
+      << "import os\nopen(os.environ['OWN_MARK'], 'a').write('ran\\n')\n";
+  ::setenv("PYTHONPATH", own.c_str(), 1);
+  std::string mark = dir_ + "/mark";
+  ::setenv("OWN_MARK", mark.c_str(), 1);
+  auto off = Run({"--epochs", "1", "--sample-ms", "0"}, {"--no-auto-steps"});
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_TRUE(Stored().steps.empty());
+  EXPECT_NE(Stored().run.config_json.find("\"auto_steps\":false"), std::string::npos);
+  auto on = Run({"--epochs", "1", "--sample-ms", "0"});
+  ASSERT_EQ(on.code, 0) << on.err;
+  EXPECT_EQ(Stored().steps.size(), 8u);
+  EXPECT_EQ(testing::ReadText(mark), "ran\nran\n");
+  auto plain = RunToEnd({FULLBURN_BIN, "run", "--store", store_, "--", kPython, "-c",
+                         "import sys; print('fullburn_autosteps' in sys.modules)"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out, "True\n");  // loaded, waiting for an import of torch that never comes
+  EXPECT_EQ(plain.err.find("automatic step markers are off"), std::string::npos) << plain.err;
+  ::unsetenv("OWN_MARK");
+}
+
+}  // namespace
+}  // namespace fullburn
