@@ -88,8 +88,13 @@ class Markers:
     def _write(self, obj):
         if self._file is None:
             return
+        self._write_line(json.dumps(obj, separators=(",", ":")))
+
+    def _write_line(self, text):
+        if self._file is None:
+            return
         # One write per line: appends of whole short lines do not interleave.
-        self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._file.write(text + "\n")
 
     def _synchronize(self):
         if not self._sync:
