@@ -30,7 +30,6 @@ its time goes to the next step.
 import atexit
 import importlib
 import importlib.abc
-import importlib.machinery
 import math
 import os
 import sys
@@ -265,8 +264,13 @@ class _TorchImportWatch(importlib.abc.MetaPathFinder):
         if name != "torch":
             return None
         sys.meta_path.remove(self)  # once: torch imports only once
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in sys.meta_path:  # PathFinder, or an editable install's finder
+            find_spec = getattr(finder, "find_spec", None)
+            spec = find_spec(name, path, target) if find_spec else None
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
