@@ -51,7 +51,9 @@ RunSummary Summarize(const RunInfo& run, const std::map<std::string, Series>& sa
 std::string RenderSummary(const RunInfo& run, const RunSummary& summary,
                           const std::string& gpu_note);
 // The one-line live status of `fullburn run` (no newline).
-std::string RenderLiveLine(const Snapshot& s, double elapsed_s);
+// `steps` (RecentSteps::Render) goes right after the time, so a narrow
+// terminal cuts GPUs off the end before it cuts the job's progress.
+std::string RenderLiveLine(const Snapshot& s, double elapsed_s, const std::string& steps = "");
 // A full frame of `fullburn watch`, `width` columns wide.
 std::string RenderWatchFrame(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                              const std::string& gpu_note, int width);
@@ -92,6 +94,20 @@ nlohmann::json StepsJson(const std::vector<StepRecord>& steps);
 nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& steps,
                            const std::vector<CheckpointRecord>& checkpoints,
                            const std::map<std::string, Series>& samples);
+
+// The steps a wrapped job marked lately, for `fullburn run`'s live line:
+// " | step 120  epoch 1  loss 0.3120  850 samples/s  data-wait 12%". Steps
+// of every rank count toward samples/s (the job's rate); the step, epoch and
+// loss are the lowest rank's. Not thread-safe: one caller feeds and renders.
+class RecentSteps {
+ public:
+  static constexpr double kWindowS = 10;  // the rate and data wait are over this
+  void Add(const std::vector<StepRecord>& steps);
+  std::string Render() const;  // "" before the first step
+
+ private:
+  std::vector<StepRecord> window_;  // ends within kWindowS of the newest
+};
 
 // The live status line of `fullburn run` and `fullburn train`, kept on the terminal's last row.
 // The command shares the terminal, so its output must not be overwritten: like

@@ -45,13 +45,15 @@ std::string MakeEventsFile(int64_t run_id) {
   return path;
 }
 
-// Moves what the child appended to the events file into the store.
-void DrainEvents(EventFileReader* reader, RunStore* store, const RunInfo& info) {
+// Moves what the child appended to the events file into the store; returns
+// the new steps (for the live line).
+std::vector<StepRecord> DrainEvents(EventFileReader* reader, RunStore* store, const RunInfo& info) {
   std::vector<StepRecord> steps;
   std::vector<RunEvent> events;
   reader->Poll(info.start_time, &steps, &events);
   if (!steps.empty()) store->AppendSteps(info.id, steps);
   for (const RunEvent& e : events) store->AddEvent(info.id, e);
+  return steps;
 }
 
 std::string GpusJson(const GpuSource& gpus) {
@@ -111,13 +113,14 @@ int Run(const RunOptions& opts) {
   if (!opts.quiet) live.reset(new LiveStatus(STDERR_FILENO));
   std::atomic<bool> write_failed{false};
   double t0 = env->MonotonicSeconds();
+  RecentSteps recent;  // only the sampler thread touches it
   sampler.Start([&](const Snapshot& s) {
     Status st = writer.Add(s);
     if (!st.ok() && !write_failed.exchange(true))
       std::fprintf(stderr, "\nfullburn: %s; the command keeps running, later samples are lost\n",
                    st.message().c_str());
-    if (live) live->Draw(RenderLiveLine(s, s.mono_time - t0));
-    if (!events_path.empty()) DrainEvents(&events, store->get(), info);
+    if (!events_path.empty()) recent.Add(DrainEvents(&events, store->get(), info));
+    if (live) live->Draw(RenderLiveLine(s, s.mono_time - t0, recent.Render()));
   });
   int code = WaitChild(*child);
   sampler.Stop();

@@ -1,5 +1,7 @@
 // Renderings of a training run's per-step records: CSV, JSON and a Chrome
 // trace / Perfetto timeline.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <iterator>
@@ -251,6 +253,51 @@ std::string RenderStepsSummary(const std::vector<StepRecord>& steps) {
     o << "\n";
   }
   return o.str();
+}
+
+void RecentSteps::Add(const std::vector<StepRecord>& steps) {
+  if (steps.empty()) return;
+  window_.insert(window_.end(), steps.begin(), steps.end());
+  double newest = 0;
+  for (const StepRecord& r : window_) newest = std::max(newest, r.t);
+  window_.erase(std::remove_if(window_.begin(), window_.end(),
+                               [&](const StepRecord& r) { return r.t < newest - kWindowS; }),
+                window_.end());
+}
+
+std::string RecentSteps::Render() const {
+  if (window_.empty()) return "";
+  int lowest = window_.front().rank;
+  for (const StepRecord& r : window_) lowest = std::min(lowest, r.rank);
+  const StepRecord* last = nullptr;  // the lowest rank's newest step
+  for (const StepRecord& r : window_)
+    if (r.rank == lowest && (!last || r.step > last->step)) last = &r;
+  std::string line = fmt::format(" | step {}", last->step);
+  if (last->epoch > 0 ||
+      std::any_of(window_.begin(), window_.end(), [](const StepRecord& r) { return r.epoch > 0; }))
+    line += fmt::format("  epoch {}", last->epoch);
+  if (!std::isnan(last->loss)) line += fmt::format("  loss {:.4f}", last->loss);
+  // The rate over the wall time the window spans: the steps after the first
+  // end time, every rank's, over the time from that end to the newest; a
+  // single end time (one step) falls back to its own step time.
+  double first = window_.front().t, newest = first;
+  for (const StepRecord& r : window_) {
+    first = std::min(first, r.t);
+    newest = std::max(newest, r.t);
+  }
+  double samples = 0, span = newest - first;
+  for (const StepRecord& r : window_)
+    if (span > 0 ? r.t > first : true) samples += static_cast<double>(r.samples);
+  if (span <= 0) span = last->step_s;
+  if (samples > 0 && span > 0) line += fmt::format("  {:.0f} samples/s", samples / span);
+  double wait = 0, timed = 0;
+  for (const StepRecord& r : window_) {
+    if (!r.data_wait_s) continue;
+    wait += *r.data_wait_s;
+    timed += r.step_s;
+  }
+  if (timed > 0) line += fmt::format("  data-wait {:.0f}%", 100 * wait / timed);
+  return line;
 }
 
 }  // namespace fullburn

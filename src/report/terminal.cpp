@@ -135,8 +135,8 @@ std::string RenderSummary(const RunInfo& run, const RunSummary& sum, const std::
   return out;
 }
 
-std::string RenderLiveLine(const Snapshot& s, double elapsed) {
-  std::string line = fmt::format("fullburn {:>7}", FormatDuration(elapsed));
+std::string RenderLiveLine(const Snapshot& s, double elapsed, const std::string& steps) {
+  std::string line = fmt::format("fullburn {:>7}", FormatDuration(elapsed)) + steps;
   // Once the job holds memory on a GPU, the line shows only the GPUs it holds
   // (as the diagnosis counts them): a one-GPU job on an eight-GPU node fits.
   bool job_seen = false;

@@ -85,6 +85,49 @@ TEST(Report, LiveLineShowsTheJobsGpusOnceKnown) {
   EXPECT_NE(line.find("+6 not the job's"), std::string::npos) << line;
 }
 
+StepRecord LiveStep(int rank, int64_t step, double t, double step_s, double wait, double loss) {
+  StepRecord r;
+  r.rank = rank;
+  r.step = step;
+  r.t = t;
+  r.step_s = step_s;
+  r.samples = 32;
+  r.loss = loss;
+  if (wait >= 0) r.data_wait_s = wait;
+  return r;
+}
+
+// fullburn run's live line gains the job's progress from its step markers.
+TEST(Report, TheLiveLineShowsAWrappedJobsRecentSteps) {
+  RecentSteps recent;
+  EXPECT_EQ(recent.Render(), "");
+  // Two ranks, a step every 0.1 s each, a quarter of it waiting for data.
+  std::vector<StepRecord> steps;
+  for (int i = 1; i <= 20; ++i)
+    for (int rank : {1, 0})
+      steps.push_back(LiveStep(rank, i, 0.1 * i, 0.1, 0.025, 2.0 - 0.01 * i * (rank + 1)));
+  recent.Add(steps);
+  std::string line = recent.Render();
+  EXPECT_NE(line.find("step 20 "), std::string::npos) << line;
+  EXPECT_NE(line.find("loss 1.8000"), std::string::npos) << line;  // rank 0's, not rank 1's 1.6
+  // 19 steps x 2 ranks x 32 samples after the first end, over 1.9 s.
+  EXPECT_NE(line.find("  640 samples/s"), std::string::npos) << line;
+  EXPECT_NE(line.find("data-wait 25%"), std::string::npos) << line;
+  EXPECT_EQ(line.find("epoch"), std::string::npos) << line;  // no epochs reported
+  // Later steps push the old ones out of the window: the rate is today's.
+  std::vector<StepRecord> later;
+  for (int i = 21; i <= 40; ++i) later.push_back(LiveStep(0, i, 20 + 0.4 * (i - 20), 0.4, -1, NAN));
+  later.back().epoch = 1;
+  recent.Add(later);
+  line = recent.Render();
+  EXPECT_NE(line.find("step 40  epoch 1  80 samples/s"), std::string::npos) << line;
+  EXPECT_EQ(line.find("data-wait"), std::string::npos) << line;  // not measured lately
+  EXPECT_EQ(line.find("loss"), std::string::npos) << line;
+  Snapshot s;
+  EXPECT_EQ(RenderLiveLine(s, 5, line).find("fullburn    5.0s | step 40"), 0u)
+      << RenderLiveLine(s, 5, line);
+}
+
 TEST(Report, ExitCodesOfSignalsAreNamed) {
   EXPECT_EQ(DescribeExitCode(3), "exit code 3");
   EXPECT_NE(DescribeExitCode(137).find("SIGKILL"), std::string::npos);
