@@ -102,24 +102,70 @@ void TelemetryCharts(const std::vector<ReportRun>& runs, nlohmann::json* charts)
 }
 
 // Per-rank series of one step quantity.
+// Time outside the steps (an evaluation, a checkpoint, a restart) breaks a
+// step chart's line rather than being drawn across as if steps had gone on:
+// true before each of `steps` (one rank's, by end time) that starts more than
+// max(0.1 s, 2 median steps) after the previous one ended.
+std::vector<bool> IdleBreaks(const std::vector<const StepRecord*>& steps, double median_step_s) {
+  double idle_break = std::max(0.1, 2 * median_step_s);
+  std::vector<bool> out(steps.size(), false);
+  for (size_t i = 1; i < steps.size(); ++i)
+    out[i] = steps[i]->t - steps[i]->step_s - steps[i - 1]->t > idle_break;
+  return out;
+}
+
+// Downsample, each stretch between breaks on its own, a gap (NaN) between them.
+Series DownsampleWithBreaks(const Series& points, const std::vector<bool>& break_before,
+                            double gap) {
+  Series drawn, segment;
+  auto flush = [&] {
+    if (segment.empty()) return;
+    size_t share = kMaxPoints * segment.size() / points.size() + 2;
+    for (const SeriesPoint& p : Downsample(segment, share, gap)) drawn.push_back(p);
+    segment.clear();
+  };
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (break_before[i] && i > 0) {
+      flush();
+      if (!drawn.empty()) drawn.push_back({(points[i - 1].t + points[i].t) / 2, NAN});
+    }
+    segment.push_back(points[i]);
+  }
+  flush();
+  return drawn;
+}
+
 void StepChart(const std::vector<ReportRun>& runs, const char* title, const char* unit,
                double (*value)(const StepRecord&), nlohmann::json* charts) {
   nlohmann::json series = nlohmann::json::array();
   for (const ReportRun& r : runs) {
-    std::map<int, Series> by_rank;
+    std::map<int, std::vector<const StepRecord*>> by_rank;
     std::vector<double> durations;
     for (const StepRecord& s : r.data.steps) {
-      double v = value(s);
       durations.push_back(s.step_s);
-      if (!std::isnan(v)) by_rank[s.rank].push_back({s.t, v});
+      by_rank[s.rank].push_back(&s);
     }
-    double gap = std::max(2.0, 10 * Percentile(durations, 50));
-    for (auto& [rank, s] : by_rank) {
-      std::sort(s.begin(), s.end(),
-                [](const SeriesPoint& a, const SeriesPoint& b) { return a.t < b.t; });
+    double median = Percentile(durations, 50);
+    double gap = std::max(2.0, 10 * median);
+    for (auto& [rank, steps] : by_rank) {
+      std::sort(steps.begin(), steps.end(),
+                [](const StepRecord* a, const StepRecord* b) { return a->t < b->t; });
+      std::vector<bool> breaks = IdleBreaks(steps, median), kept_breaks;
+      Series points;
+      bool pending_break = false;  // a break before a step with no value moves on
+      for (size_t i = 0; i < steps.size(); ++i) {
+        pending_break = pending_break || breaks[i];
+        double v = value(*steps[i]);
+        if (std::isnan(v)) continue;
+        points.push_back({steps[i]->t, v});
+        kept_breaks.push_back(pending_break);
+        pending_break = false;
+      }
+      if (points.empty()) continue;
+      Series drawn = DownsampleWithBreaks(points, kept_breaks, gap);
       std::string label = RunPrefix(r, runs.size() > 1) +
                           (by_rank.size() > 1 ? fmt::format("rank {}", rank) : "all");
-      series.push_back(SeriesJson(label, Downsample(s, kMaxPoints, gap)));
+      series.push_back(SeriesJson(label, drawn));
     }
   }
   if (!series.empty()) charts->push_back({{"title", title}, {"unit", unit}, {"series", series}});
@@ -133,9 +179,11 @@ void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
   std::vector<Series> cumulative(std::size(phases) + 1);
   std::vector<bool> present(std::size(phases), false);
   std::vector<double> durations;
+  std::vector<const StepRecord*> timed;
   for (const StepRecord& s : r.data.steps) {
     if (s.rank != rank || (!s.data_wait_s && !s.forward_s)) continue;
     durations.push_back(s.step_s);
+    timed.push_back(&s);
     double sum = 0;
     for (size_t p = 0; p < std::size(phases); ++p) {
       present[p] = present[p] || (s.*phases[p].field).has_value();
@@ -145,15 +193,17 @@ void BreakdownChart(const ReportRun& r, bool several, nlohmann::json* charts) {
     cumulative.back().push_back({s.t, s.step_s * 1e3});  // the rest of the step: "other"
   }
   if (durations.empty()) return;
-  double gap = std::max(2.0, 10 * Percentile(durations, 50));
+  double median = Percentile(durations, 50);
+  double gap = std::max(2.0, 10 * median);
+  std::vector<bool> breaks = IdleBreaks(timed, median);  // steps are stored in order
   // Painter's order: the tallest band first, each later one drawn over it.
   nlohmann::json series = nlohmann::json::array();
-  series.push_back(
-      SeriesJson(RunPrefix(r, several) + "other", Downsample(cumulative.back(), kMaxPoints, gap)));
+  series.push_back(SeriesJson(RunPrefix(r, several) + "other",
+                              DownsampleWithBreaks(cumulative.back(), breaks, gap)));
   for (size_t p = std::size(phases); p-- > 0;)
     if (present[p])
       series.push_back(SeriesJson(RunPrefix(r, several) + phases[p].label,
-                                  Downsample(cumulative[p], kMaxPoints, gap)));
+                                  DownsampleWithBreaks(cumulative[p], breaks, gap)));
   charts->push_back({{"title", fmt::format("Step time breakdown{} (stacked)",
                                            several ? fmt::format(", run {}", r.data.run.id) : "")},
                      {"unit", "ms"},

@@ -433,5 +433,45 @@ TEST(HtmlReport, LossAndHeldOutCharts) {
   EXPECT_EQ(accuracy["series"][0]["v"], nlohmann::json({25.0, 50.0}));
 }
 
+// An evaluation between steps (0.5 s with 50 ms steps) breaks the step
+// charts' lines instead of being drawn across; a slow step does not.
+TEST(HtmlReport, TimeOutsideTheStepsBreaksTheStepCharts) {
+  RunData d;
+  double t = 0;
+  for (int i = 1; i <= 40; ++i) {
+    if (i == 21) t += 0.5;  // the evaluation
+    StepRecord r;
+    r.step = i;
+    r.step_s = i == 30 ? 0.2 : 0.05;  // a stalled step is still a step
+    t += r.step_s;
+    r.t = t;
+    r.samples = 16;
+    r.data_wait_s = 0.01;
+    d.steps.push_back(r);
+  }
+  std::string html = RenderHtmlReport({{d, {}}});
+  std::string block = html.substr(html.find("fb-data"));
+  nlohmann::json data = nlohmann::json::parse(
+      block.substr(block.find('>') + 1, block.find("</script>") - block.find('>') - 1));
+  int checked = 0;
+  for (const auto& c : data["charts"]) {
+    std::string title = c["title"];
+    if (title != "Step time" && title.rfind("Step time breakdown", 0) != 0) continue;
+    for (const auto& series : c["series"]) {  // the breakdown: one per stacked band
+      const auto& v = series["v"];
+      const auto& times = series["t"];
+      ASSERT_EQ(v.size(), 41u) << title << v.dump();  // 40 steps and one break
+      std::vector<size_t> breaks;
+      for (size_t i = 0; i < v.size(); ++i)
+        if (v[i].is_null()) breaks.push_back(i);
+      ASSERT_EQ(breaks, std::vector<size_t>{20}) << title;
+      EXPECT_GT(times[20].get<double>(), d.steps[19].t);  // inside the evaluation
+      EXPECT_LT(times[20].get<double>(), d.steps[20].t - d.steps[20].step_s);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3);  // step time; the breakdown's "other" and "data wait"
+}
+
 }  // namespace
 }  // namespace fullburn
