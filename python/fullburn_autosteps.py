@@ -34,6 +34,7 @@ import math
 import os
 import sys
 import time
+import traceback
 
 import fullburn_markers
 
@@ -286,10 +287,44 @@ class _TorchImportWatch(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _where(tb):
+    """"train.py:42": the innermost frame of the job's own code (not torch's
+    or the standard library's), else the innermost one."""
+    frames = traceback.extract_tb(tb)
+    if not frames:
+        return ""
+    library = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
+               os.path.dirname(os.__file__) + os.sep)
+    own = [f for f in frames if not any(part in f.filename for part in library)]
+    frame = (own or frames)[-1]
+    return "%s:%d" % (os.path.basename(frame.filename), frame.lineno)
+
+
+def _record_uncaught_exceptions():
+    """An uncaught exception becomes an "exception" event (type, message, where)
+    that the diagnosis names first, with the usual fix for its kind."""
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        if not issubclass(exc_type, KeyboardInterrupt):  # Ctrl-C is not a failure
+            try:
+                m = fullburn_markers.Markers(_automatic=True)
+                m._write({"kind": "event", "name": "exception", "rank": m.rank, "time": time.time(),
+                          "data": {"type": exc_type.__name__, "message": str(exc)[:2000],
+                                   "where": _where(tb)}})
+                m.close()
+            except Exception:  # the traceback is printed whatever happens here
+                pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+
 def install():
     """Called by python/autosteps/sitecustomize.py; a no-op outside `fullburn run`."""
     if not os.environ.get(fullburn_markers.ENV_VAR):
         return
+    _record_uncaught_exceptions()
     fullburn_markers._on_explicit_markers = lambda m: _state is not None and _state.hand_over(m)
     if "torch" in sys.modules:
         _hook_torch(sys.modules["torch"])

@@ -9,6 +9,7 @@ pass under torch.no_grad() follows every epoch.
 
   python3 plain_torch.py --workers 0 --epochs 2
   python3 plain_torch.py --markers      # marks its own steps with fullburn_markers instead
+  python3 plain_torch.py --fail-at 5    # dies after optimizer step 5 the way a GPU OOM does
 """
 import argparse
 import time
@@ -42,6 +43,7 @@ def main():
     p.add_argument("--accumulate", type=int, default=2)
     p.add_argument("--sample-ms", type=float, default=3)
     p.add_argument("--markers", action="store_true", help="mark steps with fullburn_markers.steps")
+    p.add_argument("--fail-at", type=int, default=0, help="raise after this optimizer step")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -56,6 +58,7 @@ def main():
     if a.markers:
         from fullburn_markers import steps  # on the path under fullburn run
         wrap = lambda loader, epoch: steps(loader, epoch=epoch)  # noqa: E731
+    stepped = 0
     for epoch in range(a.epochs):
         model.train()
         for i, (x, y) in enumerate(wrap(train, epoch)):
@@ -64,6 +67,10 @@ def main():
             if (i + 1) % a.accumulate == 0:
                 opt.step()
                 opt.zero_grad()
+                stepped += 1
+                if stepped == a.fail_at:
+                    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated "
+                                       "by plain_torch.py --fail-at)")
         model.eval()
         correct = 0
         with torch.no_grad():

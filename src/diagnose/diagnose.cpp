@@ -13,7 +13,7 @@ namespace fullburn {
 const char* const kCauses[] = {
     "input_cpu",       "input_io",        "input_workers",  "h2d_copy",         "small_batch",
     "memory_headroom", "memory_pressure", "throttle_power", "throttle_thermal", "idle_phases",
-    "uneven_ranks",    "communication",   "step_stalls",    "healthy"};
+    "uneven_ranks",    "communication",   "step_stalls",    "job_failed",       "healthy"};
 const size_t kCauseCount = sizeof(kCauses) / sizeof(kCauses[0]);
 
 namespace {
@@ -95,6 +95,9 @@ std::vector<Finding> Diagnose(const RunData& run) {
     out.front().evidence +=
         fmt::format("; left out: {} (sampled, but none of the job's processes ran there)",
                     fmt::join(f.other_gpus, ", "));
+  // A failure comes first whatever it cost: the findings after it describe
+  // the run until it stopped.
+  if (std::optional<Finding> failed = FailureFinding(f)) out.insert(out.begin(), *failed);
   return out;
 }
 

@@ -415,6 +415,32 @@ void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
   }
 }
 
+namespace {
+
+void GatherFailure(const RunData& d, Facts* f) {
+  std::set<int> ranks;
+  for (const RunEvent& e : d.events) {
+    if (e.kind != "exception") continue;
+    auto data = nlohmann::json::parse(e.data, nullptr, false);
+    if (!data.is_object()) continue;
+    int rank = data.value("rank", 0);
+    ranks.insert(rank);
+    if (!f->failure.type.empty() && f->failure.t <= e.t) continue;  // the first one counts
+    f->failure.type = data.value("type", std::string("Exception"));
+    f->failure.message = data.value("message", std::string());
+    f->failure.where = data.value("where", std::string());
+    f->failure.rank = rank;
+    f->failure.t = e.t;
+  }
+  f->failure.ranks = static_cast<int>(ranks.size());
+  if (f->failure.type.empty()) return;
+  for (const StepRecord& r : d.steps)
+    if (r.rank == f->failure.rank && r.t <= f->failure.t + 1e-6)
+      f->failure.last_step = std::max(f->failure.last_step, r.step);
+}
+
+}  // namespace
+
 Facts Gather(const RunData& d) {
   Facts f;
   std::map<std::string, Series> training = TrainingWindow(d);
@@ -426,6 +452,8 @@ Facts Gather(const RunData& d) {
   f.running = !d.run.end_time.has_value();
   f.interrupted = d.run.status == "interrupted";
   f.killed = d.run.exit_code == 128 + SIGKILL;
+  f.exit_code = d.run.exit_code;
+  GatherFailure(d, &f);
   if (d.run.end_time) {
     f.wall_s = *d.run.end_time - d.run.start_time;
   } else {

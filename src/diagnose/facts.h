@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,16 @@ struct Facts {
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
   StallFacts stalls;
+  // The uncaught Python exception a wrapped job's process raised first
+  // (python/fullburn_autosteps.py's "exception" event); type empty: none.
+  struct Failure {
+    std::string type, message, where;  // where: "train.py:42"
+    int rank = 0;
+    int ranks = 0;          // ranks that raised one
+    int64_t last_step = 0;  // that rank's last step before it (0: none)
+    double t = NAN;         // seconds into the run
+  } failure;
+  std::optional<int> exit_code;
   double wall_s = 0;
   bool running = false;      // no end recorded: still going, or its recorder was killed
   bool interrupted = false;  // the latter (the store found the recorder gone)
@@ -134,5 +145,8 @@ void ThrottleRules(const Facts& f, std::vector<Finding>* out);
 void IdleRules(const Facts& f, std::vector<Finding>* out);
 void RankRules(const Facts& f, std::vector<Finding>* out);
 void StallRule(const Facts& f, std::vector<Finding>* out);
+// A failed job's uncaught exception, named with the fix for its kind; none
+// without an "exception" event.
+std::optional<Finding> FailureFinding(const Facts& f);
 
 }  // namespace fullburn::diagnose

@@ -502,4 +502,80 @@ void RankRules(const Facts& f, std::vector<Finding>* out) {
              "check the interconnect (NCCL_DEBUG=INFO)")});
 }
 
+namespace {
+
+bool Mentions(const std::string& text, std::initializer_list<const char*> needles) {
+  for (const char* n : needles)
+    if (text.find(n) != std::string::npos) return true;
+  return false;
+}
+
+// What an exception means and what to do about it, from its type and
+// message: the failures that end training runs most often each have their
+// usual remedy.
+std::pair<std::string, std::string> FailureKind(const Facts& f) {
+  const std::string text = f.failure.type + ": " + f.failure.message;
+  if (Mentions(text, {"CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED",
+                      "HIP out of memory", "XPU out of memory"})) {
+    std::string peak = std::isnan(f.mem_peak_share)
+                           ? ""
+                           : fmt::format(" (peak GPU memory sampled: {})", Pct(f.mem_peak_share));
+    return {
+        "The job ran out of GPU memory",
+        "the step does not fit in GPU memory" + peak +
+            ": a smaller batch with gradient accumulation for the same effective batch, bf16 "
+            "autocast, activation checkpointing; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "if it is fragmentation; fullburn train finds the largest batch that fits "
+            "(train.batch_size = auto)"};
+  }
+  if (Mentions(text, {"in DataLoader worker process"}))
+    return {"The Dataset raised in a DataLoader worker",
+            "the Dataset or its transform raised inside a DataLoader worker: the original "
+            "traceback in the job's output names the line; num_workers=0 raises it in the main "
+            "process, where a debugger reaches it"};
+  if (Mentions(text, {"DataLoader worker (pid", "DataLoader timed out", "Bus error", "bus error",
+                      "shared memory", "/dev/shm"}))
+    return {"A DataLoader worker died",
+            "host memory (dmesg: the OOM killer) or, in a container, a shared-memory segment too "
+            "small for the batches (docker --shm-size, a memory-backed emptyDir at /dev/shm in "
+            "Kubernetes); fewer workers or a smaller prefetch_factor need less"};
+  if (f.failure.type == "MemoryError" ||
+      Mentions(text, {"DefaultCPUAllocator: can't allocate memory", "Cannot allocate memory"}))
+    return {"The job ran out of host memory",
+            "fewer DataLoader workers, a smaller prefetch_factor or batch, memory-mapped data "
+            "instead of loading it whole; or more RAM"};
+  if (Mentions(text, {"NCCL", "ProcessGroup", "DistBackendError", "Connection reset by peer",
+                      "Connection closed by peer", "Broken pipe", "collective operation timeout"}))
+    return {"A collective failed",
+            f.failure.ranks > 1
+                ? fmt::format("rank {} raised first, so its cause (the message above, its host, "
+                              "its memory) comes before the others', which waited for it",
+                              f.failure.rank)
+                : "another rank probably died or hung first: find the first rank that failed in "
+                  "its output (fullburn launch names it) and fix that one"};
+  return {"The job failed: " + f.failure.type,
+          "the traceback is in the job's output; the findings below describe the run up to the "
+          "failure"};
+}
+
+}  // namespace
+
+std::optional<Finding> FailureFinding(const Facts& f) {
+  if (f.failure.type.empty()) return std::nullopt;
+  std::string message = f.failure.message.substr(0, f.failure.message.find('\n'));
+  if (message.size() > 240) message = message.substr(0, 237) + "...";
+  std::string evidence = f.exit_code ? fmt::format("exit code {}; ", *f.exit_code) : "";
+  evidence += fmt::format("{}raised {}{} ",
+                          f.failure.ranks > 1 ? fmt::format("rank {} ", f.failure.rank) : "",
+                          f.failure.type, f.failure.where.empty() ? "" : " at " + f.failure.where);
+  evidence += f.failure.last_step > 0 ? fmt::format("after step {}", f.failure.last_step)
+                                      : std::string("before its first step");
+  evidence += fmt::format(", {:.1f} s into the run", f.failure.t);
+  if (f.failure.ranks > 1)
+    evidence += fmt::format(" (the first of {} ranks that raised one)", f.failure.ranks);
+  if (!message.empty()) evidence += ": " + message;
+  auto [title, fix] = FailureKind(f);
+  return Finding{"job_failed", title, evidence, 0, 0.9, fix};
+}
+
 }  // namespace fullburn::diagnose

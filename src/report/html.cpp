@@ -276,8 +276,9 @@ std::string FindingsHtml(const std::vector<Finding>& findings) {
         "<div class=\"finding {}\"><div class=cause><code>{}</code> {}{}</div><div><b>why</b> "
         "{}</div>"
         "<div><b>fix</b> {}</div><div class=conf>confidence {:.0f}%</div></div>",
-        f.cause == "healthy" ? "ok" : (f.share_lost > 0 ? "bad" : "hint"), Escape(f.cause),
-        Escape(f.title),
+        f.cause == "healthy" ? "ok"
+                             : (f.share_lost > 0 || f.cause == "job_failed" ? "bad" : "hint"),
+        Escape(f.cause), Escape(f.title),
         f.share_lost > 0
             ? fmt::format(" <span class=lost>~{:.0f}% of the time</span>", f.share_lost * 100)
             : "",

@@ -219,7 +219,7 @@ bool InputBound(const std::vector<Finding>& findings) {
   static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers",
                                                "h2d_copy"};
   for (const Finding& f : findings)
-    if (f.cause != "healthy") return kInput.count(f.cause) > 0;
+    if (f.cause != "healthy" && f.cause != "job_failed") return kInput.count(f.cause) > 0;
   return false;
 }
 

@@ -140,5 +140,33 @@ TEST_F(AutoStepsE2E, OffWhenAskedAndTheJobsOwnSitecustomizeStillRuns) {
   ::unsetenv("OWN_MARK");
 }
 
+// An uncaught exception is recorded where it was raised, and the diagnosis
+// names the failure first, with the fix for its kind.
+TEST_F(AutoStepsE2E, AnUncaughtExceptionIsTheFirstFinding) {
+  auto o = Run({"--fail-at", "5", "--sample-ms", "0"});
+  ASSERT_EQ(o.code, 1) << o.err;                          // the job's own exit code
+  EXPECT_NE(o.err.find("Traceback"), std::string::npos);  // Python still prints it
+  RunData run = Stored();
+  EXPECT_EQ(run.steps.size(), 5u);
+  auto exceptions = EventsOf(run, "exception");
+  ASSERT_EQ(exceptions.size(), 1u);
+  EXPECT_EQ(exceptions[0]["type"], "RuntimeError");
+  EXPECT_EQ(exceptions[0]["where"].get<std::string>().rfind("plain_torch.py:", 0), 0u)
+      << exceptions[0].dump();
+  auto findings = Diagnose(run);
+  ASSERT_FALSE(findings.empty());
+  EXPECT_EQ(findings[0].cause, "job_failed");
+  EXPECT_EQ(findings[0].title, "The job ran out of GPU memory");
+  EXPECT_NE(findings[0].evidence.find("exit code 1; raised RuntimeError at plain_torch.py:"),
+            std::string::npos)
+      << findings[0].evidence;
+  EXPECT_NE(findings[0].evidence.find("after step 5"), std::string::npos) << findings[0].evidence;
+  EXPECT_NE(findings[0].fix.find("train.batch_size = auto"), std::string::npos);
+  EXPECT_NE(o.err.find("[job_failed] The job ran out of GPU memory"), std::string::npos) << o.err;
+  // A run that ends well has no such event.
+  ASSERT_EQ(Run({"--epochs", "1", "--sample-ms", "0"}).code, 0);
+  EXPECT_TRUE(EventsOf(Stored(), "exception").empty());
+}
+
 }  // namespace
 }  // namespace fullburn

@@ -6,6 +6,7 @@
 #include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 namespace fullburn {
 namespace {
@@ -479,6 +480,56 @@ TEST(Diagnose, HostLevelsAreReadWhileTheJobTrains) {
       EXPECT_NE(x.evidence.find("median 95%"), std::string::npos);
     }
   }
+}
+
+// A wrapped job's uncaught exception (python/fullburn_autosteps.py) is the
+// first finding, whatever the others cost, titled and fixed by its kind.
+TEST(Diagnose, AFailedJobIsNamedFirstWithTheFixForItsKind) {
+  auto failed = [](std::vector<std::tuple<double, int, std::string, std::string>> raised) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    c.run.exit_code = 1;
+    c.Host(40, 2).Wait(0.3);  // input-bound too: ~30% lost
+    for (auto& [t, rank, type, message] : raised) {
+      nlohmann::json data{
+          {"type", type}, {"message", message}, {"where", "train.py:42"}, {"rank", rank}};
+      c.events.push_back({t, "exception", data.dump()});
+    }
+    return c.Run();
+  };
+  auto f = failed(
+      {{30.1, 0, "OutOfMemoryError", "CUDA out of memory. Tried to allocate 20.00 MiB\nmore"}});
+  ASSERT_GE(f.size(), 2u);
+  EXPECT_EQ(f[0].cause, "job_failed");
+  EXPECT_EQ(f[0].title, "The job ran out of GPU memory");
+  EXPECT_EQ(f[0].evidence,
+            "exit code 1; raised OutOfMemoryError at train.py:42 after step 25, 30.1 s into the "
+            "run: CUDA out of memory. Tried to allocate 20.00 MiB");
+  EXPECT_EQ(f[1].cause, "input_workers");  // the run until it failed
+  auto worker =
+      failed({{5, 0, "RuntimeError", "Caught ValueError in DataLoader worker process 0."}});
+  EXPECT_EQ(worker[0].title, "The Dataset raised in a DataLoader worker");
+  auto died = failed(
+      {{5, 0, "RuntimeError", "DataLoader worker (pid 4242) is killed by signal: Bus error."}});
+  EXPECT_EQ(died[0].title, "A DataLoader worker died");
+  EXPECT_NE(died[0].fix.find("--shm-size"), std::string::npos);
+  auto host = failed({{0.5, 0, "MemoryError", ""}});
+  EXPECT_EQ(host[0].title, "The job ran out of host memory");
+  EXPECT_NE(host[0].evidence.find("before its first step"), std::string::npos) << host[0].evidence;
+  // Ranks: the first to raise is the one named, the others waited for it.
+  auto ranks = failed({{20.5, 0, "DistBackendError", "NCCL communicator was aborted"},
+                       {12.0, 3, "KeyError", "'label'"},
+                       {20.6, 1, "DistBackendError", "NCCL communicator was aborted"}});
+  EXPECT_EQ(ranks[0].title, "The job failed: KeyError");
+  EXPECT_NE(ranks[0].evidence.find("rank 3 raised KeyError"), std::string::npos)
+      << ranks[0].evidence;
+  EXPECT_NE(ranks[0].evidence.find("the first of 3 ranks"), std::string::npos);
+  auto collective = failed({{20.5, 1, "DistBackendError", "NCCL communicator was aborted"}});
+  EXPECT_EQ(collective[0].title, "A collective failed");
+  // No exception event, no such finding.
+  Case ok;
+  ok.Host(40, 2).Wait(0.3);
+  EXPECT_FALSE(Has(ok.Run(), "job_failed"));
 }
 
 TEST(Diagnose, StepsThatStallEveryFewStepsAreNamed) {

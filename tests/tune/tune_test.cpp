@@ -149,6 +149,10 @@ TEST(TuneKnobs, TheBottleneckIsTunedFirst) {
             (std::vector<std::string>{"loader_threads", "batch"}));
   EXPECT_EQ(KnobOrder({healthy}, {"batch", "loader_threads"}),
             (std::vector<std::string>{"batch", "loader_threads"}));
+  // A failure listed first is not the bottleneck: the finding after it is.
+  Finding failed{"job_failed", "", "", 0, 0.9, ""};
+  EXPECT_TRUE(InputBound({failed, input}));
+  EXPECT_FALSE(InputBound({failed, healthy}));
 }
 
 TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
