@@ -10,8 +10,11 @@ pass under torch.no_grad() follows every epoch.
   python3 plain_torch.py --workers 0 --epochs 2
   python3 plain_torch.py --markers      # marks its own steps with fullburn_markers instead
   python3 plain_torch.py --fail-at 5    # dies after optimizer step 5 the way a GPU OOM does
+  fullburn launch --nproc 2 -- python3 plain_torch.py --slow-rank 1
+                                        # DistributedDataParallel over Gloo; rank 1 reads slower
 """
 import argparse
+import os
 import time
 
 import torch
@@ -44,15 +47,25 @@ def main():
     p.add_argument("--sample-ms", type=float, default=3)
     p.add_argument("--markers", action="store_true", help="mark steps with fullburn_markers.steps")
     p.add_argument("--fail-at", type=int, default=0, help="raise after this optimizer step")
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank reads 3x slower")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    train = torch.utils.data.DataLoader(SlowReads(a.samples, a.sample_ms / 1000, 1),
-                                        batch_size=a.batch_size, shuffle=True,
-                                        num_workers=a.workers, drop_last=True)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun or fullburn launch
+    rank = 0
+    if distributed:
+        torch.distributed.init_process_group("gloo")
+        rank = torch.distributed.get_rank()
+    sample_s = a.sample_ms / 1000 * (3 if rank == a.slow_rank else 1)
+    data = SlowReads(a.samples, sample_s, 1)
+    sampler = torch.utils.data.DistributedSampler(data) if distributed else None
+    train = torch.utils.data.DataLoader(data, batch_size=a.batch_size, shuffle=sampler is None,
+                                        sampler=sampler, num_workers=a.workers, drop_last=True)
     val = torch.utils.data.DataLoader(SlowReads(a.samples // 2, a.sample_ms / 1000, 2),
                                       batch_size=a.batch_size)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     wrap = lambda loader, epoch: loader  # noqa: E731
     if a.markers:
@@ -60,6 +73,8 @@ def main():
         wrap = lambda loader, epoch: steps(loader, epoch=epoch)  # noqa: E731
     stepped = 0
     for epoch in range(a.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         model.train()
         for i, (x, y) in enumerate(wrap(train, epoch)):
             loss = F.cross_entropy(model(x), y) / a.accumulate
@@ -77,6 +92,8 @@ def main():
             for x, y in val:
                 correct += int((model(x).argmax(1) == y).sum())
         print(f"epoch {epoch}: validation accuracy {correct / len(val.dataset):.2f}", flush=True)
+    if distributed:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
