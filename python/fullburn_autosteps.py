@@ -35,6 +35,7 @@ import os
 import sys
 import time
 import traceback
+import weakref
 
 import fullburn_markers
 
@@ -52,7 +53,10 @@ class _AutoSteps:
         self._reset_pending()
 
     def _reset_pending(self):
-        self.iterator = None  # what fed the step so far
+        # What fed the step so far, held weakly: an iterator the loop dropped
+        # (a `break`) must be freed, and its worker processes with it.
+        self.iterator_ref = None
+        self.iterator_stepped = False  # an optimizer step happened while it fed
         self.first_fetch = None
         self.wait = 0.0
         self.samples = 0
@@ -67,9 +71,8 @@ class _AutoSteps:
     # --- the DataLoader side ---------------------------------------------
 
     def before_fetch(self, iterator, now):
-        pending = self.iterator
-        if pending is not None and pending is not iterator and not getattr(
-                pending, "_fullburn_stepped", False):
+        if (self.iterator_ref is not None and self.iterator_ref() is not iterator and
+                not self.iterator_stepped):
             self._evaluation_ended(now)
         if self.step_start is None:
             self.step_start = now
@@ -79,7 +82,9 @@ class _AutoSteps:
     def after_fetch(self, iterator, started, batch):
         now = time.time()
         self.saw_loader = True
-        self.iterator = iterator
+        if self.iterator_ref is None or self.iterator_ref() is not iterator:
+            self.iterator_ref = weakref.ref(iterator)
+            self.iterator_stepped = getattr(iterator, "_fullburn_stepped", False)
         self.wait += now - started
         self.samples += fullburn_markers._batch_size(batch)
         self.last_activity = now
@@ -121,12 +126,13 @@ class _AutoSteps:
             m.rank, m.step, now, max(0.0, now - start), self.samples)
         if self.saw_loader:
             line += ',"data_wait_s":%r' % self.wait
-        if self.iterator is not None:
-            self.iterator._fullburn_stepped = True
-            epoch = getattr(self.iterator, "_fullburn_epoch", None)
+        iterator = self.iterator_ref() if self.iterator_ref is not None else None
+        if iterator is not None:
+            iterator._fullburn_stepped = True  # a persistent-workers iterator comes back
+            epoch = getattr(iterator, "_fullburn_epoch", None)
             if epoch is not None:
                 line += ',"epoch":%d' % epoch
-            loader = getattr(self.iterator, "_fullburn_loader", None)
+            loader = getattr(iterator, "_fullburn_loader", None)
             if loader is not None:
                 m.describe_loader(loader)
         if self.losses:
@@ -137,15 +143,15 @@ class _AutoSteps:
         if lr is not None and math.isfinite(lr):
             line += ',"lr":%r' % lr
         m._write_line(line + "}")
-        iterator = self.iterator
+        ref = self.iterator_ref
         self._reset_pending()
-        self.iterator = iterator  # accumulation: the same iterator goes on
+        self.iterator_ref = ref  # accumulation: the same iterator goes on
+        self.iterator_stepped = ref is not None
         self.step_start = now
 
     def finish(self):
         """At exit: an evaluation after the last step is still written."""
-        if not self.enabled or self.iterator is None or getattr(self.iterator, "_fullburn_stepped",
-                                                                False):
+        if not self.enabled or self.iterator_ref is None or self.iterator_stepped:
             return
         end = self.last_activity or time.time()
         start = self.first_fetch or end
@@ -211,6 +217,8 @@ def _hook_torch(torch):
             batch = original_next(iterator)
         except StopIteration:
             state.last_activity = time.time()
+            if state.first_fetch == started:  # finding it empty starts no evaluation
+                state.first_fetch = None
             raise
         state.after_fetch(iterator, started, batch)
         return batch

@@ -166,6 +166,30 @@ TEST_F(AutoStepsE2E, EachRankOfADataParallelJobIsRecordedAndTheStragglerNamed) {
   EXPECT_TRUE(named) << RenderFindings(findings, 10);
 }
 
+// The hooks hold no DataLoader iterator alive: a loop that breaks out early
+// frees its iterator, and the worker processes stop, as without fullburn.
+TEST_F(AutoStepsE2E, AnIteratorTheLoopDropsIsFreedWithItsWorkers) {
+  std::string script = dir_ + "/early_break.py";
+  std::ofstream(script)
+      << "import gc, multiprocessing, torch\n"
+         "data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+         "loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)\n"
+         "model = torch.nn.Linear(4, 1)\n"
+         "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+         "for i, (x, y) in enumerate(loader):\n"
+         "    ((model(x) - y) ** 2).mean().backward()\n"
+         "    opt.step()\n"
+         "    opt.zero_grad()\n"
+         "    if i == 3:\n"
+         "        break\n"
+         "gc.collect()\n"
+         "print('workers alive:', len(multiprocessing.active_children()))\n";
+  auto o = RunToEnd({FULLBURN_BIN, "run", "--store", store_, "--", kPython, script});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(o.out, "workers alive: 0\n") << o.err;
+  EXPECT_EQ(Stored().steps.size(), 4u);
+}
+
 // An uncaught exception is recorded where it was raised, and the diagnosis
 // names the failure first, with the fix for its kind.
 TEST_F(AutoStepsE2E, AnUncaughtExceptionIsTheFirstFinding) {
