@@ -86,7 +86,18 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
   // while the host works stands in for it (unless copies explain it).
   bool copies =
       std::any_of(out->begin(), out->end(), [](const Finding& x) { return x.cause == "h2d_copy"; });
-  bool measured = f.have_steps && f.data_wait_share >= kDataWaitShare;
+  // A wrapped job's steps are timed on the host, which runs ahead of the
+  // GPU: while it waits for the next batch, kernels it queued may still be
+  // running. The GPU's idle time (1 - utilization) bounds what the input
+  // cost; a busy GPU hides the wait. fullburn train reads the device once a
+  // step (the loss and the inf/NaN flag), so its host does not run ahead.
+  double wait_share = f.data_wait_share;
+  bool hidden = false;
+  if (!f.trainer && f.have_steps && !std::isnan(f.gpu_util) && 1 - f.gpu_util / 100 < wait_share) {
+    wait_share = std::max(0.0, 1 - f.gpu_util / 100);
+    hidden = true;
+  }
+  bool measured = f.have_steps && wait_share >= kDataWaitShare;
   bool inferred = !f.have_steps && f.gpu_util < kGpuLowUtil && !copies;
   if (!measured && !inferred) {
     // Measured steps with little data wait, yet an idle GPU: launch-bound.
@@ -99,11 +110,16 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
           1 - f.gpu_util / 100, out);
     return;
   }
-  double share = measured ? f.data_wait_share : 1 - f.gpu_util / 100;
+  double share = measured ? wait_share : 1 - f.gpu_util / 100;
   std::string wait =
       measured ? fmt::format("the training loop waited for data {} of step time (>= {})",
                              Pct(f.data_wait_share), Pct(kDataWaitShare))
                : fmt::format("GPU utilization median {:.0f}% (< {:.0f}%)", f.gpu_util, kGpuLowUtil);
+  if (measured && hidden)
+    wait += fmt::format(
+        "; with GPU utilization median {:.0f}%, the GPU waited at most {} (the rest of the "
+        "host's wait overlapped queued GPU work)",
+        f.gpu_util, Pct(wait_share));
   wait += DataLoaderNote(f);
   double conf = measured ? 0.9 : 0.6;
   int workers = std::max(2, f.RankCores() - 1);

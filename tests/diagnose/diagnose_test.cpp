@@ -482,6 +482,33 @@ TEST(Diagnose, HostLevelsAreReadWhileTheJobTrains) {
   }
 }
 
+// A wrapped job's steps are timed on the host, ahead of the GPU: its wait
+// for data counts only as far as the GPU was idle.
+TEST(Diagnose, AWrappedJobsDataWaitCountsOnlyAsFarAsTheGpuIdled) {
+  auto wrapped = [](double gpu_util) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    c.Gpu(gpu_util, 0.6).Host(40, 2).Wait(0.3);
+    return c.Run();
+  };
+  auto busy = wrapped(96);  // the wait overlapped queued kernels
+  EXPECT_FALSE(Has(busy, "input_workers")) << ::testing::PrintToString(Causes(busy));
+  EXPECT_EQ(busy[0].cause, "healthy");
+  auto partly = wrapped(80);
+  ASSERT_EQ(partly[0].cause, "input_workers");
+  EXPECT_NEAR(partly[0].share_lost, 0.2, 1e-9);
+  EXPECT_NE(partly[0].evidence.find("the GPU waited at most 20%"), std::string::npos)
+      << partly[0].evidence;
+  auto idle = wrapped(40);  // the GPU idled more than the loop waited: the wait is the cost
+  ASSERT_EQ(idle[0].cause, "input_workers");
+  EXPECT_NEAR(idle[0].share_lost, 0.3, 1e-9);
+  EXPECT_EQ(idle[0].evidence.find("at most"), std::string::npos);
+  // fullburn train reads the device once a step: its host does not run ahead.
+  Case trainer;
+  trainer.Gpu(96, 0.6).Host(40, 2).Wait(0.3);
+  EXPECT_EQ(trainer.Run()[0].cause, "input_workers");
+}
+
 // A wrapped job's uncaught exception (python/fullburn_autosteps.py) is the
 // first finding, whatever the others cost, titled and fixed by its kind.
 TEST(Diagnose, AFailedJobIsNamedFirstWithTheFixForItsKind) {
