@@ -278,7 +278,10 @@ double InkShare(const std::string& png_path) {
 }
 
 TEST_F(ReportE2E, HtmlReportRendersInChromium) {
-  FakeGpus(R"([{"name": "Fake H100", "util": [0, 0, 60, 95, 97, 40, 96], "mem_util": [5], "mem_used": [30000000000],
+  // A GPU a starved loop leaves half idle: the wait the loop measures on the
+  // host is the GPU's too (a busy GPU would hide it).
+  FakeGpus(
+      R"([{"name": "Fake H100", "util": [0, 0, 30, 45, 55, 40, 50], "mem_util": [5], "mem_used": [30000000000],
                "mem_total": 80000000000, "power_mw": [350000, 600000], "temp": [60, 75], "sm_clock": [1980]}])");
   ASSERT_EQ(Record({"python3", kLoop, "starved", "--seconds", "3"}).code, 0);
   ASSERT_EQ(Record({"python3", kLoop, "compute", "--seconds", "3"}).code, 0);
