@@ -1,6 +1,10 @@
 """Step markers for jobs recorded by `fullburn run` (no dependencies).
 
-Two lines give a PyTorch loop the same data-wait diagnosis as `fullburn train`:
+A PyTorch loop under `fullburn run` needs none of this: its optimizer steps
+and DataLoader waits are timed by themselves (fullburn_autosteps.py). For a
+loop those hooks cannot see, or to mark steps your own way, two lines give it
+the same data-wait diagnosis as `fullburn train` (the automatic markers step
+aside when the job makes its own):
 
     from fullburn_markers import steps
     for images, labels in steps(loader):      # was: for ... in loader:
