@@ -43,8 +43,7 @@ _state = None
 
 
 class _AutoSteps:
-    def __init__(self, torch):
-        self.torch = torch
+    def __init__(self):
         self.enabled = True
         self.markers = None  # opened at the first step
         self.optimizer = None  # the one whose steps are counted
@@ -89,12 +88,15 @@ class _AutoSteps:
         self.samples += fullburn_markers._batch_size(batch)
         self.last_activity = now
 
-    def _evaluation_ended(self, now):
+    def _write_evaluation(self, end):
         """The fetches since the last step fed no step: an evaluation."""
-        start = self.first_fetch if self.first_fetch is not None else now
-        self._open()._write({"kind": "event", "name": "evaluation", "rank": self.markers.rank,
-                             "time": now, "duration_s": max(0.0, now - start),
-                             "data": {"detected": "automatic"}})
+        start = self.first_fetch if self.first_fetch is not None else end
+        m = self._open()
+        m._write({"kind": "event", "name": "evaluation", "rank": m.rank, "time": end,
+                  "duration_s": max(0.0, end - start), "data": {"detected": "automatic"}})
+
+    def _evaluation_ended(self, now):
+        self._write_evaluation(now)
         self._reset_pending()
         self.step_start = now
 
@@ -153,11 +155,7 @@ class _AutoSteps:
         """At exit: an evaluation after the last step is still written."""
         if not self.enabled or self.iterator_ref is None or self.iterator_stepped:
             return
-        end = self.last_activity or time.time()
-        start = self.first_fetch or end
-        self._open()._write({"kind": "event", "name": "evaluation", "rank": self.markers.rank,
-                             "time": end, "duration_s": max(0.0, end - start),
-                             "data": {"detected": "automatic"}})
+        self._write_evaluation(self.last_activity or time.time())
 
     def hand_over(self, markers):
         """The job made its own Markers: they count from here on."""
@@ -176,7 +174,7 @@ def _first_lr(optimizer):
 
 def _hook_torch(torch):
     global _state
-    state = _AutoSteps(torch)
+    state = _AutoSteps()
     # Everything is looked up before anything is patched: a torch without one
     # of these hooks is left as it was.
     data = importlib.import_module("torch.utils.data.dataloader")

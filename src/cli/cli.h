@@ -48,9 +48,8 @@ std::vector<std::string> OwnCommandLine();
 std::string SelfExecutable();
 std::string CurrentDir();
 
-// The folder holding fullburn_markers.py: $FULLBURN_PYTHON_DIR, else
-// <prefix>/share/fullburn/python beside an installed binary, else the source
-// tree's python/; "" if none has the file.
+// The source tree's python/ (fullburn_markers.py, the automatic markers),
+// which fullburn runs from; "" if it is gone.
 std::string PythonDir();
 
 // fullburn-train beside this executable (the libtorch half), or "" if not built.

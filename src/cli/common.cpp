@@ -3,7 +3,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -47,19 +46,8 @@ std::string TrainingExecutable() {
 }
 
 std::string PythonDir() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("FULLBURN_PYTHON_DIR"); env && *env) candidates.push_back(env);
-  std::string self = SelfExecutable();
-  if (!self.empty()) {
-    std::string bin = self.substr(0, self.rfind('/'));
-    candidates.push_back(bin.substr(0, bin.rfind('/') + 1) + "share/fullburn/python");
-  }
-#ifdef FULLBURN_SOURCE_PYTHON_DIR
-  candidates.push_back(FULLBURN_SOURCE_PYTHON_DIR);
-#endif
-  for (const std::string& dir : candidates)
-    if (::access((dir + "/fullburn_markers.py").c_str(), R_OK) == 0) return dir;
-  return "";
+  const std::string dir = FULLBURN_SOURCE_PYTHON_DIR;
+  return ::access((dir + "/fullburn_markers.py").c_str(), R_OK) == 0 ? dir : "";
 }
 
 int& ExitCode() {

@@ -101,7 +101,6 @@ void TelemetryCharts(const std::vector<ReportRun>& runs, nlohmann::json* charts)
   }
 }
 
-// Per-rank series of one step quantity.
 // Time outside the steps (an evaluation, a checkpoint, a restart) breaks a
 // step chart's line rather than being drawn across as if steps had gone on:
 // true before each of `steps` (one rank's, by end time) that starts more than
@@ -135,6 +134,7 @@ Series DownsampleWithBreaks(const Series& points, const std::vector<bool>& break
   return drawn;
 }
 
+// Per-rank series of one step quantity.
 void StepChart(const std::vector<ReportRun>& runs, const char* title, const char* unit,
                double (*value)(const StepRecord&), nlohmann::json* charts) {
   nlohmann::json series = nlohmann::json::array();
