@@ -2,7 +2,7 @@
 
 `fullburn run` puts python/autosteps/ first on the child's PYTHONPATH; its
 sitecustomize.py calls `install()`, which waits for the script to import torch
-and then hooks three places:
+and then hooks four places:
 
 - the end of `optimizer.step()` (torch's global step post-hook where it has
   one, 2.x; `Optimizer._optimizer_step_code`, the profiler's hook, in 1.x)
@@ -13,7 +13,11 @@ and then hooks three places:
   add up to the step's samples (micro-batches of an accumulated step too);
 - `tensor.backward()` on a one-element tensor records the step's loss when
   it can be read without waiting for the device (a CPU tensor, or any tensor
-  with FULLBURN_MARKERS_SYNC=1); the mean over the step's backward calls.
+  with FULLBURN_MARKERS_SYNC=1); the mean over the step's backward calls;
+- `torch.save()` is written as a "checkpoint" event (its duration, path and
+  bytes) and its time is left out of the step it falls in: the loop is
+  blocked, not training, and the diagnosis counts that time as the
+  checkpoints' (checkpoint_stall), not as a slow step.
 
 Evaluation: fetches from a DataLoader iterator during which no optimizer step
 happens (a validation loop) are not a step. When another iterator is fetched
@@ -28,11 +32,13 @@ its time goes to the next step.
 """
 
 import atexit
+import functools
 import importlib
 import importlib.abc
 import math
 import os
 import sys
+import threading
 import time
 import traceback
 import weakref
@@ -49,6 +55,8 @@ class _AutoSteps:
         self.optimizer = None  # the one whose steps are counted
         self.saw_loader = False
         self.step_start = None
+        self.pid = os.getpid()  # a forked DataLoader worker inherits this state
+        self.loop_thread = threading.get_ident()  # the one that steps (set at the first step)
         self._reset_pending()
 
     def _reset_pending(self):
@@ -61,6 +69,7 @@ class _AutoSteps:
         self.samples = 0
         self.losses = []
         self.last_activity = None
+        self.saved_s = 0.0  # torch.save time since first_fetch (not evaluation)
 
     def _open(self):
         if self.markers is None:
@@ -93,12 +102,35 @@ class _AutoSteps:
         start = self.first_fetch if self.first_fetch is not None else end
         m = self._open()
         m._write({"kind": "event", "name": "evaluation", "rank": m.rank, "time": end,
-                  "duration_s": max(0.0, end - start), "data": {"detected": "automatic"}})
+                  "duration_s": max(0.0, end - start - self.saved_s),
+                  "data": {"detected": "automatic"}})
 
     def _evaluation_ended(self, now):
         self._write_evaluation(now)
         self._reset_pending()
         self.step_start = now
+
+    # --- torch.save --------------------------------------------------------
+
+    def saved(self, target, started, end, nbytes):
+        if os.getpid() != self.pid:
+            return
+        took = end - started
+        m = self._open()
+        data = {"path": target, "detected": "automatic", "after_step": m.step}
+        if nbytes is not None:
+            data["bytes"] = nbytes
+        if threading.get_ident() != self.loop_thread:
+            # An async checkpointer's thread: it blocks nothing, so no step
+            # gives back its time.
+            data["background"] = True
+        else:
+            if self.step_start is not None and self.step_start <= started:
+                self.step_start += took  # the step it interrupts goes on after it
+            if self.first_fetch is not None and self.first_fetch <= started:
+                self.saved_s += took
+        m._write({"kind": "event", "name": "checkpoint", "rank": m.rank, "time": end,
+                  "duration_s": took, "data": data})
 
     # --- the optimizer side ----------------------------------------------
 
@@ -115,6 +147,7 @@ class _AutoSteps:
     def optimizer_stepped(self, optimizer):
         if self.optimizer is None:
             self.optimizer = optimizer
+            self.loop_thread = threading.get_ident()
         if optimizer is not self.optimizer:
             return
         m = self._open()
@@ -170,6 +203,26 @@ def _first_lr(optimizer):
         return float(lr)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError, RuntimeError):
         return None
+
+
+def _save_target(f):
+    """What torch.save wrote to, for people: a path, a file's name, or "<memory>"."""
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return os.fsdecode(os.fspath(f))
+    name = getattr(f, "name", None)
+    return name if isinstance(name, str) else "<memory>"
+
+
+def _saved_bytes(f, position):
+    """The size of what torch.save wrote: the file's, or how far the stream moved."""
+    try:
+        if isinstance(f, (str, bytes, os.PathLike)):
+            return os.path.getsize(f)
+        if position is not None:
+            return f.tell() - position
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    return None
 
 
 def _hook_torch(torch):
@@ -244,11 +297,32 @@ def _hook_torch(torch):
             scaled_last.append((scaled, outputs))
         return scaled
 
+    serialization = importlib.import_module("torch.serialization")
+    original_save = serialization.save
+
+    @functools.wraps(original_save)
+    def save(obj, f, *args, **kwargs):
+        if not state.enabled:
+            return original_save(obj, f, *args, **kwargs)
+        started = time.time()
+        try:
+            position = None if isinstance(f, (str, bytes, os.PathLike)) else f.tell()
+        except (OSError, ValueError, AttributeError):
+            position = None
+        result = original_save(obj, f, *args, **kwargs)
+        end = time.time()
+        try:
+            state.saved(_save_target(f), started, end, _saved_bytes(f, position))
+        except Exception:  # the save itself succeeded; the marker is not worth failing it
+            pass
+        return result
+
     if scaler_class is not None:
         scaler_class.scale = scale
     data.DataLoader.__iter__ = __iter__
     data._BaseDataLoaderIter.__next__ = __next__
     torch.Tensor.backward = backward
+    torch.save = serialization.save = save
     if register is not None:
         register(lambda optimizer, args, kwargs: state.enabled and state.optimizer_stepped(optimizer))
     else:

@@ -10,16 +10,28 @@ pass under torch.no_grad() follows every epoch.
   python3 plain_torch.py --workers 0 --epochs 2
   python3 plain_torch.py --markers      # marks its own steps with fullburn_markers instead
   python3 plain_torch.py --fail-at 5    # dies after optimizer step 5 the way a GPU OOM does
+  python3 plain_torch.py --save-every 4 --save-mb 200 --save-dir /tmp/ck
+                                        # a synchronous torch.save every 4 steps
+                                        # (--save-in-thread: on a background thread)
   fullburn launch --nproc 2 -- python3 plain_torch.py --slow-rank 1
                                         # DistributedDataParallel over Gloo; rank 1 reads slower
 """
 import argparse
+import copy
 import os
+import threading
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def checkpoint_state(model, opt, step, pad):
+    """What a real checkpoint holds, copied (the loop goes on changing the
+    model), with `pad` (--save-mb) standing in for a larger model's weights."""
+    return {"model": copy.deepcopy(model.state_dict()),
+            "optimizer": copy.deepcopy(opt.state_dict()), "step": step, "pad": pad}
 
 
 class SlowReads(torch.utils.data.Dataset):
@@ -48,6 +60,10 @@ def main():
     p.add_argument("--markers", action="store_true", help="mark steps with fullburn_markers.steps")
     p.add_argument("--fail-at", type=int, default=0, help="raise after this optimizer step")
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank reads 3x slower")
+    p.add_argument("--save-every", type=int, default=0, help="torch.save every N optimizer steps")
+    p.add_argument("--save-mb", type=float, default=1, help="checkpoint size")
+    p.add_argument("--save-dir", default=".", help="where checkpoint.pt goes")
+    p.add_argument("--save-in-thread", action="store_true", help="save on a background thread")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -72,6 +88,8 @@ def main():
         from fullburn_markers import steps  # on the path under fullburn run
         wrap = lambda loader, epoch: steps(loader, epoch=epoch)  # noqa: E731
     stepped = 0
+    saver = None
+    pad = torch.zeros(int(a.save_mb * 2**20) // 4) if a.save_every else None
     for epoch in range(a.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)
@@ -83,6 +101,16 @@ def main():
                 opt.step()
                 opt.zero_grad()
                 stepped += 1
+                if a.save_every and stepped % a.save_every == 0 and rank == 0:
+                    path = os.path.join(a.save_dir, "checkpoint.pt")
+                    state = checkpoint_state(model, opt, stepped, pad)
+                    if a.save_in_thread:  # as an async checkpointer does
+                        if saver is not None:
+                            saver.join()
+                        saver = threading.Thread(target=torch.save, args=(state, path))
+                        saver.start()
+                    else:
+                        torch.save(state, path)
                 if stepped == a.fail_at:
                     raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated "
                                        "by plain_torch.py --fail-at)")
@@ -92,6 +120,8 @@ def main():
             for x, y in val:
                 correct += int((model(x).argmax(1) == y).sum())
         print(f"epoch {epoch}: validation accuracy {correct / len(val.dataset):.2f}", flush=True)
+    if saver is not None:
+        saver.join()
     if distributed:
         torch.distributed.destroy_process_group()
 

@@ -11,9 +11,10 @@
 namespace fullburn {
 
 const char* const kCauses[] = {
-    "input_cpu",       "input_io",        "input_workers",  "h2d_copy",         "small_batch",
-    "memory_headroom", "memory_pressure", "throttle_power", "throttle_thermal", "idle_phases",
-    "uneven_ranks",    "communication",   "step_stalls",    "job_failed",       "healthy"};
+    "input_cpu",        "input_io",         "input_workers",   "h2d_copy",
+    "small_batch",      "memory_headroom",  "memory_pressure", "throttle_power",
+    "throttle_thermal", "idle_phases",      "uneven_ranks",    "communication",
+    "step_stalls",      "checkpoint_stall", "job_failed",      "healthy"};
 const size_t kCauseCount = sizeof(kCauses) / sizeof(kCauses[0]);
 
 namespace {
@@ -88,6 +89,7 @@ std::vector<Finding> Diagnose(const RunData& run) {
   IdleRules(f, &out);
   RankRules(f, &out);
   StallRule(f, &out);
+  CheckpointRule(f, &out);
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) { return a.share_lost > b.share_lost; });
   bool problem = std::any_of(out.begin(), out.end(), [](const Finding& x) { return x.share_lost >= kMinShare; });
   if (!problem) out.push_back(Healthy(f));

@@ -174,9 +174,11 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
 }
 
 // What happened inside [start, end]: the first event or checkpoint there.
+// Timed saves are left out: their time is checkpoint_stall's.
 std::string Label(const RunData& d, double start, double end, const std::string& fallback) {
   for (const RunEvent& e : d.events)
-    if (e.t >= start && e.t <= end + 0.5 && e.kind != "loader" && e.kind != "dataloader")
+    if (e.t >= start && e.t <= end + 0.5 && e.kind != "loader" && e.kind != "dataloader" &&
+        !IsTimedSave(e))
       return e.kind;
   for (const CheckpointRecord& c : d.checkpoints)
     if (c.t >= start && c.t <= end + 0.5) return "checkpoint";
@@ -193,17 +195,24 @@ void IdleFromSteps(const RunData& d, Facts* f) {
   std::sort(steps.begin(), steps.end(),
             [](const StepRecord* a, const StepRecord* b) { return a->t < b->t; });
   double min_gap = std::max(kIdleGapMin_s, kIdleGapSteps * Median(durations));
+  // A gap is idle when it is long without the checkpoint saves in it: the
+  // saves after the step before it (the markers move a save out of the step
+  // it interrupts, to the gap before that step).
+  auto add = [&](double start, double end, int64_t after, double min, const std::string& what) {
+    double saves = SavesAfter(f->checkpoints, after);
+    if (end - start - saves >= min) f->idle.push_back({start, end, what, saves});
+  };
   double prev_end = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     double start = steps[i]->t - steps[i]->step_s;
-    double gap = start - prev_end;
-    if (i == 0 ? gap >= kIdleGapMin_s : gap >= min_gap)
-      f->idle.push_back(
-          {prev_end, start, i == 0 ? "start-up" : Label(d, prev_end, start, "between steps")});
+    if (i == 0)
+      add(0, start, 0, kIdleGapMin_s, "start-up");
+    else
+      add(prev_end, start, steps[i - 1]->step, min_gap, Label(d, prev_end, start, "between steps"));
     prev_end = steps[i]->t;
   }
-  if (!f->running && f->wall_s - prev_end >= min_gap)
-    f->idle.push_back({prev_end, f->wall_s, Label(d, prev_end, f->wall_s, "end")});
+  if (!f->running && !steps.empty())
+    add(prev_end, f->wall_s, steps.back()->step, min_gap, Label(d, prev_end, f->wall_s, "end"));
 }
 
 // Without steps: stretches where every GPU idles while the run is otherwise busy.
@@ -224,10 +233,12 @@ void IdleFromGpus(const RunData& d, Facts* f) {
     double start = i == 0 ? 0 : (*util)[i - 1].t,
            end = j < util->size() ? (*util)[j].t : (*util)[j - 1].t + interval;
     bool first = i == 0, last = j == util->size();
-    if (end - start >= std::max(kIdleGapMin_s, 2 * interval))
+    double saves = SavesWithin(f->checkpoints, start, end);
+    if (end - start - saves >= std::max(kIdleGapMin_s, 2 * interval))
       f->idle.push_back(
           {start, end,
-           first ? "start-up" : Label(d, start, end, last ? "end" : "between busy stretches")});
+           first ? "start-up" : Label(d, start, end, last ? "end" : "between busy stretches"),
+           saves});
     i = j;
   }
 }
@@ -255,16 +266,6 @@ std::map<std::string, Series> TrainingWindow(const RunData& d) {
     out[name] = inside.size() >= 3 ? inside : series;
   }
   return out;
-}
-
-// Stalls recur with a period when most gaps between them are one length.
-int64_t StallPeriod(const std::vector<int64_t>& stalled) {
-  if (stalled.size() < 3) return 0;
-  std::map<int64_t, int> gaps;
-  for (size_t i = 1; i < stalled.size(); ++i) ++gaps[stalled[i] - stalled[i - 1]];
-  auto most = std::max_element(gaps.begin(), gaps.end(),
-                               [](const auto& a, const auto& b) { return a.second < b.second; });
-  return most->second >= 0.75 * (stalled.size() - 1) && most->first > 1 ? most->first : 0;
 }
 
 // Of the phases the step records time (forward, backward, ...), the one whose
@@ -310,9 +311,14 @@ void GatherStalls(const RunData& d, Facts* f) {
     numbers.push_back(r->step);
     s.excess_s += work(r) - s.median_s;
     s.longest_s = std::max(s.longest_s, work(r));
+    for (const auto& [start, end] : f->checkpoints.background)
+      if (start < r->t && end > r->t - r->step_s) {
+        ++s.beside_background_saves;
+        break;
+      }
   }
   s.stalls = static_cast<int>(stalled.size());
-  s.period = StallPeriod(numbers);
+  s.period = Period(numbers, 2);  // a gap of 1 is a run of stalled steps, not a period
   s.first.assign(numbers.begin(), numbers.begin() + std::min<size_t>(4, numbers.size()));
   s.phase = GrownPhase(steps, stalled, s.excess_s);
 }
@@ -448,6 +454,7 @@ Facts Gather(const RunData& d) {
   GatherHost(training, d.samples, &f);
   GatherSteps(d.steps, training, &f);
   GatherDataLoader(d.events, &f);
+  GatherCheckpoints(d, &f);
   GatherStalls(d, &f);
   f.running = !d.run.end_time.has_value();
   f.interrupted = d.run.status == "interrupted";

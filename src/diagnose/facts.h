@@ -38,6 +38,8 @@ constexpr double kMinShare = 0.05;     // smaller losses are not reported as pro
 constexpr double kStallSteps = 3;      // a step whose work is this many medians is a stall
 constexpr int kStallWarmupSteps = 3;   // each rank's first steps (allocator, autotuning, compile)
 constexpr int kStallMinSteps = 10;     // steps needed for a median to judge against
+constexpr double kCheckpointTarget = 0.02;  // the share of wall time a checkpoint period aims at
+constexpr double kSlowWrite = 500e6;        // bytes/s: below this a save waited on its disk
 
 struct GpuFacts {
   int index = 0;
@@ -58,6 +60,30 @@ struct RankFacts {
 struct IdleSpan {
   double start = 0, end = 0;
   std::string what;  // start-up, evaluation, checkpoint, end, between steps
+  double saves_s = 0;  // checkpoint saves inside it: checkpoint_stall's, not idle_phases'
+};
+
+// The time checkpoints blocked the training loop, on the lowest rank (the
+// one that writes): a wrapped job's torch.save calls (the automatic markers'
+// "checkpoint" events) or Markers.phase("checkpoint"), fullburn train's
+// snapshots (stall_s). Saves after the same step are one checkpoint; saves
+// on a background thread block nothing and are left out.
+struct CheckpointFacts {
+  struct Save {
+    double start = 0, end = 0;  // seconds into the run
+    double blocked_s = 0;       // the saves' time (<= end - start)
+    int64_t bytes = -1;         // -1: unknown
+    int64_t after_step = 0;
+  };
+  std::vector<Save> saves;
+  double blocked_s = 0;
+  int64_t period = 0;         // > 0: a checkpoint every `period` steps
+  std::string source;         // "torch.save" (the automatic markers), "phase", "trainer"
+  std::string path;           // the last one's
+  bool trainer_async = true;  // fullburn train's checkpoint.async
+  // Saves on another thread ([start, end]): they block nothing, yet compete
+  // with the loop for the GIL and the cores.
+  std::vector<std::pair<double, double>> background;
 };
 
 // Steps whose work (step time minus data wait, which the input rules judge)
@@ -74,6 +100,7 @@ struct StallFacts {
   int64_t period = 0;          // > 0: the stalls recur every `period` steps
   std::vector<int64_t> first;  // the first stalled step numbers (up to 4)
   std::string phase;           // the step phase that grew most ("backward"), or ""
+  int beside_background_saves = 0;  // stalls that overlapped a save on another thread
 };
 
 struct Facts {
@@ -100,6 +127,7 @@ struct Facts {
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
   StallFacts stalls;
+  CheckpointFacts checkpoints;
   // The uncaught Python exception a wrapped job's process raised first
   // (python/fullburn_autosteps.py's "exception" event); type empty: none.
   struct Failure {
@@ -145,6 +173,18 @@ void ThrottleRules(const Facts& f, std::vector<Finding>* out);
 void IdleRules(const Facts& f, std::vector<Finding>* out);
 void RankRules(const Facts& f, std::vector<Finding>* out);
 void StallRule(const Facts& f, std::vector<Finding>* out);
+void CheckpointRule(const Facts& f, std::vector<Finding>* out);
+// After GatherSteps (the lowest rank, its steps); before the stalls and the idle spans.
+void GatherCheckpoints(const RunData& run, Facts* f);
+// The seconds of checkpoint saves inside [start, end] (by their times), and
+// of those that came after step `step` (0: before the first).
+double SavesWithin(const CheckpointFacts& c, double start, double end);
+double SavesAfter(const CheckpointFacts& c, int64_t step);
+// A "checkpoint" event with a duration: a save the checkpoint facts count.
+bool IsTimedSave(const RunEvent& e);
+// The length most gaps between these (sorted) step numbers share, when at
+// least 75% of them do and it is >= min_period; else 0.
+int64_t Period(const std::vector<int64_t>& at, int64_t min_period);
 // A failed job's uncaught exception, named with the fix for its kind; none
 // without an "exception" event.
 std::optional<Finding> FailureFinding(const Facts& f);

@@ -300,9 +300,10 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
   std::map<std::string, std::pair<int, double>> by_what;  // count, seconds
   double idle = 0;
   for (const IdleSpan& s : f.idle) {
-    idle += s.end - s.start;
+    double seconds = s.end - s.start - s.saves_s;
+    idle += seconds;
     by_what[s.what].first++;
-    by_what[s.what].second += s.end - s.start;
+    by_what[s.what].second += seconds;
   }
   double share = idle / f.wall_s;
   if (share < kIdleShare) return;
@@ -358,6 +359,12 @@ void StallRule(const Facts& f, std::vector<Finding>* out) {
       s.stalls, s.judged, kStallSteps, s.median_s, s.longest_s,
       s.period > 0 ? fmt::format("every {} steps, ", s.period) : "", steps, s.excess_s, Pct(share));
   if (!s.phase.empty()) evidence += "; the time went to " + s.phase;
+  // A thread's save blocks no step, yet holds the GIL while it pickles and
+  // takes a core while it writes: the loop slows while it runs.
+  bool beside_saves = 2 * s.beside_background_saves >= s.stalls;
+  if (beside_saves)
+    evidence += fmt::format("; {} of them overlapped a torch.save on a background thread",
+                            s.beside_background_saves);
   std::string near_full =
       f.mem_peak_share >= 0.9
           ? fmt::format(
@@ -366,7 +373,11 @@ void StallRule(const Facts& f, std::vector<Finding>* out) {
                 Pct(f.mem_peak_share))
           : "";
   std::string fix;
-  if (f.trainer)
+  if (beside_saves)
+    fix =
+        "the background save competes with the loop for Python's GIL and the CPU: write from a "
+        "separate process rather than a thread, or save less often";
+  else if (f.trainer)
     fix = fmt::format(
         "fullburn runs trace RUN shows the slow steps{}; other work on the host competing for "
         "its CPUs{}",

@@ -218,5 +218,48 @@ TEST_F(AutoStepsE2E, AnUncaughtExceptionIsTheFirstFinding) {
   EXPECT_TRUE(EventsOf(Stored(), "exception").empty());
 }
 
+// A synchronous torch.save every 4 steps (a 200 MB state): each is a
+// checkpoint event, its time kept out of the steps, and the diagnosis names
+// what the saves cost. On a background thread they are marked so and cost
+// the loop no checkpoint time.
+TEST_F(AutoStepsE2E, TorchSavesAreCheckpointsKeptOutOfTheSteps) {
+  std::vector<std::string> args = {"--epochs",     "1", "--accumulate", "1",   "--sample-ms", "1",
+                                   "--save-every", "4", "--save-mb",    "200", "--save-dir",  dir_};
+  auto o = Run(args);
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData run = Stored();
+  ASSERT_EQ(run.steps.size(), 16u);
+  auto saves = EventsOf(run, "checkpoint");
+  ASSERT_EQ(saves.size(), 4u);
+  double shortest = 1e9;
+  for (size_t i = 0; i < saves.size(); ++i) {
+    EXPECT_EQ(saves[i]["path"], dir_ + "/checkpoint.pt");
+    EXPECT_GT(saves[i]["bytes"].get<int64_t>(), int64_t{200} << 20);
+    EXPECT_EQ(saves[i]["after_step"], 4 * (i + 1));
+    EXPECT_FALSE(saves[i].value("background", false));
+    shortest = std::min(shortest, saves[i]["duration_s"].get<double>());
+  }
+  // A step's own work is a tiny MLP's (about a millisecond): none holds a save.
+  for (const StepRecord& s : run.steps)
+    EXPECT_LT(s.step_s - s.data_wait_s.value_or(0), shortest / 2) << "step " << s.step;
+  auto findings = Diagnose(run);
+  auto stall = std::find_if(findings.begin(), findings.end(),
+                            [](const Finding& f) { return f.cause == "checkpoint_stall"; });
+  ASSERT_NE(stall, findings.end()) << RenderFindings(findings, 9);
+  EXPECT_NE(stall->evidence.find("4 checkpoints (torch.save"), std::string::npos)
+      << stall->evidence;
+  EXPECT_NE(stall->evidence.find("every 4 steps"), std::string::npos) << stall->evidence;
+  EXPECT_NE(o.err.find("[checkpoint_stall]"), std::string::npos) << o.err;
+
+  args.push_back("--save-in-thread");
+  ASSERT_EQ(Run(args).code, 0);
+  run = Stored();
+  saves = EventsOf(run, "checkpoint");
+  ASSERT_EQ(saves.size(), 4u);
+  for (const auto& save : saves) EXPECT_TRUE(save.value("background", false)) << save.dump();
+  for (const Finding& f : Diagnose(run)) EXPECT_NE(f.cause, "checkpoint_stall") << f.evidence;
+  std::filesystem::remove(dir_ + "/checkpoint.pt");
+}
+
 }  // namespace
 }  // namespace fullburn

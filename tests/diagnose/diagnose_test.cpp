@@ -28,6 +28,7 @@ struct Case {
   std::vector<StepRecord> steps;
   RunInfo run;
   std::vector<RunEvent> events;
+  std::vector<CheckpointRecord> checkpoints;
   Case() {
     run.config_json = R"({"train": {"precision": "bf16"}})";  // a fullburn train run
     run.end_time = 60;
@@ -63,6 +64,7 @@ struct Case {
     d.samples = m;
     d.steps = steps;
     d.events = events;
+    d.checkpoints = checkpoints;
     return Diagnose(d);
   }
 };
@@ -605,6 +607,173 @@ TEST(Diagnose, StepsThatStallEveryFewStepsAreNamed) {
   c.steps[20].data_wait_s = 20;
   c.steps[20].step_s = 21.2;
   EXPECT_FALSE(Has(c.Run(), "step_stalls"));
+}
+
+const Finding* Named(const std::vector<Finding>& f, const std::string& cause) {
+  for (const Finding& x : f)
+    if (x.cause == cause) return &x;
+  return nullptr;
+}
+
+// A wrapped job's 50 steps of 1.2 s with a 400 MB torch.save of `took` s
+// after every 10th (10 to 40): the automatic markers keep each save out of
+// the step it interrupts, so it pushes the later steps on.
+Case SavingEvery10Steps(double took) {
+  Case c;
+  c.Host(40).Wait(0.02);
+  c.run.config_json = "{}";
+  double shift = 0;
+  for (StepRecord& r : c.steps) {
+    r.t += shift;
+    if (r.step % 10 != 0 || r.step == 50) continue;
+    shift += took;
+    nlohmann::json data{{"duration_s", took},      {"path", "/ckpt/model.pt"}, {"bytes", 400000000},
+                        {"detected", "automatic"}, {"after_step", r.step},     {"rank", 0}};
+    c.events.push_back({r.t + took, "checkpoint", data.dump()});
+  }
+  c.run.end_time = 60 + shift;
+  return c;
+}
+
+TEST(Diagnose, TorchSavesThatHoldUpTheLoopAreNamedOnceWithTheirCost) {
+  Case c = SavingEvery10Steps(8);  // 32 s of a 92 s run
+  auto f = c.Run();
+  const Finding* stall = Named(f, "checkpoint_stall");
+  ASSERT_NE(stall, nullptr) << ::testing::PrintToString(Causes(f));
+  EXPECT_NEAR(stall->share_lost, 32.0 / 92, 1e-9);
+  EXPECT_NE(stall->evidence.find("4 checkpoints (torch.save, timed by the automatic markers) held "
+                                 "up the training loop 32.0 s, 35% of the run"),
+            std::string::npos)
+      << stall->evidence;
+  EXPECT_NE(stall->evidence.find("8 s each (median; longest 8 s), every 10 steps; 400 MB each "
+                                 "at 50 MB/s; the last: /ckpt/model.pt"),
+            std::string::npos)
+      << stall->evidence;
+  // 10 steps x 35% / 2% = 174 steps between saves for about 2% of the run.
+  EXPECT_NE(stall->fix.find("save every 174 steps instead of every 10"), std::string::npos)
+      << stall->fix;
+  EXPECT_NE(stall->fix.find("async_save"), std::string::npos) << stall->fix;
+  EXPECT_NE(stall->fix.find("ran at 50 MB/s: write to a local SSD"), std::string::npos)
+      << stall->fix;
+  // The 8 s gaps are longer than 5 median steps, yet they are the saves':
+  // counted once, not again as idle phases.
+  EXPECT_FALSE(Has(f, "idle_phases")) << ::testing::PrintToString(Causes(f));
+  EXPECT_FALSE(Has(f, "step_stalls"));
+
+  // An evaluation in the same gap as a save keeps its own time.
+  Case e = SavingEvery10Steps(8);
+  for (StepRecord& r : e.steps)
+    if (r.step > 20) r.t += 12;
+  for (RunEvent& x : e.events)
+    if (x.t > e.steps[19].t + 8) x.t += 12;
+  e.events.push_back({e.steps[19].t + 8 + 12, "evaluation", R"({"duration_s": 12})"});
+  e.run.end_time = *e.run.end_time + 12;
+  f = e.Run();
+  const Finding* idle = Named(f, "idle_phases");
+  ASSERT_NE(idle, nullptr) << ::testing::PrintToString(Causes(f));
+  EXPECT_NEAR(idle->share_lost, 12.0 / 104, 1e-9);
+  EXPECT_NE(idle->evidence.find("evaluation 12.0 s"), std::string::npos) << idle->evidence;
+  ASSERT_NE(Named(f, "checkpoint_stall"), nullptr);
+  EXPECT_NEAR(Named(f, "checkpoint_stall")->share_lost, 32.0 / 104, 1e-9);
+}
+
+TEST(Diagnose, CheapOrBackgroundSavesAreNoCheckpointStall) {
+  Case c = SavingEvery10Steps(0.5);  // 2 s of 62 s: 3%
+  EXPECT_FALSE(Has(c.Run(), "checkpoint_stall"));
+  c = SavingEvery10Steps(8);
+  for (RunEvent& e : c.events) {
+    auto data = nlohmann::json::parse(e.data);
+    data["background"] = true;  // an async checkpointer's thread wrote them
+    e.data = data.dump();
+  }
+  EXPECT_FALSE(Has(c.Run(), "checkpoint_stall"));
+}
+
+// A save on a thread blocks no step, but pickling holds the GIL and writing
+// takes a core: the steps it overlaps stall, and the stall says why.
+TEST(Diagnose, StallsBesideBackgroundSavesAreLinkedToThem) {
+  Case c;
+  c.Host(40).Wait(0.02);
+  c.run.config_json = "{}";
+  for (StepRecord& r : c.steps) {
+    if (r.step % 10 != 1 || r.step == 1) continue;
+    r.step_s = 4.8;
+    nlohmann::json data{{"duration_s", 4},
+                        {"path", "/ckpt/model.pt"},
+                        {"background", true},
+                        {"detected", "automatic"},
+                        {"rank", 0}};
+    c.events.push_back({r.t - 0.5, "checkpoint", data.dump()});
+  }
+  auto f = c.Run();
+  const Finding* stall = Named(f, "step_stalls");
+  ASSERT_NE(stall, nullptr) << ::testing::PrintToString(Causes(f));
+  EXPECT_FALSE(Has(f, "checkpoint_stall"));
+  EXPECT_NE(stall->evidence.find("every 10 steps, steps 11, 21, 31, 41; "), std::string::npos)
+      << stall->evidence;
+  EXPECT_NE(stall->evidence.find("4 of them overlapped a torch.save on a background thread"),
+            std::string::npos)
+      << stall->evidence;
+  EXPECT_EQ(stall->fix.rfind("the background save competes with the loop", 0), 0u) << stall->fix;
+  for (RunEvent& e : c.events) e.t += 30;  // saves that overlap other steps explain nothing
+  f = c.Run();
+  stall = Named(f, "step_stalls");
+  ASSERT_NE(stall, nullptr);
+  EXPECT_EQ(stall->evidence.find("background"), std::string::npos) << stall->evidence;
+  EXPECT_NE(stall->fix.find("a synchronous torch.save"), std::string::npos) << stall->fix;
+}
+
+TEST(Diagnose, AModelFileAndAnOptimizerFileAfterOneStepAreOneCheckpoint) {
+  Case c = SavingEvery10Steps(4);
+  std::vector<RunEvent> split;
+  for (const RunEvent& e : c.events) {  // each 4 s save as a 3 s and a 1 s file
+    auto data = nlohmann::json::parse(e.data);
+    data["duration_s"] = 3;
+    split.push_back({e.t - 1, "checkpoint", data.dump()});
+    data["duration_s"] = 1;
+    data["path"] = "/ckpt/optimizer.pt";
+    split.push_back({e.t, "checkpoint", data.dump()});
+  }
+  c.events = split;
+  auto f = c.Run();
+  const Finding* stall = Named(f, "checkpoint_stall");
+  ASSERT_NE(stall, nullptr);
+  EXPECT_NEAR(stall->share_lost, 16.0 / 76, 1e-9);
+  EXPECT_NE(stall->evidence.find("4 checkpoints (torch.save"), std::string::npos)
+      << stall->evidence;
+  EXPECT_NE(stall->evidence.find("4 s each (median"), std::string::npos) << stall->evidence;
+  EXPECT_NE(stall->evidence.find("800 MB each at 200 MB/s; the last: /ckpt/optimizer.pt"),
+            std::string::npos)
+      << stall->evidence;
+}
+
+TEST(Diagnose, TheTrainersCheckpointStallsPointAtItsCheckpointKeys) {
+  Case c;
+  c.Host(40).Wait(0.02);
+  double shift = 0;
+  for (StepRecord& r : c.steps) {
+    r.t += shift;
+    if (r.step % 5 != 0) continue;
+    shift += 0.9;  // the loop waits for a synchronous write
+    c.checkpoints.push_back({r.step, r.t + 0.9, "/ckpt/step.safetensors", 50000000, 0.9, 0});
+  }
+  c.run.end_time = 60 + shift;  // 9 s of 69 s
+  c.run.config_json = R"({"train": {"precision": "bf16"}, "checkpoint": {"async": false}})";
+  auto f = c.Run();
+  const Finding* stall = Named(f, "checkpoint_stall");
+  ASSERT_NE(stall, nullptr) << ::testing::PrintToString(Causes(f));
+  EXPECT_NEAR(stall->share_lost, 9.0 / 69, 1e-9);
+  EXPECT_NE(stall->evidence.find("10 checkpoints (the snapshot before each background write)"),
+            std::string::npos)
+      << stall->evidence;
+  EXPECT_NE(stall->evidence.find("every 5 steps"), std::string::npos) << stall->evidence;
+  EXPECT_EQ(stall->fix.rfind("checkpoint.async = true", 0), 0u) << stall->fix;
+  c.run.config_json = R"({"train": {"precision": "bf16"}, "checkpoint": {"async": true}})";
+  f = c.Run();
+  stall = Named(f, "checkpoint_stall");
+  ASSERT_NE(stall, nullptr);
+  // 5 x 13% / 2% = 32.6: every 33 steps.
+  EXPECT_EQ(stall->fix.rfind("checkpoint.every_steps = 33 ", 0), 0u) << stall->fix;
 }
 
 TEST(Diagnose, IdlePhasesFromGpuSamplesWithoutSteps) {
