@@ -90,9 +90,12 @@ std::string RenderStepsSummary(const std::vector<StepRecord>& steps);
 std::string StepsCsv(const std::vector<StepRecord>& steps);
 nlohmann::json StepsJson(const std::vector<StepRecord>& steps);
 // Chrome trace / Perfetto JSON: one track of steps and one of their phases per
-// rank, checkpoint writes, loss and throughput counters, utilization counters.
+// rank, one of its run events (evaluations, a wrapped job's torch.save calls
+// and phases as spans, the rest as instants) and checkpoint writes, loss and
+// throughput counters, utilization counters.
 nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& steps,
                            const std::vector<CheckpointRecord>& checkpoints,
+                           const std::vector<RunEvent>& run_events,
                            const std::map<std::string, Series>& samples);
 
 // The steps a wrapped job marked lately, for `fullburn run`'s live line:

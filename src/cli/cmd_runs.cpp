@@ -152,9 +152,11 @@ int Trace(const RunsOptions& o) {
   if (!checkpoints.ok()) return Fail(checkpoints.status().message());
   auto samples = (*store)->LoadSamples(run->id);
   if (!samples.ok()) return Fail(samples.status().message());
+  auto events = (*store)->LoadEvents(run->id);
+  if (!events.ok()) return Fail(events.status().message());
   if (steps->empty() && samples->empty())
     return Fail("run " + std::to_string(run->id) + " has neither steps nor samples to trace");
-  std::printf("%s\n", ChromeTrace(*run, *steps, *checkpoints, *samples).dump().c_str());
+  std::printf("%s\n", ChromeTrace(*run, *steps, *checkpoints, *events, *samples).dump().c_str());
   return 0;
 }
 

@@ -77,6 +77,7 @@ nlohmann::json StepsJson(const std::vector<StepRecord>& steps) {
 
 nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& steps,
                            const std::vector<CheckpointRecord>& checkpoints,
+                           const std::vector<RunEvent>& run_events,
                            const std::map<std::string, Series>& samples) {
   nlohmann::json events = nlohmann::json::array();
   std::set<int> ranks;
@@ -132,6 +133,32 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
                       {"tid", 2},
                       {"args", {{"path", c.path}, {"bytes", c.bytes}, {"stall_s", c.stall_s}}}});
   }
+  // What filled the gaps between steps: an evaluation, a save, a phase.
+  for (const RunEvent& e : run_events) {
+    auto data = nlohmann::json::parse(e.data, nullptr, false);
+    if (!data.is_object()) data = nlohmann::json::object();
+    int rank =
+        data.contains("rank") && data["rank"].is_number_integer() ? data["rank"].get<int>() : 0;
+    ranks.insert(rank);
+    nlohmann::json ev{{"name", data.value("background", false) ? e.kind + " (background)" : e.kind},
+                      {"cat", "event"},
+                      {"pid", rank},
+                      {"tid", 2},
+                      {"args", data}};
+    double duration = data.contains("duration_s") && data["duration_s"].is_number()
+                          ? data["duration_s"].get<double>()
+                          : 0;
+    if (duration > 0) {
+      ev["ph"] = "X";
+      ev["ts"] = Micros(e.t - duration);
+      ev["dur"] = Micros(duration);
+    } else {
+      ev["ph"] = "i";
+      ev["s"] = "t";
+      ev["ts"] = Micros(e.t);
+    }
+    events.push_back(ev);
+  }
   // Utilization next to the steps, so idle gaps line up with their cause.
   const int telemetry_pid = 1000;
   for (const auto& [name, series] : samples) {
@@ -162,6 +189,11 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
                       {"pid", r},
                       {"tid", 1},
                       {"args", {{"name", "phases"}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", r},
+                      {"tid", 2},
+                      {"args", {{"name", "events and checkpoints"}}}});
   }
   name_process(telemetry_pid, "telemetry");
   return {{"traceEvents", events},

@@ -250,6 +250,14 @@ TEST_F(AutoStepsE2E, TorchSavesAreCheckpointsKeptOutOfTheSteps) {
       << stall->evidence;
   EXPECT_NE(stall->evidence.find("every 4 steps"), std::string::npos) << stall->evidence;
   EXPECT_NE(o.err.find("[checkpoint_stall]"), std::string::npos) << o.err;
+  // The trace shows each save in the gap it made.
+  auto trace = RunToEnd({FULLBURN_BIN, "runs", "trace", "last", "--store", store_});
+  ASSERT_EQ(trace.code, 0) << trace.err;
+  int spans = 0;
+  nlohmann::json events = nlohmann::json::parse(trace.out);
+  for (const auto& e : events["traceEvents"])
+    if (e.value("name", "") == "checkpoint" && e.value("ph", "") == "X") ++spans;
+  EXPECT_EQ(spans, 4);
 
   args.push_back("--save-in-thread");
   ASSERT_EQ(Run(args).code, 0);

@@ -273,8 +273,14 @@ TEST(StepsReport, ChromeTraceNestsPhasesInsideTheirStep) {
   auto steps = MakeSteps(2);
   std::map<std::string, Series> samples{{"gpu0.util", {{0.05, 40}}},
                                         {"host.mem_used", {{0.05, 1}}}};
-  nlohmann::json trace = ChromeTrace(run, steps, {{2, 0.3, "/x", 10, 0.001, 0.05}}, samples);
+  std::vector<RunEvent> run_events{
+      {0.25, "checkpoint", R"({"duration_s": 0.05, "path": "/ckpt/model.pt", "rank": 0})"},
+      {0.3, "checkpoint", R"({"duration_s": 0.02, "background": true, "rank": 1})"},
+      {0.01, "dataloader", R"({"num_workers": 2})"}};
+  nlohmann::json trace =
+      ChromeTrace(run, steps, {{2, 0.3, "/x", 10, 0.001, 0.05}}, run_events, samples);
   int step_events = 0, phase_events = 0, gpu_counters = 0, checkpoint_events = 0;
+  std::vector<nlohmann::json> marks;
   for (const auto& e : trace["traceEvents"]) {
     if (e.value("cat", "") == "step") {
       ++step_events;
@@ -292,7 +298,20 @@ TEST(StepsReport, ChromeTraceNestsPhasesInsideTheirStep) {
     }
     if (e.value("name", "") == "gpu0.util") ++gpu_counters;
     if (e.value("cat", "") == "checkpoint") ++checkpoint_events;
+    if (e.value("cat", "") == "event") marks.push_back(e);
   }
+  // Run events: spans where they have a duration (a save: from its start),
+  // instants where not, on each rank's third track.
+  ASSERT_EQ(marks.size(), 3u);
+  EXPECT_EQ(marks[0]["name"], "checkpoint");
+  EXPECT_EQ(marks[0]["ph"], "X");
+  EXPECT_NEAR(marks[0]["ts"].get<double>(), 0.2e6, 1e-3);
+  EXPECT_NEAR(marks[0]["dur"].get<double>(), 0.05e6, 1e-3);
+  EXPECT_EQ(marks[0]["args"]["path"], "/ckpt/model.pt");
+  EXPECT_EQ(marks[1]["name"], "checkpoint (background)");
+  EXPECT_EQ(marks[1]["pid"], 1);
+  EXPECT_EQ(marks[2]["ph"], "i");
+  EXPECT_EQ(marks[2]["tid"], 2);
   EXPECT_EQ(step_events, 2);
   EXPECT_EQ(phase_events, 8);
   EXPECT_EQ(gpu_counters, 1);  // host.mem_used is not a utilization track
