@@ -24,6 +24,14 @@ happens (a validation loop) are not a step. When another iterator is fetched
 from next (training goes on), that stretch is written as an "evaluation" event
 and the next step starts after it, so it shows as time outside the steps.
 
+`fullburn tune -- CMD` tries settings on the unchanged script through
+FULLBURN_TUNE_SET, a JSON object applied when torch is imported: the
+DataLoader arguments `num_workers`, `prefetch_factor`, `persistent_workers`
+and `pin_memory` (to every DataLoader the script makes; the last three only
+with workers, where torch accepts them) and `threads` (torch.set_num_threads,
+the script's own calls included). What took effect is recorded: the
+"dataloader" event, and a "torch" event at the first step (its threads).
+
 A job with its own markers (fullburn_markers.Markers, steps()) turns this off
 the moment it makes one, and its step numbers go on from these. Steps without
 a DataLoader (a hand-written get_batch()) carry no data_wait_s: unmeasured,
@@ -35,6 +43,8 @@ import atexit
 import functools
 import importlib
 import importlib.abc
+import inspect
+import json
 import math
 import os
 import sys
@@ -55,6 +65,7 @@ class _AutoSteps:
         self.optimizer = None  # the one whose steps are counted
         self.saw_loader = False
         self.step_start = None
+        self.torch = None  # set until the first step's "torch" event is written
         self.pid = os.getpid()  # a forked DataLoader worker inherits this state
         self.loop_thread = threading.get_ident()  # the one that steps (set at the first step)
         self._reset_pending()
@@ -154,6 +165,11 @@ class _AutoSteps:
         m._synchronize()
         now = time.time()
         start = self.step_start if self.step_start is not None else now
+        if self.torch is not None:  # once: what the steps ran with
+            m._write({"kind": "event", "name": "torch", "rank": m.rank, "time": now,
+                      "data": {"version": self.torch.__version__,
+                               "threads": self.torch.get_num_threads()}})
+            self.torch = None
         m.step += 1
         # Formatted by hand: json.dumps was a fifth of the per-step cost
         # (bench/autosteps_overhead); every value here is a number.
@@ -225,9 +241,64 @@ def _saved_bytes(f, position):
     return None
 
 
+TUNE_ENV_VAR = "FULLBURN_TUNE_SET"
+_LOADER_SETTINGS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+
+
+def _tune_settings():
+    """The settings `fullburn tune` asks this trial to run with ({} outside one)."""
+    text = os.environ.get(TUNE_ENV_VAR)
+    if not text:
+        return {}
+    try:
+        settings = json.loads(text)
+        if isinstance(settings, dict):
+            return settings
+    except ValueError:
+        pass
+    sys.stderr.write("fullburn: %s is not a JSON object; running the script's own settings\n" %
+                     TUNE_ENV_VAR)
+    return {}
+
+
+def _apply_tune_settings(torch, data, settings):
+    """Overrides the script's DataLoader arguments and thread count."""
+    if "threads" in settings:
+        threads = int(settings["threads"])
+        set_num_threads = torch.set_num_threads
+        set_num_threads(threads)
+
+        @functools.wraps(set_num_threads)
+        def tuned_set_num_threads(_ignored):
+            set_num_threads(threads)
+
+        torch.set_num_threads = tuned_set_num_threads
+    loader = {k: settings[k] for k in _LOADER_SETTINGS if k in settings}
+    if not loader:
+        return
+    original_init = data.DataLoader.__init__
+    signature = inspect.signature(original_init)
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        if "num_workers" in loader:
+            bound.arguments["num_workers"] = int(loader["num_workers"])
+        workers = bound.arguments.get("num_workers", 0)
+        for key in ("prefetch_factor", "persistent_workers"):
+            if key in loader and workers > 0:  # torch refuses them without workers
+                bound.arguments[key] = loader[key]
+        if "pin_memory" in loader:
+            bound.arguments["pin_memory"] = bool(loader["pin_memory"])
+        original_init(*bound.args, **bound.kwargs)
+
+    data.DataLoader.__init__ = __init__
+
+
 def _hook_torch(torch):
     global _state
     state = _AutoSteps()
+    state.torch = torch
     # Everything is looked up before anything is patched: a torch without one
     # of these hooks is left as it was.
     data = importlib.import_module("torch.utils.data.dataloader")
@@ -317,6 +388,9 @@ def _hook_torch(torch):
             pass
         return result
 
+    settings = _tune_settings()
+    if settings:
+        _apply_tune_settings(torch, data, settings)
     if scaler_class is not None:
         scaler_class.scale = scale
     data.DataLoader.__iter__ = __iter__

@@ -38,6 +38,8 @@ struct KnobDef {
 const std::vector<KnobDef>& TuneKnobs();
 // "a,b" -> the knobs in that order; an unknown one suggests the closest.
 Result<std::vector<std::string>> ParseKnobList(const std::string& csv);
+Result<std::vector<std::string>> ParseKnobList(const std::string& csv,
+                                               const std::vector<KnobDef>& knobs);
 
 // What the tuner knows when it picks candidate values.
 struct TuneContext {
@@ -91,6 +93,44 @@ std::vector<std::string> KnobOrder(const std::vector<Finding>& findings,
 // `effective` = micro x accumulate: the largest divisor of `effective` not
 // above `searched` (and its accumulate).
 std::pair<int64_t, int64_t> KeepEffectiveBatch(int64_t searched, int64_t effective);
+
+// ---- Knobs of an unchanged PyTorch script (fullburn tune -- CMD) ---------
+// The automatic markers (python/fullburn_autosteps.py) apply a trial's
+// settings from FULLBURN_TUNE_SET, a JSON object: the DataLoader arguments
+// num_workers, prefetch_factor, persistent_workers, pin_memory, and threads
+// (torch.set_num_threads). A candidate's overrides use those keys.
+
+const std::vector<KnobDef>&
+ScriptKnobs();  // workers, prefetch, persistent_workers, pin_memory, threads
+
+// What the script ran with, as its markers recorded it (its "dataloader"
+// and "torch" events); -1 / unknown where it did not say.
+struct ScriptSettings {
+  int num_workers = -1, prefetch_factor = -1, threads = -1;
+  int persistent_workers = -1, pin_memory = -1;  // 0/1
+  bool has_loader = false;
+  static ScriptSettings FromEvents(const std::vector<RunEvent>& events);
+};
+
+struct ScriptContext {
+  ScriptSettings current;  // the best trial's, as recorded
+  int cores = 1;
+  bool cuda = false;  // a GPU was sampled: pinned memory can matter
+};
+std::vector<Candidate> ScriptKnobCandidates(const std::string& knob, const ScriptContext& ctx,
+                                            std::string* skip_reason);
+// Loader knobs first when the diagnosis names the input pipeline, else threads first.
+std::vector<std::string> ScriptKnobOrder(const std::vector<Finding>& findings,
+                                         const std::vector<std::string>& selected);
+// The overrides as FULLBURN_TUNE_SET's JSON ({"num_workers": 4, "pin_memory": true}).
+nlohmann::json ScriptSettingsJson(const std::map<std::string, std::string>& overrides);
+// The overrides as the lines to put in the script:
+// "DataLoader(num_workers=4, persistent_workers=True); torch.set_num_threads(2)".
+std::string ScriptAdvice(const std::map<std::string, std::string>& overrides);
+// "" when the run recorded what the overrides asked for, else what differs
+// ("num_workers 4 was asked, the DataLoader had 0").
+std::string ScriptSettingsMismatch(const std::map<std::string, std::string>& overrides,
+                                   const ScriptSettings& recorded);
 
 // ---- Measuring ------------------------------------------------------------
 

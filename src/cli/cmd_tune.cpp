@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -33,19 +34,6 @@ struct TuneOptions {
   double min_gain = 0.03;
 };
 
-// Everything checked before the first trial.
-struct Plan {
-  bool grid = false;
-  double budget_s = 0, trial_s = 0;
-  Objective objective = Objective::kSamplesPerSecond;
-  std::vector<std::string> knobs;  // empty: all
-  std::string config_path;
-  std::vector<std::string> overrides;
-  std::vector<GridAxis> axes;
-};
-
-double Now() { return Env::Default()->MonotonicSeconds(); }
-
 constexpr double kDefaultTrainTrialS = 20, kDefaultGridTrialS = 60;
 // Start-up, data set creation and the batch-size search come before a
 // training trial's clock starts.
@@ -65,17 +53,27 @@ Status CheckPowerReadings() {
       "GPUs: use --objective samples_per_s");
 }
 
+// Whether the command line had "--" after "tune": a command to tune follows
+// (CLI11 gives the words before and after it as one list).
+bool CommandAfterDashes() {
+  std::vector<std::string> argv = OwnCommandLine();
+  auto tune = std::find(argv.begin(), argv.end(), "tune");
+  return tune != argv.end() && std::find(tune, argv.end(), "--") != argv.end();
+}
+
 Result<Plan> MakePlan(const TuneOptions& o) {
   Plan p;
   p.grid = !o.grids.empty();
+  p.script = !p.grid && CommandAfterDashes();
   auto objective = ParseObjective(o.objective);
   if (!objective.ok()) return objective.status();
   p.objective = *objective;
   auto budget = ParseDuration(o.budget);
   if (!budget.ok()) return Status::InvalidArgument("--budget: " + budget.status().message());
   p.budget_s = *budget;
-  auto trial = o.trial.empty() ? Result<double>(p.grid ? kDefaultGridTrialS : kDefaultTrainTrialS)
-                               : ParseDuration(o.trial);
+  auto trial = o.trial.empty()
+                   ? Result<double>(p.grid || p.script ? kDefaultGridTrialS : kDefaultTrainTrialS)
+                   : ParseDuration(o.trial);
   if (!trial.ok()) return Status::InvalidArgument("--trial: " + trial.status().message());
   p.trial_s = *trial;
   if (p.budget_s < p.trial_s)
@@ -115,6 +113,15 @@ Result<Plan> MakePlan(const TuneOptions& o) {
     if (!o.knobs.empty())
       return Status::InvalidArgument(
           "--knobs tunes fullburn train; with --grid the axes are the knobs");
+  } else if (p.script) {
+    if (o.args.empty())
+      return Status::InvalidArgument(
+          "fullburn tune -- needs a command: fullburn tune -- python train.py");
+    if (!o.knobs.empty()) {
+      auto knobs = ParseKnobList(o.knobs, ScriptKnobs());
+      if (!knobs.ok()) return knobs.status();
+      p.knobs = *knobs;
+    }
   } else {
     if (!o.knobs.empty()) {
       auto knobs = ParseKnobList(o.knobs);
@@ -129,7 +136,7 @@ Result<Plan> MakePlan(const TuneOptions& o) {
       else
         return Status::InvalidArgument(
             "two config files given ('" + p.config_path + "' and '" + a +
-            "'): give one, and key=value for the rest (a command needs --grid)");
+            "'): give one, and key=value for the rest (a command goes after --)");
     }
     auto config = Config::Load(p.config_path, p.overrides);
     if (!config.ok()) return config.status();
@@ -141,76 +148,6 @@ Result<Plan> MakePlan(const TuneOptions& o) {
   if (p.objective == Objective::kSamplesPerJoule)
     if (Status s = CheckPowerReadings(); !s.ok()) return s;
   return p;
-}
-
-// The tuning as it goes: the run that holds it, its trials, the clock.
-class Tuning {
- public:
-  Tuning(RunStore* store, RunInfo run, const Plan& plan)
-      : store_(store),
-        run_(std::move(run)),
-        plan_(plan),
-        start_(Now()),
-        log_dir_(TrialLogDir(store->path(), run_.id)) {}
-
-  int64_t id() const { return run_.id; }
-  const Plan& plan() const { return plan_; }
-  RunStore* store() const { return store_; }
-  const std::vector<Trial>& trials() const { return trials_; }
-  bool interrupted() const { return interrupted_; }
-
-  std::string NextLog() const {
-    return log_dir_ + "/trial-" + std::to_string(trials_.size() + 1) + ".log";
-  }
-
-  // Room for one more trial, judged by the longest so far.
-  bool BudgetAllows() const {
-    double longest = plan_.trial_s;
-    for (const Trial& t : trials_) longest = std::max(longest, t.wall_s);
-    return Now() - start_ + longest <= plan_.budget_s;
-  }
-
-  void Record(Trial t) {
-    t.index = static_cast<int>(trials_.size()) + 1;
-    if (t.status == "interrupted") interrupted_ = true;
-    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_trial",
-                               TrialJson(t).dump()});
-    std::string line = fmt::format("tune: #{} {}={}: ", t.index, t.knob, t.value);
-    if (t.status == "ok")
-      line += FormatMeasure(t.measure) + " " + t.measure.unit + " " + t.verdict;
-    else
-      line += t.status + (t.reason.empty() ? "" : ": " + t.reason);
-    if (t.run_id > 0) line += fmt::format(" (run {})", t.run_id);
-    std::fprintf(stderr, "%s\n", line.c_str());
-    trials_.push_back(std::move(t));
-  }
-
-  void Finish(const std::string& summary, const nlohmann::json& result, int code) {
-    nlohmann::json j = result;
-    j["summary"] = summary;
-    store_->AddEvent(run_.id,
-                     {Env::Default()->UnixSeconds() - run_.start_time, "tune_result", j.dump()});
-    store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, "finished");
-    std::fputs(("\n" + RenderTrialTable(trials_) + "\n").c_str(), stdout);
-    std::printf("%s\n", summary.c_str());
-    std::fflush(stdout);
-  }
-
- private:
-  RunStore* store_;
-  RunInfo run_;
-  Plan plan_;
-  double start_;
-  std::string log_dir_;
-  std::vector<Trial> trials_;
-  bool interrupted_ = false;
-};
-
-std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept) {
-  double gain = 0;
-  *kept = BeatsBest(t.measure, best.measure, min_gain, &gain);
-  if (*kept) return fmt::format("kept {:+.0f}%", gain * 100);
-  return fmt::format("{} {:+.0f}%", gain < 0 ? "slower" : "within noise", gain * 100);
 }
 
 // ---- fullburn train trials --------------------------------------------------
@@ -297,7 +234,7 @@ class TrainTuner {
     }
     std::fprintf(stderr, "tune: packing the %zu images of %s into %s (raw, max side %d)\n",
                  folder->files.size(), job.src.c_str(), job.dst.c_str(), job.max_side);
-    double started = Now();
+    double started = TuneClock();
     PackOptions po;
     po.format = PackFormat::kRaw;
     po.max_side = job.max_side;
@@ -307,7 +244,7 @@ class TrainTuner {
     packed_ = job;
     std::fprintf(
         stderr, "tune: packed %lld images (%.0f MiB) in %.1fs%s\n",
-        static_cast<long long>(report->images), report->bytes / 1048576.0, Now() - started,
+        static_cast<long long>(report->images), report->bytes / 1048576.0, TuneClock() - started,
         report->skipped ? fmt::format(", {} unreadable left out", report->skipped).c_str() : "");
     return Status::Ok();
   }
@@ -597,9 +534,10 @@ int Tune(const TuneOptions& o) {
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
   RunInfo info;
-  info.name = plan->grid ? "tune: " + o.args.front()
-                         : "tune: fullburn train" +
-                               (plan->config_path.empty() ? "" : " " + plan->config_path);
+  info.name =
+      plan->grid || plan->script
+          ? "tune: " + o.args.front()
+          : "tune: fullburn train" + (plan->config_path.empty() ? "" : " " + plan->config_path);
   info.command = OwnCommandLine();
   info.cwd = CurrentDir();
   info.start_time = Env::Default()->UnixSeconds();
@@ -622,6 +560,7 @@ int Tune(const TuneOptions& o) {
                static_cast<long long>(info.id), FormatDuration(plan->budget_s).c_str(),
                FormatDuration(plan->trial_s).c_str(), static_cast<long long>(info.id));
   Tuning tuning(store->get(), info, *plan);
+  if (plan->script) return TuneScript(&tuning, o.args, o.min_gain, o.budget);
   return plan->grid ? TuneGrid(&tuning, o) : TrainTuner(&tuning, o).Run();
 }
 
@@ -636,13 +575,18 @@ void SetupTune(CLI::App& app) {
   for (const KnobDef& k : TuneKnobs())
     knobs +=
         fmt::format("  {:<16} {}{}\n", k.name, k.help, *k.key ? fmt::format(" ({})", k.key) : "");
+  std::string script_knobs;
+  for (const KnobDef& k : ScriptKnobs())
+    script_knobs += fmt::format("  {:<18} {}\n", k.name, k.help);
   tune->footer(
       "Usage: fullburn tune [CONFIG.toml] [key=value ...] [OPTIONS]\n"
       "       fullburn tune --grid 'batch=64,128' [--grid ...] [OPTIONS] -- CMD ... {batch} ...\n"
+      "       fullburn tune [OPTIONS] -- python train.py ...   (an unchanged PyTorch script)\n"
       "Knobs (docs/tune.md):\n" +
-      knobs);
+      knobs + "Knobs of a PyTorch script (fullburn tune -- CMD):\n" + script_knobs);
   tune->add_option("args", o->args,
-                   "CONFIG.toml and key=value overrides; with --grid, the command after --");
+                   "CONFIG.toml and key=value overrides; or the command after -- (with --grid, "
+                   "or a PyTorch script to tune as it is)");
   tune->add_option("--budget", o->budget, "Time for the whole tuning (90s, 10m, 1h)")
       ->capture_default_str();
   tune->add_option("--trial", o->trial,

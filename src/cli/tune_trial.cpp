@@ -71,7 +71,7 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   const Env* env = Env::Default();
   double start = env->MonotonicSeconds();
   int64_t before = FindTrialRun(store, spec.tuning_id, 0);
-  auto child = SpawnChild(spec.argv, {}, trial->log);
+  auto child = SpawnChild(spec.argv, spec.extra_env, trial->log);
   if (!child.ok()) {
     trial->status = "failed";
     trial->reason = child.status().message();
@@ -109,8 +109,8 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
       m = data.status();
     else if (data->steps.empty())
       m = Status::NotFound(
-          "no step records: no torch optimizer.step() seen; use fullburn_markers in the script or "
-          "--metric-regex");
+          "no step records: no torch optimizer.step() seen; mark the steps with "
+          "python/fullburn_markers.py, or measure the output with --grid and --metric-regex");
     else
       m = MeasureRun(*data, spec.objective);
   }
@@ -121,6 +121,13 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   }
   trial->status = "ok";
   trial->measure = *m;
+}
+
+std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept) {
+  double gain = 0;
+  *kept = BeatsBest(t.measure, best.measure, min_gain, &gain);
+  if (*kept) return fmt::format("kept {:+.0f}%", gain * 100);
+  return fmt::format("{} {:+.0f}%", gain < 0 ? "slower" : "within noise", gain * 100);
 }
 
 }  // namespace fullburn::cli

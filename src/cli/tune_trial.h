@@ -1,9 +1,14 @@
 // Internal to fullburn tune: running one trial as a child process.
 #pragma once
 
+#include <fmt/format.h>
+
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "fullburn/env.h"
+#include "fullburn/report.h"
 #include "fullburn/store.h"
 #include "fullburn/tune.h"
 
@@ -17,8 +22,23 @@ struct TrialSpec {
   // measured; fullburn-train stops itself, so running past it is a failure.
   bool stop_is_normal = false;
   std::string metric_regex;  // measure the output instead of the step records
+  std::vector<std::string> extra_env;  // NAME=value for the child
   Objective objective = Objective::kSamplesPerSecond;
 };
+
+// Everything checked before the first trial.
+struct Plan {
+  bool grid = false;
+  bool script = false;  // fullburn tune -- CMD: an unchanged PyTorch script
+  double budget_s = 0, trial_s = 0;
+  Objective objective = Objective::kSamplesPerSecond;
+  std::vector<std::string> knobs;  // empty: all
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::vector<GridAxis> axes;
+};
+
+inline double TuneClock() { return Env::Default()->MonotonicSeconds(); }
 
 // <store directory>/tune-<id>: the trials' output files.
 std::string TrialLogDir(const std::string& store_path, int64_t tuning_id);
@@ -26,5 +46,76 @@ std::string TrialLogDir(const std::string& store_path, int64_t tuning_id);
 // Runs the child (output to trial->log), then fills status, reason, run_id,
 // wall_s and the measure. Never throws; a failure is the trial's status.
 void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial);
+
+// The tuning as it goes: the run that holds it, its trials, the clock.
+class Tuning {
+ public:
+  Tuning(RunStore* store, RunInfo run, const Plan& plan)
+      : store_(store),
+        run_(std::move(run)),
+        plan_(plan),
+        start_(TuneClock()),
+        log_dir_(TrialLogDir(store->path(), run_.id)) {}
+
+  int64_t id() const { return run_.id; }
+  const Plan& plan() const { return plan_; }
+  RunStore* store() const { return store_; }
+  const std::vector<Trial>& trials() const { return trials_; }
+  bool interrupted() const { return interrupted_; }
+
+  std::string NextLog() const {
+    return log_dir_ + "/trial-" + std::to_string(trials_.size() + 1) + ".log";
+  }
+
+  // Room for one more trial, judged by the longest so far.
+  bool BudgetAllows() const {
+    double longest = plan_.trial_s;
+    for (const Trial& t : trials_) longest = std::max(longest, t.wall_s);
+    return TuneClock() - start_ + longest <= plan_.budget_s;
+  }
+
+  void Record(Trial t) {
+    t.index = static_cast<int>(trials_.size()) + 1;
+    if (t.status == "interrupted") interrupted_ = true;
+    store_->AddEvent(run_.id, {Env::Default()->UnixSeconds() - run_.start_time, "tune_trial",
+                               TrialJson(t).dump()});
+    std::string line = fmt::format("tune: #{} {}={}: ", t.index, t.knob, t.value);
+    if (t.status == "ok")
+      line += FormatMeasure(t.measure) + " " + t.measure.unit + " " + t.verdict;
+    else
+      line += t.status + (t.reason.empty() ? "" : ": " + t.reason);
+    if (t.run_id > 0) line += fmt::format(" (run {})", t.run_id);
+    std::fprintf(stderr, "%s\n", line.c_str());
+    trials_.push_back(std::move(t));
+  }
+
+  void Finish(const std::string& summary, const nlohmann::json& result, int code) {
+    nlohmann::json j = result;
+    j["summary"] = summary;
+    store_->AddEvent(run_.id,
+                     {Env::Default()->UnixSeconds() - run_.start_time, "tune_result", j.dump()});
+    store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, "finished");
+    std::fputs(("\n" + RenderTrialTable(trials_) + "\n").c_str(), stdout);
+    std::printf("%s\n", summary.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  RunStore* store_;
+  RunInfo run_;
+  Plan plan_;
+  double start_;
+  std::string log_dir_;
+  std::vector<Trial> trials_;
+  bool interrupted_ = false;
+};
+
+// "kept +12%", "within noise +1%", "slower -8%"; *kept: t beats best beyond min_gain.
+std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept);
+
+// fullburn tune -- CMD: an unchanged PyTorch script's DataLoader and threads,
+// one knob at a time (cmd_tune_script.cpp).
+int TuneScript(Tuning* t, const std::vector<std::string>& command, double min_gain,
+               const std::string& budget);
 
 }  // namespace fullburn::cli

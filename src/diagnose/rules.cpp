@@ -26,8 +26,8 @@ std::string DataLoaderNote(const Facts& f) {
   return note;
 }
 
-// What a wrapped job with idle cores should give its DataLoader.
-std::string MoreWorkersFix(const Facts& f, int workers) {
+// The DataLoader settings for a wrapped job with idle cores.
+std::string LoaderSettingsFix(const Facts& f, int workers) {
   if (f.loader_workers < 0 || f.loader_workers < workers)
     return fmt::format(
         "DataLoader(num_workers={}{}, persistent_workers=True, pin_memory=True); "
@@ -49,6 +49,15 @@ std::string MoreWorkersFix(const Facts& f, int workers) {
       "lighter per-sample work (fullburn pack SRC DST --max-side 256, read by "
       "python/fullburn_pack.py's PackDataset)",
       f.loader_workers);
+}
+
+// What a wrapped job with idle cores should give its DataLoader; with the
+// DataLoader seen by the markers, the tuner can measure it on the script.
+std::string MoreWorkersFix(const Facts& f, int workers) {
+  std::string fix = LoaderSettingsFix(f, workers);
+  if (f.loader_workers >= 0)
+    fix += "; fullburn tune -- CMD measures DataLoader settings on the script as it is";
+  return fix;
 }
 
 // "batch 64 -> 256" when memory tells how far it can grow, else "".

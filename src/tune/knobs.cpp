@@ -116,9 +116,14 @@ const std::vector<KnobDef>& TuneKnobs() {
 }
 
 Result<std::vector<std::string>> ParseKnobList(const std::string& csv) {
+  return ParseKnobList(csv, TuneKnobs());
+}
+
+Result<std::vector<std::string>> ParseKnobList(const std::string& csv,
+                                               const std::vector<KnobDef>& knobs) {
   std::vector<std::string> out;
   std::string names;
-  for (const KnobDef& k : TuneKnobs()) names += (names.empty() ? "" : ", ") + std::string(k.name);
+  for (const KnobDef& k : knobs) names += (names.empty() ? "" : ", ") + std::string(k.name);
   size_t pos = 0;
   while (pos <= csv.size()) {
     size_t comma = csv.find(',', pos);
@@ -126,12 +131,12 @@ Result<std::vector<std::string>> ParseKnobList(const std::string& csv) {
         csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? csv.size() + 1 : comma + 1;
     if (name.empty()) continue;
-    auto it = std::find_if(TuneKnobs().begin(), TuneKnobs().end(),
+    auto it = std::find_if(knobs.begin(), knobs.end(),
                            [&](const KnobDef& k) { return name == k.name || name == k.key; });
-    if (it == TuneKnobs().end()) {
+    if (it == knobs.end()) {
       std::string best;
       size_t best_d = 4;
-      for (const KnobDef& k : TuneKnobs()) {
+      for (const KnobDef& k : knobs) {
         size_t d = EditDistance(name, k.name);
         if (d < best_d) best_d = d, best = k.name;
       }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "fullburn/store.h"
+#include "fullburn/tune.h"
 #include "process.h"
 
 namespace fullburn {
@@ -20,6 +21,7 @@ using testing::Background;
 using testing::RunToEnd;
 
 const std::string kToy = std::string(SOURCE_DIR) + "/examples/tune/toy_train.py";
+const std::string kPlainTorch = std::string(SOURCE_DIR) + "/examples/scenarios/plain_torch.py";
 
 class TuneE2E : public ::testing::Test {
  protected:
@@ -138,6 +140,36 @@ TEST_F(TuneE2E, SamplesPerJouleUsesThePowerReadings) {
   EXPECT_LT(trials[0]["objective"].get<double>(), 40.0);
 }
 
+// An unchanged PyTorch script that waits 2 ms a sample with no DataLoader
+// workers: the tuner gives it workers through the automatic markers, keeps
+// the faster setting, and says it as the code to change.
+TEST_F(TuneE2E, AnUnchangedPyTorchScriptGetsFasterLoaderSettings) {
+  if (RunToEnd({"/usr/bin/python3", "-c", "import torch"}).code != 0)
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch: scripts/install-deps.sh installs it";
+  auto o = Tune({"--knobs", "workers", "--trial", "6s", "--budget", "3m", "--", "/usr/bin/python3",
+                 kPlainTorch, "--epochs", "1000", "--samples", "256", "--sample-ms", "2"},
+                300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<json> trials = Trials();
+  ASSERT_GE(trials.size(), 3u) << o.err;
+  EXPECT_EQ(trials[0]["verdict"], "start");
+  auto store = Store();
+  bool kept = false;
+  for (const json& t : trials) {
+    if (t["knob"] != "workers") continue;
+    ASSERT_EQ(t["status"], "ok") << t.dump();
+    kept = kept || t["verdict"].get<std::string>().rfind("kept", 0) == 0;
+    // The trial's run had the DataLoader workers it was given.
+    std::vector<RunEvent> events = store->LoadEvents(t["run_id"].get<int64_t>()).value();
+    ScriptSettings had = ScriptSettings::FromEvents(events);
+    EXPECT_EQ(had.num_workers, std::stoi(t["value"].get<std::string>())) << t.dump();
+  }
+  EXPECT_TRUE(kept) << o.out;
+  EXPECT_NE(o.out.find("in the script: DataLoader(num_workers="), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("or unchanged: FULLBURN_TUNE_SET='{\"num_workers\":"), std::string::npos)
+      << o.out;
+}
+
 TEST_F(TuneE2E, BadInputIsRefusedBeforeAnyTrial) {
   struct Case {
     std::vector<std::string> args;
@@ -145,15 +177,20 @@ TEST_F(TuneE2E, BadInputIsRefusedBeforeAnyTrial) {
   };
   std::vector<Case> cases = {
       {{"--grid", "batch=", "--", "python3", kToy, "--batch-size", "{batch}"}, "empty value"},
-      {{"--grid", "batch=1,2", "--", "python3", kToy, "--batch-size", "{batch}", "--workers", "{workers}"},
+      {{"--grid", "batch=1,2", "--", "python3", kToy, "--batch-size", "{batch}", "--workers",
+        "{workers}"},
        "{workers}"},
       {{"--grid", "batch=1,2", "--", "python3", kToy}, "not used"},
-      {{"--grid", "batch=1", "--budget", "10s", "--trial", "1m", "--", "echo", "{batch}"}, "shorter than one trial"},
-      {{"--grid", "batch=1", "--objective", "samples_per_joule", "--", "echo", "{batch}"}, "power readings"},
+      {{"--grid", "batch=1", "--budget", "10s", "--trial", "1m", "--", "echo", "{batch}"},
+       "shorter than one trial"},
+      {{"--grid", "batch=1", "--objective", "samples_per_joule", "--", "echo", "{batch}"},
+       "power readings"},
       {{"--grid", "batch=1", "--objective", "speed", "--", "echo", "{batch}"}, "unknown objective"},
       {{"--knobs", "batch,thread"}, "did you mean 'threads'"},
       {{"train.batchsize=8"}, "train.batch_size"},
       {{"--budget", "soon"}, "not a duration"},
+      {{"--knobs", "batch", "--", "python3", "train.py"}, "unknown knob 'batch'"},
+      {{"--"}, "needs a command"},
   };
   for (const Case& c : cases) {
     auto o = Tune(c.args);

@@ -359,6 +359,9 @@ TEST(Diagnose, AWrappedJobsDataLoaderSettingsShapeTheFix) {
             std::string::npos)
       << f[0].evidence;
   EXPECT_NE(f[0].fix.find("DataLoader(num_workers=0 -> 7,"), std::string::npos) << f[0].fix;
+  // Its DataLoader seen, the tuner can try the settings on the script as it is.
+  EXPECT_NE(f[0].fix.find("fullburn tune -- CMD measures DataLoader settings"), std::string::npos)
+      << f[0].fix;
   Case covered = job(7, true);  // workers for every core, yet cores idle
   covered.m["proc.cpu_util"] = Flat(310);
   auto g = covered.Run();

@@ -155,6 +155,95 @@ TEST(TuneKnobs, TheBottleneckIsTunedFirst) {
   EXPECT_FALSE(InputBound({failed, healthy}));
 }
 
+std::vector<std::string> ValuesOf(const std::vector<Candidate>& cs) {
+  std::vector<std::string> out;
+  for (const Candidate& c : cs) out.push_back(c.value);
+  return out;
+}
+
+// An unchanged PyTorch script: what its markers recorded is the start.
+TEST(TuneScriptKnobs, TheScriptsOwnSettingsAreReadFromItsEvents) {
+  std::vector<RunEvent> events = {
+      {1, "dataloader",
+       R"({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": false,
+           "pin_memory": false, "batch_size": 8, "rank": 0})"},
+      {2, "dataloader", R"({"num_workers": 0, "rank": 0})"},  // its validation loader
+      {3, "torch", R"({"threads": 1, "version": "1.13.0", "rank": 0})"}};
+  ScriptSettings s = ScriptSettings::FromEvents(events);
+  EXPECT_TRUE(s.has_loader);
+  EXPECT_EQ(s.num_workers, 2);
+  EXPECT_EQ(s.prefetch_factor, 2);
+  EXPECT_EQ(s.persistent_workers, 0);
+  EXPECT_EQ(s.pin_memory, 0);
+  EXPECT_EQ(s.threads, 1);
+  EXPECT_FALSE(ScriptSettings::FromEvents({}).has_loader);
+}
+
+TEST(TuneScriptKnobs, CandidatesFollowTheCoresAndWhatTorchAccepts) {
+  ScriptContext ctx;
+  ctx.cores = 8;
+  ctx.current.has_loader = true;
+  ctx.current.num_workers = 0;
+  ctx.current.threads = 8;
+  std::string skip;
+  EXPECT_EQ(ValuesOf(ScriptKnobCandidates("workers", ctx, &skip)),
+            (std::vector<std::string>{"4", "8", "16"}));  // 2x cores: workers that wait
+  EXPECT_EQ(ValuesOf(ScriptKnobCandidates("threads", ctx, &skip)), (std::vector<std::string>{"4"}));
+  // torch refuses prefetch_factor and persistent_workers without workers.
+  skip.clear();
+  EXPECT_TRUE(ScriptKnobCandidates("prefetch", ctx, &skip).empty());
+  EXPECT_NE(skip.find("num_workers = 0"), std::string::npos) << skip;
+  skip.clear();
+  EXPECT_TRUE(ScriptKnobCandidates("pin_memory", ctx, &skip).empty());
+  EXPECT_NE(skip.find("no GPU"), std::string::npos) << skip;
+  ctx.cuda = true;
+  ctx.current.num_workers = 4;
+  skip.clear();
+  auto pin = ScriptKnobCandidates("pin_memory", ctx, &skip);
+  ASSERT_EQ(pin.size(), 1u);
+  EXPECT_EQ(pin[0].overrides.at("pin_memory"), "true");
+  EXPECT_EQ(ValuesOf(ScriptKnobCandidates("prefetch", ctx, &skip)),
+            (std::vector<std::string>{"4", "8"}));
+  ctx.current.has_loader = false;
+  skip.clear();
+  EXPECT_TRUE(ScriptKnobCandidates("workers", ctx, &skip).empty());
+  EXPECT_NE(skip.find("no torch DataLoader"), std::string::npos) << skip;
+  auto k = ParseKnobList("workers,prefetchh", ScriptKnobs());
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(k.status().message().find("did you mean 'prefetch'"), std::string::npos);
+  EXPECT_FALSE(ParseKnobList("batch", ScriptKnobs()).ok());  // fullburn train's knob
+}
+
+TEST(TuneScriptKnobs, TheLoaderFirstWhenItIsTheBottleneck) {
+  Finding input{"input_workers", "", "", 0.4, 0.9, ""};
+  Finding healthy{"healthy", "", "", 0, 0.9, ""};
+  EXPECT_EQ(ScriptKnobOrder({input}, {}).front(), "workers");
+  EXPECT_EQ(ScriptKnobOrder({healthy}, {}).front(), "threads");
+  EXPECT_EQ(ScriptKnobOrder({input}, {"threads", "prefetch"}),
+            (std::vector<std::string>{"prefetch", "threads"}));
+}
+
+TEST(TuneScriptKnobs, TheWinnerIsSaidAsCodeAndAsTheVariable) {
+  std::map<std::string, std::string> best = {
+      {"num_workers", "4"}, {"persistent_workers", "true"}, {"threads", "2"}};
+  EXPECT_EQ(ScriptAdvice(best),
+            "DataLoader(num_workers=4, persistent_workers=True); torch.set_num_threads(2)");
+  EXPECT_EQ(ScriptAdvice({}), "nothing to change");
+  EXPECT_EQ(ScriptSettingsJson(best).dump(),
+            R"({"num_workers":4,"persistent_workers":true,"threads":2})");
+  ScriptSettings had;
+  had.num_workers = 4;
+  had.persistent_workers = 1;
+  had.threads = 2;
+  EXPECT_EQ(ScriptSettingsMismatch(best, had), "");
+  had.num_workers = 0;  // the script's loader did not go through torch's DataLoader
+  EXPECT_EQ(ScriptSettingsMismatch(best, had), "num_workers 4 was asked, the run had 0");
+  had.num_workers = 4;
+  had.threads = -1;
+  EXPECT_NE(ScriptSettingsMismatch(best, had).find("did not record its threads"),
+            std::string::npos);
+}
+
 TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
   TuneContext ctx;
   ctx.cores = 8;
