@@ -152,43 +152,19 @@ Result<Plan> MakePlan(const TuneOptions& o) {
 
 // ---- fullburn train trials --------------------------------------------------
 
-class TrainTuner {
+class TrainTuner : public KnobTuner {
  public:
   TrainTuner(Tuning* tuning, const TuneOptions& o)
-      : t_(tuning), o_(o), exe_(TrainingExecutable()) {}
-
-  int Run() {
-    Trial start = RunOne("start", "as given", {});
-    if (start.status == "ok") start.verdict = "start";
-    bool ok = start.status == "ok";
-    t_->Record(start);
-    if (!ok)
-      return Finish(t_->interrupted() ? 130 : 1,
-                    "the starting config failed (" + start.reason + "): nothing to compare with");
-    best_ = t_->trials().back();
-    MeasureNoise();
-    start_ = best_;
-    auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
-    std::vector<Finding> findings = data.ok() ? Diagnose(*data) : std::vector<Finding>{};
-    std::vector<std::string> order = KnobOrder(findings, t_->plan().knobs);
-    std::string top = findings.empty() ? "none" : findings.front().cause;
-    std::fprintf(
-        stderr,
-        "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this order: %s\n",
-        noise_ * 100, top.c_str(), fmt::format("{}", fmt::join(order, ", ")).c_str());
-    for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
-      if (!TryKnob(order[k], findings)) {
-        for (size_t r = k; r < order.size(); ++r)
-          Skip(order[r], "budget (" + o_.budget + ") used up");
-        break;
-      }
-    }
-    return Finish(t_->interrupted() ? 130 : 0, "");
-  }
+      : KnobTuner(tuning, o.min_gain, o.budget, "as given", "the starting config"),
+        o_(o),
+        exe_(TrainingExecutable()) {}
 
  private:
-  // False when the budget ran out before the knob was done.
-  bool TryKnob(const std::string& knob, const std::vector<Finding>& findings) {
+  std::vector<std::string> Order(const std::vector<Finding>& findings) override {
+    return KnobOrder(findings, t_->plan().knobs);
+  }
+
+  bool TryKnob(const std::string& knob, const std::vector<Finding>& findings) override {
     TuneContext ctx = Context(findings);
     std::string skip;
     std::vector<Candidate> candidates = KnobCandidates(knob, ctx, &skip);
@@ -196,8 +172,7 @@ class TrainTuner {
     for (const Candidate& c : candidates) {
       if (t_->interrupted()) return true;
       if (!t_->BudgetAllows()) return false;
-      std::map<std::string, std::string> merged = best_.overrides;
-      for (const auto& [key, v] : c.overrides) merged[key] = v;
+      std::map<std::string, std::string> merged = OnBest(c);
       if (c.pack) {
         if (Status packed = WritePackFor(*c.pack); !packed.ok()) {
           Trial failed;
@@ -247,31 +222,6 @@ class TrainTuner {
         static_cast<long long>(report->images), report->bytes / 1048576.0, TuneClock() - started,
         report->skipped ? fmt::format(", {} unreadable left out", report->skipped).c_str() : "");
     return Status::Ok();
-  }
-
-  // The start again: windows within one trial vary less than whole trials
-  // do (other load, clocks, caches), so a change must also beat the
-  // difference between two runs of the same settings. The start counts as
-  // their mean.
-  void MeasureNoise() {
-    if (!t_->BudgetAllows()) return;
-    Trial again = RunOne("start", "again", {});
-    if (again.status == "ok") {
-      double a = best_.measure.value, b = again.measure.value;
-      noise_ = std::abs(a - b) / ((a + b) / 2);
-      again.verdict = fmt::format("run-to-run noise {:.0f}%", noise_ * 100);
-      best_.measure.value = (a + b) / 2;
-      best_.measure.spread = std::max(best_.measure.spread, again.measure.spread);
-    }
-    t_->Record(again);
-  }
-
-  void Judge(Trial* trial) {
-    bool kept = false;
-    if (trial->status == "ok")
-      trial->verdict = Verdict(*trial, best_, std::max(o_.min_gain, noise_), &kept);
-    t_->Record(*trial);
-    if (kept) best_ = t_->trials().back();
   }
 
   // The search trial chose a micro-batch; keep the effective batch by
@@ -334,12 +284,8 @@ class TrainTuner {
   }
 
   Trial RunOne(const std::string& knob, const std::string& value,
-               const std::map<std::string, std::string>& overrides) {
-    Trial trial;
-    trial.knob = knob;
-    trial.value = value;
-    trial.overrides = overrides;
-    trial.log = t_->NextLog();
+               const std::map<std::string, std::string>& overrides) override {
+    Trial trial = NewTrial(knob, value, overrides);
     TrialSpec spec;
     spec.argv = {exe_, "train"};
     const Plan& p = t_->plan();
@@ -363,17 +309,8 @@ class TrainTuner {
     return trial;
   }
 
-  void Skip(const std::string& knob, const std::string& reason) {
-    Trial t;
-    t.knob = knob;
-    t.value = "-";
-    t.status = "skipped";
-    t.reason = reason;
-    t_->Record(t);
-  }
-
   // The winner as a complete config file; the summary line.
-  int Finish(int code, const std::string& failure) {
+  int Finish(int code, const std::string& failure) override {
     const Plan& p = t_->plan();
     nlohmann::json result{{"objective", ObjectiveName(p.objective)}};
     if (!failure.empty()) {
@@ -416,12 +353,9 @@ class TrainTuner {
     return written.ok() ? code : 1;
   }
 
-  Tuning* t_;
   const TuneOptions& o_;
   std::string exe_;
-  Trial best_, start_;
   std::optional<PackJob> packed_;
-  double noise_ = 0;  // relative difference of two runs of the start
 };
 
 // ---- --grid: any command -----------------------------------------------------

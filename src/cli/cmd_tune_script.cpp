@@ -15,72 +15,29 @@ namespace {
 
 constexpr const char* kTuneSetVar = "FULLBURN_TUNE_SET";  // python/fullburn_autosteps.py reads it
 
-class ScriptTuner {
+class ScriptTuner : public KnobTuner {
  public:
   ScriptTuner(Tuning* t, const std::vector<std::string>& command, double min_gain,
               const std::string& budget)
-      : t_(t), command_(command), min_gain_(min_gain), budget_(budget) {}
-
-  int Run() {
-    Trial start = RunOne("start", "as written", {});
-    if (start.status == "ok") start.verdict = "start";
-    bool ok = start.status == "ok";
-    t_->Record(start);
-    if (!ok)
-      return Finish(t_->interrupted() ? 130 : 1,
-                    "the script as written failed (" + start.reason + "): nothing to compare with");
-    best_ = t_->trials().back();
-    MeasureNoise();
-    start_ = best_;
-    auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
-    std::vector<Finding> findings = data.ok() ? Diagnose(*data) : std::vector<Finding>{};
-    std::vector<std::string> order = ScriptKnobOrder(findings, t_->plan().knobs);
-    std::fprintf(stderr,
-                 "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this "
-                 "order: %s\n",
-                 noise_ * 100, findings.empty() ? "none" : findings.front().cause.c_str(),
-                 fmt::format("{}", fmt::join(order, ", ")).c_str());
-    for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
-      if (!TryKnob(order[k])) {
-        for (size_t r = k; r < order.size(); ++r)
-          Skip(order[r], "budget (" + budget_ + ") used up");
-        break;
-      }
-    }
-    return Finish(t_->interrupted() ? 130 : 0, "");
-  }
+      : KnobTuner(t, min_gain, budget, "as written", "the script as written"), command_(command) {}
 
  private:
-  bool TryKnob(const std::string& knob) {
+  std::vector<std::string> Order(const std::vector<Finding>& findings) override {
+    return ScriptKnobOrder(findings, t_->plan().knobs);
+  }
+
+  bool TryKnob(const std::string& knob, const std::vector<Finding>&) override {
     std::string skip;
     std::vector<Candidate> candidates = ScriptKnobCandidates(knob, Context(), &skip);
     if (!skip.empty()) Skip(knob, skip);
     for (const Candidate& c : candidates) {
       if (t_->interrupted()) return true;
       if (!t_->BudgetAllows()) return false;
-      std::map<std::string, std::string> merged = best_.overrides;
-      for (const auto& [key, v] : c.overrides) merged[key] = v;
+      std::map<std::string, std::string> merged = OnBest(c);
       Trial trial = RunOne(knob, c.value, merged);
-      bool kept = false;
-      if (trial.status == "ok")
-        trial.verdict = Verdict(trial, best_, std::max(min_gain_, noise_), &kept);
-      t_->Record(trial);
-      if (kept) best_ = t_->trials().back();
+      Judge(&trial);
     }
     return true;
-  }
-
-  void MeasureNoise() {
-    if (!t_->BudgetAllows()) return;
-    Trial again = RunOne("start", "again", {});
-    if (again.status == "ok") {
-      double a = best_.measure.value, b = again.measure.value;
-      noise_ = std::abs(a - b) / ((a + b) / 2);
-      again.verdict = fmt::format("run-to-run noise {:.0f}%", noise_ * 100);
-      best_.measure.value = (a + b) / 2;
-      best_.measure.spread = std::max(best_.measure.spread, again.measure.spread);
-    }
-    t_->Record(again);
   }
 
   ScriptContext Context() {
@@ -96,12 +53,8 @@ class ScriptTuner {
   }
 
   Trial RunOne(const std::string& knob, const std::string& value,
-               const std::map<std::string, std::string>& overrides) {
-    Trial trial;
-    trial.knob = knob;
-    trial.value = value;
-    trial.overrides = overrides;
-    trial.log = t_->NextLog();
+               const std::map<std::string, std::string>& overrides) override {
+    Trial trial = NewTrial(knob, value, overrides);
     TrialSpec spec;
     spec.argv = {SelfExecutable(),
                  "run",
@@ -137,16 +90,7 @@ class ScriptTuner {
     return trial;
   }
 
-  void Skip(const std::string& knob, const std::string& reason) {
-    Trial t;
-    t.knob = knob;
-    t.value = "-";
-    t.status = "skipped";
-    t.reason = reason;
-    t_->Record(t);
-  }
-
-  int Finish(int code, const std::string& failure) {
+  int Finish(int code, const std::string& failure) override {
     nlohmann::json result{{"objective", ObjectiveName(t_->plan().objective)}};
     if (!failure.empty()) {
       t_->Finish("tuning " + std::to_string(t_->id()) + " stopped: " + failure, result, code);
@@ -172,12 +116,7 @@ class ScriptTuner {
     return code;
   }
 
-  Tuning* t_;
   std::vector<std::string> command_;
-  double min_gain_;
-  std::string budget_;
-  Trial best_, start_;
-  double noise_ = 0;
 };
 
 }  // namespace

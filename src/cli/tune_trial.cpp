@@ -3,13 +3,17 @@
 // then measured from the store.
 #include "tune_trial.h"
 
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <regex>
 
 #include "child.h"
+#include "fullburn/diagnose.h"
 #include "fullburn/env.h"
 #include "fullburn/report.h"
 
@@ -128,6 +132,83 @@ std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* ke
   *kept = BeatsBest(t.measure, best.measure, min_gain, &gain);
   if (*kept) return fmt::format("kept {:+.0f}%", gain * 100);
   return fmt::format("{} {:+.0f}%", gain < 0 ? "slower" : "within noise", gain * 100);
+}
+
+int KnobTuner::Run() {
+  Trial start = RunOne("start", start_value_, {});
+  if (start.status == "ok") start.verdict = "start";
+  bool ok = start.status == "ok";
+  t_->Record(start);
+  if (!ok)
+    return Finish(t_->interrupted() ? 130 : 1,
+                  start_name_ + " failed (" + start.reason + "): nothing to compare with");
+  best_ = t_->trials().back();
+  MeasureNoise();
+  start_ = best_;
+  auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
+  std::vector<Finding> findings = data.ok() ? Diagnose(*data) : std::vector<Finding>{};
+  std::vector<std::string> order = Order(findings);
+  std::fprintf(
+      stderr,
+      "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this order: %s\n",
+      noise_ * 100, findings.empty() ? "none" : findings.front().cause.c_str(),
+      fmt::format("{}", fmt::join(order, ", ")).c_str());
+  for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
+    if (!TryKnob(order[k], findings)) {
+      for (size_t r = k; r < order.size(); ++r) Skip(order[r], "budget (" + budget_ + ") used up");
+      break;
+    }
+  }
+  return Finish(t_->interrupted() ? 130 : 0, "");
+}
+
+// The start again: windows within one trial vary less than whole trials do
+// (other load, clocks, caches), so a change must also beat the difference
+// between two runs of the same settings.
+void KnobTuner::MeasureNoise() {
+  if (!t_->BudgetAllows()) return;
+  Trial again = RunOne("start", "again", {});
+  if (again.status == "ok") {
+    double a = best_.measure.value, b = again.measure.value;
+    noise_ = std::abs(a - b) / ((a + b) / 2);
+    again.verdict = fmt::format("run-to-run noise {:.0f}%", noise_ * 100);
+    best_.measure.value = (a + b) / 2;
+    best_.measure.spread = std::max(best_.measure.spread, again.measure.spread);
+  }
+  t_->Record(again);
+}
+
+Trial KnobTuner::NewTrial(const std::string& knob, const std::string& value,
+                          const std::map<std::string, std::string>& overrides) const {
+  Trial trial;
+  trial.knob = knob;
+  trial.value = value;
+  trial.overrides = overrides;
+  trial.log = t_->NextLog();
+  return trial;
+}
+
+std::map<std::string, std::string> KnobTuner::OnBest(const Candidate& c) const {
+  std::map<std::string, std::string> merged = best_.overrides;
+  for (const auto& [key, v] : c.overrides) merged[key] = v;
+  return merged;
+}
+
+void KnobTuner::Judge(Trial* trial) {
+  bool kept = false;
+  if (trial->status == "ok")
+    trial->verdict = Verdict(*trial, best_, std::max(min_gain_, noise_), &kept);
+  t_->Record(*trial);
+  if (kept) best_ = t_->trials().back();
+}
+
+void KnobTuner::Skip(const std::string& knob, const std::string& reason) {
+  Trial t;
+  t.knob = knob;
+  t.value = "-";
+  t.status = "skipped";
+  t.reason = reason;
+  t_->Record(t);
 }
 
 }  // namespace fullburn::cli

@@ -113,6 +113,54 @@ class Tuning {
 // "kept +12%", "within noise +1%", "slower -8%"; *kept: t beats best beyond min_gain.
 std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept);
 
+// One knob at a time from the best so far: what fullburn train's tuning and
+// an unchanged script's share. The start runs twice (the second for the
+// run-to-run noise, the start counting as their mean), the start's diagnosis
+// orders the knobs, and a value is kept when it beats the best beyond the
+// noise. Subclasses run a trial and know their knobs.
+class KnobTuner {
+ public:
+  // start_value: the start trial's value ("as given"); start_name: what
+  // failed when it fails ("the starting config").
+  KnobTuner(Tuning* t, double min_gain, std::string budget, std::string start_value,
+            std::string start_name)
+      : t_(t),
+        min_gain_(min_gain),
+        budget_(std::move(budget)),
+        start_value_(std::move(start_value)),
+        start_name_(std::move(start_name)) {}
+  virtual ~KnobTuner() = default;
+  int Run();  // the exit code
+
+ protected:
+  virtual Trial RunOne(const std::string& knob, const std::string& value,
+                       const std::map<std::string, std::string>& overrides) = 0;
+  virtual std::vector<std::string> Order(const std::vector<Finding>& findings) = 0;
+  // False when the budget ran out before the knob was done.
+  virtual bool TryKnob(const std::string& knob, const std::vector<Finding>& findings) = 0;
+  // Writes the result; `failure` set: the tuning stopped before any knob.
+  virtual int Finish(int code, const std::string& failure) = 0;
+
+  // A trial of `knob` = `value`, its output file next in the tuning's directory.
+  Trial NewTrial(const std::string& knob, const std::string& value,
+                 const std::map<std::string, std::string>& overrides) const;
+  // The best settings so far with the candidate's on top.
+  std::map<std::string, std::string> OnBest(const Candidate& c) const;
+  // Records the trial with its verdict against the best; a kept one is the new best.
+  void Judge(Trial* trial);
+  void Skip(const std::string& knob, const std::string& reason);
+
+  Tuning* t_;
+  double min_gain_;
+  std::string budget_;
+  Trial best_, start_;
+  double noise_ = 0;  // relative difference of two runs of the start
+
+ private:
+  void MeasureNoise();
+  std::string start_value_, start_name_;
+};
+
 // fullburn tune -- CMD: an unchanged PyTorch script's DataLoader and threads,
 // one knob at a time (cmd_tune_script.cpp).
 int TuneScript(Tuning* t, const std::vector<std::string>& command, double min_gain,
