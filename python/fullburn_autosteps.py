@@ -165,11 +165,7 @@ class _AutoSteps:
         m._synchronize()
         now = time.time()
         start = self.step_start if self.step_start is not None else now
-        if self.torch is not None:  # once: what the steps ran with
-            m._write({"kind": "event", "name": "torch", "rank": m.rank, "time": now,
-                      "data": {"version": self.torch.__version__,
-                               "threads": self.torch.get_num_threads()}})
-            self.torch = None
+        self.note_torch(m, now)
         m.step += 1
         # Formatted by hand: json.dumps was a fifth of the per-step cost
         # (bench/autosteps_overhead); every value here is a number.
@@ -199,6 +195,22 @@ class _AutoSteps:
         self.iterator_ref = ref  # accumulation: the same iterator goes on
         self.iterator_stepped = ref is not None
         self.step_start = now
+
+    def note_torch(self, m, now):
+        """Once, at the first step: what the steps ran with (the tuner checks
+        its threads took)."""
+        if self.torch is None:
+            return
+        m._write({"kind": "event", "name": "torch", "rank": m.rank, "time": now,
+                  "data": {"version": self.torch.__version__,
+                           "threads": self.torch.get_num_threads()}})
+        self.torch = None
+
+    def stepped(self, optimizer):
+        if self.enabled:
+            self.optimizer_stepped(optimizer)
+        elif self.torch is not None:  # the job's own markers time the steps
+            self.note_torch(self._open(), time.time())
 
     def finish(self):
         """At exit: an evaluation after the last step is still written."""
@@ -310,6 +322,9 @@ def _hook_torch(torch):
 
     def __iter__(loader):
         if not state.enabled:
+            # The job's own markers time its steps; its loader's settings are
+            # still recorded (its markers do only for steps(loader)).
+            state._open().describe_loader(loader)
             return original_iter(loader)
         started = time.time()
         iterator = original_iter(loader)
@@ -398,13 +413,12 @@ def _hook_torch(torch):
     torch.Tensor.backward = backward
     torch.save = serialization.save = save
     if register is not None:
-        register(lambda optimizer, args, kwargs: state.enabled and state.optimizer_stepped(optimizer))
+        register(lambda optimizer, args, kwargs: state.stepped(optimizer))
     else:
 
         def _optimizer_step_code(optimizer):
             original_code(optimizer)
-            if state.enabled:
-                state.optimizer_stepped(optimizer)
+            state.stepped(optimizer)
 
         optim.Optimizer._optimizer_step_code = _optimizer_step_code
     _state = state

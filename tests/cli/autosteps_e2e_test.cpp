@@ -11,6 +11,7 @@
 
 #include "fullburn/diagnose.h"
 #include "fullburn/store.h"
+#include "fullburn/tune.h"
 #include "process.h"
 
 namespace fullburn {
@@ -38,8 +39,12 @@ class AutoStepsE2E : public ::testing::Test {
     ::unsetenv("FULLBURN_STORE");
     ::unsetenv("FULLBURN_NO_AUTO_STEPS");
     ::unsetenv("PYTHONPATH");
+    ::unsetenv("FULLBURN_TUNE_SET");
   }
-  void TearDown() override { ::unsetenv("PYTHONPATH"); }
+  void TearDown() override {
+    ::unsetenv("PYTHONPATH");
+    ::unsetenv("FULLBURN_TUNE_SET");
+  }
   testing::Outcome Run(std::vector<std::string> args, std::vector<std::string> flags = {}) {
     std::vector<std::string> argv = {FULLBURN_BIN, "run", "--interval", "0.2", "--store", store_};
     argv.insert(argv.end(), flags.begin(), flags.end());
@@ -216,6 +221,31 @@ TEST_F(AutoStepsE2E, AnUncaughtExceptionIsTheFirstFinding) {
   // A run that ends well has no such event.
   ASSERT_EQ(Run({"--epochs", "1", "--sample-ms", "0"}).code, 0);
   EXPECT_TRUE(EventsOf(Stored(), "exception").empty());
+}
+
+// fullburn tune's settings reach an unchanged script's DataLoaders and
+// threads (its own torch.set_num_threads(1) included), and the run records
+// what took: with the automatic markers, and with the job's own.
+TEST_F(AutoStepsE2E, TuneSettingsReachTheScriptAndAreRecorded) {
+  ::setenv("FULLBURN_TUNE_SET", R"({"num_workers": 1, "persistent_workers": true, "threads": 2})",
+           1);
+  for (const char* own : {"", "--markers"}) {
+    std::vector<std::string> args = {"--epochs", "2", "--sample-ms", "0"};
+    if (*own) args.push_back(own);
+    auto o = Run(args);
+    ASSERT_EQ(o.code, 0) << o.err;
+    RunData run = Stored();
+    ScriptSettings had = ScriptSettings::FromEvents(run.events);
+    EXPECT_EQ(had.num_workers, 1) << own;
+    EXPECT_EQ(had.persistent_workers, 1) << own;
+    EXPECT_EQ(had.threads, 2) << own;
+    EXPECT_EQ(ScriptSettingsMismatch({{"num_workers", "1"}, {"threads", "2"}}, had), "") << own;
+  }
+  ::unsetenv("FULLBURN_TUNE_SET");
+  ASSERT_EQ(Run({"--epochs", "1", "--sample-ms", "0"}).code, 0);
+  ScriptSettings own = ScriptSettings::FromEvents(Stored().events);
+  EXPECT_EQ(own.num_workers, 0);  // the script's own settings again
+  EXPECT_EQ(own.threads, 1);
 }
 
 // A synchronous torch.save every 4 steps (a 200 MB state): each is a
