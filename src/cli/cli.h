@@ -44,7 +44,8 @@ Status WriteFileAtomically(const std::string& path, const std::string& text);
 // This process's argv (argv[0] as "fullburn"), as stored with a run.
 std::vector<std::string> OwnCommandLine();
 
-// This executable's path ("" if /proc/self/exe cannot be read).
+// This executable's path ("" if /proc/self/exe cannot be read); when the file
+// was replaced while this process runs, the new one at the same path.
 std::string SelfExecutable();
 std::string CurrentDir();
 

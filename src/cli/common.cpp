@@ -30,7 +30,16 @@ void AddIntervalOption(CLI::App* app, CommonOptions* opts, double default_s) {
 std::string SelfExecutable() {
   char self[4096] = {0};
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  return n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
+  std::string path = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
+  // Rebuilt or upgraded while running (a long tuning): the kernel names the
+  // old file "PATH (deleted)"; children start the new one at PATH.
+  const std::string deleted = " (deleted)";
+  if (path.size() > deleted.size() &&
+      path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0) {
+    std::string replaced = path.substr(0, path.size() - deleted.size());
+    if (::access(replaced.c_str(), X_OK) == 0) return replaced;
+  }
+  return path;
 }
 
 std::string CurrentDir() {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -95,6 +96,26 @@ TEST_F(TuneE2E, MetricRegexRanksByTheCommandsOwnNumbers) {
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_NE(o.out.find("best batch=256"), std::string::npos) << o.out;
   for (const json& t : Trials()) EXPECT_EQ(t["unit"], "metric");
+}
+
+// fullburn rebuilt (or upgraded) while a tuning runs: the next trials start
+// the new binary at the same path, not the deleted file the tuner runs from.
+TEST_F(TuneE2E, TrialsGoOnWhenTheBinaryIsReplacedMidTuning) {
+  std::string fb = dir_ + "/fullburn";
+  std::filesystem::copy_file(FULLBURN_BIN, fb);
+  std::filesystem::permissions(fb, std::filesystem::perms::owner_all);
+  // The first combination replaces the binary (a new file moved over it).
+  std::string replace = "cp " + fb + " " + fb + ".new && mv " + fb + ".new " + fb + "; ";
+  auto o =
+      RunToEnd({fb, "tune", "--store", store_, "--grid", "n=1,2", "--metric-regex", "rate ([0-9]+)",
+                "--trial", "30s", "--", "sh", "-c",
+                "[ {n} = 1 ] && { " + replace + "}; for i in 1 2 3 4 5; do echo rate {n}; done"},
+               120);
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<json> trials = Trials();
+  ASSERT_EQ(trials.size(), 2u) << o.err;
+  for (const json& t : trials) EXPECT_EQ(t["status"], "ok") << t.dump();
+  EXPECT_NE(o.out.find("best n=2"), std::string::npos) << o.out;
 }
 
 TEST_F(TuneE2E, CombinationsAsFastAsTheBestAreNamed) {
