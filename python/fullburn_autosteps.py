@@ -59,13 +59,13 @@ _state = None
 
 
 class _AutoSteps:
-    def __init__(self):
+    def __init__(self, torch):
         self.enabled = True
         self.markers = None  # opened at the first step
         self.optimizer = None  # the one whose steps are counted
         self.saw_loader = False
         self.step_start = None
-        self.torch = None  # set until the first step's "torch" event is written
+        self.torch = torch  # None once the first step's "torch" event is written
         self.pid = os.getpid()  # a forked DataLoader worker inherits this state
         self.loop_thread = threading.get_ident()  # the one that steps (set at the first step)
         self._reset_pending()
@@ -233,9 +233,13 @@ def _first_lr(optimizer):
         return None
 
 
+def _is_path(f):
+    return isinstance(f, (str, bytes, os.PathLike))
+
+
 def _save_target(f):
     """What torch.save wrote to, for people: a path, a file's name, or "<memory>"."""
-    if isinstance(f, (str, bytes, os.PathLike)):
+    if _is_path(f):
         return os.fsdecode(os.fspath(f))
     name = getattr(f, "name", None)
     return name if isinstance(name, str) else "<memory>"
@@ -244,7 +248,7 @@ def _save_target(f):
 def _saved_bytes(f, position):
     """The size of what torch.save wrote: the file's, or how far the stream moved."""
     try:
-        if isinstance(f, (str, bytes, os.PathLike)):
+        if _is_path(f):
             return os.path.getsize(f)
         if position is not None:
             return f.tell() - position
@@ -309,8 +313,7 @@ def _apply_tune_settings(torch, data, settings):
 
 def _hook_torch(torch):
     global _state
-    state = _AutoSteps()
-    state.torch = torch
+    state = _AutoSteps(torch)
     # Everything is looked up before anything is patched: a torch without one
     # of these hooks is left as it was.
     data = importlib.import_module("torch.utils.data.dataloader")
@@ -392,7 +395,7 @@ def _hook_torch(torch):
             return original_save(obj, f, *args, **kwargs)
         started = time.time()
         try:
-            position = None if isinstance(f, (str, bytes, os.PathLike)) else f.tell()
+            position = None if _is_path(f) else f.tell()
         except (OSError, ValueError, AttributeError):
             position = None
         result = original_save(obj, f, *args, **kwargs)

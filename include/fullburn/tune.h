@@ -83,6 +83,10 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
 // (input_cpu, input_io, input_workers, h2d_copy).
 bool InputBound(const std::vector<Finding>& findings);
 
+// The knobs of `order` that `selected` names (all when it is empty), in `order`'s order.
+std::vector<std::string> OnlySelected(std::vector<std::string> order,
+                                      const std::vector<std::string>& selected);
+
 // The bottleneck first: loader knobs when the top finding is the input
 // pipeline, batch size for small_batch/memory_headroom, else compute knobs.
 // Keeps only the knobs in `selected` (all when empty).

@@ -395,25 +395,10 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
     trial.value = GridValue(p.axes, combos[i]);
     trial.overrides = combos[i];
     trial.log = t->NextLog();
-    TrialSpec spec;
-    spec.argv = {SelfExecutable(),
-                 "run",
-                 "-q",
-                 "--parent",
-                 std::to_string(t->id()),
-                 "--name",
-                 fmt::format("tune {} #{}: {}", t->id(), t->trials().size() + 1, trial.value),
-                 "--store",
-                 t->store()->path(),
-                 "--"};
     Result<std::vector<std::string>> command =
         Substitute(o.args, combos[i]);  // checked before any trial
-    spec.argv.insert(spec.argv.end(), command->begin(), command->end());
-    spec.tuning_id = t->id();
-    spec.timeout_s = p.trial_s;
-    spec.stop_is_normal = true;
+    TrialSpec spec = CommandTrialSpec(*t, trial.value, *command);
     spec.metric_regex = o.metric_regex;
-    spec.objective = p.objective;
     RunTrial(spec, t->store(), &trial);
     trial.verdict = GridVerdict(trial, t->trials(), o.min_gain);
     t->Record(trial);

@@ -5,7 +5,8 @@
 // in the script.
 #include <fmt/format.h>
 
-#include "child.h"
+#include <cmath>
+
 #include "cli.h"
 #include "fullburn/dist.h"
 #include "tune_trial.h"
@@ -40,37 +41,24 @@ class ScriptTuner : public KnobTuner {
     return true;
   }
 
+  // The best trial's settings as its run recorded them; a GPU when it sampled one.
   ScriptContext Context() {
     ScriptContext ctx;
     ctx.cores = RankCpus(ReadCpuView(Env::Default()), 1);
-    auto run = t_->store()->LoadRun(std::to_string(best_.run_id));
-    if (!run.ok()) return ctx;
-    ctx.current = ScriptSettings::FromEvents(run->events);
-    for (const auto& [name, series] : run->samples)
-      if (name.rfind("gpu", 0) == 0 && name.find(".util") != std::string::npos && !series.empty())
-        ctx.cuda = true;
+    ctx.cuda = !std::isnan(best_.measure.gpu_util);
+    ctx.current = Recorded(best_.run_id);
     return ctx;
+  }
+
+  ScriptSettings Recorded(int64_t run_id) {
+    auto events = t_->store()->LoadEvents(run_id);
+    return events.ok() ? ScriptSettings::FromEvents(*events) : ScriptSettings{};
   }
 
   Trial RunOne(const std::string& knob, const std::string& value,
                const std::map<std::string, std::string>& overrides) override {
     Trial trial = NewTrial(knob, value, overrides);
-    TrialSpec spec;
-    spec.argv = {SelfExecutable(),
-                 "run",
-                 "-q",
-                 "--parent",
-                 std::to_string(t_->id()),
-                 "--name",
-                 fmt::format("tune {} #{}: {}={}", t_->id(), t_->trials().size() + 1, knob, value),
-                 "--store",
-                 t_->store()->path(),
-                 "--"};
-    spec.argv.insert(spec.argv.end(), command_.begin(), command_.end());
-    spec.tuning_id = t_->id();
-    spec.timeout_s = t_->plan().trial_s;
-    spec.stop_is_normal = true;  // a script still training at the trial's end is measured
-    spec.objective = t_->plan().objective;
+    TrialSpec spec = CommandTrialSpec(*t_, knob + "=" + value, command_);
     if (!overrides.empty())
       spec.extra_env.push_back(std::string(kTuneSetVar) + "=" +
                                ScriptSettingsJson(overrides).dump());
@@ -78,10 +66,7 @@ class ScriptTuner : public KnobTuner {
     if (trial.status == "ok" && !overrides.empty()) {
       // A script that builds its DataLoader in a way the markers cannot
       // reach, or sets threads through another path, ran its own settings.
-      auto run = t_->store()->LoadRun(std::to_string(trial.run_id));
-      std::string differs =
-          run.ok() ? ScriptSettingsMismatch(overrides, ScriptSettings::FromEvents(run->events))
-                   : run.status().message();
+      std::string differs = ScriptSettingsMismatch(overrides, Recorded(trial.run_id));
       if (!differs.empty()) {
         trial.status = "failed";
         trial.reason = "the setting did not take: " + differs;

@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "child.h"
+#include "cli.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/env.h"
 #include "fullburn/report.h"
@@ -132,6 +133,27 @@ std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* ke
   *kept = BeatsBest(t.measure, best.measure, min_gain, &gain);
   if (*kept) return fmt::format("kept {:+.0f}%", gain * 100);
   return fmt::format("{} {:+.0f}%", gain < 0 ? "slower" : "within noise", gain * 100);
+}
+
+TrialSpec CommandTrialSpec(const Tuning& t, const std::string& label,
+                           const std::vector<std::string>& command) {
+  TrialSpec spec;
+  spec.argv = {SelfExecutable(),
+               "run",
+               "-q",
+               "--parent",
+               std::to_string(t.id()),
+               "--name",
+               fmt::format("tune {} #{}: {}", t.id(), t.trials().size() + 1, label),
+               "--store",
+               t.store()->path(),
+               "--"};
+  spec.argv.insert(spec.argv.end(), command.begin(), command.end());
+  spec.tuning_id = t.id();
+  spec.timeout_s = t.plan().trial_s;
+  spec.stop_is_normal = true;  // a command still running at the trial's end is measured
+  spec.objective = t.plan().objective;
+  return spec;
 }
 
 int KnobTuner::Run() {

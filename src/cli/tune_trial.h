@@ -110,6 +110,12 @@ class Tuning {
   bool interrupted_ = false;
 };
 
+// A trial of `command` under `fullburn run`, recorded as a run of the
+// tuning named `label` ("tune 3 #2: workers=4"), stopped at --trial and
+// measured from what it recorded (--grid, and an unchanged script).
+TrialSpec CommandTrialSpec(const Tuning& t, const std::string& label,
+                           const std::vector<std::string>& command);
+
 // "kept +12%", "within noise +1%", "slower -8%"; *kept: t beats best beyond min_gain.
 std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept);
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "facts.h"
@@ -137,13 +138,26 @@ std::string Bytes(double b) {
   return b >= 1e9 ? fmt::format("{:.1f} GB", b / 1e9) : fmt::format("{:.0f} MB", b / 1e6);
 }
 
+// Bytes per second over the saves whose size is known; NaN with none.
+double WriteRate(const CheckpointFacts& c) {
+  double written = 0, written_s = 0;
+  for (const Save& s : c.saves)
+    if (s.bytes > 0) written += s.bytes, written_s += s.blocked_s;
+  return written_s > 0 ? written / written_s : NAN;
+}
+
+// Saves every K steps costing `share` of the run: every K' costs kCheckpointTarget.
+int64_t TargetPeriod(const CheckpointFacts& c, double share) {
+  return static_cast<int64_t>(std::ceil(c.period * share / kCheckpointTarget));
+}
+
 std::string Evidence(const CheckpointFacts& c, double share) {
   std::vector<double> each, sizes;
-  double longest = 0, written = 0, written_s = 0;
+  double longest = 0;
   for (const Save& s : c.saves) {
     each.push_back(s.blocked_s);
     longest = std::max(longest, s.blocked_s);
-    if (s.bytes > 0) sizes.push_back(s.bytes), written += s.bytes, written_s += s.blocked_s;
+    if (s.bytes > 0) sizes.push_back(s.bytes);
   }
   const char* by = c.source == "torch.save" ? "torch.save, timed by the automatic markers"
                    : c.source == "phase"    ? "Markers.phase(\"checkpoint\")"
@@ -154,18 +168,16 @@ std::string Evidence(const CheckpointFacts& c, double share) {
       c.saves.size(), c.saves.size() == 1 ? "" : "s", by, c.blocked_s, Pct(share), Pct(kMinShare),
       Median(each), longest);
   if (c.period > 0) s += fmt::format(", every {} steps", c.period);
-  if (!sizes.empty() && written_s > 0)
-    s += fmt::format("; {} each at {}/s", Bytes(Median(sizes)), Bytes(written / written_s));
+  if (double rate = WriteRate(c); !sizes.empty() && !std::isnan(rate))
+    s += fmt::format("; {} each at {}/s", Bytes(Median(sizes)), Bytes(rate));
   if (!c.path.empty()) s += "; the last: " + c.path;
   return s;
 }
 
-// Saves every K steps costing `share` of the run: every K' costs the target.
 std::string LessOften(const CheckpointFacts& c, double share) {
   if (c.period <= 0) return "less often";
-  int64_t every = static_cast<int64_t>(std::ceil(c.period * share / kCheckpointTarget));
-  return fmt::format("every {} steps instead of every {} (about {} of the run)", every, c.period,
-                     Pct(kCheckpointTarget));
+  return fmt::format("every {} steps instead of every {} (about {} of the run)",
+                     TargetPeriod(c, share), c.period, Pct(kCheckpointTarget));
 }
 
 std::string Fix(const Facts& f, double share) {
@@ -173,25 +185,20 @@ std::string Fix(const Facts& f, double share) {
   if (c.source == "trainer") {
     if (!c.trainer_async)
       return "checkpoint.async = true: the loop then waits only for the snapshot to host memory";
-    std::string every =
-        c.period > 0
-            ? fmt::format("checkpoint.every_steps = {}",
-                          static_cast<int64_t>(std::ceil(c.period * share / kCheckpointTarget)))
-            : "a larger checkpoint.every_steps or checkpoint.every_minutes";
+    std::string every = c.period > 0
+                            ? fmt::format("checkpoint.every_steps = {}", TargetPeriod(c, share))
+                            : "a larger checkpoint.every_steps or checkpoint.every_minutes";
     return every + " (the writes are already in the background; the loop waits for the snapshot)";
   }
   std::string fix = "save " + LessOften(c, share) +
                     ", or take the write off the loop: torch.distributed.checkpoint.async_save "
                     "(PyTorch >= 2.4), or copy the state_dict to CPU and torch.save it on a "
                     "background thread";
-  double written = 0, written_s = 0;
-  for (const Save& s : c.saves)
-    if (s.bytes > 0) written += s.bytes, written_s += s.blocked_s;
-  if (written_s > 0 && written / written_s < kSlowWrite)
+  if (double rate = WriteRate(c); rate < kSlowWrite)  // false for NaN: sizes unknown
     fix += fmt::format(
         "; the saves ran at {}/s: write to a local SSD or /dev/shm and copy to shared storage "
         "afterwards",
-        Bytes(written / written_s));
+        Bytes(rate));
   return fix;
 }
 

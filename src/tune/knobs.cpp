@@ -228,21 +228,24 @@ bool InputBound(const std::vector<Finding>& findings) {
   return false;
 }
 
-std::vector<std::string> KnobOrder(const std::vector<Finding>& findings,
-                                   const std::vector<std::string>& selected) {
-  std::vector<std::string> order;
-  if (InputBound(findings))
-    order = {"pack",    "cache",     "loader_threads", "prefetch",        "batch",
-             "threads", "precision", "channels_last",  "cudnn_benchmark", "cuda_graphs"};
-  else
-    order = {"batch",       "precision", "channels_last",  "cudnn_benchmark",
-             "cuda_graphs", "threads",   "loader_threads", "prefetch",
-             "pack",        "cache"};
+std::vector<std::string> OnlySelected(std::vector<std::string> order,
+                                      const std::vector<std::string>& selected) {
   if (selected.empty()) return order;
   std::vector<std::string> out;
   for (const std::string& k : order)
     if (std::find(selected.begin(), selected.end(), k) != selected.end()) out.push_back(k);
   return out;
+}
+
+std::vector<std::string> KnobOrder(const std::vector<Finding>& findings,
+                                   const std::vector<std::string>& selected) {
+  if (InputBound(findings))
+    return OnlySelected({"pack", "cache", "loader_threads", "prefetch", "batch", "threads",
+                         "precision", "channels_last", "cudnn_benchmark", "cuda_graphs"},
+                        selected);
+  return OnlySelected({"batch", "precision", "channels_last", "cudnn_benchmark", "cuda_graphs",
+                       "threads", "loader_threads", "prefetch", "pack", "cache"},
+                      selected);
 }
 
 std::pair<int64_t, int64_t> KeepEffectiveBatch(int64_t searched, int64_t effective) {

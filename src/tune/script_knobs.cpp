@@ -93,16 +93,11 @@ std::vector<Candidate> ScriptKnobCandidates(const std::string& knob, const Scrip
 
 std::vector<std::string> ScriptKnobOrder(const std::vector<Finding>& findings,
                                          const std::vector<std::string>& selected) {
-  std::vector<std::string> order =
-      InputBound(findings) ? std::vector<std::string>{"workers", "prefetch", "persistent_workers",
-                                                      "pin_memory", "threads"}
-                           : std::vector<std::string>{"threads", "workers", "pin_memory",
-                                                      "prefetch", "persistent_workers"};
-  if (selected.empty()) return order;
-  std::vector<std::string> out;
-  for (const std::string& k : order)
-    if (std::find(selected.begin(), selected.end(), k) != selected.end()) out.push_back(k);
-  return out;
+  if (InputBound(findings))
+    return OnlySelected({"workers", "prefetch", "persistent_workers", "pin_memory", "threads"},
+                        selected);
+  return OnlySelected({"threads", "workers", "pin_memory", "prefetch", "persistent_workers"},
+                      selected);
 }
 
 nlohmann::json ScriptSettingsJson(const std::map<std::string, std::string>& overrides) {
