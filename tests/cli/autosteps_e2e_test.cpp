@@ -241,6 +241,17 @@ TEST_F(AutoStepsE2E, TuneSettingsReachTheScriptAndAreRecorded) {
     EXPECT_EQ(had.threads, 2) << own;
     EXPECT_EQ(ScriptSettingsMismatch({{"num_workers", "1"}, {"threads", "2"}}, had), "") << own;
   }
+  // Not a JSON object: said once, and the script runs its own settings.
+  ::setenv("FULLBURN_TUNE_SET", "workers=4", 1);
+  auto bad = Run({"--epochs", "1", "--sample-ms", "0"});
+  ASSERT_EQ(bad.code, 0) << bad.err;
+  EXPECT_NE(bad.err.find("fullburn: FULLBURN_TUNE_SET is not a JSON object; running the script's "
+                         "own settings"),
+            std::string::npos)
+      << bad.err;
+  ScriptSettings kept = ScriptSettings::FromEvents(Stored().events);
+  EXPECT_EQ(kept.num_workers, 0);  // the script's own settings
+  EXPECT_EQ(kept.threads, 1);
   ::unsetenv("FULLBURN_TUNE_SET");
   ASSERT_EQ(Run({"--epochs", "1", "--sample-ms", "0"}).code, 0);
   ScriptSettings own = ScriptSettings::FromEvents(Stored().events);
