@@ -14,6 +14,15 @@ and then hooks four places:
 - `tensor.backward()` on a one-element tensor records the step's loss when
   it can be read without waiting for the device (a CPU tensor, or any tensor
   with FULLBURN_MARKERS_SYNC=1); the mean over the step's backward calls;
+  and times the step's phases on the host: backward_s (the backward calls),
+  forward_s (from each batch's fetch to its backward: the copy to the
+  device, zero_grad, the forward and the loss) and optimizer_s (from the
+  last backward to the step's end: unscaling, clipping, the update). What
+  is left of the step (the loop's own work after optimizer.step() and
+  before the next batch: logging, metrics, the LR scheduler) is the rest.
+  On a GPU these are host times: the host runs ahead and waits where it
+  synchronizes, so the GPU's utilization bounds what the diagnosis reads
+  into them;
 - `torch.save()` is written as a "checkpoint" event (its duration, path and
   bytes) and its time is left out of the step it falls in: the loop is
   blocked, not training, and the diagnosis counts that time as the
@@ -34,8 +43,8 @@ the script's own calls included). What took effect is recorded: the
 
 A job with its own markers (fullburn_markers.Markers, steps()) turns this off
 the moment it makes one, and its step numbers go on from these. Steps without
-a DataLoader (a hand-written get_batch()) carry no data_wait_s: unmeasured,
-not zero. A step skipped by a GradScaler (inf/NaN) never reaches the hook, so
+a DataLoader (a hand-written get_batch()) carry no data_wait_s and no
+forward_s: unmeasured, not zero. A step skipped by a GradScaler (inf/NaN) never reaches the hook, so
 its time goes to the next step.
 """
 
@@ -81,6 +90,15 @@ class _AutoSteps:
         self.losses = []
         self.last_activity = None
         self.saved_s = 0.0  # torch.save time since first_fetch (not evaluation)
+        # The step's phases on the host: the forward part runs from a batch's
+        # fetch to its backward(), the optimizer part from the last backward()
+        # to the step's end; saves inside either are left out of it.
+        self.mark = None  # the last fetch's or backward()'s end
+        self.fetched = False  # a batch came since the last backward(): a forward follows
+        self.saved_since_mark = 0.0
+        self.forward = 0.0
+        self.backward = 0.0
+        self.backward_end = None
 
     def _open(self):
         if self.markers is None:
@@ -107,6 +125,9 @@ class _AutoSteps:
         self.wait += now - started
         self.samples += fullburn_markers._batch_size(batch)
         self.last_activity = now
+        self.mark = now
+        self.fetched = True
+        self.saved_since_mark = 0.0
 
     def _write_evaluation(self, end):
         """The fetches since the last step fed no step: an evaluation."""
@@ -140,6 +161,8 @@ class _AutoSteps:
                 self.step_start += took  # the step it interrupts goes on after it
             if self.first_fetch is not None and self.first_fetch <= started:
                 self.saved_s += took
+            if self.mark is not None and self.mark <= started:
+                self.saved_since_mark += took
         m._write({"kind": "event", "name": "checkpoint", "rank": m.rank, "time": end,
                   "duration_s": took, "data": data})
 
@@ -154,6 +177,29 @@ class _AutoSteps:
             self.losses.append(tensor.item())
         except (RuntimeError, ValueError):
             pass
+
+    def backward_ran(self, started, end):
+        """A backward() on the loop's thread: its time, and the forward's
+        before it (from the batch it follows; a second backward() on the same
+        batch adds its own forward part, the time since the first)."""
+        if os.getpid() != self.pid or threading.get_ident() != self.loop_thread:
+            return
+        if self.mark is not None and (self.fetched or self.backward_end is not None):
+            self.forward += max(0.0, started - self.mark - self.saved_since_mark)
+        self.backward += end - started
+        self.backward_end = self.mark = end
+        self.fetched = False
+        self.saved_since_mark = 0.0
+
+    def _phases(self, now):
+        """',"forward_s":..' for the step ending now: what was measured of it."""
+        if self.backward_end is None:
+            return ""  # no backward() seen: an optimizer stepped by other means
+        phases = ',"backward_s":%r,"optimizer_s":%r' % (
+            self.backward, max(0.0, now - self.backward_end - self.saved_since_mark))
+        if self.saw_loader and self.first_fetch is not None:
+            phases = ',"forward_s":%r' % self.forward + phases
+        return phases
 
     def optimizer_stepped(self, optimizer):
         if self.optimizer is None:
@@ -173,6 +219,7 @@ class _AutoSteps:
             m.rank, m.step, now, max(0.0, now - start), self.samples)
         if self.saw_loader:
             line += ',"data_wait_s":%r' % self.wait
+        line += self._phases(now)
         iterator = self.iterator_ref() if self.iterator_ref is not None else None
         if iterator is not None:
             iterator._fullburn_stepped = True  # a persistent-workers iterator comes back
@@ -367,12 +414,16 @@ def _hook_torch(torch):
     scaled_last = []  # [(scaled loss, loss)]: GradScaler.scale's last call
 
     def backward(tensor, *args, **kwargs):
-        if state.enabled:
-            unscaled = tensor
-            if scaled_last and scaled_last[0][0] is tensor:
-                unscaled = scaled_last.pop()[1]
-            state.record_loss(unscaled)
-        return original_backward(tensor, *args, **kwargs)
+        if not state.enabled:
+            return original_backward(tensor, *args, **kwargs)
+        unscaled = tensor
+        if scaled_last and scaled_last[0][0] is tensor:
+            unscaled = scaled_last.pop()[1]
+        state.record_loss(unscaled)
+        started = time.time()
+        result = original_backward(tensor, *args, **kwargs)
+        state.backward_ran(started, time.time())
+        return result
 
     # GradScaler.scale(loss).backward(): the loss before scaling is recorded.
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None) or getattr(

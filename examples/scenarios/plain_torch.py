@@ -10,6 +10,7 @@ pass under torch.no_grad() follows every epoch.
   python3 plain_torch.py --workers 0 --epochs 2
   python3 plain_torch.py --markers      # marks its own steps with fullburn_markers instead
   python3 plain_torch.py --fail-at 5    # dies after optimizer step 5 the way a GPU OOM does
+  python3 plain_torch.py --log-ms 20    # 20 ms of synchronous logging after each step
   python3 plain_torch.py --save-every 4 --save-mb 200 --save-dir /tmp/ck
                                         # a synchronous torch.save every 4 steps
                                         # (--save-in-thread: on a background thread)
@@ -32,6 +33,13 @@ def checkpoint_state(model, opt, step, pad):
     model), with `pad` (--save-mb) standing in for a larger model's weights."""
     return {"model": copy.deepcopy(model.state_dict()),
             "optimizer": copy.deepcopy(opt.state_dict()), "step": step, "pad": pad}
+
+
+def log_step(step, loss, seconds):
+    """What a loop does after its step when it logs synchronously: a
+    metrics call that waits on a server, a print to a slow terminal."""
+    time.sleep(seconds)
+    return step, float(loss)
 
 
 class SlowReads(torch.utils.data.Dataset):
@@ -64,6 +72,8 @@ def main():
     p.add_argument("--save-mb", type=float, default=1, help="checkpoint size")
     p.add_argument("--save-dir", default=".", help="where checkpoint.pt goes")
     p.add_argument("--save-in-thread", action="store_true", help="save on a background thread")
+    p.add_argument("--log-ms", type=float, default=0,
+                   help="work after each optimizer step (synchronous logging, metrics)")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -101,6 +111,8 @@ def main():
                 opt.step()
                 opt.zero_grad()
                 stepped += 1
+                if a.log_ms:
+                    log_step(stepped, loss, a.log_ms / 1000)
                 if a.save_every and stepped % a.save_every == 0 and rank == 0:
                     path = os.path.join(a.save_dir, "checkpoint.pt")
                     state = checkpoint_state(model, opt, stepped, pad)

@@ -11,10 +11,10 @@
 namespace fullburn {
 
 const char* const kCauses[] = {
-    "input_cpu",        "input_io",         "input_workers",   "h2d_copy",
-    "small_batch",      "memory_headroom",  "memory_pressure", "throttle_power",
-    "throttle_thermal", "idle_phases",      "uneven_ranks",    "communication",
-    "step_stalls",      "checkpoint_stall", "job_failed",      "healthy"};
+    "input_cpu",       "input_io",        "input_workers",  "h2d_copy",         "small_batch",
+    "memory_headroom", "memory_pressure", "throttle_power", "throttle_thermal", "idle_phases",
+    "uneven_ranks",    "communication",   "step_stalls",    "checkpoint_stall", "job_failed",
+    "loop_overhead",   "healthy"};
 const size_t kCauseCount = sizeof(kCauses) / sizeof(kCauses[0]);
 
 namespace {
@@ -83,6 +83,7 @@ std::vector<Finding> Diagnose(const RunData& run) {
   Facts f = Gather(run);
   std::vector<Finding> out;
   TransferRules(f, &out);
+  LoopRule(f, &out);
   InputRules(f, &out);
   MemoryRules(f, &out);
   ThrottleRules(f, &out);

@@ -131,6 +131,29 @@ void GatherHost(const std::map<std::string, Series>& m, const std::map<std::stri
     f->cores = std::min(f->cores, std::max(1, static_cast<int>(MedianOf(*q))));
 }
 
+// The part of each step no phase accounts for, where the forward was timed
+// (without it the rest would hold the forward too).
+void GatherLoop(const std::vector<StepRecord>& steps, Facts* f) {
+  double phased = 0, rest = 0;
+  std::vector<double> rests, durations;
+  for (const StepRecord& r : steps) {
+    if (!r.forward_s || !r.data_wait_s || r.step_s <= 0) continue;
+    double accounted = 0;
+    for (const auto* phase :
+         {&r.data_wait_s, &r.h2d_s, &r.forward_s, &r.backward_s, &r.optimizer_s, &r.comm_s})
+      accounted += phase->value_or(0);
+    double other = std::max(0.0, r.step_s - accounted);
+    phased += r.step_s;
+    rest += other;
+    rests.push_back(other);
+    durations.push_back(r.step_s);
+  }
+  if (phased <= 0) return;
+  f->loop_share = rest / phased;
+  f->loop_median_s = Median(rests);
+  f->phased_step_median_s = Median(durations);
+}
+
 void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::string, Series>& samples,
                  Facts* f) {
   double timed = 0, wait = 0, h2d = 0, comm = 0;
@@ -148,6 +171,7 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
     have_h2d |= r.h2d_s.has_value();
     have_comm |= r.comm_s.has_value();
   }
+  GatherLoop(steps, f);
   f->have_steps = timed > 0;
   if (f->have_steps) {
     f->data_wait_share = wait / timed;

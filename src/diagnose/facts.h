@@ -16,6 +16,7 @@ namespace fullburn::diagnose {
 constexpr double kDataWaitShare = 0.10;  // of step time: the input pipeline is a bottleneck
 constexpr double kH2dShare = 0.10;       // of step time: copies to the device are a bottleneck
 constexpr double kCommShare = 0.10;      // of step time: communication not hidden behind backward
+constexpr double kLoopShare = 0.10;  // of step time: the loop's own work outside the step's phases
 constexpr double kCpuSaturated = 80;     // host.cpu_util %, all cores
 constexpr double kCpuThrottled = 25;  // host.cpu_throttled %: kubernetes-mixin's CPUThrottlingHigh
 constexpr double kLauncherBusy = 80;     // proc.cpu_util %, one core: the launching thread is busy
@@ -124,6 +125,11 @@ struct Facts {
   bool have_steps = false;
   double data_wait_share = NAN, h2d_share = NAN, comm_share = NAN;  // of timed step time
   int64_t batch = 0;                                                // median samples per step
+  // Step time outside every measured phase (data wait, copy, forward,
+  // backward, optimizer, communication): the loop's own work between steps.
+  // Over the steps whose forward was timed; NaN: none was.
+  double loop_share = NAN;
+  double loop_median_s = NAN, phased_step_median_s = NAN;  // per step
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
   StallFacts stalls;
@@ -168,6 +174,9 @@ std::string CpuReading(const Facts& f);
 
 void InputRules(const Facts& f, std::vector<Finding>* out);
 void TransferRules(const Facts& f, std::vector<Finding>* out);
+// Before InputRules: a loop busy between steps explains an idle GPU better
+// than a small batch does.
+void LoopRule(const Facts& f, std::vector<Finding>* out);
 void MemoryRules(const Facts& f, std::vector<Finding>* out);
 void ThrottleRules(const Facts& f, std::vector<Finding>* out);
 void IdleRules(const Facts& f, std::vector<Finding>* out);

@@ -110,7 +110,9 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
   bool inferred = !f.have_steps && f.gpu_util < kGpuLowUtil && !copies;
   if (!measured && !inferred) {
     // Measured steps with little data wait, yet an idle GPU: launch-bound.
-    if (f.have_steps && f.gpu_util < kGpuLowUtil)
+    bool loop = std::any_of(out->begin(), out->end(),
+                            [](const Finding& x) { return x.cause == "loop_overhead"; });
+    if (f.have_steps && f.gpu_util < kGpuLowUtil && !loop)
       SmallBatch(
           f,
           fmt::format(
@@ -204,6 +206,34 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
   } else if (f.mem_peak_share < kMemHeadroom) {
     SmallBatch(f, wait + (std::isnan(f.cpu) ? "" : "; " + CpuReading(f)), share, out);
   }
+}
+
+void LoopRule(const Facts& f, std::vector<Finding>* out) {
+  // fullburn train's steps are timed phase by phase (0.2% left over in the
+  // demo): only a wrapped job's loop has work of its own between steps.
+  if (f.trainer || !(f.loop_share >= kLoopShare)) return;
+  // On a GPU these are host times: the host may do this work while queued
+  // kernels run, so the GPU's idle share bounds what it cost (as for data wait).
+  double share = f.loop_share;
+  std::string evidence = fmt::format(
+      "{} of step time (>= {}) went to none of fetching the batch, forward, backward and the "
+      "optimizer step: {:.1f} ms of a {:.1f} ms step (medians), in the loop's own code after "
+      "optimizer.step() (or a micro-batch's backward()) and before the next batch",
+      Pct(f.loop_share), Pct(kLoopShare), f.loop_median_s * 1e3, f.phased_step_median_s * 1e3);
+  if (!std::isnan(f.gpu_util) && 1 - f.gpu_util / 100 < share) {
+    share = std::max(0.0, 1 - f.gpu_util / 100);
+    evidence += fmt::format(
+        "; with GPU utilization median {:.0f}%, the GPU waited at most {} (the rest overlapped "
+        "queued GPU work)",
+        f.gpu_util, Pct(share));
+  }
+  if (share < kLoopShare) return;
+  out->push_back(
+      {"loop_overhead", "The training loop's own work between steps", evidence, share, 0.8,
+       "do per-step bookkeeping every N steps: log, print and compute metrics every 50 steps, "
+       "keep running sums as tensors (loss.detach()) and read them (.item()) only then, since "
+       "on a GPU each read waits for the device; move slow calls (a synchronous logger, plots, "
+       "file writes) to a thread or to the epoch's end; py-spy top --pid PID names the call"});
 }
 
 void TransferRules(const Facts& f, std::vector<Finding>* out) {

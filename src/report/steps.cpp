@@ -97,7 +97,11 @@ nlohmann::json ChromeTrace(const RunInfo& run, const std::vector<StepRecord>& st
                         {"lr", r.lr},
                         {"samples", r.samples},
                         {"skipped", r.skipped}}}});
-    double at = start;
+    // Phases end with the step: what none accounts for (a wrapped loop's own
+    // work after the previous optimizer step) comes before the batch.
+    double phased = 0;
+    for (const StepPhase& p : kStepPhases) phased += std::max(0.0, (r.*p.field).value_or(0));
+    double at = r.t - std::min(phased, r.step_s);
     for (const StepPhase& p : kStepPhases) {
       const std::optional<double>& d = r.*p.field;
       if (!d || *d <= 0) continue;

@@ -310,5 +310,47 @@ TEST_F(AutoStepsE2E, TorchSavesAreCheckpointsKeptOutOfTheSteps) {
   std::filesystem::remove(dir_ + "/checkpoint.pt");
 }
 
+// The step's phases are timed around backward(); 25 ms of logging after each
+// optimizer step is left outside them, in the next step, and named.
+TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
+  std::vector<std::string> args = {"--epochs", "1", "--sample-ms", "3"};
+  auto rest = [](const StepRecord& s) {
+    return s.step_s - *s.data_wait_s - *s.forward_s - *s.backward_s - *s.optimizer_s;
+  };
+  auto has = [](const std::vector<Finding>& findings, const char* cause) {
+    return std::any_of(findings.begin(), findings.end(),
+                       [&](const Finding& f) { return f.cause == cause; });
+  };
+  ASSERT_EQ(Run(args).code, 0);
+  RunData plain = Stored();
+  ASSERT_EQ(plain.steps.size(), 8u);
+  for (const StepRecord& s : plain.steps) {
+    ASSERT_TRUE(s.data_wait_s && s.forward_s && s.backward_s && s.optimizer_s) << s.step;
+    EXPECT_GT(*s.forward_s, 0);
+    EXPECT_GT(*s.backward_s, 0);
+    EXPECT_GT(*s.optimizer_s, 0);
+    EXPECT_GE(rest(s), -1e-6) << "phases overlap in step " << s.step;
+    EXPECT_LT(rest(s), 0.005) << "step " << s.step;  // zero_grad and the loop's own bookkeeping
+  }
+  EXPECT_FALSE(has(Diagnose(plain), "loop_overhead"));
+
+  args.insert(args.end(), {"--log-ms", "25"});
+  auto o = Run(args);
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData logged = Stored();
+  ASSERT_EQ(logged.steps.size(), 8u);
+  for (const StepRecord& s : logged.steps) {
+    ASSERT_TRUE(s.forward_s && s.optimizer_s) << s.step;
+    // The logging after step k delays step k+1, outside every phase.
+    if (s.step > 1) {
+      EXPECT_GT(rest(s), 0.020) << "step " << s.step;
+    }
+    EXPECT_LT(*s.forward_s + *s.optimizer_s, 0.020) << "step " << s.step;
+  }
+  auto findings = Diagnose(logged);
+  ASSERT_TRUE(has(findings, "loop_overhead")) << RenderFindings(findings, 9);
+  EXPECT_NE(o.err.find("[loop_overhead]"), std::string::npos) << o.err;
+}
+
 }  // namespace
 }  // namespace fullburn

@@ -514,6 +514,58 @@ TEST(Diagnose, AWrappedJobsDataWaitCountsOnlyAsFarAsTheGpuIdled) {
   EXPECT_EQ(trainer.Run()[0].cause, "input_workers");
 }
 
+// A wrapped job's steps with every phase timed (python/fullburn_autosteps.py):
+// `rest` of each 1 s step is the loop's own work, outside every phase.
+Case LoopSteps(double rest, bool forward_timed = true) {
+  Case c;
+  c.run.config_json = R"({"interval_s": 1})";
+  c.Host(40, 2);
+  for (int i = 1; i <= 60; ++i) {  // they fill the 60 s run
+    StepRecord r;
+    r.step = i;
+    r.step_s = 1;
+    r.t = 1.0 * i;
+    r.samples = 64;
+    r.data_wait_s = 0.05;
+    if (forward_timed) r.forward_s = (0.9 - rest) / 2;
+    r.backward_s = (0.9 - rest) / 2;
+    r.optimizer_s = 0.05;
+    c.steps.push_back(r);
+  }
+  return c;
+}
+
+TEST(Diagnose, TheLoopsOwnWorkBetweenStepsIsNamedWithItsShare) {
+  auto f = LoopSteps(0.3).Run();
+  ASSERT_EQ(f[0].cause, "loop_overhead") << ::testing::PrintToString(Causes(f));
+  EXPECT_NEAR(f[0].share_lost, 0.3, 1e-9);
+  EXPECT_NE(f[0].evidence.find("300.0 ms of a 1000.0 ms step"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("every 50 steps"), std::string::npos) << f[0].fix;
+  EXPECT_FALSE(Has(LoopSteps(0.08).Run(), "loop_overhead"));
+  // Without the forward timed, the rest holds the forward too: not judged.
+  EXPECT_FALSE(Has(LoopSteps(0.3, false).Run(), "loop_overhead"));
+  // fullburn train times its steps phase by phase: its rest is no loop of the user's.
+  Case trainer = LoopSteps(0.3);
+  trainer.run.config_json = R"({"train": {"precision": "fp32"}})";
+  EXPECT_FALSE(Has(trainer.Run(), "loop_overhead"));
+}
+
+TEST(Diagnose, TheLoopsWorkCountsOnlyAsFarAsTheGpuIdled) {
+  Case partly = LoopSteps(0.3);
+  auto f = partly.Gpu(85, 0.6).Run();
+  ASSERT_EQ(f[0].cause, "loop_overhead");
+  EXPECT_NEAR(f[0].share_lost, 0.15, 1e-9);
+  EXPECT_NE(f[0].evidence.find("the GPU waited at most 15%"), std::string::npos) << f[0].evidence;
+  Case busy = LoopSteps(0.3);
+  EXPECT_FALSE(Has(busy.Gpu(95, 0.6).Run(), "loop_overhead"));
+  // An idle GPU behind a busy loop: the loop is the reason, not the batch size.
+  Case idle = LoopSteps(0.3);
+  auto g = idle.Gpu(35, 0.1).Run();
+  EXPECT_EQ(g[0].cause, "loop_overhead");
+  EXPECT_NEAR(g[0].share_lost, 0.3, 1e-9);
+  EXPECT_FALSE(Has(g, "small_batch")) << ::testing::PrintToString(Causes(g));
+}
+
 // A wrapped job's uncaught exception (python/fullburn_autosteps.py) is the
 // first finding, whatever the others cost, titled and fixed by its kind.
 TEST(Diagnose, AFailedJobIsNamedFirstWithTheFixForItsKind) {
