@@ -77,6 +77,9 @@ class _AutoSteps:
         self.torch = torch  # None once the first step's "torch" event is written
         self.pid = os.getpid()  # a forked DataLoader worker inherits this state
         self.loop_thread = threading.get_ident()  # the one that steps (set at the first step)
+        # With the job's own markers: the DataLoader iterated last, described
+        # at the next optimizer step (a validation loader iterated first feeds none).
+        self.own_markers_loader = None
         self._reset_pending()
 
     def _reset_pending(self):
@@ -256,8 +259,14 @@ class _AutoSteps:
     def stepped(self, optimizer):
         if self.enabled:
             self.optimizer_stepped(optimizer)
-        elif self.torch is not None:  # the job's own markers time the steps
+            return
+        # The job's own markers time the steps; what it ran with is still recorded.
+        if self.torch is not None:
             self.note_torch(self._open(), time.time())
+        loader = self.own_markers_loader() if self.own_markers_loader is not None else None
+        if loader is not None:
+            self._open().describe_loader(loader)
+            self.own_markers_loader = None
 
     def finish(self):
         """At exit: an evaluation after the last step is still written."""
@@ -372,9 +381,9 @@ def _hook_torch(torch):
 
     def __iter__(loader):
         if not state.enabled:
-            # The job's own markers time its steps; its loader's settings are
-            # still recorded (its markers do only for steps(loader)).
-            state._open().describe_loader(loader)
+            # The job's own markers time its steps; the training loader's
+            # settings are still recorded (its markers do only for steps(loader)).
+            state.own_markers_loader = weakref.ref(loader)
             return original_iter(loader)
         started = time.time()
         iterator = original_iter(loader)

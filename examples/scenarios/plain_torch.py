@@ -9,6 +9,8 @@ pass under torch.no_grad() follows every epoch.
 
   python3 plain_torch.py --workers 0 --epochs 2
   python3 plain_torch.py --markers      # marks its own steps with fullburn_markers instead
+  python3 plain_torch.py --markers-by-hand --validate-first
+                                        # Markers().step_end() by hand, after a validation pass
   python3 plain_torch.py --fail-at 5    # dies after optimizer step 5 the way a GPU OOM does
   python3 plain_torch.py --log-ms 20    # 20 ms of synchronous logging after each step
   python3 plain_torch.py --save-every 4 --save-mb 200 --save-dir /tmp/ck
@@ -33,6 +35,16 @@ def checkpoint_state(model, opt, step, pad):
     model), with `pad` (--save-mb) standing in for a larger model's weights."""
     return {"model": copy.deepcopy(model.state_dict()),
             "optimizer": copy.deepcopy(opt.state_dict()), "step": step, "pad": pad}
+
+
+def validate(model, val):
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in val:
+            correct += int((model(x).argmax(1) == y).sum())
+    model.train()
+    return correct / len(val.dataset)
 
 
 def log_step(step, loss, seconds):
@@ -66,6 +78,9 @@ def main():
     p.add_argument("--accumulate", type=int, default=2)
     p.add_argument("--sample-ms", type=float, default=3)
     p.add_argument("--markers", action="store_true", help="mark steps with fullburn_markers.steps")
+    p.add_argument("--markers-by-hand", action="store_true",
+                   help="mark steps with fullburn_markers.Markers().step_end()")
+    p.add_argument("--validate-first", action="store_true", help="a validation pass before training")
     p.add_argument("--fail-at", type=int, default=0, help="raise after this optimizer step")
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank reads 3x slower")
     p.add_argument("--save-every", type=int, default=0, help="torch.save every N optimizer steps")
@@ -88,7 +103,7 @@ def main():
     train = torch.utils.data.DataLoader(data, batch_size=a.batch_size, shuffle=sampler is None,
                                         sampler=sampler, num_workers=a.workers, drop_last=True)
     val = torch.utils.data.DataLoader(SlowReads(a.samples // 2, a.sample_ms / 1000, 2),
-                                      batch_size=a.batch_size)
+                                      batch_size=2 * a.batch_size)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
@@ -97,8 +112,14 @@ def main():
     if a.markers:
         from fullburn_markers import steps  # on the path under fullburn run
         wrap = lambda loader, epoch: steps(loader, epoch=epoch)  # noqa: E731
+    marks = None
+    if a.markers_by_hand:
+        from fullburn_markers import Markers
+        marks = Markers()
     stepped = 0
     saver = None
+    if a.validate_first:
+        print(f"before training: validation accuracy {validate(model, val):.2f}", flush=True)
     pad = torch.zeros(int(a.save_mb * 2**20) // 4) if a.save_every else None
     for epoch in range(a.epochs):
         if sampler is not None:
@@ -111,6 +132,8 @@ def main():
                 opt.step()
                 opt.zero_grad()
                 stepped += 1
+                if marks is not None:
+                    marks.step_end(samples=a.accumulate * a.batch_size, epoch=epoch)
                 if a.log_ms:
                     log_step(stepped, loss, a.log_ms / 1000)
                 if a.save_every and stepped % a.save_every == 0 and rank == 0:
@@ -126,12 +149,7 @@ def main():
                 if stepped == a.fail_at:
                     raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated "
                                        "by plain_torch.py --fail-at)")
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for x, y in val:
-                correct += int((model(x).argmax(1) == y).sum())
-        print(f"epoch {epoch}: validation accuracy {correct / len(val.dataset):.2f}", flush=True)
+        print(f"epoch {epoch}: validation accuracy {validate(model, val):.2f}", flush=True)
     if saver is not None:
         saver.join()
     if distributed:

@@ -121,6 +121,18 @@ TEST_F(AutoStepsE2E, AJobWithItsOwnMarkersIsCountedOnce) {
   for (const StepRecord& s : run.steps) EXPECT_EQ(s.samples, 8);
 }
 
+// A job that marks its steps by hand still gets its training DataLoader's
+// settings recorded, not those of a validation loader it iterates first.
+TEST_F(AutoStepsE2E, AJobsOwnMarkersGetTheTrainingLoadersSettings) {
+  auto o = Run({"--markers-by-hand", "--validate-first", "--epochs", "2", "--sample-ms", "0"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData run = Stored();
+  EXPECT_EQ(run.steps.size(), 16u);
+  auto loaders = EventsOf(run, "dataloader");
+  ASSERT_FALSE(loaders.empty());
+  for (const auto& l : loaders) EXPECT_EQ(l.value("batch_size", -1), 8) << l.dump();  // not 16
+}
+
 // --no-auto-steps turns them off; either way a sitecustomize.py the job's own
 // PYTHONPATH names still runs, and plain Python (no torch) is untouched.
 TEST_F(AutoStepsE2E, OffWhenAskedAndTheJobsOwnSitecustomizeStillRuns) {
