@@ -113,12 +113,15 @@ struct ScriptSettings {
   int num_workers = -1, prefetch_factor = -1, threads = -1;
   int persistent_workers = -1, pin_memory = -1;  // 0/1
   bool has_loader = false;
-  static ScriptSettings FromEvents(const std::vector<RunEvent>& events);
+  // One rank's (each rank of a data-parallel job applies FULLBURN_TUNE_SET itself).
+  static ScriptSettings FromEvents(const std::vector<RunEvent>& events, int rank = 0);
 };
+// The ranks whose first step was recorded ("torch" events): 1 for a single process.
+int ScriptRanks(const std::vector<RunEvent>& events);
 
 struct ScriptContext {
   ScriptSettings current;  // the best trial's, as recorded
-  int cores = 1;
+  int cores = 1;           // one rank's share of the CPUs (workers and threads are per process)
   bool cuda = false;  // a GPU was sampled: pinned memory can matter
 };
 std::vector<Candidate> ScriptKnobCandidates(const std::string& knob, const ScriptContext& ctx,

@@ -41,18 +41,17 @@ class ScriptTuner : public KnobTuner {
     return true;
   }
 
-  // The best trial's settings as its run recorded them; a GPU when it sampled one.
+  // The best trial's settings as its run recorded them; the CPUs of one of
+  // its ranks (a data-parallel job's ranks on this node split them); a GPU
+  // when it sampled one.
   ScriptContext Context() {
     ScriptContext ctx;
-    ctx.cores = RankCpus(ReadCpuView(Env::Default()), 1);
+    auto events = t_->store()->LoadEvents(best_.run_id);
+    int ranks = events.ok() ? ScriptRanks(*events) : 1;
+    ctx.cores = RankCpus(ReadCpuView(Env::Default()), ranks);
     ctx.cuda = !std::isnan(best_.measure.gpu_util);
-    ctx.current = Recorded(best_.run_id);
+    if (events.ok()) ctx.current = ScriptSettings::FromEvents(*events);
     return ctx;
-  }
-
-  ScriptSettings Recorded(int64_t run_id) {
-    auto events = t_->store()->LoadEvents(run_id);
-    return events.ok() ? ScriptSettings::FromEvents(*events) : ScriptSettings{};
   }
 
   Trial RunOne(const std::string& knob, const std::string& value,
@@ -65,11 +64,20 @@ class ScriptTuner : public KnobTuner {
     RunTrial(spec, t_->store(), &trial);
     if (trial.status == "ok" && !overrides.empty()) {
       // A script that builds its DataLoader in a way the markers cannot
-      // reach, or sets threads through another path, ran its own settings.
-      std::string differs = ScriptSettingsMismatch(overrides, Recorded(trial.run_id));
-      if (!differs.empty()) {
+      // reach, or sets threads through another path, ran its own settings;
+      // every rank of a data-parallel job must have taken them.
+      auto events = t_->store()->LoadEvents(trial.run_id);
+      std::vector<RunEvent> none;
+      const std::vector<RunEvent>& recorded = events.ok() ? *events : none;
+      int ranks = ScriptRanks(recorded);
+      for (int rank = 0; rank < ranks; ++rank) {
+        std::string differs =
+            ScriptSettingsMismatch(overrides, ScriptSettings::FromEvents(recorded, rank));
+        if (differs.empty()) continue;
         trial.status = "failed";
-        trial.reason = "the setting did not take: " + differs;
+        trial.reason = "the setting did not take: " +
+                       (ranks > 1 ? fmt::format("rank {}: ", rank) : std::string()) + differs;
+        break;
       }
     }
     return trial;

@@ -21,7 +21,7 @@ const std::vector<KnobDef>& ScriptKnobs() {
   return knobs;
 }
 
-ScriptSettings ScriptSettings::FromEvents(const std::vector<RunEvent>& events) {
+ScriptSettings ScriptSettings::FromEvents(const std::vector<RunEvent>& events, int rank) {
   ScriptSettings s;
   auto get = [](const nlohmann::json& d, const char* key, int* out) {
     if (d.contains(key) && d[key].is_boolean())
@@ -32,7 +32,7 @@ ScriptSettings ScriptSettings::FromEvents(const std::vector<RunEvent>& events) {
   bool torch_seen = false;
   for (const RunEvent& e : events) {
     auto d = nlohmann::json::parse(e.data, nullptr, false);
-    if (!d.is_object() || d.value("rank", 0) != 0) continue;
+    if (!d.is_object() || d.value("rank", 0) != rank) continue;
     if (e.kind == "dataloader" && !s.has_loader) {  // the first: the training loader
       s.has_loader = true;
       get(d, "num_workers", &s.num_workers);
@@ -45,6 +45,16 @@ ScriptSettings ScriptSettings::FromEvents(const std::vector<RunEvent>& events) {
     }
   }
   return s;
+}
+
+int ScriptRanks(const std::vector<RunEvent>& events) {
+  std::set<int> ranks;
+  for (const RunEvent& e : events) {
+    if (e.kind != "torch") continue;
+    auto d = nlohmann::json::parse(e.data, nullptr, false);
+    if (d.is_object() && d.value("rank", 0) >= 0) ranks.insert(d.value("rank", 0));
+  }
+  return std::max<int>(1, static_cast<int>(ranks.size()));
 }
 
 namespace {

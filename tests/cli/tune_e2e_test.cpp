@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "fullburn/env.h"
 #include "fullburn/store.h"
 #include "fullburn/tune.h"
 #include "process.h"
@@ -189,6 +190,39 @@ TEST_F(TuneE2E, AnUnchangedPyTorchScriptGetsFasterLoaderSettings) {
   EXPECT_NE(o.out.find("in the script: DataLoader(num_workers="), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("or unchanged: FULLBURN_TUNE_SET='{\"num_workers\":"), std::string::npos)
       << o.out;
+}
+
+// The same script as 2 data-parallel ranks under fullburn launch: worker
+// counts are tried per rank (the ranks split the cores), and every rank must
+// have taken the trial's setting.
+TEST_F(TuneE2E, ADataParallelScriptIsTunedOnEveryRank) {
+  if (RunToEnd({"/usr/bin/python3", "-c", "import torch"}).code != 0)
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch: scripts/install-deps.sh installs it";
+  auto o = Tune({"--knobs",          "workers",   "--trial",     "6s",
+                 "--budget",         "3m",        "--",          FULLBURN_BIN,
+                 "launch",           "--nproc",   "2",           "--",
+                 "/usr/bin/python3", kPlainTorch, "--epochs",    "1000",
+                 "--samples",        "256",       "--sample-ms", "2"},
+                300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<json> trials = Trials();
+  ASSERT_GE(trials.size(), 3u) << o.err;
+  int rank_cores = RankCpus(ReadCpuView(Env::Default()), 2);
+  auto store = Store();
+  int tried = 0;
+  for (const json& t : trials) {
+    if (t["knob"] != "workers") continue;
+    ASSERT_EQ(t["status"], "ok") << t.dump();
+    int workers = std::stoi(t["value"].get<std::string>());
+    EXPECT_LE(workers, 2 * rank_cores) << "counted the node's cores, not a rank's: " << t.dump();
+    std::vector<RunEvent> events = store->LoadEvents(t["run_id"].get<int64_t>()).value();
+    ASSERT_EQ(ScriptRanks(events), 2) << t.dump();
+    for (int rank = 0; rank < 2; ++rank)
+      EXPECT_EQ(ScriptSettings::FromEvents(events, rank).num_workers, workers)
+          << "rank " << rank << ": " << t.dump();
+    ++tried;
+  }
+  EXPECT_GE(tried, 1) << o.out;
 }
 
 TEST_F(TuneE2E, BadInputIsRefusedBeforeAnyTrial) {

@@ -177,6 +177,21 @@ TEST(TuneScriptKnobs, TheScriptsOwnSettingsAreReadFromItsEvents) {
   EXPECT_EQ(s.pin_memory, 0);
   EXPECT_EQ(s.threads, 1);
   EXPECT_FALSE(ScriptSettings::FromEvents({}).has_loader);
+  EXPECT_EQ(ScriptRanks(events), 1);
+  EXPECT_EQ(ScriptRanks({}), 1);
+}
+
+// Each rank of a data-parallel job applies the settings itself: each is read.
+TEST(TuneScriptKnobs, EachRanksSettingsAreReadOnTheirOwn) {
+  std::vector<RunEvent> events = {{1, "dataloader", R"({"num_workers": 2, "rank": 0})"},
+                                  {1, "dataloader", R"({"num_workers": 0, "rank": 1})"},
+                                  {2, "torch", R"({"threads": 1, "rank": 1})"},
+                                  {2, "torch", R"({"threads": 1, "rank": 0})"}};
+  EXPECT_EQ(ScriptRanks(events), 2);
+  EXPECT_EQ(ScriptSettings::FromEvents(events).num_workers, 2);
+  EXPECT_EQ(ScriptSettings::FromEvents(events, 1).num_workers, 0);
+  EXPECT_NE(ScriptSettingsMismatch({{"num_workers", "2"}}, ScriptSettings::FromEvents(events, 1)),
+            "");
 }
 
 TEST(TuneScriptKnobs, CandidatesFollowTheCoresAndWhatTorchAccepts) {
