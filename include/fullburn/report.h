@@ -139,6 +139,9 @@ struct RunDigest {
   double samples_per_s = NAN;  // median over steps after warm-up (SummarizeSteps)
   double step_s = NAN;         // median
   double data_wait_share = NAN, gpu_util = NAN, cpu_util = NAN, gpu_mem_peak_share = NAN;
+  // The other phases' shares of timed step time (SummarizeSteps: "forward",
+  // ..., "other" for the rest); only the phases the run measured.
+  std::map<std::string, double> phase_share;
   std::map<std::string, double> time_lost;    // cause -> share of wall time
   std::map<std::string, std::string> config;  // flattened ("train.batch_size") plus "command"
   std::vector<std::string> command;           // the run's argv

@@ -74,6 +74,22 @@ std::vector<ComparisonRow> ComparisonTable(const std::vector<RunDigest>& runs) {
   measure("samples/s (median)", &RunDigest::samples_per_s, "{:.1f}", 1, true);
   measure("step time (median, ms)", &RunDigest::step_s, "{:.1f}", 1e3, true);
   measure("data wait (% of step)", &RunDigest::data_wait_share, "{:.0f}%", 100, false);
+  std::vector<std::string> phases;
+  for (const StepPhase& p : kStepPhases) phases.push_back(p.name);
+  phases.push_back("other");
+  for (const std::string& phase : phases) {
+    if (phase == "data_wait") continue;
+    if (std::none_of(runs.begin(), runs.end(),
+                     [&](const RunDigest& d) { return d.phase_share.count(phase) > 0; }))
+      continue;
+    Row r{phase + " (% of step)", {}};
+    for (const RunDigest& d : runs) {
+      auto it = d.phase_share.find(phase);
+      r.second.push_back(it == d.phase_share.end() ? "-"
+                                                   : fmt::format("{:.0f}%", it->second * 100));
+    }
+    rows.push_back(r);
+  }
   measure("GPU utilization (median)", &RunDigest::gpu_util, "{:.0f}%", 1, false);
   measure("peak GPU memory", &RunDigest::gpu_mem_peak_share, "{:.0f}%", 100, false);
   measure("host CPU (median)", &RunDigest::cpu_util, "{:.0f}%", 1, false);
@@ -117,6 +133,8 @@ RunDigest Digest(const RunData& d, const std::vector<Finding>& findings) {
   if (!d.steps.empty()) {
     StepsSummary s = SummarizeSteps(d.steps);
     if (s.median_samples_per_s > 0) g.samples_per_s = s.median_samples_per_s;
+    for (const auto& [phase, share] : s.phase_share)
+      if (phase != "data_wait") g.phase_share[phase] = share;
     std::vector<double> step_s;
     double wait = 0, timed = 0;
     for (const StepRecord& r : d.steps) {
@@ -172,6 +190,8 @@ nlohmann::json ComparisonJson(const std::vector<RunDigest>& runs) {
   for (const RunDigest& d : runs) {
     nlohmann::json lost = nlohmann::json::object();
     for (const auto& [cause, share] : d.time_lost) lost[cause] = std::round(share * 1000) / 10;
+    nlohmann::json phases = nlohmann::json::object();
+    for (const auto& [phase, share] : d.phase_share) phases[phase] = std::round(share * 1000) / 10;
     out.push_back({{"run", d.id},
                    {"name", d.name},
                    {"status", d.status},
@@ -179,6 +199,7 @@ nlohmann::json ComparisonJson(const std::vector<RunDigest>& runs) {
                    {"samples_per_s", num(d.samples_per_s)},
                    {"step_s", num(d.step_s)},
                    {"data_wait_pct", num(d.data_wait_share * 100)},
+                   {"step_phases_pct", phases},
                    {"gpu_util_pct", num(d.gpu_util)},
                    {"gpu_mem_peak_pct", num(d.gpu_mem_peak_share * 100)},
                    {"cpu_util_pct", num(d.cpu_util)},

@@ -383,6 +383,28 @@ TEST(Compare, ShowsThroughputChangeAndOnlyTheConfigThatDiffers) {
   EXPECT_TRUE(j[0]["gpu_util_pct"].is_null());  // no GPU: null, never 0
 }
 
+// Steps timed phase by phase: each phase's share side by side, the rest as
+// "other"; a run without a phase shows "-".
+TEST(Compare, ShowsWhereEachRunsStepTimeWent) {
+  RunData a = TwoStepRun(1, 64, 0.1), b = TwoStepRun(2, 64, 0.1);
+  for (StepRecord& r : a.steps) r.forward_s = 0.02, r.backward_s = 0.03;  // 0 s other
+  for (StepRecord& r : b.steps) r.forward_s = 0.02;                       // 30 ms other
+  std::vector<RunDigest> runs = {Digest(a, {}), Digest(b, {})};
+  std::vector<ComparisonRow> rows = ComparisonTable(runs);
+  auto row = [&](const std::string& label) {
+    for (const ComparisonRow& r : rows)
+      if (r.first == label) return r.second;
+    return std::vector<std::string>{};
+  };
+  EXPECT_EQ(row("forward (% of step)"), (std::vector<std::string>{"20%", "20%"}));
+  EXPECT_EQ(row("backward (% of step)"), (std::vector<std::string>{"30%", "-"}));
+  EXPECT_EQ(row("other (% of step)"), (std::vector<std::string>{"-", "30%"}));
+  EXPECT_TRUE(row("optimizer (% of step)").empty());  // neither measured it
+  auto j = ComparisonJson(runs);
+  EXPECT_DOUBLE_EQ(j[1]["step_phases_pct"]["other"].get<double>(), 30.0);
+  EXPECT_FALSE(j[1]["step_phases_pct"].contains("data_wait"));  // its own field
+}
+
 TEST(Compare, CommandsShowTheArgumentsThatDiffer) {
   RunData a = TwoStepRun(1, 64, 0.1), b = TwoStepRun(2, 64, 0.1);
   a.run.command = {"/usr/bin/python3", "/home/me/projects/vision/train.py",
