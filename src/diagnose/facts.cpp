@@ -131,6 +131,13 @@ void GatherHost(const std::map<std::string, Series>& m, const std::map<std::stri
     f->cores = std::min(f->cores, std::max(1, static_cast<int>(MedianOf(*q))));
 }
 
+// The step's measured phases, data wait included.
+double PhasesSum(const StepRecord& r) {
+  double sum = 0;
+  for (const StepPhase& ph : kStepPhases) sum += (r.*ph.field).value_or(0);
+  return sum;
+}
+
 // The part of each step no phase accounts for, where the forward was timed
 // (without it the rest would hold the forward too).
 void GatherLoop(const std::vector<StepRecord>& steps, Facts* f) {
@@ -138,11 +145,7 @@ void GatherLoop(const std::vector<StepRecord>& steps, Facts* f) {
   std::vector<double> rests, durations;
   for (const StepRecord& r : steps) {
     if (!r.forward_s || !r.data_wait_s || r.step_s <= 0) continue;
-    double accounted = 0;
-    for (const auto* phase :
-         {&r.data_wait_s, &r.h2d_s, &r.forward_s, &r.backward_s, &r.optimizer_s, &r.comm_s})
-      accounted += phase->value_or(0);
-    double other = std::max(0.0, r.step_s - accounted);
+    double other = std::max(0.0, r.step_s - PhasesSum(r));
     phased += r.step_s;
     rest += other;
     rests.push_back(other);
@@ -307,6 +310,18 @@ std::string GrownPhase(const std::vector<const StepRecord*>& steps,
     double median = Median(all), grown = 0;
     for (const StepRecord* r : stalled) grown += std::max(0.0, *(r->*ph.field) - median);
     if (grown > best_s) best_s = grown, best = ph.label;
+  }
+  // With every phase timed (a wrapped job's forward included), what none
+  // holds is the loop's own code: a stall there is logging or evaluation in it.
+  std::vector<double> rest;
+  for (const StepRecord* r : steps)
+    if (r->forward_s) rest.push_back(r->step_s - PhasesSum(*r));
+  if (rest.size() == steps.size() && !rest.empty()) {
+    double median = Median(rest), grown = 0;
+    for (const StepRecord* r : stalled) grown += std::max(0.0, r->step_s - PhasesSum(*r) - median);
+    if (grown > best_s)
+      best_s = grown,
+      best = "the loop's own code, outside forward, backward and the optimizer step";
   }
   return best_s > 0.5 * excess ? best : "";
 }

@@ -664,6 +664,27 @@ TEST(Diagnose, StepsThatStallEveryFewStepsAreNamed) {
   EXPECT_FALSE(Has(c.Run(), "step_stalls"));
 }
 
+// A wrapped job with every phase timed: stalls that no phase holds are the
+// loop's own code (logging, an evaluation inside it), and the evidence says so.
+TEST(Diagnose, StallsOutsideEveryPhaseAreTheLoopsOwnCode) {
+  Case c = LoopSteps(0.02);
+  for (StepRecord& r : c.steps)
+    if (r.step % 10 == 0) r.step_s += 3;  // 3 s of the loop's own work every 10 steps
+  auto f = c.Run();
+  const Finding* stall = nullptr;
+  for (const Finding& x : f)
+    if (x.cause == "step_stalls") stall = &x;
+  ASSERT_NE(stall, nullptr) << ::testing::PrintToString(Causes(f));
+  EXPECT_NE(stall->evidence.find("the time went to the loop's own code"), std::string::npos)
+      << stall->evidence;
+  // The same stalls inside backward name backward.
+  for (StepRecord& r : c.steps)
+    if (r.step % 10 == 0) *r.backward_s += 3;
+  for (const Finding& x : c.Run())
+    if (x.cause == "step_stalls")
+      EXPECT_NE(x.evidence.find("the time went to backward"), std::string::npos) << x.evidence;
+}
+
 const Finding* Named(const std::vector<Finding>& f, const std::string& cause) {
   for (const Finding& x : f)
     if (x.cause == cause) return &x;
