@@ -680,9 +680,13 @@ TEST(Diagnose, StallsOutsideEveryPhaseAreTheLoopsOwnCode) {
   // The same stalls inside backward name backward.
   for (StepRecord& r : c.steps)
     if (r.step % 10 == 0) *r.backward_s += 3;
-  for (const Finding& x : c.Run())
-    if (x.cause == "step_stalls")
-      EXPECT_NE(x.evidence.find("the time went to backward"), std::string::npos) << x.evidence;
+  f = c.Run();
+  stall = nullptr;
+  for (const Finding& x : f)
+    if (x.cause == "step_stalls") stall = &x;
+  ASSERT_NE(stall, nullptr) << ::testing::PrintToString(Causes(f));
+  EXPECT_NE(stall->evidence.find("the time went to backward"), std::string::npos)
+      << stall->evidence;
 }
 
 const Finding* Named(const std::vector<Finding>& f, const std::string& cause) {
