@@ -213,23 +213,32 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
   // demo): only a wrapped job's loop has work of its own between steps.
   if (f.trainer || !(f.loop_share >= kLoopShare)) return;
   // On a GPU these are host times: the host may do this work while queued
-  // kernels run, so the GPU's idle share bounds what it cost (as for data wait).
+  // kernels run (and a .item() here waits for them), so the GPU's idle share
+  // bounds what it cost, less the part the data wait already explains.
   double share = f.loop_share;
+  double confidence = 0.8;
   std::string evidence = fmt::format(
       "{} of step time (>= {}) went to none of fetching the batch, forward, backward and the "
       "optimizer step: {:.1f} ms of a {:.1f} ms step (medians), in the loop's own code after "
       "optimizer.step() (or a micro-batch's backward()) and before the next batch",
       Pct(f.loop_share), Pct(kLoopShare), f.loop_median_s * 1e3, f.phased_step_median_s * 1e3);
-  if (!std::isnan(f.gpu_util) && 1 - f.gpu_util / 100 < share) {
-    share = std::max(0.0, 1 - f.gpu_util / 100);
-    evidence += fmt::format(
-        "; with GPU utilization median {:.0f}%, the GPU waited at most {} (the rest overlapped "
-        "queued GPU work)",
-        f.gpu_util, Pct(share));
+  if (!std::isnan(f.gpu_util)) {
+    double idle = std::max(0.0, 1 - f.gpu_util / 100);
+    double input = f.have_steps ? std::min(idle, f.data_wait_share) : 0;
+    confidence = 0.6;  // host-timed against a device that runs behind
+    if (idle - input < share) {
+      share = idle - input;
+      evidence += fmt::format(
+          "; with GPU utilization median {:.0f}%, the GPU idled {}{}: the loop's work cost it at "
+          "most {} (the rest overlapped queued GPU work)",
+          f.gpu_util, Pct(idle),
+          input > 0 ? fmt::format(", {} of it explained by the data wait", Pct(input)) : "",
+          Pct(share));
+    }
   }
   if (share < kLoopShare) return;
   out->push_back(
-      {"loop_overhead", "The training loop's own work between steps", evidence, share, 0.8,
+      {"loop_overhead", "The training loop's own work between steps", evidence, share, confidence,
        "do per-step bookkeeping every N steps: log, print and compute metrics every 50 steps, "
        "keep running sums as tensors (loss.detach()) and read them (.item()) only then, since "
        "on a GPU each read waits for the device; move slow calls (a synchronous logger, plots, "
