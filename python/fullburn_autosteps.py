@@ -44,8 +44,8 @@ the script's own calls included). What took effect is recorded: the
 A job with its own markers (fullburn_markers.Markers, steps()) turns this off
 the moment it makes one, and its step numbers go on from these. Steps without
 a DataLoader (a hand-written get_batch()) carry no data_wait_s and no
-forward_s: unmeasured, not zero. A step skipped by a GradScaler (inf/NaN) never reaches the hook, so
-its time goes to the next step.
+forward_s: unmeasured, not zero. A step skipped by a GradScaler (inf/NaN)
+never reaches the hook, so its time goes to the next step.
 """
 
 import atexit
@@ -97,7 +97,6 @@ class _AutoSteps:
         # fetch to its backward(), the optimizer part from the last backward()
         # to the step's end; saves inside either are left out of it.
         self.mark = None  # the last fetch's or backward()'s end
-        self.fetched = False  # a batch came since the last backward(): a forward follows
         self.saved_since_mark = 0.0
         self.forward = 0.0
         self.backward = 0.0
@@ -129,7 +128,6 @@ class _AutoSteps:
         self.samples += fullburn_markers._batch_size(batch)
         self.last_activity = now
         self.mark = now
-        self.fetched = True
         self.saved_since_mark = 0.0
 
     def _write_evaluation(self, end):
@@ -187,11 +185,10 @@ class _AutoSteps:
         batch adds its own forward part, the time since the first)."""
         if os.getpid() != self.pid or threading.get_ident() != self.loop_thread:
             return
-        if self.mark is not None and (self.fetched or self.backward_end is not None):
+        if self.mark is not None:
             self.forward += max(0.0, started - self.mark - self.saved_since_mark)
         self.backward += end - started
         self.backward_end = self.mark = end
-        self.fetched = False
         self.saved_since_mark = 0.0
 
     def _phases(self, now):

@@ -319,9 +319,10 @@ std::string GrownPhase(const std::vector<const StepRecord*>& steps,
   if (rest.size() == steps.size() && !rest.empty()) {
     double median = Median(rest), grown = 0;
     for (const StepRecord* r : stalled) grown += std::max(0.0, r->step_s - PhasesSum(*r) - median);
-    if (grown > best_s)
-      best_s = grown,
+    if (grown > best_s) {
+      best_s = grown;
       best = "the loop's own code, outside forward, backward and the optimizer step";
+    }
   }
   return best_s > 0.5 * excess ? best : "";
 }
