@@ -19,6 +19,7 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,39 @@ struct JobGpus {
   std::vector<std::string> left_out;  // "GPU 3", "GPU 1 of rank 4's node"
 };
 JobGpus ReadJobGpus(const RunData& run);
+
+// What limits a run now, while it runs (fullburn run's live line): the
+// diagnosis of its last kWindowS seconds, so the start-up is soon behind it
+// and a change of phase shows. Fed what the recorder already has: each
+// snapshot's readings, the new steps and events. Not thread-safe: one
+// recorder thread feeds and asks. Times are seconds since the run's start.
+class LiveDiagnosis {
+ public:
+  static constexpr double kWindowS = 60;  // "now"
+  static constexpr double kEveryS = 10;   // at most one diagnosis this often
+  static constexpr double kMinS = 20;     // of steps (of readings, without steps) before the first
+
+  explicit LiveDiagnosis(RunInfo run) : run_(std::move(run)) {}
+  void AddReadings(double t, const std::vector<std::pair<std::string, double>>& readings);
+  void AddSteps(const std::vector<StepRecord>& steps);
+  void AddEvents(const std::vector<RunEvent>& events);
+  // The top finding of the window ending at `t` (one costing >= 5%, else
+  // `healthy`), re-diagnosed when kEveryS have passed; none before kMinS.
+  const std::optional<Finding>& Update(double t);
+
+ private:
+  void Trim(double from);
+  RunInfo run_;
+  std::map<std::string, Series> samples_;
+  std::vector<StepRecord> steps_;
+  std::vector<RunEvent> events_;
+  std::vector<RunEvent> settings_;  // dataloader, torch: kept whatever their age
+  double first_t_ = NAN, first_step_t_ = NAN, last_update_ = -1e300;
+  std::optional<Finding> top_;
+};
+
+// " | now: input_workers ~48%", " | now: no bottleneck"; "" for none.
+std::string RenderLiveFinding(const std::optional<Finding>& top);
 
 std::string RenderFindings(const std::vector<Finding>& findings, size_t max_shown = 3);
 // [{cause, title, time_lost_pct, confidence, evidence, fix}, ...]

@@ -45,15 +45,20 @@ std::string MakeEventsFile(int64_t run_id) {
   return path;
 }
 
-// Moves what the child appended to the events file into the store; returns
-// the new steps (for the live line).
-std::vector<StepRecord> DrainEvents(EventFileReader* reader, RunStore* store, const RunInfo& info) {
+// What the child appended to the events file since the last look.
+struct NewEvents {
   std::vector<StepRecord> steps;
   std::vector<RunEvent> events;
-  reader->Poll(info.start_time, &steps, &events);
-  if (!steps.empty()) store->AppendSteps(info.id, steps);
-  for (const RunEvent& e : events) store->AddEvent(info.id, e);
-  return steps;
+};
+
+// Moves what the child appended to the events file into the store; returns
+// it (for the live line).
+NewEvents DrainEvents(EventFileReader* reader, RunStore* store, const RunInfo& info) {
+  NewEvents got;
+  reader->Poll(info.start_time, &got.steps, &got.events);
+  if (!got.steps.empty()) store->AppendSteps(info.id, got.steps);
+  for (const RunEvent& e : got.events) store->AddEvent(info.id, e);
+  return got;
 }
 
 std::string GpusJson(const GpuSource& gpus) {
@@ -113,14 +118,25 @@ int Run(const RunOptions& opts) {
   if (!opts.quiet) live.reset(new LiveStatus(STDERR_FILENO));
   std::atomic<bool> write_failed{false};
   double t0 = env->MonotonicSeconds();
-  RecentSteps recent;  // only the sampler thread touches it
+  // Only the sampler thread touches these.
+  RecentSteps recent;
+  LiveDiagnosis now(info);
+  bool drawn = live && live->active();
   sampler.Start([&](const Snapshot& s) {
     Status st = writer.Add(s);
     if (!st.ok() && !write_failed.exchange(true))
       std::fprintf(stderr, "\nfullburn: %s; the command keeps running, later samples are lost\n",
                    st.message().c_str());
-    if (!events_path.empty()) recent.Add(DrainEvents(&events, store->get(), info));
-    if (live) live->Draw(RenderLiveLine(s, s.mono_time - t0, recent.Render()));
+    if (!events_path.empty()) {
+      NewEvents got = DrainEvents(&events, store->get(), info);
+      recent.Add(got.steps);
+      if (drawn) now.AddSteps(got.steps), now.AddEvents(got.events);
+    }
+    if (!drawn) return;
+    double t = s.unix_time - info.start_time;
+    now.AddReadings(t, Flatten(s));
+    live->Draw(
+        RenderLiveLine(s, s.mono_time - t0, recent.Render() + RenderLiveFinding(now.Update(t))));
   });
   int code = WaitChild(*child);
   sampler.Stop();

@@ -364,5 +364,18 @@ TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
   EXPECT_NE(o.err.find("[loop_overhead]"), std::string::npos) << o.err;
 }
 
+// On a terminal, the live line names what limits the job now (the last
+// minute's diagnosis) once 20 s of steps are in. util-linux's `script` gives
+// fullburn run a terminal (bsdutils: essential on Debian).
+TEST_F(AutoStepsE2E, TheLiveLineNamesWhatLimitsTheJobNow) {
+  std::string command = std::string("stty rows 30 cols 250; ") + FULLBURN_BIN +
+                        " run --interval 0.5 --store " + store_ + " -- " + kPython + " " + kScript +
+                        " --sample-ms 3 --epochs 40";
+  auto o = RunToEnd({"script", "-qec", command, "/dev/null"}, 120);
+  ASSERT_EQ(o.code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("| now: input_"), std::string::npos) << o.out.substr(0, 4000);
+  EXPECT_EQ(Stored().steps.size(), 320u);
+}
+
 }  // namespace
 }  // namespace fullburn

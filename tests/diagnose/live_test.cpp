@@ -1,0 +1,80 @@
+// LiveDiagnosis: the last minute of a run that is still going.
+#include <gtest/gtest.h>
+
+#include "fullburn/diagnose.h"
+
+namespace fullburn {
+namespace {
+
+// A wrapped job on a 2-core host: one reading a second, one 0.5 s step every
+// 0.5 s, waiting for data `wait` of each.
+struct Job {
+  LiveDiagnosis live{[] {
+    RunInfo r;
+    r.config_json = R"({"interval_s": 1, "auto_steps": true})";
+    r.interval_s = 1;
+    return r;
+  }()};
+  int64_t step = 0;
+  void Second(double t, double wait, double cpu = 30) {
+    live.AddReadings(t, {{"host.cpu_util", cpu},
+                         {"host.cpu_iowait", 1},
+                         {"host.cpu0.util", cpu},
+                         {"host.cpu1.util", cpu},
+                         {"proc.cpu_util", 50}});
+    std::vector<StepRecord> steps;
+    for (double end : {t - 0.5, t}) {
+      StepRecord r;
+      r.step = ++step;
+      r.t = end;
+      r.step_s = 0.5;
+      r.samples = 32;
+      r.data_wait_s = 0.5 * wait;
+      steps.push_back(r);
+    }
+    live.AddSteps(steps);
+  }
+};
+
+TEST(LiveDiagnosis, NamesWhatLimitsTheLastMinuteAndFollowsAChange) {
+  Job job;
+  // Start-up: 15 s of readings without steps; then steps waiting 30% for data.
+  for (int t = 1; t <= 15; ++t)
+    job.live.AddReadings(t, {{"host.cpu_util", 90}, {"host.cpu0.util", 90}});
+  EXPECT_FALSE(job.live.Update(15).has_value());  // too soon to tell
+  for (int t = 16; t <= 30; ++t) job.Second(t, 0.3);
+  EXPECT_FALSE(job.live.Update(30).has_value()) << "15 s of steps: too few";
+  for (int t = 31; t <= 40; ++t) job.Second(t, 0.3);
+  const std::optional<Finding>& top = job.live.Update(40);
+  ASSERT_TRUE(top.has_value());
+  // The start-up before the first step is not "now" (counted, its 15 s of
+  // 40 would be idle_phases' 37%, above the wait's 30%).
+  EXPECT_EQ(top->cause, "input_workers") << top->evidence;
+  EXPECT_NEAR(top->share_lost, 0.3, 0.01);
+  EXPECT_EQ(RenderLiveFinding(top), " | now: input_workers ~30%");
+  // The loader is fixed at 41 s: once its waits leave the last minute, so
+  // does the finding; between two diagnoses the last one stands.
+  for (int t = 41; t <= 60; ++t) job.Second(t, 0.01);
+  EXPECT_EQ(job.live.Update(60)->cause, "input_workers") << "25 s of waiting in the window";
+  for (int t = 61; t <= 105; ++t) job.Second(t, 0.01);
+  EXPECT_EQ(job.live.Update(65)->cause, "input_workers") << "diagnosed at most every 10 s";
+  const std::optional<Finding>& later = job.live.Update(105);
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->cause, "healthy") << later->evidence;
+  EXPECT_EQ(RenderLiveFinding(later), " | now: no bottleneck");
+  EXPECT_EQ(RenderLiveFinding(std::nullopt), "");
+}
+
+// The DataLoader's settings came once, at the start: the advice still uses
+// them after that event has left the window.
+TEST(LiveDiagnosis, TheJobsSettingsOutliveTheWindow) {
+  Job job;
+  job.live.AddEvents({{16, "dataloader", R"({"num_workers": 0, "rank": 0})"}});
+  for (int t = 16; t <= 120; ++t) job.Second(t, 0.5);
+  const std::optional<Finding>& top = job.live.Update(120);
+  ASSERT_TRUE(top.has_value());
+  EXPECT_NE(top->evidence.find("num_workers=0"), std::string::npos) << top->evidence;
+}
+
+}  // namespace
+}  // namespace fullburn
