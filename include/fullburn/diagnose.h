@@ -78,6 +78,7 @@ class LiveDiagnosis {
   std::vector<RunEvent> events_;
   std::vector<RunEvent> settings_;  // dataloader, torch: kept whatever their age
   double first_t_ = NAN, first_step_t_ = NAN, last_update_ = -1e300;
+  double longest_step_s_ = 0;
   std::optional<Finding> top_;
 };
 

@@ -24,6 +24,7 @@ void LiveDiagnosis::AddReadings(double t,
 void LiveDiagnosis::AddSteps(const std::vector<StepRecord>& steps) {
   for (const StepRecord& r : steps) {
     if (std::isnan(first_step_t_) || r.t - r.step_s < first_step_t_) first_step_t_ = r.t - r.step_s;
+    longest_step_s_ = std::max(longest_step_s_, r.step_s);
     steps_.push_back(r);
   }
 }
@@ -77,6 +78,17 @@ const std::optional<Finding>& LiveDiagnosis::Update(double t) {
       d.events.push_back(e);
     }
   top_.reset();
+  if (!std::isnan(first_step_t_) && d.steps.empty() && longest_step_s_ < kWindowS / 3) {
+    // Short steps came before, none in the window: a long evaluation, a hang.
+    top_ = Finding{"idle_phases",
+                   "No training step in the last minute",
+                   fmt::format("no step started in the last {:.0f} s", t - from),
+                   1.0,
+                   0.9,
+                   "an evaluation or checkpoint that long is a phase to shorten; else the job "
+                   "may hang: py-spy dump --pid PID shows where each thread is"};
+    return top_;
+  }
   for (const Finding& f : Diagnose(d))
     if (f.cause == "healthy" || f.share_lost >= diagnose::kMinShare) {
       top_ = f;

@@ -63,6 +63,31 @@ TEST(LiveDiagnosis, NamesWhatLimitsTheLastMinuteAndFollowsAChange) {
   EXPECT_EQ(later->cause, "healthy") << later->evidence;
   EXPECT_EQ(RenderLiveFinding(later), " | now: no bottleneck");
   EXPECT_EQ(RenderLiveFinding(std::nullopt), "");
+  // Then no step for a minute (a long evaluation, a hang): the whole window is idle.
+  for (int t = 106; t <= 170; ++t) job.live.AddReadings(t, {{"host.cpu_util", 30}});
+  const std::optional<Finding>& stopped = job.live.Update(170);
+  ASSERT_TRUE(stopped.has_value());
+  EXPECT_EQ(RenderLiveFinding(stopped), " | now: idle_phases ~100%");
+}
+
+// Steps longer than a third of the window: a minute without a step start is
+// not a stop.
+TEST(LiveDiagnosis, LongStepsAreNoStop) {
+  Job job;
+  std::vector<StepRecord> steps;
+  for (int i = 1; i <= 3; ++i) {
+    StepRecord r;
+    r.step = i;
+    r.t = 30.0 * i;
+    r.step_s = 30;
+    r.samples = 32;
+    r.data_wait_s = 0;
+    steps.push_back(r);
+  }
+  job.live.AddSteps(steps);
+  for (int t = 1; t <= 150; ++t) job.live.AddReadings(t, {{"host.cpu_util", 30}});
+  const std::optional<Finding>& top = job.live.Update(150);
+  EXPECT_TRUE(!top || top->cause != "idle_phases") << top->evidence;
 }
 
 // The DataLoader's settings came once, at the start: the advice still uses
