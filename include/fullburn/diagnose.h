@@ -82,7 +82,8 @@ class LiveDiagnosis {
   std::optional<Finding> top_;
 };
 
-// " | now: input_workers ~48%", " | now: no bottleneck"; "" for none.
+// " | now: input_workers ~48%", " | now: no bottleneck"; "" for none, or for
+// a healthy finding that rests on nothing measured (no GPU, no steps).
 std::string RenderLiveFinding(const std::optional<Finding>& top);
 
 std::string RenderFindings(const std::vector<Finding>& findings, size_t max_shown = 3);

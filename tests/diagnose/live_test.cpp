@@ -63,6 +63,9 @@ TEST(LiveDiagnosis, NamesWhatLimitsTheLastMinuteAndFollowsAChange) {
   EXPECT_EQ(later->cause, "healthy") << later->evidence;
   EXPECT_EQ(RenderLiveFinding(later), " | now: no bottleneck");
   EXPECT_EQ(RenderLiveFinding(std::nullopt), "");
+  Finding unmeasured = *later;
+  unmeasured.confidence = 0.3;  // no GPU and no steps: nothing to call healthy
+  EXPECT_EQ(RenderLiveFinding(unmeasured), "");
   // Then no step for a minute (a long evaluation, a hang): the whole window is idle.
   for (int t = 106; t <= 170; ++t) job.live.AddReadings(t, {{"host.cpu_util", 30}});
   const std::optional<Finding>& stopped = job.live.Update(170);
