@@ -51,6 +51,14 @@ struct JobGpus {
 };
 JobGpus ReadJobGpus(const RunData& run);
 
+// The part of a run between `from` and `to` (seconds into it) as a run of
+// its own, its times from `from`: the readings inside it, the steps and the
+// timed events (saves, evaluations) wholly inside it, the checkpoints
+// written inside it, and the job's settings (dataloader, torch events)
+// whatever their time. A run that went on past `to` ends there (no exit
+// code: its end is not in the window); one that ended inside keeps its end.
+RunData RunWindow(const RunData& run, double from, double to);
+
 // What limits a run now, while it runs (fullburn run's live line): the
 // diagnosis of its last kWindowS seconds, so the start-up is soon behind it
 // and a change of phase shows. Fed what the recorder already has: each

@@ -1,13 +1,16 @@
 // fullburn diagnose | report | compare: findings, the HTML report and the
 // side-by-side table of stored runs.
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
 #include "cli.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
+#include "fullburn/tune.h"
 
 namespace fullburn::cli {
 namespace {
@@ -17,7 +20,55 @@ struct ReportOptions {
   std::vector<std::string> runs;
   std::string output;
   bool json = false;
+  std::string from, to, last;  // diagnose: a stretch of the run (durations into it)
 };
+
+// Seconds from the run's start to its end, or to its newest record.
+double RunLength(const RunData& d) {
+  if (d.run.end_time) return *d.run.end_time - d.run.start_time;
+  double t = 0;
+  for (const auto& [name, series] : d.samples)
+    if (!series.empty()) t = std::max(t, series.back().t);
+  for (const StepRecord& r : d.steps) t = std::max(t, r.t);
+  return t;
+}
+
+// The stretch --from/--to/--last ask for, checked against the run's length.
+Result<std::pair<double, double>> Stretch(const ReportOptions& o, const RunData& d) {
+  double length = RunLength(d);
+  auto parse = [](const std::string& flag, const std::string& text) -> Result<double> {
+    Result<double> v = ParseDuration(text);
+    if (!v.ok()) return Status::InvalidArgument(flag + ": " + v.status().message());
+    return v;
+  };
+  double from = 0, to = length;
+  if (!o.last.empty()) {
+    if (!o.from.empty() || !o.to.empty())
+      return Status::InvalidArgument("--last and --from/--to both given: use one or the other");
+    Result<double> last = parse("--last", o.last);
+    if (!last.ok()) return last.status();
+    from = std::max(0.0, length - *last);
+  }
+  if (!o.from.empty()) {
+    Result<double> v = parse("--from", o.from);
+    if (!v.ok()) return v.status();
+    from = *v;
+  }
+  if (!o.to.empty()) {
+    Result<double> v = parse("--to", o.to);
+    if (!v.ok()) return v.status();
+    to = std::min(*v, length);
+  }
+  if (from >= length)
+    return Status::InvalidArgument(
+        fmt::format("--from {} is past the run's end (it lasted {}): give a time inside it", o.from,
+                    FormatDuration(length)));
+  if (from >= to)
+    return Status::InvalidArgument(
+        fmt::format("the stretch from {} to {} is empty: --from must come before --to",
+                    FormatDuration(from), FormatDuration(to)));
+  return std::make_pair(from, to);
+}
 
 // Every run named, with its findings; the first failure as a one-line error.
 Result<std::vector<ReportRun>> LoadRuns(const ReportOptions& o) {
@@ -48,13 +99,22 @@ void NotePartial(const RunData& d) {
 int DiagnoseCommand(const ReportOptions& o) {
   auto runs = LoadRuns(o);
   if (!runs.ok()) return Fail(runs.status().message());
-  const ReportRun& r = runs->front();
+  ReportRun& r = runs->front();
   NotePartial(r.data);
+  std::string stretch;
+  if (!o.from.empty() || !o.to.empty() || !o.last.empty()) {
+    Result<std::pair<double, double>> window = Stretch(o, r.data);
+    if (!window.ok()) return Fail(window.status().message());
+    auto [from, to] = *window;
+    r.findings = Diagnose(RunWindow(r.data, from, to));
+    stretch = fmt::format(", from {} to {}", FormatDuration(from), FormatDuration(to));
+  }
   if (o.json) {
     std::printf("%s\n", FindingsJson(r.findings).dump(2).c_str());
     return 0;
   }
-  std::printf("run %lld \"%s\"\n", static_cast<long long>(r.data.run.id), r.data.run.name.c_str());
+  std::printf("run %lld \"%s\"%s\n", static_cast<long long>(r.data.run.id), r.data.run.name.c_str(),
+              stretch.c_str());
   std::fputs(RenderFindings(r.findings, r.findings.size()).c_str(), stdout);
   return 0;
 }
@@ -96,6 +156,9 @@ void SetupReport(CLI::App& app) {
   CLI::App* diag = app.add_subcommand("diagnose", "Findings for a stored run: cause, time lost, evidence, fix");
   diag->add_option("RUN", o->runs, "Run id, or 'last'")->required()->expected(1);
   diag->add_flag("--json", o->json, "JSON list of {cause, title, time_lost_pct, confidence, evidence, fix}");
+  diag->add_option("--from", o->from, "Only the run from this far into it (90s, 10m, 1h30m)");
+  diag->add_option("--to", o->to, "Only the run up to this far into it");
+  diag->add_option("--last", o->last, "Only the run's last stretch of this length (10m)");
   AddStoreOption(diag, &o->common);
   diag->callback([o] { ExitCode() = DiagnoseCommand(*o); });
 

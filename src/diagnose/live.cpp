@@ -1,8 +1,10 @@
+// A stretch of a run as a run of its own (fullburn diagnose --from/--to), and
 // LiveDiagnosis: the diagnosis of a running job's last minute, for the live line.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "facts.h"
 #include "fullburn/diagnose.h"
@@ -13,7 +15,46 @@ namespace {
 // The events that describe the job rather than a moment of it.
 bool IsSetting(const RunEvent& e) { return e.kind == "dataloader" || e.kind == "torch"; }
 
+// When an event began: its time less its duration, if it has one.
+double EventStart(const RunEvent& e) {
+  auto j = nlohmann::json::parse(e.data, nullptr, false);
+  return e.t - (j.is_object() ? j.value("duration_s", 0.0) : 0.0);
+}
+
 }  // namespace
+
+RunData RunWindow(const RunData& d, double from, double to) {
+  RunData w;
+  w.run = d.run;
+  w.run.start_time = d.run.start_time + from;
+  if (d.run.end_time && *d.run.end_time - d.run.start_time > to) {
+    w.run.end_time = d.run.start_time + to;
+    w.run.exit_code.reset();
+    w.run.status = "finished";
+  }
+  for (const auto& [name, series] : d.samples) {
+    Series s;
+    for (const SeriesPoint& p : series)
+      if (p.t >= from && p.t <= to) s.push_back({p.t - from, p.v});
+    if (!s.empty()) w.samples[name] = std::move(s);
+  }
+  for (StepRecord r : d.steps) {
+    if (r.t - r.step_s < from || r.t > to) continue;
+    r.t -= from;
+    w.steps.push_back(r);
+  }
+  for (RunEvent e : d.events) {
+    if (!IsSetting(e) && (EventStart(e) < from || e.t > to)) continue;
+    e.t = std::max(0.0, e.t - from);
+    w.events.push_back(e);
+  }
+  for (CheckpointRecord c : d.checkpoints) {
+    if (c.t - c.write_s < from || c.t > to) continue;
+    c.t -= from;
+    w.checkpoints.push_back(c);
+  }
+  return w;
+}
 
 void LiveDiagnosis::AddReadings(double t,
                                 const std::vector<std::pair<std::string, double>>& readings) {
@@ -42,12 +83,7 @@ void LiveDiagnosis::Trim(double from) {
                               [&](const StepRecord& r) { return r.t - r.step_s < from; }),
                steps_.end());
   events_.erase(std::remove_if(events_.begin(), events_.end(),
-                               [&](const RunEvent& e) {
-                                 double d = 0;
-                                 auto j = nlohmann::json::parse(e.data, nullptr, false);
-                                 if (j.is_object()) d = j.value("duration_s", 0.0);
-                                 return e.t - d < from;
-                               }),
+                               [&](const RunEvent& e) { return EventStart(e) < from; }),
                 events_.end());
 }
 
@@ -59,24 +95,17 @@ const std::optional<Finding>& LiveDiagnosis::Update(double t) {
   last_update_ = t;
   double from = std::max(start, t - kWindowS);
   Trim(from);
-  // The window as a run of its own that is still going: times from its start.
-  RunData d;
-  d.run = run_;
-  d.run.end_time.reset();
-  d.run.exit_code.reset();
-  for (const auto& [name, series] : samples_) {
-    Series& s = d.samples[name];
-    for (const SeriesPoint& p : series) s.push_back({p.t - from, p.v});
-  }
-  for (StepRecord r : steps_) {
-    r.t -= from;
-    d.steps.push_back(r);
-  }
-  for (const std::vector<RunEvent>* list : {&settings_, &events_})
-    for (RunEvent e : *list) {
-      e.t = std::max(0.0, e.t - from);
-      d.events.push_back(e);
-    }
+  // What is kept, as a run still going, cut to the window.
+  RunData kept;
+  kept.run = run_;
+  kept.run.end_time.reset();
+  kept.run.exit_code.reset();
+  kept.samples = samples_;
+  kept.steps = steps_;
+  kept.events = settings_;
+  kept.events.insert(kept.events.end(), events_.begin(), events_.end());
+  // Steps read just now may end after the latest reading: nothing is cut at the end.
+  RunData d = RunWindow(kept, from, std::numeric_limits<double>::infinity());
   top_.reset();
   if (!std::isnan(first_step_t_) && d.steps.empty() && longest_step_s_ < kWindowS / 3) {
     // Short steps came before, none in the window: a long evaluation, a hang.

@@ -346,6 +346,38 @@ TEST_F(ReportE2E, BadInputs) {
   EXPECT_EQ(live.Wait(30), 0);
 }
 
+// A run that changes half way: starved for 3 s, then compute-bound. The
+// whole run is input-bound; its second half alone is not.
+TEST_F(ReportE2E, DiagnoseAStretchOfTheRun) {
+  std::string both =
+      "python3 " + kLoop + " starved --seconds 3 && python3 " + kLoop + " compute --seconds 3";
+  ASSERT_EQ(Record({"sh", "-c", both}).code, 0);
+  auto first = Fullburn({"diagnose", "last", "--to", "3s", "--json"});
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_EQ(nlohmann::json::parse(first.out)[0]["cause"].get<std::string>().rfind("input_", 0), 0u)
+      << first.out;
+  auto second = Fullburn({"diagnose", "last", "--from", "4s", "--json"});
+  ASSERT_EQ(second.code, 0) << second.err;
+  for (const auto& f : nlohmann::json::parse(second.out))
+    EXPECT_NE(f["cause"].get<std::string>().rfind("input_", 0), 0u) << second.out;
+  auto last = Fullburn({"diagnose", "last", "--last", "2s"});
+  ASSERT_EQ(last.code, 0) << last.err;
+  EXPECT_NE(last.out.find(" to "), std::string::npos) << last.out;  // names the stretch
+  // Bad stretches: one line, exit 2, before any diagnosis.
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--from", "1h"}, "past the run's end"},
+           {{"--from", "4s", "--to", "2s"}, "is empty"},
+           {{"--last", "2s", "--from", "1s"}, "one or the other"},
+           {{"--to", "soon"}, "not a duration"}}) {
+    std::vector<std::string> argv = {"diagnose", "last"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto o = Fullburn(argv);
+    EXPECT_EQ(o.code, 2) << says;
+    EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  }
+}
+
 TEST_F(ReportE2E, CompareTwoRuns) {
   ASSERT_EQ(Record({"python3", kLoop, "starved", "--seconds", "2"}).code, 0);
   ASSERT_EQ(Record({"python3", kLoop, "compute", "--seconds", "2"}).code, 0);

@@ -104,5 +104,46 @@ TEST(LiveDiagnosis, TheJobsSettingsOutliveTheWindow) {
   EXPECT_NE(top->evidence.find("num_workers=0"), std::string::npos) << top->evidence;
 }
 
+// A stretch of a stored run as a run of its own.
+TEST(RunWindow, KeepsWhatIsInsideShiftedAndTheJobsSettings) {
+  RunData d;
+  d.run.start_time = 1000;
+  d.run.end_time = 1100;
+  d.run.exit_code = 0;
+  for (int t = 0; t <= 100; t += 10) d.samples["host.cpu_util"].push_back({double(t), double(t)});
+  for (int i = 1; i <= 10; ++i) {
+    StepRecord r;
+    r.step = i;
+    r.t = 10.0 * i;
+    r.step_s = 10;
+    d.steps.push_back(r);
+  }
+  d.events = {{1, "dataloader", R"({"num_workers": 2})"},
+              {45, "evaluation", R"({"duration_s": 10})"},  // 35..45: cut by the window
+              {60, "evaluation", R"({"duration_s": 5})"}};  // 55..60: inside
+  d.checkpoints = {{3, 30, "/a", 1, 0, 2}, {6, 60, "/b", 1, 0, 2}};
+  RunData w = RunWindow(d, 40, 70);
+  EXPECT_DOUBLE_EQ(w.run.start_time, 1040);
+  ASSERT_TRUE(w.run.end_time.has_value());
+  EXPECT_DOUBLE_EQ(*w.run.end_time, 1070);  // the run went on: it ends with the window
+  EXPECT_FALSE(w.run.exit_code.has_value());
+  ASSERT_EQ(w.samples["host.cpu_util"].size(), 4u);  // 40, 50, 60, 70
+  EXPECT_DOUBLE_EQ(w.samples["host.cpu_util"].front().t, 0);
+  EXPECT_DOUBLE_EQ(w.samples["host.cpu_util"].front().v, 40);
+  ASSERT_EQ(w.steps.size(), 3u);  // 40-50, 50-60, 60-70
+  EXPECT_EQ(w.steps.front().step, 5);
+  EXPECT_DOUBLE_EQ(w.steps.front().t, 10);
+  ASSERT_EQ(w.events.size(), 2u);
+  EXPECT_EQ(w.events[0].kind, "dataloader");  // a setting: kept, at the window's start
+  EXPECT_DOUBLE_EQ(w.events[0].t, 0);
+  EXPECT_DOUBLE_EQ(w.events[1].t, 20);
+  ASSERT_EQ(w.checkpoints.size(), 1u);
+  EXPECT_EQ(w.checkpoints[0].path, "/b");
+  // A window that holds the end keeps it, and the exit code.
+  RunData tail = RunWindow(d, 80, 100);
+  EXPECT_DOUBLE_EQ(*tail.run.end_time, 1100);
+  EXPECT_EQ(tail.run.exit_code, 0);
+}
+
 }  // namespace
 }  // namespace fullburn
