@@ -70,7 +70,11 @@ class LiveDiagnosis {
   static constexpr double kEveryS = 10;   // at most one diagnosis this often
   static constexpr double kMinS = 20;     // of steps (of readings, without steps) before the first
 
-  explicit LiveDiagnosis(RunInfo run) : run_(std::move(run)) {}
+  explicit LiveDiagnosis(RunInfo run) {
+    kept_.run = std::move(run);
+    kept_.run.end_time.reset();  // a run still going
+    kept_.run.exit_code.reset();
+  }
   void AddReadings(double t, const std::vector<std::pair<std::string, double>>& readings);
   void AddSteps(const std::vector<StepRecord>& steps);
   void AddEvents(const std::vector<RunEvent>& events);
@@ -79,12 +83,7 @@ class LiveDiagnosis {
   const std::optional<Finding>& Update(double t);
 
  private:
-  void Trim(double from);
-  RunInfo run_;
-  std::map<std::string, Series> samples_;
-  std::vector<StepRecord> steps_;
-  std::vector<RunEvent> events_;
-  std::vector<RunEvent> settings_;  // dataloader, torch: kept whatever their age
+  RunData kept_;  // the window so far (settings whatever their age), times from the run's start
   double first_t_ = NAN, first_step_t_ = NAN, last_update_ = -1e300;
   double longest_step_s_ = 0;
   std::optional<Finding> top_;

@@ -130,7 +130,10 @@ int Run(const RunOptions& opts) {
     if (!events_path.empty()) {
       NewEvents got = DrainEvents(&events, store->get(), info);
       recent.Add(got.steps);
-      if (drawn) now.AddSteps(got.steps), now.AddEvents(got.events);
+      if (drawn) {
+        now.AddSteps(got.steps);
+        now.AddEvents(got.events);
+      }
     }
     if (!drawn) return;
     double t = s.unix_time - info.start_time;

@@ -21,37 +21,54 @@ double EventStart(const RunEvent& e) {
   return e.t - (j.is_object() ? j.value("duration_s", 0.0) : 0.0);
 }
 
+// Keeps what lies inside [from, to], times unchanged: readings, steps and
+// timed events wholly inside, checkpoints written inside, every setting.
+void Cut(RunData* d, double from, double to) {
+  for (auto it = d->samples.begin(); it != d->samples.end();) {
+    Series& s = it->second;
+    s.erase(std::remove_if(s.begin(), s.end(),
+                           [&](const SeriesPoint& p) { return p.t < from || p.t > to; }),
+            s.end());
+    it = s.empty() ? d->samples.erase(it) : std::next(it);
+  }
+  auto& steps = d->steps;
+  steps.erase(
+      std::remove_if(steps.begin(), steps.end(),
+                     [&](const StepRecord& r) { return r.t - r.step_s < from || r.t > to; }),
+      steps.end());
+  auto& events = d->events;
+  events.erase(std::remove_if(events.begin(), events.end(),
+                              [&](const RunEvent& e) {
+                                return !IsSetting(e) && (EventStart(e) < from || e.t > to);
+                              }),
+               events.end());
+  auto& saves = d->checkpoints;
+  saves.erase(
+      std::remove_if(saves.begin(), saves.end(),
+                     [&](const CheckpointRecord& c) { return c.t - c.write_s < from || c.t > to; }),
+      saves.end());
+}
+
+// Times from `from` (settings from before it at 0).
+void Shift(RunData* d, double from) {
+  for (auto& [name, series] : d->samples)
+    for (SeriesPoint& p : series) p.t -= from;
+  for (StepRecord& r : d->steps) r.t -= from;
+  for (RunEvent& e : d->events) e.t = std::max(0.0, e.t - from);
+  for (CheckpointRecord& c : d->checkpoints) c.t -= from;
+}
+
 }  // namespace
 
 RunData RunWindow(const RunData& d, double from, double to) {
-  RunData w;
-  w.run = d.run;
+  RunData w = d;
+  Cut(&w, from, to);
+  Shift(&w, from);
   w.run.start_time = d.run.start_time + from;
   if (d.run.end_time && *d.run.end_time - d.run.start_time > to) {
     w.run.end_time = d.run.start_time + to;
     w.run.exit_code.reset();
     w.run.status = "finished";
-  }
-  for (const auto& [name, series] : d.samples) {
-    Series s;
-    for (const SeriesPoint& p : series)
-      if (p.t >= from && p.t <= to) s.push_back({p.t - from, p.v});
-    if (!s.empty()) w.samples[name] = std::move(s);
-  }
-  for (StepRecord r : d.steps) {
-    if (r.t - r.step_s < from || r.t > to) continue;
-    r.t -= from;
-    w.steps.push_back(r);
-  }
-  for (RunEvent e : d.events) {
-    if (!IsSetting(e) && (EventStart(e) < from || e.t > to)) continue;
-    e.t = std::max(0.0, e.t - from);
-    w.events.push_back(e);
-  }
-  for (CheckpointRecord c : d.checkpoints) {
-    if (c.t - c.write_s < from || c.t > to) continue;
-    c.t -= from;
-    w.checkpoints.push_back(c);
   }
   return w;
 }
@@ -59,32 +76,19 @@ RunData RunWindow(const RunData& d, double from, double to) {
 void LiveDiagnosis::AddReadings(double t,
                                 const std::vector<std::pair<std::string, double>>& readings) {
   if (std::isnan(first_t_)) first_t_ = t;
-  for (const auto& [name, value] : readings) samples_[name].push_back({t, value});
+  for (const auto& [name, value] : readings) kept_.samples[name].push_back({t, value});
 }
 
 void LiveDiagnosis::AddSteps(const std::vector<StepRecord>& steps) {
   for (const StepRecord& r : steps) {
     if (std::isnan(first_step_t_) || r.t - r.step_s < first_step_t_) first_step_t_ = r.t - r.step_s;
     longest_step_s_ = std::max(longest_step_s_, r.step_s);
-    steps_.push_back(r);
+    kept_.steps.push_back(r);
   }
 }
 
 void LiveDiagnosis::AddEvents(const std::vector<RunEvent>& events) {
-  for (const RunEvent& e : events) (IsSetting(e) ? settings_ : events_).push_back(e);
-}
-
-void LiveDiagnosis::Trim(double from) {
-  for (auto& [name, series] : samples_)
-    series.erase(series.begin(), std::find_if(series.begin(), series.end(),
-                                              [&](const SeriesPoint& p) { return p.t >= from; }));
-  // A step counts when it started inside the window.
-  steps_.erase(std::remove_if(steps_.begin(), steps_.end(),
-                              [&](const StepRecord& r) { return r.t - r.step_s < from; }),
-               steps_.end());
-  events_.erase(std::remove_if(events_.begin(), events_.end(),
-                               [&](const RunEvent& e) { return EventStart(e) < from; }),
-                events_.end());
+  kept_.events.insert(kept_.events.end(), events.begin(), events.end());
 }
 
 const std::optional<Finding>& LiveDiagnosis::Update(double t) {
@@ -94,18 +98,10 @@ const std::optional<Finding>& LiveDiagnosis::Update(double t) {
   if (std::isnan(start) || t - start < kMinS || t - last_update_ < kEveryS) return top_;
   last_update_ = t;
   double from = std::max(start, t - kWindowS);
-  Trim(from);
-  // What is kept, as a run still going, cut to the window.
-  RunData kept;
-  kept.run = run_;
-  kept.run.end_time.reset();
-  kept.run.exit_code.reset();
-  kept.samples = samples_;
-  kept.steps = steps_;
-  kept.events = settings_;
-  kept.events.insert(kept.events.end(), events_.begin(), events_.end());
   // Steps read just now may end after the latest reading: nothing is cut at the end.
-  RunData d = RunWindow(kept, from, std::numeric_limits<double>::infinity());
+  Cut(&kept_, from, std::numeric_limits<double>::infinity());
+  RunData d = kept_;
+  Shift(&d, from);
   top_.reset();
   if (!std::isnan(first_step_t_) && d.steps.empty() && longest_step_s_ < kWindowS / 3) {
     // Short steps came before, none in the window: a long evaluation, a hang.
