@@ -233,14 +233,35 @@ void Trainer::StartSampler() {
   sampler_ = std::make_unique<Sampler>(Env::Default(), samples_node ? gpus_.get() : nullptr, so);
   if (!forward_)
     sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
+  if (!opt_.quiet && rank_.rank == 0) live_now_ = std::make_unique<LiveDiagnosis>(run_);
   sampler_->Start([this](const fullburn::Snapshot& s) {
     if (sample_writer_) sample_writer_->Add(s);
+    if (live_now_) FeedLiveDiagnosis(s);
     std::lock_guard<std::mutex> lock(latest_mu_);
     latest_ = s;
     if (forward_)
       for (const auto& [name, value] : Flatten(s))
         forward_samples_.push_back({name, s.unix_time - run_.start_time, value});
   });
+}
+
+// On the sampler thread: a diagnosis of a minute's data every 10 s would
+// otherwise be time the training loop does not train.
+void Trainer::FeedLiveDiagnosis(const fullburn::Snapshot& s) {
+  std::vector<StepRecord> steps;
+  std::vector<RunEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(latest_mu_);
+    steps.swap(live_steps_);
+    events.swap(live_events_);
+  }
+  live_now_->AddSteps(steps);
+  live_now_->AddEvents(events);
+  double t = s.unix_time - run_.start_time;
+  live_now_->AddReadings(t, Flatten(s));
+  std::string finding = RenderLiveFinding(live_now_->Update(t));
+  std::lock_guard<std::mutex> lock(latest_mu_);
+  live_finding_ = std::move(finding);
 }
 
 Status Trainer::OpenCheckpoints() {

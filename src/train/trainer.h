@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "cuda_graph.h"
+#include "fullburn/diagnose.h"
 #include "fullburn/dist_torch.h"
 #include "fullburn/report.h"
 #include "fullburn/store.h"
@@ -205,9 +206,17 @@ class Trainer {
   }
   int64_t EpochSamplesRead() const { return epoch_skip_ + next_batch_ * batch_ * rank_.world_size; }
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
-  double recent_rate_ = 0, recent_wait_share_ = 0;
+  double recent_samples_ = 0, recent_step_s_ = 0, recent_wait_s_ = 0;  // Progress's averages
   std::mutex latest_mu_;
   std::optional<fullburn::Snapshot> latest_;
+  // What limits the job now, on rank 0's progress line: the sampler thread
+  // diagnoses (off the training loop), fed the steps and events the loop
+  // leaves under latest_mu_.
+  std::unique_ptr<LiveDiagnosis> live_now_;  // sampler thread
+  std::vector<StepRecord> live_steps_;       // under latest_mu_
+  std::vector<RunEvent> live_events_;        // under latest_mu_
+  std::string live_finding_;                 // under latest_mu_: " | now: ..."
+  void FeedLiveDiagnosis(const fullburn::Snapshot& s);
 };
 
 void FreeDeviceCache(const torch::Device& device);

@@ -189,19 +189,25 @@ void Trainer::FlushSteps(bool force) {
 void Trainer::Progress(const StepRecord& r, bool force) {
   if (rank_.rank != 0) return;  // one progress line per job
   double now = MonoNow();
-  // The job's rate, as in the summary: every rank takes the same batch and
-  // the all-reduce keeps their steps in lock step. An exponential average
-  // over about 20 steps: steady, yet quick to move.
+  // The job's rate: every rank takes the same batch and the all-reduce
+  // keeps their steps in lock step. Exponential averages over about 20 steps
+  // (steady, yet quick to move) of samples, step time and data wait, whose
+  // ratios weigh each step by its time, as the summary and the diagnosis do:
+  // an average of per-step shares would make light of a few long waits.
   const int world = dp_ ? dp_->world_size() : 1;
-  double rate = r.step_s > 0 ? static_cast<double>(r.samples) * world / r.step_s : 0;
-  double share = r.step_s > 0 ? r.data_wait_s.value_or(0) / r.step_s : 0;
-  recent_rate_ = recent_rate_ == 0 ? rate : 0.95 * recent_rate_ + 0.05 * rate;
-  recent_wait_share_ = 0.95 * recent_wait_share_ + 0.05 * share;
+  double samples = static_cast<double>(r.samples) * world, wait = r.data_wait_s.value_or(0);
+  bool first = recent_step_s_ == 0;
+  recent_samples_ = first ? samples : 0.95 * recent_samples_ + 0.05 * samples;
+  recent_step_s_ = first ? r.step_s : 0.95 * recent_step_s_ + 0.05 * r.step_s;
+  recent_wait_s_ = first ? wait : 0.95 * recent_wait_s_ + 0.05 * wait;
+  double rate = recent_step_s_ > 0 ? recent_samples_ / recent_step_s_ : 0;
+  double wait_share = recent_step_s_ > 0 ? recent_wait_s_ / recent_step_s_ : 0;
   if (!force && now - last_progress_ < cfg_.Float("train.log_every_s")) return;
   last_progress_ = now;
-  std::string util = "-";
+  std::string util = "-", now_limits;
   {
     std::lock_guard<std::mutex> lock(latest_mu_);
+    now_limits = live_finding_;
     if (latest_) {
       if (!latest_->gpus.empty() && latest_->gpus[0].util)
         util = fmt::format("gpu {:.0f}%", *latest_->gpus[0].util);
@@ -210,11 +216,11 @@ void Trainer::Progress(const StepRecord& r, bool force) {
     }
   }
   double left_steps = static_cast<double>(total_steps_ - r.step);
-  double eta = recent_rate_ > 0 ? left_steps * (batch_ * accumulate_ * world) / recent_rate_ : 0;
+  double eta = rate > 0 ? left_steps * (batch_ * accumulate_ * world) / rate : 0;
   std::string line = fmt::format(
-      "step {}/{}  epoch {}  loss {:.4f}  {:.0f} samples/s  data-wait {:.0f}%  {}  ETA {}", r.step,
-      total_steps_, r.epoch, r.loss, recent_rate_, recent_wait_share_ * 100, util,
-      FormatDuration(eta));
+      "step {}/{}  epoch {}  loss {:.4f}  {:.0f} samples/s  data-wait {:.0f}%  {}  ETA {}{}",
+      r.step, total_steps_, r.epoch, r.loss, rate, wait_share * 100, util, FormatDuration(eta),
+      now_limits);
   if (live_ && live_->active())
     live_->Draw(line);
   else if (!opt_.quiet && (force || now - last_plain_ >= 10)) {
@@ -300,6 +306,10 @@ Status Trainer::Loop() {
     }
     if (!s.ok()) return s;
     pending_steps_.push_back(rec);
+    if (live_now_) {
+      std::lock_guard<std::mutex> lock(latest_mu_);
+      live_steps_.push_back(rec);
+    }
     last = rec;
     Progress(rec, false);
     FlushSteps(false);

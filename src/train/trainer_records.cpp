@@ -30,6 +30,10 @@ Status Trainer::GatherSenders() {
 }
 
 void Trainer::RecordEvent(const RunEvent& event) {
+  if (live_now_) {
+    std::lock_guard<std::mutex> lock(latest_mu_);
+    live_events_.push_back(event);
+  }
   if (forward_)
     forward_events_.push_back(event);
   else

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -143,6 +144,29 @@ TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
     EXPECT_EQ(evals[i]["val_samples"], 60);
   }
   EXPECT_GT(evals.back().value("val_accuracy", 0.0), 0.5) << evals.back().dump();  // chance: 0.25
+}
+
+// What limits the job now (the diagnosis of its last minute) ends the
+// progress line, as on `fullburn run`'s: here one loader thread decoding
+// large JPEGs for a tiny model, so the loop waits for data. On a stderr that
+// is not a terminal the line is printed every 10 s; the first diagnosis
+// comes after 20 s of steps.
+TEST_F(TrainE2E, ProgressLineSaysWhatLimitsTheJobNow) {
+  std::string data = MakeImages("big", 4, 50, "384x384");
+  ASSERT_FALSE(data.empty());
+  auto o = RunToEnd({FULLBURN_BIN, "train", "--store", store_, "data.path=" + data,
+                     "data.image_size=32", "data.cache_mb=0", "data.threads=1", "train.threads=1",
+                     "model.width=0.125", "train.steps=1000000", "train.time_limit_s=32"},
+                    300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<std::string> now;  // the progress lines that say it
+  std::istringstream lines(o.err);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("step ", 0) == 0 && line.find(" | now: ") != std::string::npos)
+      now.push_back(line);
+  ASSERT_FALSE(now.empty()) << o.err;
+  // input_workers, or input_cpu when other work keeps the cores busy.
+  EXPECT_NE(now.back().find(" | now: input_"), std::string::npos) << now.back();
 }
 
 // eval.max_samples: exactly that many, the last batch cut short, over ranks too;
