@@ -41,7 +41,8 @@ struct RunInfo {
   double start_time = 0;  // Unix seconds
   std::optional<double> end_time;
   std::optional<int> exit_code;
-  // running | finished | failed_to_start; reads report "interrupted" for a
+  // running | finished | failed_to_start | detached (fullburn attach stopped
+  // recording a job that goes on); reads report "interrupted" for a
   // run whose recorder on this host died without finishing it.
   std::string status = "running";
   int recorder_pid = 0;

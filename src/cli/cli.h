@@ -57,6 +57,7 @@ std::string PythonDir();
 std::string TrainingExecutable();
 
 void SetupRun(CLI::App& app);
+void SetupAttach(CLI::App& app);
 void SetupWatch(CLI::App& app);
 void SetupRuns(CLI::App& app);
 void SetupServe(CLI::App& app);

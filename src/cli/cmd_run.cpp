@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
+#include "recording.h"
 
 namespace fullburn::cli {
 namespace {
@@ -43,28 +44,6 @@ std::string MakeEventsFile(int64_t run_id) {
   if (fd < 0) return "";
   ::close(fd);
   return path;
-}
-
-// What the child appended to the events file since the last look.
-struct NewEvents {
-  std::vector<StepRecord> steps;
-  std::vector<RunEvent> events;
-};
-
-// Moves what the child appended to the events file into the store; returns
-// it (for the live line).
-NewEvents DrainEvents(EventFileReader* reader, RunStore* store, const RunInfo& info) {
-  NewEvents got;
-  reader->Poll(info.start_time, &got.steps, &got.events);
-  if (!got.steps.empty()) store->AppendSteps(info.id, got.steps);
-  for (const RunEvent& e : got.events) store->AddEvent(info.id, e);
-  return got;
-}
-
-std::string GpusJson(const GpuSource& gpus) {
-  nlohmann::json j = nlohmann::json::array();
-  for (const GpuInfo& g : gpus.gpus()) j.push_back({{"index", g.index}, {"name", g.name}, {"uuid", g.uuid}});
-  return j.dump();
 }
 
 int Run(const RunOptions& opts) {
@@ -109,44 +88,17 @@ int Run(const RunOptions& opts) {
     return Fail(child.status().message(), kExitCannotStart);
   }
 
-  SamplerOptions so;
-  so.interval_s = opts.common.interval_s;
-  so.root_pid = *child;
-  Sampler sampler(env, gpus->get(), so);
-  BatchWriter writer(store->get(), info.id, info.start_time);
-  std::unique_ptr<LiveStatus> live;
-  if (!opts.quiet) live.reset(new LiveStatus(STDERR_FILENO));
-  std::atomic<bool> write_failed{false};
-  double t0 = env->MonotonicSeconds();
-  // Only the sampler thread touches these.
-  RecentSteps recent;
-  LiveDiagnosis now(info);
-  bool drawn = live && live->active();
-  sampler.Start([&](const Snapshot& s) {
-    Status st = writer.Add(s);
-    if (!st.ok() && !write_failed.exchange(true))
-      std::fprintf(stderr, "\nfullburn: %s; the command keeps running, later samples are lost\n",
-                   st.message().c_str());
-    if (!events_path.empty()) {
-      NewEvents got = DrainEvents(&events, store->get(), info);
-      recent.Add(got.steps);
-      if (drawn) {
-        now.AddSteps(got.steps);
-        now.AddEvents(got.events);
-      }
-    }
-    if (!drawn) return;
-    double t = s.unix_time - info.start_time;
-    now.AddReadings(t, Flatten(s));
-    live->Draw(
-        RenderLiveLine(s, s.mono_time - t0, recent.Render() + RenderLiveFinding(now.Update(t))));
-  });
-  int code = WaitChild(*child);
-  sampler.Stop();
-  live.reset();
-  writer.Flush();
+  Recording rec;
+  rec.env = env;
+  rec.gpus = gpus->get();
+  rec.store = store->get();
+  rec.info = info;
+  rec.root_pid = *child;
+  rec.interval_s = opts.common.interval_s;
+  rec.quiet = opts.quiet;
+  rec.events = events_path.empty() ? nullptr : &events;
+  int code = RecordUntil(rec, [&] { return WaitChild(*child); });
   if (!events_path.empty()) {
-    DrainEvents(&events, store->get(), info);
     ::unlink(events_path.c_str());
     if (events.bad_lines() > 0 && !opts.quiet)
       std::fprintf(stderr, "fullburn: %lld malformed step event line(s) skipped; first: %s\n",
@@ -161,16 +113,7 @@ int Run(const RunOptions& opts) {
   double end = env->UnixSeconds();
   (*store)->FinishRun(info.id, end, code, "finished");
 
-  if (Result<RunData> stored = (*store)->LoadRun(std::to_string(info.id)); stored.ok() && !opts.quiet) {
-    std::string note = (*gpus)->available() ? "" : (*gpus)->unavailable_reason();
-    std::fputs(RenderSummary(stored->run, Summarize(stored->run, stored->samples), note).c_str(), stderr);
-    if (!stored->steps.empty()) std::fputs(RenderStepsSummary(stored->steps).c_str(), stderr);
-    std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
-  }
-  if (!opts.quiet)
-    std::fprintf(stderr, "fullburn: stored as run %lld in %s (fullburn runs show %lld)\n",
-                 static_cast<long long>(info.id), (*store)->path().c_str(),
-                 static_cast<long long>(info.id));
+  PrintRunEnd(rec);
   return code;
 }
 

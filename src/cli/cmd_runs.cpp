@@ -44,6 +44,19 @@ std::vector<std::pair<const RunInfo*, int>> Grouped(const std::vector<RunInfo>& 
   return out;
 }
 
+// A command on one table row: `python -c "..."` may hold line breaks.
+std::string OneLine(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    bool space = c == '\n' || c == '\r' || c == '\t' || c == ' ';
+    if (!space)
+      out += c;
+    else if (!out.empty() && out.back() != ' ')
+      out += ' ';
+  }
+  return out;
+}
+
 int List(const RunsOptions& o) {
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
@@ -70,7 +83,7 @@ int List(const RunsOptions& o) {
     std::printf("%-5lld %-20.20s %-12s %-5s %-19s %10s %8lld  %.60s\n",
                 static_cast<long long>(r.id), name.c_str(), r.status.c_str(), code.c_str(),
                 FormatLocalTime(r.start_time).c_str(), dur.c_str(),
-                static_cast<long long>(r.sample_count), JoinedCommand(r.command).c_str());
+                static_cast<long long>(r.sample_count), OneLine(JoinedCommand(r.command)).c_str());
   }
   return 0;
 }

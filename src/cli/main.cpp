@@ -11,8 +11,9 @@
 
 namespace {
 
-const char* const kCommands[] = {"run",    "watch",   "runs",  "diagnose",     "report", "compare",
-                                 "launch", "serve",  "metrics", "bench", "make-dataset", "pack",   "tune", "version"};
+const char* const kCommands[] = {"run",    "attach",       "watch",  "runs",  "diagnose",
+                                 "report", "compare",      "launch", "serve", "metrics",
+                                 "bench",  "make-dataset", "pack",   "tune",  "version"};
 
 std::string TrainingHalf() {
   std::string path = fullburn::cli::TrainingExecutable();
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "fullburn 0.1.0");
   SetupRun(app);
+  SetupAttach(app);
   SetupWatch(app);
   SetupRuns(app);
   SetupServe(app);

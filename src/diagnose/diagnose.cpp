@@ -46,7 +46,12 @@ Finding Healthy(const Facts& f) {
   else if (f.running)
     evidence += " (the run is still going: diagnosed so far)";
   std::string fix;
-  if (!f.have_steps && f.gpus.empty())
+  if (!f.have_steps && f.gpus.empty() && f.attached)
+    fix =
+        "nothing measured this job's speed: attach where NVML sees its GPUs, or start it with "
+        "fullburn run (a PyTorch job's optimizer steps and DataLoader waits are timed with no "
+        "change to it)";
+  else if (!f.have_steps && f.gpus.empty())
     fix =
         "nothing measured this job's speed: run it where NVML sees the GPUs, or have it print "
         "step markers (python/fullburn_markers.py; a PyTorch job's optimizer steps are timed "

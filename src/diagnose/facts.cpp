@@ -521,6 +521,7 @@ Facts Gather(const RunData& d) {
   auto cfg = nlohmann::json::parse(d.run.config_json, nullptr, false);
   if (cfg.is_object()) {
     f.trainer = cfg.contains("train") || cfg.contains("data");
+    f.attached = cfg.contains("attached_pid");
     if (cfg.contains("train") && cfg["train"].contains("precision") &&
         cfg["train"]["precision"].is_string())
       f.precision = cfg["train"]["precision"].get<std::string>();

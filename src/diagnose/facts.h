@@ -106,6 +106,7 @@ struct StallFacts {
 
 struct Facts {
   bool trainer = false;  // a fullburn train run (knobs are config keys), else a wrapped job
+  bool attached = false;  // fullburn attach: a job started elsewhere, no step markers possible
   std::vector<GpuFacts> gpus;           // the job's GPUs
   std::vector<std::string> other_gpus;  // sampled, but no process of the job ran there
   double gpu_util = NAN;        // mean over GPUs of the median

@@ -20,7 +20,7 @@ CREATE TABLE runs (
   start_time   REAL NOT NULL,           -- Unix seconds
   end_time     REAL,
   exit_code    INTEGER,
-  status       TEXT NOT NULL,           -- running | finished | failed_to_start
+  status       TEXT NOT NULL,           -- running | finished | failed_to_start | detached
   recorder_pid INTEGER NOT NULL DEFAULT 0,
   interval_s   REAL NOT NULL DEFAULT 1.0,
   config       TEXT NOT NULL DEFAULT '{}',

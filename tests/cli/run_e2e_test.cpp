@@ -209,5 +209,82 @@ TEST_F(RunE2E, GpusTheJobDidNotUseAreLeftOut) {
   EXPECT_NE(d.out.find("left out: GPU 1"), std::string::npos) << d.out;
 }
 
+// fullburn attach: a job started without fullburn (here the test's own
+// child) is recorded from its PID until it exits. Its parent has not reaped
+// it yet when it ends, so the zombie it leaves must count as gone.
+TEST_F(RunE2E, AttachRecordsARunningTreeUntilItExits) {
+  Background job;
+  testing::Start(&job, {WORKLOAD_BIN, "fork", "--workers", "2", "--seconds", "3"}, "attached");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto o = RunToEnd(
+      {FULLBURN_BIN, "attach", std::to_string(job.pid), "--interval", "0.2", "--store", store_},
+      30);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("the process exited"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("findings:"), std::string::npos) << o.err;
+  if (o.err.find("GPU metrics unavailable") !=
+      std::string::npos)  // no GPU, no steps: say how to get them
+    EXPECT_NE(o.err.find("start it with fullburn run"), std::string::npos) << o.err;
+  auto store = RunStore::Open(store_);
+  RunInfo run = (*store)->GetRun("last").value();
+  EXPECT_EQ(run.status, "finished");
+  EXPECT_FALSE(run.exit_code.has_value());  // its code went to its parent
+  ASSERT_GE(run.command.size(), 2u);
+  EXPECT_EQ(run.command[0], WORKLOAD_BIN);
+  EXPECT_EQ(run.command[1], "fork");
+  ASSERT_TRUE(run.end_time.has_value());
+  EXPECT_LT(*run.end_time - run.start_time, 3.5);  // it stopped when the job did
+  auto samples = Samples();
+  EXPECT_EQ(Max(samples.at("proc.processes")), 3);        // the job and its 2 workers
+  EXPECT_GT(Median(samples.at("proc.cpu_util")), 100.0);  // busy workers: their tree
+  EXPECT_EQ(job.Wait(5), 0);
+}
+
+// --for and Ctrl-C end the recording, never the job: it is sent nothing.
+TEST_F(RunE2E, AttachStopsRecordingAndLeavesTheJobRunning) {
+  std::string marker = dir_ + "/marker";
+  Background job;
+  testing::Start(&job, {WORKLOAD_BIN, "signal", "--marker", marker, "--seconds", "30"}, "kept");
+  auto o = RunToEnd({FULLBURN_BIN, "attach", std::to_string(job.pid), "--for", "1s", "--interval",
+                     "0.2", "--store", store_},
+                    30);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("recording stopped; the process goes on"), std::string::npos) << o.err;
+  auto store = RunStore::Open(store_);
+  RunInfo run = (*store)->GetRun("last").value();
+  EXPECT_EQ(run.status, "detached");
+  EXPECT_NEAR(*run.end_time - run.start_time, 1.0, 0.5);
+
+  Background attach;
+  testing::Start(
+      &attach,
+      {FULLBURN_BIN, "attach", std::to_string(job.pid), "--interval", "0.2", "--store", store_},
+      "attach_int");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  ::kill(attach.pid, SIGINT);
+  EXPECT_EQ(attach.Wait(10), 0) << attach.Err();
+  EXPECT_EQ((*store)->GetRun("last")->status, "detached");
+  EXPECT_EQ(job.Wait(0.5), -1);     // still running
+  EXPECT_EQ(ReadText(marker), "");  // and sent no signal
+}
+
+TEST_F(RunE2E, AttachToWhatIsNoRunningProcessIsAOneLineError) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"abc"}, "'abc' is not a process id"},
+      {{"0"}, "'0' is not a process id"},
+      {{"2147483647"}, "no running process 2147483647"},
+      {{std::to_string(::getpid()), "--for", "soon"}, "--for 'soon' is not a duration"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {FULLBURN_BIN, "attach", "--store", store_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto o = RunToEnd(argv);
+    EXPECT_EQ(o.code, 2) << o.err;
+    EXPECT_NE(o.err.find(message), std::string::npos) << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  }
+  EXPECT_FALSE(fs::exists(store_));  // refused before the store was opened
+}
+
 }  // namespace
 }  // namespace fullburn
