@@ -63,6 +63,24 @@ std::string PrometheusName(const MetricDef& def);
 std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                              const std::string& hostname);
 
+// A job being recorded on this host (fullburn run, train, attach), as
+// fullburn serve exports it: its steps of the last minute and what limits it
+// now (LiveDiagnosis). Unset fields are not exported (no steps: no rate).
+struct JobNow {
+  RunInfo run;
+  std::optional<int64_t> step;            // the latest step, any rank
+  std::optional<double> loss;             // that step's
+  std::optional<double> samples_per_s;    // the job's (every rank's samples) over the window
+  std::optional<double> step_s;           // median step time
+  std::optional<double> data_wait_share;  // of step time, steps that timed it
+  std::optional<Finding> now;             // the top finding of the last minute
+};
+// `window`: the job's steps of its last minute (several ranks' alike).
+JobNow SummarizeJob(const RunInfo& run, const std::vector<StepRecord>& window,
+                    std::optional<Finding> now);
+// fullburn_job_* families, labelled run, name and Hostname (and cause).
+std::string RenderJobsPrometheus(const std::vector<JobNow>& jobs, const std::string& hostname);
+
 nlohmann::json SnapshotJson(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                             const std::string& gpu_note);
 nlohmann::json RunJson(const RunInfo& run);

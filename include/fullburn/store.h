@@ -15,6 +15,7 @@
 // - The schema is written down in docs/store.md; kSchemaVersion counts it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,7 +32,7 @@ struct sqlite3_stmt;
 
 namespace fullburn {
 
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 4;
 
 struct RunInfo {
   int64_t id = 0;
@@ -144,19 +145,21 @@ class RunStore {
   Result<std::vector<RunInfo>> ListRuns();
   // `ref` is a run id or "last".
   Result<RunInfo> GetRun(const std::string& ref);
-  // Every metric of a run, by name, in time order.
-  Result<std::map<std::string, Series>> LoadSamples(int64_t run_id);
+  // Every metric of a run, by name, in time order. `after` (seconds since
+  // the run's start): only readings after it, so a poller of a running job
+  // (fullburn serve) reads what is new, not the whole run again.
+  Result<std::map<std::string, Series>> LoadSamples(int64_t run_id, double after = -INFINITY);
   Status DeleteRun(int64_t run_id);
   // "ok" for a healthy file, else SQLite's report.
   Result<std::string> IntegrityCheck();
 
   // Training records (schema v2): steps in one transaction per call.
   Status AppendSteps(int64_t run_id, const std::vector<StepRecord>& steps);
-  Result<std::vector<StepRecord>> LoadSteps(int64_t run_id);
+  Result<std::vector<StepRecord>> LoadSteps(int64_t run_id, double after = -INFINITY);
   Status AddCheckpoint(int64_t run_id, const CheckpointRecord& checkpoint);
   Result<std::vector<CheckpointRecord>> LoadCheckpoints(int64_t run_id);
   Status AddEvent(int64_t run_id, const RunEvent& event);
-  Result<std::vector<RunEvent>> LoadEvents(int64_t run_id);
+  Result<std::vector<RunEvent>> LoadEvents(int64_t run_id, double after = -INFINITY);
   // `ref` as for GetRun; every table of the run.
   Result<RunData> LoadRun(const std::string& ref);
 

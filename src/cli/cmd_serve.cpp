@@ -1,16 +1,19 @@
-// fullburn serve: Prometheus exposition of the latest sample at /metrics.
+// fullburn serve: Prometheus exposition of the latest sample at /metrics,
+// and of the jobs being recorded on this host (their last minute).
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <thread>
 
 #include "cli.h"
 #include "fullburn/report.h"
+#include "serve_jobs.h"
 
 namespace fullburn::cli {
 namespace {
@@ -61,6 +64,34 @@ int Serve(const ServeOptions& opts) {
   sampler.Start(nullptr);
   const std::string hostname = HostName();
   const std::vector<GpuInfo> gpu_info = (*gpus)->gpus();
+  // The jobs: a store that cannot be opened costs them, not the machine's metrics.
+  Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
+  if (!store.ok())
+    std::fprintf(stderr, "fullburn: %s; serving the machine's metrics without the jobs'\n",
+                 store.status().message().c_str());
+  std::unique_ptr<JobsWatcher> jobs;
+  if (store.ok()) jobs = std::make_unique<JobsWatcher>(store->get(), Env::Default(), hostname);
+  std::mutex poll_mu;
+  std::condition_variable poll_cv;
+  bool stopping = false;
+  std::thread poller([&] {
+    std::unique_lock<std::mutex> lock(poll_mu);
+    while (jobs && !stopping) {
+      lock.unlock();
+      jobs->Poll();
+      lock.lock();
+      poll_cv.wait_for(lock, std::chrono::duration<double>(opts.common.interval_s),
+                       [&] { return stopping; });
+    }
+  });
+  auto stop_poller = [&] {
+    {
+      std::lock_guard<std::mutex> lock(poll_mu);
+      stopping = true;
+    }
+    poll_cv.notify_all();
+    poller.join();
+  };
 
   httplib::Server server;
   // httplib's default also sets SO_REUSEPORT, which would let a second
@@ -71,20 +102,26 @@ int Serve(const ServeOptions& opts) {
   });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     std::optional<Snapshot> s = sampler.Latest();
-    res.set_content(s ? RenderPrometheus(*s, gpu_info, hostname) : "",
-                    "text/plain; version=0.0.4; charset=utf-8");
+    std::string text = s ? RenderPrometheus(*s, gpu_info, hostname) : "";
+    if (jobs) text += RenderJobsPrometheus(jobs->Jobs(), hostname);
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
-  if (!server.bind_to_port(host.c_str(), port))
+  if (!server.bind_to_port(host.c_str(), port)) {
+    stop_poller();
     return Fail("cannot listen on " + opts.listen + " (address in use or not local): choose another --listen");
+  }
   int bound = port == 0 ? -1 : port;
   if (port == 0) {
     // bind_to_port with 0 does not tell the port; rebind to an OS-chosen one.
     server.stop();
     bound = server.bind_to_any_port(host.c_str());
-    if (bound < 0) return Fail("cannot listen on " + host + ": choose another --listen");
+    if (bound < 0) {
+      stop_poller();
+      return Fail("cannot listen on " + host + ": choose another --listen");
+    }
   }
   if (host != "127.0.0.1" && host != "localhost" && host != "::1")
     std::fprintf(stderr, "fullburn: warning: listening on %s, reachable from other machines\n", host.c_str());
@@ -98,6 +135,7 @@ int Serve(const ServeOptions& opts) {
   // listen_after_bind returned without a signal only on a server error.
   pthread_kill(stopper.native_handle(), SIGTERM);
   stopper.join();
+  stop_poller();
   sampler.Stop();
   return 0;
 }
@@ -111,6 +149,7 @@ void SetupServe(CLI::App& app) {
       ->envname("FULLBURN_LISTEN")
       ->capture_default_str();
   AddIntervalOption(serve, &opts->common, 1.0);
+  AddStoreOption(serve, &opts->common);
   serve->callback([opts] { ExitCode() = Serve(*opts); });
 }
 

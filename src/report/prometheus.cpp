@@ -4,6 +4,9 @@
 // under fullburn_.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "fullburn/report.h"
 
 namespace fullburn {
@@ -86,6 +89,80 @@ std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus
     out += fmt::format("# HELP {} {}{}.\n# TYPE {} gauge\n", prom, d.help, unit, prom);
     for (const std::string& line : fam.second) out += line + "\n";
   }
+  return out;
+}
+
+JobNow SummarizeJob(const RunInfo& run, const std::vector<StepRecord>& window,
+                    std::optional<Finding> now) {
+  JobNow job{run, {}, {}, {}, {}, {}, std::move(now)};
+  if (window.empty()) return job;
+  const StepRecord* latest = &window.front();
+  double begin = INFINITY, end = -INFINITY, wait = 0, waited_steps = 0;
+  int64_t samples = 0;
+  std::vector<double> times;
+  for (const StepRecord& r : window) {
+    if (r.t > latest->t || (r.t == latest->t && r.step > latest->step)) latest = &r;
+    begin = std::min(begin, r.t - r.step_s);
+    end = std::max(end, r.t);
+    samples += r.samples;
+    times.push_back(r.step_s);
+    if (r.data_wait_s) {
+      wait += *r.data_wait_s;
+      waited_steps += r.step_s;
+    }
+  }
+  job.step = latest->step;
+  if (std::isfinite(latest->loss)) job.loss = latest->loss;
+  if (end > begin && samples > 0) job.samples_per_s = samples / (end - begin);
+  job.step_s = Percentile(times, 50);
+  if (waited_steps > 0) job.data_wait_share = wait / waited_steps;
+  return job;
+}
+
+std::string RenderJobsPrometheus(const std::vector<JobNow>& jobs, const std::string& hostname) {
+  struct Family {
+    const char* name;
+    const char* help;
+    std::function<std::optional<double>(const JobNow&)> value;
+  };
+  const Family families[] = {
+      {"fullburn_job_step", "Latest optimizer step of a job recorded on this host",
+       [](const JobNow& j) { return j.step ? std::optional<double>(*j.step) : std::nullopt; }},
+      {"fullburn_job_loss", "Training loss at the job's latest step",
+       [](const JobNow& j) { return j.loss; }},
+      {"fullburn_job_samples_per_second",
+       "Samples per second of the job (every rank) over its last minute of steps",
+       [](const JobNow& j) { return j.samples_per_s; }},
+      {"fullburn_job_step_seconds", "Median step time of the job over its last minute (s)",
+       [](const JobNow& j) { return j.step_s; }},
+      {"fullburn_job_data_wait_ratio",
+       "Share of step time the job waited for data over its last minute",
+       [](const JobNow& j) { return j.data_wait_share; }},
+  };
+  auto labels = [&](const JobNow& j) {
+    return fmt::format("run=\"{}\",name=\"{}\",Hostname=\"{}\"", j.run.id, Escape(j.run.name),
+                       Escape(hostname));
+  };
+  std::string out;
+  for (const Family& f : families) {
+    std::string lines;
+    for (const JobNow& j : jobs)
+      if (std::optional<double> v = f.value(j))
+        lines += fmt::format("{}{{{}}} {}\n", f.name, labels(j), *v);
+    if (!lines.empty())
+      out += fmt::format("# HELP {} {}.\n# TYPE {} gauge\n{}", f.name, f.help, f.name, lines);
+  }
+  std::string lost;
+  for (const JobNow& j : jobs)
+    if (j.now)
+      lost += fmt::format("fullburn_job_time_lost_ratio{{{},cause=\"{}\"}} {}\n", labels(j),
+                          Escape(j.now->cause), j.now->share_lost);
+  if (!lost.empty())
+    out +=
+        "# HELP fullburn_job_time_lost_ratio Share of the job's last minute lost to what limits "
+        "it now (cause: docs/diagnosis.md; healthy: 0).\n# TYPE fullburn_job_time_lost_ratio "
+        "gauge\n" +
+        lost;
   return out;
 }
 

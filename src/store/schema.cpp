@@ -83,8 +83,13 @@ ALTER TABLE runs ADD COLUMN parent_id INTEGER;  -- NULL: a run of its own
 CREATE INDEX runs_by_parent ON runs (parent_id);
 )sql";
 
+// v4: a running job's new steps found without reading all of its steps
+// (fullburn serve polls them every second).
+const char* const kSchemaV4 = R"sql(
+CREATE INDEX steps_by_time ON steps (run_id, t);
+)sql";
 // Script i takes the store from version i to version i + 1.
-const char* const kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3};
+const char* const kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion);
 
 }  // namespace

@@ -69,16 +69,21 @@ Status RunStore::AppendSteps(int64_t run_id, const std::vector<StepRecord>& step
   return Exec("COMMIT");
 }
 
-Result<std::vector<StepRecord>> RunStore::LoadSteps(int64_t run_id) {
+Result<std::vector<StepRecord>> RunStore::LoadSteps(int64_t run_id, double after) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement q;
-  if (sqlite3_prepare_v2(db_,
-                         "SELECT rank, step, epoch, t, loss, lr, loss_scale, samples, step_s, "
-                         "data_wait_s, h2d_s, forward_s, backward_s, optimizer_s, comm_s, skipped "
-                         "FROM steps WHERE run_id = ? ORDER BY rank, step",
-                         -1, &q.st, nullptr) != SQLITE_OK)
+  // The whole run in primary-key order; the steps after `after` through the
+  // time index (a poller's few new ones, sorted after).
+  const bool whole = std::isinf(after);
+  std::string sql =
+      "SELECT rank, step, epoch, t, loss, lr, loss_scale, samples, step_s, data_wait_s, h2d_s, "
+      "forward_s, backward_s, optimizer_s, comm_s, skipped FROM steps ";
+  sql += whole ? "WHERE run_id = ? ORDER BY rank, step"
+               : "INDEXED BY steps_by_time WHERE run_id = ? AND t > ? ORDER BY rank, step";
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &q.st, nullptr) != SQLITE_OK)
     return SqlError("cannot read steps");
   sqlite3_bind_int64(q.st, 1, run_id);
+  if (!whole) sqlite3_bind_double(q.st, 2, after);
   std::vector<StepRecord> out;
   int rc;
   while ((rc = sqlite3_step(q.st)) == SQLITE_ROW) {
@@ -157,13 +162,16 @@ Status RunStore::AddEvent(int64_t run_id, const RunEvent& e) {
   return sqlite3_step(ins.st) == SQLITE_DONE ? Status::Ok() : SqlError("cannot record an event");
 }
 
-Result<std::vector<RunEvent>> RunStore::LoadEvents(int64_t run_id) {
+Result<std::vector<RunEvent>> RunStore::LoadEvents(int64_t run_id, double after) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement q;
-  if (sqlite3_prepare_v2(db_, "SELECT t, kind, data FROM events WHERE run_id = ? ORDER BY t, rowid",
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT t, kind, data FROM events WHERE run_id = ? AND t > ? "
+                         "ORDER BY t, rowid",
                          -1, &q.st, nullptr) != SQLITE_OK)
     return SqlError("cannot read events");
   sqlite3_bind_int64(q.st, 1, run_id);
+  sqlite3_bind_double(q.st, 2, std::isinf(after) ? -1e300 : after);
   std::vector<RunEvent> out;
   int rc;
   while ((rc = sqlite3_step(q.st)) == SQLITE_ROW)

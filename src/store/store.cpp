@@ -1,5 +1,4 @@
 #include "fullburn/store.h"
-#include "sqlite_util.h"
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -7,8 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+
+#include "sqlite_util.h"
 
 namespace fullburn {
 namespace {
@@ -295,14 +297,18 @@ Result<RunInfo> RunStore::GetRun(const std::string& ref) {
   return runs->front();
 }
 
-Result<std::map<std::string, Series>> RunStore::LoadSamples(int64_t run_id) {
+Result<std::map<std::string, Series>> RunStore::LoadSamples(int64_t run_id, double after) {
   std::lock_guard<std::mutex> lock(mu_);
   sqlite3_stmt* st = nullptr;
+  // Metric by metric (CROSS JOIN fixes that order), each a range of the
+  // primary key (run_id, metric_id, t): the readings after `after` are found
+  // without reading the run's older ones.
   const char* sql =
-      "SELECT m.name, s.t, s.value FROM samples s JOIN metrics m ON m.id = s.metric_id "
-      "WHERE s.run_id = ? ORDER BY m.name, s.t";
+      "SELECT m.name, s.t, s.value FROM metrics m CROSS JOIN samples s "
+      "WHERE s.run_id = ? AND s.metric_id = m.id AND s.t > ? ORDER BY m.name, s.t";
   if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return SqlError("cannot read samples");
   sqlite3_bind_int64(st, 1, run_id);
+  sqlite3_bind_double(st, 2, std::isinf(after) ? -1e300 : after);
   std::map<std::string, Series> out;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW)

@@ -412,8 +412,10 @@ std::string RawRequest(int port, const std::string& bytes) {
 TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
   FakeGpu(91);
   Background b;
-  testing::Start(&b, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.2"},
-                 "serve");
+  testing::Start(
+      &b,
+      {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.2", "--store", store_},
+      "serve");
   int port = -1;
   for (int i = 0; i < 250 && port < 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -453,16 +455,75 @@ TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
 TEST_F(CommandsE2E, ServeRejectsBadListen) {
   ExpectOneLineError(Fb({"serve", "--listen", "localhost"}), "is not HOST:PORT");
   Background first;
-  testing::Start(&first, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0"}, "serve_a");
+  testing::Start(&first, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--store", store_},
+                 "serve_a");
   int port = -1;
   for (int i = 0; i < 250 && port < 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     port = PortFrom(first.Err());
   }
   ASSERT_GT(port, 0);
-  auto second = Fb({"serve", "--listen", "127.0.0.1:" + std::to_string(port)});
+  auto second = Fb({"serve", "--listen", "127.0.0.1:" + std::to_string(port), "--store", store_});
   EXPECT_EQ(second.code, 2);
   EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:"), std::string::npos) << second.err;
+}
+
+// The jobs recorded on this host are exported beside the machine: a
+// starved loop under fullburn run (it marks its steps) shows its step, rate
+// and data wait within seconds, what limits it after 20 s of steps, and is
+// gone from /metrics once it ends.
+TEST_F(CommandsE2E, ServeExportsTheJobsRecordedOnThisHost) {
+  const std::string loop = std::string(SOURCE_DIR) + "/examples/scenarios/loop.py";
+  Background job;
+  testing::Start(&job,
+                 {FULLBURN_BIN, "run", "-q", "--interval", "0.25", "--store", store_, "--",
+                  "python3", loop, "starved", "--seconds", "60"},
+                 "serve_job");
+  Background serve;
+  testing::Start(
+      &serve,
+      {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.25", "--store", store_},
+      "serve_jobs");
+  int port = -1;
+  for (int i = 0; i < 250 && port < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    port = PortFrom(serve.Err());
+  }
+  ASSERT_GT(port, 0) << serve.Err();
+  httplib::Client client("127.0.0.1", port);
+  // Polls /metrics until `what` shows (up to `seconds`); the last body.
+  auto await = [&](const std::string& what, double seconds) {
+    std::string body;
+    for (double waited = 0; waited < seconds; waited += 0.25) {
+      if (auto res = client.Get("/metrics")) body = res->body;
+      if (body.find(what) != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    return body;
+  };
+  const std::string job_labels = "{run=\"1\",name=\"python3\",Hostname=";
+  std::string body = await("fullburn_job_data_wait_ratio" + job_labels, 20);
+  EXPECT_NE(body.find("fullburn_job_step" + job_labels), std::string::npos) << body;
+  EXPECT_NE(body.find("fullburn_job_samples_per_second" + job_labels), std::string::npos) << body;
+  std::smatch wait;
+  ASSERT_TRUE(std::regex_search(body, wait,
+                                std::regex("fullburn_job_data_wait_ratio\\{[^}]*\\} ([0-9.e-]+)")))
+      << body;
+  EXPECT_GT(std::stod(wait[1]), 0.3) << body;  // 40 ms of loading per 10 ms of work
+  EXPECT_NE(body.find("fullburn_host_cpu_util{"), std::string::npos);  // the machine's, still
+  // input_workers, or input_cpu when the cores are busy with other work.
+  body = await("fullburn_job_time_lost_ratio" + job_labels, 45);
+  EXPECT_NE(body.find(",cause=\"input_"), std::string::npos) << body;
+
+  ::kill(job.pid, SIGTERM);  // fullburn run passes it on; the run ends
+  EXPECT_EQ(job.Wait(20), 128 + SIGTERM) << job.Err();
+  for (int i = 0; i < 40 && body.find("fullburn_job_") != std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    body = client.Get("/metrics")->body;
+  }
+  EXPECT_EQ(body.find("fullburn_job_"), std::string::npos) << body;
+  ::kill(serve.pid, SIGTERM);
+  EXPECT_EQ(serve.Wait(10), 0) << serve.Err();
 }
 
 }  // namespace

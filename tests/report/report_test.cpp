@@ -183,6 +183,51 @@ TEST(Report, PrometheusUsesDcgmNamesUnitsAndLabels) {
       << ranked;
 }
 
+// fullburn serve's jobs: two ranks' last minute is one job's rate (every
+// rank's samples over the wall time they span), the latest step's loss, the
+// median step, data wait over the steps that timed it; what limits it now.
+TEST(Report, JobsExportTheirLastMinute) {
+  RunInfo run;
+  run.id = 7;
+  run.name = "bert \"base\"";
+  std::vector<StepRecord> window;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int i = 1; i <= 4; ++i) {
+      StepRecord r;
+      r.rank = rank;
+      r.step = 10 + i;
+      r.t = 100 + i * 0.5;
+      r.step_s = i == 4 ? 1.5 : 0.5;  // the last step is slow: the median is not the mean
+      r.samples = 32;
+      r.loss = 2.0 - 0.1 * i - 0.01 * rank;
+      if (rank == 0) r.data_wait_s = 0.25;
+      window.push_back(r);
+    }
+  Finding now{"input_workers", "t", "e", 0.42, 0.9, "f"};
+  JobNow job = SummarizeJob(run, window, now);
+  EXPECT_EQ(job.step, 14);
+  EXPECT_DOUBLE_EQ(*job.loss, 1.6);                 // rank 0's, the first with the latest time
+  EXPECT_DOUBLE_EQ(*job.samples_per_s, 256 / 2.0);  // 8 x 32 samples from t = 100 to 102
+  EXPECT_DOUBLE_EQ(*job.step_s, 0.5);
+  EXPECT_DOUBLE_EQ(*job.data_wait_share, 1.0 / 3.0);  // 4 x 0.25 of rank 0's 3 s
+  std::string text = RenderJobsPrometheus({job}, "node1");
+  const std::string labels = "{run=\"7\",name=\"bert \\\"base\\\"\",Hostname=\"node1\"}";
+  EXPECT_NE(text.find("# TYPE fullburn_job_samples_per_second gauge\n"
+                      "fullburn_job_samples_per_second" +
+                      labels + " 128\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("fullburn_job_step" + labels + " 14\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("fullburn_job_time_lost_ratio{run=\"7\",name=\"bert \\\"base\\\"\","
+                      "Hostname=\"node1\",cause=\"input_workers\"} 0.42\n"),
+            std::string::npos)
+      << text;
+  // A job with no steps yet exports none of the step families, and no empty ones.
+  JobNow idle = SummarizeJob(run, {}, std::nullopt);
+  EXPECT_FALSE(idle.step || idle.samples_per_s || idle.step_s || idle.data_wait_share);
+  EXPECT_EQ(RenderJobsPrometheus({idle}, "node1"), "");
+}
+
 TEST(Report, CsvHasOneRowPerTimeAndBlanksForAbsent) {
   std::map<std::string, Series> samples;
   samples["a"] = {{0, 1}, {1, 2}};

@@ -296,6 +296,51 @@ TEST_F(StoreTest, StepsCheckpointsAndEventsRoundTrip) {
   EXPECT_TRUE(store->LoadEvents(id)->empty());
 }
 
+// fullburn serve reads what a running job added since its last look: the
+// rows after a time, in the same order as a whole read, nothing older.
+TEST_F(StoreTest, ReadsOnlyWhatCameAfterATime) {
+  auto store = OpenOk();
+  ASSERT_TRUE(store);
+  RunInfo info;
+  info.start_time = 1000;
+  int64_t id = store->BeginRun(info).value();
+  int64_t other = store->BeginRun(info).value();
+  std::vector<StepRecord> steps;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int i = 1; i <= 4; ++i) {
+      StepRecord r;
+      r.rank = rank;
+      r.step = i;
+      r.t = i + 0.1 * rank;
+      r.step_s = 1;
+      steps.push_back(r);
+    }
+  ASSERT_TRUE(store->AppendSteps(id, steps).ok());
+  ASSERT_TRUE(store->AppendSteps(other, steps).ok());
+  ASSERT_TRUE(store->AppendSamples(id, 1000, {Snap(1, 10), Snap(2, 20), Snap(3, 30)}).ok());
+  ASSERT_TRUE(store->AddEvent(id, {1.5, "evaluation", "{}"}).ok());
+  ASSERT_TRUE(store->AddEvent(id, {3.5, "evaluation", "{}"}).ok());
+
+  std::vector<StepRecord> late = store->LoadSteps(id, 2.5).value();
+  std::vector<std::pair<int, int64_t>> got;
+  for (const StepRecord& r : late) got.push_back({r.rank, r.step});
+  EXPECT_EQ(got, (std::vector<std::pair<int, int64_t>>{{0, 3}, {0, 4}, {1, 3}, {1, 4}}));
+  EXPECT_EQ(store->LoadSteps(id, 4.1).value().size(), 0u);  // after: not at
+  EXPECT_EQ(store->LoadSteps(id).value().size(), 8u);
+
+  auto samples = store->LoadSamples(id, 1.5).value();
+  ASSERT_EQ(samples.size(), 2u);
+  const Series& cpu = samples.at("host.cpu_util");
+  ASSERT_EQ(cpu.size(), 2u);
+  EXPECT_DOUBLE_EQ(cpu[0].t, 2);
+  EXPECT_DOUBLE_EQ(cpu[1].v, 30);
+  EXPECT_EQ(store->LoadSamples(id).value().at("gpu0.util").size(), 3u);
+
+  auto events = store->LoadEvents(id, 2).value();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_DOUBLE_EQ(events[0].t, 3.5);
+}
+
 // A store written by the first release (schema v1) is migrated in place and
 // keeps its runs and samples.
 TEST_F(StoreTest, SchemaV1StoreIsMigrated) {

@@ -1,0 +1,57 @@
+// The jobs fullburn serve exports besides the machine: every run being
+// recorded on this host into the store (fullburn run, train, attach), each
+// kept as its last minute and diagnosed as on the live line.
+//
+// Poll() reads only what is new since the last poll (the store's time
+// ranges), from one thread; Jobs() may be called from any thread. A store
+// that cannot be read leaves the last jobs in place; a run no longer
+// running is dropped.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fullburn/diagnose.h"
+#include "fullburn/env.h"
+#include "fullburn/report.h"
+#include "fullburn/store.h"
+
+namespace fullburn::cli {
+
+class JobsWatcher {
+ public:
+  JobsWatcher(RunStore* store, const Env* env, std::string host)
+      : store_(store), env_(env), host_(std::move(host)) {}
+  void Poll();
+  std::vector<JobNow> Jobs() const;
+
+ private:
+  // Rows can land a little after rows with later times (each rank and the
+  // sampler flush about once a second): every read looks back this far and
+  // drops what it already has.
+  static constexpr double kLookBackS = 5;
+  struct Watched {
+    explicit Watched(const RunInfo& run) : live(run) {}
+    LiveDiagnosis live;
+    double read_to = -INFINITY;                            // the latest time read
+    std::map<std::string, double> last_reading;            // per metric
+    std::map<std::pair<int, int64_t>, double> steps_seen;  // (rank, step) -> t, recent
+    std::set<std::tuple<double, std::string, std::string>> events_seen;  // recent
+    std::vector<StepRecord> window;                                      // the last minute's steps
+  };
+  void Read(const RunInfo& run, Watched* w);
+
+  RunStore* store_;
+  const Env* env_;
+  std::string host_;
+  std::map<int64_t, std::unique_ptr<Watched>> watched_;  // poll thread
+  mutable std::mutex mu_;
+  std::vector<JobNow> jobs_;  // under mu_
+};
+
+}  // namespace fullburn::cli
