@@ -80,6 +80,11 @@ JobNow SummarizeJob(const RunInfo& run, const std::vector<StepRecord>& window,
                     std::optional<Finding> now);
 // fullburn_job_* families, labelled run, name and Hostname (and cause).
 std::string RenderJobsPrometheus(const std::vector<JobNow>& jobs, const std::string& hostname);
+// fullburn watch's lines for them ("" for none), and its --json list:
+// [{run, name, step, loss, samples_per_s, step_s, data_wait_share,
+//   now: {cause, time_lost_pct}}], absent fields left out.
+std::string RenderJobLines(const std::vector<JobNow>& jobs);
+nlohmann::json JobsJson(const std::vector<JobNow>& jobs);
 
 nlohmann::json SnapshotJson(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                             const std::string& gpu_note);

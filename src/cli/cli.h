@@ -48,6 +48,8 @@ std::vector<std::string> OwnCommandLine();
 // was replaced while this process runs, the new one at the same path.
 std::string SelfExecutable();
 std::string CurrentDir();
+// gethostname(): the Hostname label, and the host a run was recorded on.
+std::string HostName();
 
 // The source tree's python/ (fullburn_markers.py, the automatic markers),
 // which fullburn runs from; "" if it is gone.

@@ -35,12 +35,6 @@ bool SplitHostPort(const std::string& s, std::string* host, int* port) {
   return true;
 }
 
-std::string HostName() {
-  char buf[256] = {0};
-  ::gethostname(buf, sizeof buf - 1);
-  return buf;
-}
-
 int Serve(const ServeOptions& opts) {
   std::string host;
   int port = 0;

@@ -1,4 +1,6 @@
-// fullburn watch: a live view of every GPU and the host, or one JSON snapshot.
+// fullburn watch: a live view of every GPU, the host and the jobs recorded
+// on it (their last minute, as fullburn serve exports them), or one JSON
+// snapshot.
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 
 #include "cli.h"
 #include "fullburn/report.h"
+#include "serve_jobs.h"
 
 namespace fullburn::cli {
 namespace {
@@ -41,6 +44,15 @@ int Watch(const WatchOptions& opts) {
   if (!gpus.ok()) return Fail(gpus.status().message());
   std::string note = (*gpus)->available() ? "" : (*gpus)->unavailable_reason();
   const Env* env = Env::Default();
+  // Jobs only where there is a store to read: watching never fails for it.
+  Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
+  std::unique_ptr<JobsWatcher> jobs;
+  if (store.ok()) jobs = std::make_unique<JobsWatcher>(store->get(), env, HostName());
+  auto poll_jobs = [&] {
+    if (!jobs) return std::vector<JobNow>{};
+    jobs->Poll();
+    return jobs->Jobs();
+  };
   Sampler sampler(env, gpus->get(), SamplerOptions{opts.common.interval_s, -1});
   // Rates need two readings: take a first one and wait a little.
   sampler.SampleOnce();
@@ -49,10 +61,16 @@ int Watch(const WatchOptions& opts) {
   if (opts.once) {
     Snapshot s = sampler.SampleOnce();
     NameProcesses(env, &s);
-    if (opts.json)
-      std::printf("%s\n", SnapshotJson(s, (*gpus)->gpus(), note).dump(2).c_str());
-    else
-      std::fputs(RenderWatchFrame(s, (*gpus)->gpus(), note, TerminalWidth()).c_str(), stdout);
+    std::vector<JobNow> now = poll_jobs();
+    if (opts.json) {
+      nlohmann::json j = SnapshotJson(s, (*gpus)->gpus(), note);
+      j["jobs"] = JobsJson(now);
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::fputs((RenderWatchFrame(s, (*gpus)->gpus(), note, TerminalWidth()) + RenderJobLines(now))
+                     .c_str(),
+                 stdout);
+    }
     return 0;
   }
   ::signal(SIGINT, OnStop);
@@ -63,10 +81,14 @@ int Watch(const WatchOptions& opts) {
   while (!g_stop) {
     Snapshot s = sampler.SampleOnce();
     NameProcesses(env, &s);
+    std::vector<JobNow> now = poll_jobs();
     if (opts.json) {
-      std::printf("%s\n", SnapshotJson(s, (*gpus)->gpus(), note).dump().c_str());
+      nlohmann::json j = SnapshotJson(s, (*gpus)->gpus(), note);
+      j["jobs"] = JobsJson(now);
+      std::printf("%s\n", j.dump().c_str());
     } else {
-      std::string frame = RenderWatchFrame(s, (*gpus)->gpus(), note, TerminalWidth());
+      std::string frame =
+          RenderWatchFrame(s, (*gpus)->gpus(), note, TerminalWidth()) + RenderJobLines(now);
       std::printf("%s%s(Ctrl-C to quit)\n", tty ? "\033[H\033[2J" : "\n", frame.c_str());
     }
     std::fflush(stdout);
@@ -87,6 +109,7 @@ void SetupWatch(CLI::App& app) {
   watch->add_flag("--once", opts->once, "Print one snapshot and exit");
   watch->add_flag("--json", opts->json, "JSON output: {\"metrics\": {name: value}, \"gpus\": [...]}");
   AddIntervalOption(watch, &opts->common, 1.0);
+  AddStoreOption(watch, &opts->common);
   watch->callback([opts] { ExitCode() = Watch(*opts); });
 }
 

@@ -42,6 +42,12 @@ std::string SelfExecutable() {
   return path;
 }
 
+std::string HostName() {
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
 std::string CurrentDir() {
   char buf[4096];
   return ::getcwd(buf, sizeof buf) ? buf : "";

@@ -8,6 +8,21 @@
 
 namespace fullburn {
 
+nlohmann::json JobsJson(const std::vector<JobNow>& jobs) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const JobNow& j : jobs) {
+    nlohmann::json one{{"run", j.run.id}, {"name", j.run.name}};
+    if (j.step) one["step"] = *j.step;
+    if (j.loss) one["loss"] = *j.loss;
+    if (j.samples_per_s) one["samples_per_s"] = *j.samples_per_s;
+    if (j.step_s) one["step_s"] = *j.step_s;
+    if (j.data_wait_share) one["data_wait_share"] = *j.data_wait_share;
+    if (j.now) one["now"] = {{"cause", j.now->cause}, {"time_lost_pct", j.now->share_lost * 100}};
+    out.push_back(one);
+  }
+  return out;
+}
+
 nlohmann::json SnapshotJson(const Snapshot& s, const std::vector<GpuInfo>& gpus,
                             const std::string& gpu_note) {
   nlohmann::json j;

@@ -208,4 +208,19 @@ std::string RenderWatchFrame(const Snapshot& s, const std::vector<GpuInfo>& gpus
   return out;
 }
 
+std::string RenderJobLines(const std::vector<JobNow>& jobs) {
+  if (jobs.empty()) return "";
+  std::string out = "JOBS recorded here (fullburn run, train, attach)\n";
+  for (const JobNow& j : jobs) {
+    out += fmt::format("  run {:<5} {:<24.24}", j.run.id, j.run.name);
+    if (j.step) out += fmt::format("  step {}", *j.step);
+    if (j.loss) out += fmt::format("  loss {:.4f}", *j.loss);
+    if (j.samples_per_s) out += fmt::format("  {:.0f} samples/s", *j.samples_per_s);
+    if (j.data_wait_share) out += fmt::format("  data-wait {:.0f}%", *j.data_wait_share * 100);
+    if (!j.step) out += "  no steps recorded";
+    out += RenderLiveFinding(j.now) + "\n";
+  }
+  return out;
+}
+
 }  // namespace fullburn

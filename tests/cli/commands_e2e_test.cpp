@@ -68,7 +68,7 @@ class CommandsE2E : public ::testing::Test {
 size_t Lines(const std::string& s) { return std::count(s.begin(), s.end(), '\n'); }
 
 TEST_F(CommandsE2E, WatchOnceJsonWithoutGpus) {
-  auto o = Fb({"watch", "--once", "--json"});
+  auto o = Fb({"watch", "--once", "--json", "--store", store_});
   ASSERT_EQ(o.code, 0) << o.err;
   json j = json::parse(o.out);
   EXPECT_TRUE(j["metrics"].contains("host.cpu_util"));
@@ -76,11 +76,12 @@ TEST_F(CommandsE2E, WatchOnceJsonWithoutGpus) {
   EXPECT_TRUE(j["metrics"].contains("host.cpu0.util"));
   EXPECT_FALSE(j["metrics"].contains("gpu0.util"));  // absent, not 0
   EXPECT_NE(j["gpu_unavailable"].get<std::string>().find("libnvidia-ml.so.1"), std::string::npos);
+  EXPECT_EQ(j["jobs"], json::array());  // none running in this store
 }
 
 TEST_F(CommandsE2E, WatchOnceJsonWithFakeGpu) {
   FakeGpu(77);
-  auto o = Fb({"watch", "--once", "--json"});
+  auto o = Fb({"watch", "--once", "--json", "--store", store_});
   ASSERT_EQ(o.code, 0) << o.err;
   json j = json::parse(o.out);
   EXPECT_EQ(j["metrics"]["gpu0.util"], 77);
@@ -93,7 +94,7 @@ TEST_F(CommandsE2E, WatchOnceJsonWithFakeGpu) {
 
 TEST_F(CommandsE2E, WatchOnceTextFrame) {
   FakeGpu(50);
-  auto o = Fb({"watch", "--once"});
+  auto o = Fb({"watch", "--once", "--store", store_});
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_NE(o.out.find("GPU 0 Fake A100"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("THROTTLED: sw_power_cap,hw_thermal_slowdown"), std::string::npos) << o.out;
@@ -471,8 +472,8 @@ TEST_F(CommandsE2E, ServeRejectsBadListen) {
 // The jobs recorded on this host are exported beside the machine: a
 // starved loop under fullburn run (it marks its steps) shows its step, rate
 // and data wait within seconds, what limits it after 20 s of steps, and is
-// gone from /metrics once it ends.
-TEST_F(CommandsE2E, ServeExportsTheJobsRecordedOnThisHost) {
+// gone from /metrics once it ends. fullburn watch shows the same.
+TEST_F(CommandsE2E, ServeAndWatchShowTheJobsRecordedOnThisHost) {
   const std::string loop = std::string(SOURCE_DIR) + "/examples/scenarios/loop.py";
   Background job;
   testing::Start(&job,
@@ -510,10 +511,20 @@ TEST_F(CommandsE2E, ServeExportsTheJobsRecordedOnThisHost) {
                                 std::regex("fullburn_job_data_wait_ratio\\{[^}]*\\} ([0-9.e-]+)")))
       << body;
   EXPECT_GT(std::stod(wait[1]), 0.3) << body;  // 40 ms of loading per 10 ms of work
+  auto watched = Fb({"watch", "--once", "--json", "--store", store_});
+  ASSERT_EQ(watched.code, 0) << watched.err;
+  nlohmann::json listed = nlohmann::json::parse(watched.out)["jobs"];
+  ASSERT_EQ(listed.size(), 1u) << watched.out;
+  EXPECT_EQ(listed[0]["run"], 1);
+  EXPECT_GT(listed[0].value("step", 0), 0) << listed;
+  EXPECT_GT(listed[0].value("data_wait_share", 0.0), 0.3) << listed;
   EXPECT_NE(body.find("fullburn_host_cpu_util{"), std::string::npos);  // the machine's, still
   // input_workers, or input_cpu when the cores are busy with other work.
   body = await("fullburn_job_time_lost_ratio" + job_labels, 45);
   EXPECT_NE(body.find(",cause=\"input_"), std::string::npos) << body;
+  watched = Fb({"watch", "--once", "--store", store_});
+  EXPECT_NE(watched.out.find("JOBS recorded here"), std::string::npos) << watched.out;
+  EXPECT_NE(watched.out.find(" | now: input_"), std::string::npos) << watched.out;
 
   ::kill(job.pid, SIGTERM);  // fullburn run passes it on; the run ends
   EXPECT_EQ(job.Wait(20), 128 + SIGTERM) << job.Err();
@@ -522,6 +533,8 @@ TEST_F(CommandsE2E, ServeExportsTheJobsRecordedOnThisHost) {
     body = client.Get("/metrics")->body;
   }
   EXPECT_EQ(body.find("fullburn_job_"), std::string::npos) << body;
+  watched = Fb({"watch", "--once", "--store", store_});
+  EXPECT_EQ(watched.out.find("JOBS recorded here"), std::string::npos) << watched.out;
   ::kill(serve.pid, SIGTERM);
   EXPECT_EQ(serve.Wait(10), 0) << serve.Err();
 }

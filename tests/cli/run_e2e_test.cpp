@@ -222,9 +222,10 @@ TEST_F(RunE2E, AttachRecordsARunningTreeUntilItExits) {
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_NE(o.err.find("the process exited"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("findings:"), std::string::npos) << o.err;
-  if (o.err.find("GPU metrics unavailable") !=
-      std::string::npos)  // no GPU, no steps: say how to get them
+  if (o.err.find("GPU metrics unavailable") != std::string::npos) {
+    // No GPU and no steps: the fix says how to get them next time.
     EXPECT_NE(o.err.find("start it with fullburn run"), std::string::npos) << o.err;
+  }
   auto store = RunStore::Open(store_);
   RunInfo run = (*store)->GetRun("last").value();
   EXPECT_EQ(run.status, "finished");

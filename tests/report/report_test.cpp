@@ -222,10 +222,22 @@ TEST(Report, JobsExportTheirLastMinute) {
                       "Hostname=\"node1\",cause=\"input_workers\"} 0.42\n"),
             std::string::npos)
       << text;
+  std::string lines = RenderJobLines({job});
+  EXPECT_NE(lines.find("run 7"), std::string::npos) << lines;
+  EXPECT_NE(
+      lines.find("step 14  loss 1.6000  128 samples/s  data-wait 33% | now: input_workers ~42%"),
+      std::string::npos)
+      << lines;
+  nlohmann::json j = JobsJson({job})[0];
+  EXPECT_EQ(j["step"], 14);
+  EXPECT_DOUBLE_EQ(j["now"]["time_lost_pct"].get<double>(), 42);
   // A job with no steps yet exports none of the step families, and no empty ones.
   JobNow idle = SummarizeJob(run, {}, std::nullopt);
   EXPECT_FALSE(idle.step || idle.samples_per_s || idle.step_s || idle.data_wait_share);
   EXPECT_EQ(RenderJobsPrometheus({idle}, "node1"), "");
+  EXPECT_NE(RenderJobLines({idle}).find("no steps recorded"), std::string::npos);
+  EXPECT_FALSE(JobsJson({idle})[0].contains("step"));
+  EXPECT_EQ(RenderJobLines({}), "");
 }
 
 TEST(Report, CsvHasOneRowPerTimeAndBlanksForAbsent) {
