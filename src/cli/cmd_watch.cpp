@@ -47,7 +47,11 @@ int Watch(const WatchOptions& opts) {
   // Jobs only where there is a store to read: watching never fails for it.
   Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
   std::unique_ptr<JobsWatcher> jobs;
-  if (store.ok()) jobs = std::make_unique<JobsWatcher>(store->get(), env, HostName());
+  if (store.ok())
+    jobs = std::make_unique<JobsWatcher>(store->get(), env, HostName());
+  else
+    std::fprintf(stderr, "fullburn: %s; watching without the jobs\n",
+                 store.status().message().c_str());
   auto poll_jobs = [&] {
     if (!jobs) return std::vector<JobNow>{};
     jobs->Poll();

@@ -77,6 +77,13 @@ TEST_F(CommandsE2E, WatchOnceJsonWithoutGpus) {
   EXPECT_FALSE(j["metrics"].contains("gpu0.util"));  // absent, not 0
   EXPECT_NE(j["gpu_unavailable"].get<std::string>().find("libnvidia-ml.so.1"), std::string::npos);
   EXPECT_EQ(j["jobs"], json::array());  // none running in this store
+  // A store that cannot be read costs the jobs, not the machine's view.
+  std::ofstream(dir_ + "/bad.db") << "not a database";
+  o = Fb({"watch", "--once", "--json", "--store", dir_ + "/bad.db"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(json::parse(o.out)["metrics"].contains("host.cpu_util"));
+  EXPECT_NE(o.err.find("is not a fullburn run store or is corrupt"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("watching without the jobs"), std::string::npos) << o.err;
 }
 
 TEST_F(CommandsE2E, WatchOnceJsonWithFakeGpu) {
