@@ -20,12 +20,9 @@
 namespace fullburn::cli {
 namespace {
 
-struct AttachOptions {
-  CommonOptions common;
+struct AttachOptions : RecordOptions {
   std::string pid;
   std::string duration;  // empty: until the process exits
-  std::string name;
-  bool quiet = false;
 };
 
 // A process's state and start time (in clock ticks since boot) from
@@ -171,10 +168,7 @@ void SetupAttach(CLI::App& app) {
   cmd->add_option("pid", opts->pid, "The job's process id (pgrep -af train.py)")->required();
   cmd->add_option("--for", opts->duration,
                   "Stop recording after this long (90s, 10m, 2h); default: when the process exits");
-  cmd->add_option("--name", opts->name, "Name of the run (default: the process's command)");
-  cmd->add_flag("-q,--quiet", opts->quiet, "No live line and no summary");
-  AddIntervalOption(cmd, &opts->common, 1.0);
-  AddStoreOption(cmd, &opts->common);
+  AddRecordOptions(cmd, opts.get(), "the process's command");
   cmd->callback([opts] { ExitCode() = Attach(*opts); });
 }
 

@@ -16,11 +16,8 @@
 namespace fullburn::cli {
 namespace {
 
-struct RunOptions {
-  CommonOptions common;
-  std::string name;
+struct RunOptions : RecordOptions {
   int64_t parent = 0;  // 0: none
-  bool quiet = false;
   bool no_auto_steps = false;
   std::vector<std::string> command;
 };
@@ -124,15 +121,13 @@ void SetupRun(CLI::App& app) {
   CLI::App* run = app.add_subcommand(
       "run", "Run a command, record GPU, host and process-tree metrics, exit with its code");
   run->footer("Usage: fullburn run [OPTIONS] -- CMD [ARGS...]");
-  run->add_option("--name", opts->name, "Name of the run (default: the command)");
-  run->add_flag("-q,--quiet", opts->quiet, "No live line and no summary");
+  AddRecordOptions(run, opts.get(), "the command");
   run->add_flag("--no-auto-steps", opts->no_auto_steps,
                 "Do not time a PyTorch job's steps by itself (optimizer.step, DataLoader waits; "
                 "python/fullburn_autosteps.py)")
       ->envname("FULLBURN_NO_AUTO_STEPS");
-  run->add_option("--parent", opts->parent, "Record the run as part of another (fullburn tune's trials)");
-  AddIntervalOption(run, &opts->common, 1.0);
-  AddStoreOption(run, &opts->common);
+  run->add_option("--parent", opts->parent,
+                  "Record the run as part of another (fullburn tune's trials)");
   run->add_option("command", opts->command, "The command to run, after --")->required();
   run->positionals_at_end();
   run->callback([opts] { ExitCode() = Run(*opts); });

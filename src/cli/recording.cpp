@@ -29,6 +29,13 @@ NewEvents DrainEvents(const Recording& rec) {
 
 }  // namespace
 
+void AddRecordOptions(CLI::App* app, RecordOptions* opts, const std::string& what) {
+  app->add_option("--name", opts->name, "Name of the run (default: " + what + ")");
+  app->add_flag("-q,--quiet", opts->quiet, "No live line and no summary");
+  AddIntervalOption(app, &opts->common, 1.0);
+  AddStoreOption(app, &opts->common);
+}
+
 std::string GpusJson(const GpuSource& gpus) {
   nlohmann::json j = nlohmann::json::array();
   for (const GpuInfo& g : gpus.gpus())

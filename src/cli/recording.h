@@ -10,6 +10,15 @@
 
 namespace fullburn::cli {
 
+// The options of a recording command (run, attach), defined once.
+struct RecordOptions {
+  CommonOptions common;
+  std::string name;  // empty: the command
+  bool quiet = false;
+};
+// --name, -q/--quiet, --interval and --store; `what` names the default name.
+void AddRecordOptions(CLI::App* app, RecordOptions* opts, const std::string& what);
+
 struct Recording {
   const Env* env = nullptr;
   GpuSource* gpus = nullptr;

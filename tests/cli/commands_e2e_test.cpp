@@ -397,6 +397,19 @@ int PortFrom(const std::string& err) {
   return std::regex_search(err, m, re) ? std::stoi(m[1]) : -1;
 }
 
+// Starts `fullburn serve --listen 127.0.0.1:0 ARGS...`; the port it took
+// (-1 if it said none within 5 s).
+int StartServe(Background* b, std::vector<std::string> args, const std::string& tag) {
+  args.insert(args.begin(), {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0"});
+  testing::Start(b, args, tag);
+  int port = -1;
+  for (int i = 0; i < 250 && port < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    port = PortFrom(b->Err());
+  }
+  return port;
+}
+
 std::string RawRequest(int port, const std::string& bytes) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -420,15 +433,7 @@ std::string RawRequest(int port, const std::string& bytes) {
 TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
   FakeGpu(91);
   Background b;
-  testing::Start(
-      &b,
-      {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.2", "--store", store_},
-      "serve");
-  int port = -1;
-  for (int i = 0; i < 250 && port < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    port = PortFrom(b.Err());
-  }
+  int port = StartServe(&b, {"--interval", "0.2", "--store", store_}, "serve");
   ASSERT_GT(port, 0) << b.Err();
   httplib::Client client("127.0.0.1", port);
   auto res = client.Get("/metrics");
@@ -463,14 +468,8 @@ TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
 TEST_F(CommandsE2E, ServeRejectsBadListen) {
   ExpectOneLineError(Fb({"serve", "--listen", "localhost"}), "is not HOST:PORT");
   Background first;
-  testing::Start(&first, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--store", store_},
-                 "serve_a");
-  int port = -1;
-  for (int i = 0; i < 250 && port < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    port = PortFrom(first.Err());
-  }
-  ASSERT_GT(port, 0);
+  int port = StartServe(&first, {"--store", store_}, "serve_a");
+  ASSERT_GT(port, 0) << first.Err();
   auto second = Fb({"serve", "--listen", "127.0.0.1:" + std::to_string(port), "--store", store_});
   EXPECT_EQ(second.code, 2);
   EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:"), std::string::npos) << second.err;
@@ -488,15 +487,7 @@ TEST_F(CommandsE2E, ServeAndWatchShowTheJobsRecordedOnThisHost) {
                   "python3", loop, "starved", "--seconds", "60"},
                  "serve_job");
   Background serve;
-  testing::Start(
-      &serve,
-      {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.25", "--store", store_},
-      "serve_jobs");
-  int port = -1;
-  for (int i = 0; i < 250 && port < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    port = PortFrom(serve.Err());
-  }
+  int port = StartServe(&serve, {"--interval", "0.25", "--store", store_}, "serve_jobs");
   ASSERT_GT(port, 0) << serve.Err();
   httplib::Client client("127.0.0.1", port);
   // Polls /metrics until `what` shows (up to `seconds`); the last body.
