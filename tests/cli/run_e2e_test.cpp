@@ -241,6 +241,38 @@ TEST_F(RunE2E, AttachRecordsARunningTreeUntilItExits) {
   EXPECT_EQ(job.Wait(5), 0);
 }
 
+// The main use: a GPU job someone started by hand. Its GPU memory is
+// attributed from NVML's process list (the fake's, scripted with the job's
+// PID), and a GPU only other processes use is left out, as for `run`.
+TEST_F(RunE2E, AttachedJobsGpusAreTheOnesItsTreeUses) {
+  Background job;
+  testing::Start(&job, {WORKLOAD_BIN, "burn", "--seconds", "3"}, "attached_gpu");
+  std::string script = dir_ + "/nvml.json";
+  std::ofstream(script) << R"({"gpus": [
+    {"name": "Fake H100", "uuid": "GPU-used", "util": [25], "mem_util": [10],
+     "mem_used": [4294967296], "mem_total": 8589934592,
+     "processes": [[{"pid": )"
+                        << job.pid << R"(, "mem": 2147483648}]]},
+    {"name": "Fake H100", "uuid": "GPU-other", "util": [90], "mem_util": [50],
+     "mem_used": [4294967296], "mem_total": 8589934592,
+     "processes": [[{"pid": 1, "mem": 4294967296}]]}]})";
+  ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
+  ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML, 1);
+  auto o = RunToEnd(
+      {FULLBURN_BIN, "attach", std::to_string(job.pid), "--interval", "0.2", "--store", store_},
+      30);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("(this job: 2.0 GiB)"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("GPU 1: not used by this job"), std::string::npos) << o.err;
+  // GPUs were read: not the no-GPU fix. GPU 0 idles 75% with a core to
+  // spare and half its memory in use, and no steps were timed.
+  EXPECT_EQ(o.err.find("start it with fullburn run"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("GPU mostly idle with cores to spare (steps not timed)"), std::string::npos)
+      << o.err;
+  EXPECT_DOUBLE_EQ(Median(Samples().at("gpu0.util")), 25);
+  EXPECT_EQ(job.Wait(5), 0);
+}
+
 // --for and Ctrl-C end the recording, never the job: it is sent nothing.
 TEST_F(RunE2E, AttachStopsRecordingAndLeavesTheJobRunning) {
   std::string marker = dir_ + "/marker";

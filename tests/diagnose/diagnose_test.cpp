@@ -258,6 +258,33 @@ TEST(Diagnose, SmallBatchAndHeadroom) {
   EXPECT_FALSE(Has(near, "memory_headroom"));
 }
 
+// A job with no step records (fullburn attach, a loop without markers)
+// whose GPU idles with cores to spare and its memory in use: not healthy,
+// not a small batch; the usual cause at low confidence, and how to measure.
+TEST(Diagnose, AnIdleGpuWithoutStepsIsNotHealthy) {
+  Case attached;
+  attached.run.config_json = R"({"interval_s": 1, "attached_pid": 4242})";
+  auto f = attached.Gpu(30, 0.55).Host(30).Run();
+  ASSERT_EQ(f[0].cause, "input_workers") << ::testing::PrintToString(Causes(f));
+  EXPECT_NEAR(f[0].share_lost, 0.7, 1e-9);
+  EXPECT_LT(f[0].confidence, 0.5);
+  EXPECT_NE(f[0].evidence.find("not measured"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("start it under fullburn run next time"), std::string::npos) << f[0].fix;
+  EXPECT_NE(f[0].fix.find("num_workers"), std::string::npos) << f[0].fix;
+  EXPECT_FALSE(Has(f, "healthy"));
+  Case wrapped;
+  wrapped.run.config_json = R"({"interval_s": 1, "auto_steps": true})";
+  wrapped.Gpu(30, 0.55).Host(30);
+  wrapped.m.erase("gpu0.mem_used_bytes");  // no memory reading: still said, no nan
+  auto w = wrapped.Run();
+  ASSERT_EQ(w[0].cause, "input_workers");
+  EXPECT_NE(w[0].fix.find("run it under fullburn run"), std::string::npos) << w[0].fix;
+  EXPECT_EQ(w[0].evidence.find("nan"), std::string::npos) << w[0].evidence;
+  Case busy;  // a GPU at work is the near miss
+  busy.run.config_json = attached.run.config_json;
+  EXPECT_FALSE(Has(busy.Gpu(55, 0.55).Host(30).Run(), "input_workers"));
+}
+
 TEST(Diagnose, MemoryPressureOnGpuAndHost) {
   EXPECT_TRUE(Has(Case().Gpu(95, 0.97).Host(30).Run(), "memory_pressure"));
   EXPECT_FALSE(Has(Case().Gpu(95, 0.93).Host(30).Run(), "memory_pressure"));
