@@ -209,24 +209,27 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
     // No steps, an idle GPU, cores to spare, memory in use: nothing measured
     // says where the loop waits. Too few loader workers is the usual cause;
     // timing the steps tells.
+    // An attached job was started elsewhere; a recorded one without steps
+    // is not PyTorch, or ran with --no-auto-steps.
     std::string how =
-        f.attached ? "start it under fullburn run next time" : "run it under fullburn run";
-    out->push_back(
-        {"input_workers", "GPU mostly idle with cores to spare (steps not timed)",
-         wait +
-             (std::isnan(f.cpu)
-                  ? ""
-                  : "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated)) +
-             (std::isnan(f.mem_peak_share)
-                  ? ""
-                  : fmt::format(", peak GPU memory {} (>= {}): not a small batch",
-                                Pct(f.mem_peak_share), Pct(kMemHeadroom))) +
-             "; no step records, so the data wait was not measured",
-         share, 0.4,
-         "time the steps to tell the input from the loop's own work: " + how +
-             " (a PyTorch job's steps and DataLoader waits are timed with no change to it); "
-             "with cores to spare the usual cause is too few loader workers: " +
-             MoreWorkersFix(f, workers)});
+        f.attached ? "start it under fullburn run next time (a PyTorch job's steps and "
+                     "DataLoader waits are timed with no change to it)"
+                   : "mark them (a PyTorch job's are timed by themselves under fullburn run "
+                     "unless --no-auto-steps; any other loop with python/fullburn_markers.py)";
+    out->push_back({"input_workers", "GPU mostly idle with cores to spare (steps not timed)",
+                    wait +
+                        (std::isnan(f.cpu)
+                             ? ""
+                             : "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated)) +
+                        (std::isnan(f.mem_peak_share)
+                             ? ""
+                             : fmt::format(", peak GPU memory {} (>= {}): not a small batch",
+                                           Pct(f.mem_peak_share), Pct(kMemHeadroom))) +
+                        "; no step records, so the data wait was not measured",
+                    share, 0.4,
+                    "time the steps to tell the input from the loop's own work: " + how +
+                        "; with cores to spare the usual cause is too few loader workers: " +
+                        MoreWorkersFix(f, workers)});
   }
 }
 

@@ -278,7 +278,7 @@ TEST(Diagnose, AnIdleGpuWithoutStepsIsNotHealthy) {
   wrapped.m.erase("gpu0.mem_used_bytes");  // no memory reading: still said, no nan
   auto w = wrapped.Run();
   ASSERT_EQ(w[0].cause, "input_workers");
-  EXPECT_NE(w[0].fix.find("run it under fullburn run"), std::string::npos) << w[0].fix;
+  EXPECT_NE(w[0].fix.find("python/fullburn_markers.py"), std::string::npos) << w[0].fix;
   EXPECT_EQ(w[0].evidence.find("nan"), std::string::npos) << w[0].evidence;
   Case busy;  // a GPU at work is the near miss
   busy.run.config_json = attached.run.config_json;
