@@ -143,6 +143,8 @@ class RunStore {
                    const std::string& status);
 
   Result<std::vector<RunInfo>> ListRuns();
+  // Only the runs still being recorded (a poller's few, in a store of many).
+  Result<std::vector<RunInfo>> ListRunning();
   // `ref` is a run id or "last".
   Result<RunInfo> GetRun(const std::string& ref);
   // Every metric of a run, by name, in time order. `after` (seconds since

@@ -55,7 +55,7 @@ void JobsWatcher::Read(const RunInfo& run, Watched* w) {
 }
 
 void JobsWatcher::Poll() {
-  Result<std::vector<RunInfo>> runs = store_->ListRuns();
+  Result<std::vector<RunInfo>> runs = store_->ListRunning();
   if (!runs.ok()) return;
   std::vector<JobNow> jobs;
   std::set<int64_t> running;

@@ -278,6 +278,16 @@ Result<std::vector<RunInfo>> RunStore::ListRuns() {
   return QueryRuns("ORDER BY id", -1);
 }
 
+Result<std::vector<RunInfo>> RunStore::ListRunning() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::vector<RunInfo>> runs = QueryRuns("WHERE status = 'running' ORDER BY id", -1);
+  if (!runs.ok()) return runs;
+  std::vector<RunInfo> alive;  // a dead recorder's run reads "interrupted"
+  for (RunInfo& r : *runs)
+    if (r.status == "running") alive.push_back(std::move(r));
+  return alive;
+}
+
 Result<RunInfo> RunStore::GetRun(const std::string& ref) {
   std::lock_guard<std::mutex> lock(mu_);
   Result<std::vector<RunInfo>> runs = Status::NotFound("");

@@ -180,6 +180,12 @@ TEST_F(StoreTest, RunOfADeadRecorderReadsInterrupted) {
   info.recorder_pid = ::getpid();
   auto live = store->BeginRun(info);
   EXPECT_EQ(store->GetRun(std::to_string(*live))->status, "running");
+  auto done = store->BeginRun(info);
+  ASSERT_TRUE(store->FinishRun(*done, 1, 0, "finished").ok());
+  // What fullburn serve polls: only the live one.
+  std::vector<RunInfo> running = store->ListRunning().value();
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].id, *live);
 }
 
 TEST_F(StoreTest, ProcessesOpeningANewStoreTogetherAllSucceed) {
