@@ -81,6 +81,8 @@ class LiveDiagnosis {
   // The top finding of the window ending at `t` (one costing >= 5%, else
   // `healthy`), re-diagnosed when kEveryS have passed; none before kMinS.
   const std::optional<Finding>& Update(double t);
+  // The steps kept: the window's, and those added since the last cut.
+  const std::vector<StepRecord>& steps() const { return kept_.steps; }
 
  private:
   RunData kept_;  // the window so far (settings whatever their age), times from the run's start

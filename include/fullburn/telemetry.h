@@ -175,6 +175,15 @@ class HostCollector {
   bool disks_listed_ = false;
 };
 
+// A process as /proc/PID/stat tells it: its state letter ('Z': a zombie its
+// parent has not reaped) and its start time in clock ticks since boot, which
+// tells it from a later process given the same PID. NotFound once it is gone.
+struct ProcessIdentity {
+  char state = '?';
+  uint64_t start_ticks = 0;
+};
+Result<ProcessIdentity> ReadProcessIdentity(const Env& env, int pid);
+
 class ProcTreeCollector {
  public:
   ProcTreeCollector(const Env* env, int root_pid) : env_(env), root_pid_(root_pid) {}

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "child.h"
@@ -25,33 +24,9 @@ struct AttachOptions : RecordOptions {
   std::string duration;  // empty: until the process exits
 };
 
-// A process's state and start time (in clock ticks since boot) from
-// /proc/PID/stat; the start time tells a process from a later one that got
-// the same PID.
-struct ProcessStat {
-  char state = '?';
-  unsigned long long start_ticks = 0;
-};
-
-Result<ProcessStat> ReadProcessStat(const Env& env, int pid) {
-  Result<std::string> stat = env.ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat.ok()) return stat.status();
-  // The name (field 2) is in parentheses and may hold spaces or ')'.
-  size_t close = stat->rfind(')');
-  if (close == std::string::npos) return Status::Corruption("unreadable /proc/PID/stat");
-  std::istringstream rest(stat->substr(close + 1));
-  ProcessStat out;
-  rest >> out.state;
-  std::string field;
-  for (int i = 4; i < 22 && rest >> field; ++i) {
-  }
-  if (!(rest >> out.start_ticks)) return Status::Corruption("unreadable /proc/PID/stat");
-  return out;
-}
-
-// Still the process we attached to, and not a zombie its parent has yet to reap.
-bool StillRunning(const Env& env, int pid, const ProcessStat& attached) {
-  Result<ProcessStat> now = ReadProcessStat(env, pid);
+// Still the process attached to, and not a zombie its parent has yet to reap.
+bool StillRunning(const Env& env, int pid, const ProcessIdentity& attached) {
+  Result<ProcessIdentity> now = ReadProcessIdentity(env, pid);
   return now.ok() && now->start_ticks == attached.start_ticks && now->state != 'Z' &&
          now->state != 'X';
 }
@@ -86,7 +61,7 @@ int Attach(const AttachOptions& opts) {
                 "' is not a process id: give the PID of the training job (pgrep -af train.py)");
   if (pid == ::getpid())
     return Fail("fullburn cannot attach to itself: give the training job's PID");
-  Result<ProcessStat> attached = ReadProcessStat(*env, static_cast<int>(pid));
+  Result<ProcessIdentity> attached = ReadProcessIdentity(*env, static_cast<int>(pid));
   if (!attached.ok() || attached->state == 'Z')
     return Fail(
         fmt::format("no running process {}: give the PID of a running training job "
@@ -135,7 +110,6 @@ int Attach(const AttachOptions& opts) {
   rec.store = store->get();
   rec.info = info;
   rec.root_pid = static_cast<int>(pid);
-  rec.interval_s = opts.common.interval_s;
   rec.quiet = opts.quiet;
   double t0 = env->MonotonicSeconds();
   bool exited = false;

@@ -91,7 +91,6 @@ int Run(const RunOptions& opts) {
   rec.store = store->get();
   rec.info = info;
   rec.root_pid = *child;
-  rec.interval_s = opts.common.interval_s;
   rec.quiet = opts.quiet;
   rec.events = events_path.empty() ? nullptr : &events;
   int code = RecordUntil(rec, [&] { return WaitChild(*child); });

@@ -52,10 +52,17 @@ int Watch(const WatchOptions& opts) {
   else
     std::fprintf(stderr, "fullburn: %s; watching without the jobs\n",
                  store.status().message().c_str());
-  auto poll_jobs = [&] {
-    if (!jobs) return std::vector<JobNow>{};
-    jobs->Poll();
-    return jobs->Jobs();
+  // One snapshot and the jobs now, as JSON or as a frame.
+  auto as_json = [&](const Snapshot& s) {
+    nlohmann::json j = SnapshotJson(s, (*gpus)->gpus(), note);
+    if (jobs) jobs->Poll();
+    j["jobs"] = JobsJson(jobs ? jobs->Jobs() : std::vector<JobNow>{});
+    return j;
+  };
+  auto as_frame = [&](const Snapshot& s) {
+    if (jobs) jobs->Poll();
+    return RenderWatchFrame(s, (*gpus)->gpus(), note, TerminalWidth()) +
+           RenderJobLines(jobs ? jobs->Jobs() : std::vector<JobNow>{});
   };
   Sampler sampler(env, gpus->get(), SamplerOptions{opts.common.interval_s, -1});
   // Rates need two readings: take a first one and wait a little.
@@ -65,16 +72,10 @@ int Watch(const WatchOptions& opts) {
   if (opts.once) {
     Snapshot s = sampler.SampleOnce();
     NameProcesses(env, &s);
-    std::vector<JobNow> now = poll_jobs();
-    if (opts.json) {
-      nlohmann::json j = SnapshotJson(s, (*gpus)->gpus(), note);
-      j["jobs"] = JobsJson(now);
-      std::printf("%s\n", j.dump(2).c_str());
-    } else {
-      std::fputs((RenderWatchFrame(s, (*gpus)->gpus(), note, TerminalWidth()) + RenderJobLines(now))
-                     .c_str(),
-                 stdout);
-    }
+    if (opts.json)
+      std::printf("%s\n", as_json(s).dump(2).c_str());
+    else
+      std::fputs(as_frame(s).c_str(), stdout);
     return 0;
   }
   ::signal(SIGINT, OnStop);
@@ -85,16 +86,10 @@ int Watch(const WatchOptions& opts) {
   while (!g_stop) {
     Snapshot s = sampler.SampleOnce();
     NameProcesses(env, &s);
-    std::vector<JobNow> now = poll_jobs();
-    if (opts.json) {
-      nlohmann::json j = SnapshotJson(s, (*gpus)->gpus(), note);
-      j["jobs"] = JobsJson(now);
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::string frame =
-          RenderWatchFrame(s, (*gpus)->gpus(), note, TerminalWidth()) + RenderJobLines(now);
-      std::printf("%s%s(Ctrl-C to quit)\n", tty ? "\033[H\033[2J" : "\n", frame.c_str());
-    }
+    if (opts.json)
+      std::printf("%s\n", as_json(s).dump().c_str());
+    else
+      std::printf("%s%s(Ctrl-C to quit)\n", tty ? "\033[H\033[2J" : "\n", as_frame(s).c_str());
     std::fflush(stdout);
     next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(opts.common.interval_s));

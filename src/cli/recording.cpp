@@ -45,7 +45,7 @@ std::string GpusJson(const GpuSource& gpus) {
 
 int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
   SamplerOptions so;
-  so.interval_s = rec.interval_s;
+  so.interval_s = rec.info.interval_s;
   so.root_pid = rec.root_pid;
   Sampler sampler(rec.env, rec.gpus, so);
   BatchWriter writer(rec.store, rec.info.id, rec.info.start_time);

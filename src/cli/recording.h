@@ -24,8 +24,7 @@ struct Recording {
   GpuSource* gpus = nullptr;
   RunStore* store = nullptr;
   RunInfo info;      // begun in the store
-  int root_pid = 0;  // the tree sampled
-  double interval_s = 1.0;
+  int root_pid = 0;  // the tree sampled, every info.interval_s
   bool quiet = false;                 // no live line
   EventFileReader* events = nullptr;  // the job's step events; null: none
 };

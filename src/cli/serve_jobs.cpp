@@ -31,7 +31,6 @@ void JobsWatcher::Read(const RunInfo& run, Watched* w) {
         w->read_to = std::max(w->read_to, r.t);
       }
     w->live.AddSteps(fresh);
-    w->window.insert(w->window.end(), fresh.begin(), fresh.end());
   }
   // The job's settings (its DataLoader) may be older than the minute: all
   // events at first sight, LiveDiagnosis keeps what it needs.
@@ -48,10 +47,6 @@ void JobsWatcher::Read(const RunInfo& run, Watched* w) {
     it = it->second < keep_from ? w->steps_seen.erase(it) : std::next(it);
   for (auto it = w->events_seen.begin(); it != w->events_seen.end();)
     it = std::get<0>(*it) < keep_from ? w->events_seen.erase(it) : std::next(it);
-  double window_from = now - LiveDiagnosis::kWindowS;
-  w->window.erase(std::remove_if(w->window.begin(), w->window.end(),
-                                 [&](const StepRecord& r) { return r.t < window_from; }),
-                  w->window.end());
 }
 
 void JobsWatcher::Poll() {
@@ -60,13 +55,16 @@ void JobsWatcher::Poll() {
   std::vector<JobNow> jobs;
   std::set<int64_t> running;
   for (const RunInfo& run : *runs) {
-    if (run.status != "running" || run.host != host_) continue;
+    if (run.host != host_) continue;
     running.insert(run.id);
     std::unique_ptr<Watched>& w = watched_[run.id];
     if (!w) w = std::make_unique<Watched>(run);
     Read(run, w.get());
     double now = env_->UnixSeconds() - run.start_time;
-    jobs.push_back(SummarizeJob(run, w->window, w->live.Update(now)));
+    std::vector<StepRecord> minute;
+    for (const StepRecord& r : w->live.steps())
+      if (r.t >= now - LiveDiagnosis::kWindowS) minute.push_back(r);
+    jobs.push_back(SummarizeJob(run, minute, w->live.Update(now)));
   }
   for (auto it = watched_.begin(); it != watched_.end();)
     it = running.count(it->first) ? std::next(it) : watched_.erase(it);

@@ -42,7 +42,6 @@ class JobsWatcher {
     std::map<std::string, double> last_reading;            // per metric
     std::map<std::pair<int, int64_t>, double> steps_seen;  // (rank, step) -> t, recent
     std::set<std::tuple<double, std::string, std::string>> events_seen;  // recent
-    std::vector<StepRecord> window;                                      // the last minute's steps
   };
   void Read(const RunInfo& run, Watched* w);
 

@@ -101,4 +101,31 @@ RunSummary Summarize(const RunInfo& run, const std::map<std::string, Series>& sa
   return out;
 }
 
+JobNow SummarizeJob(const RunInfo& run, const std::vector<StepRecord>& window,
+                    std::optional<Finding> now) {
+  JobNow job{run, {}, {}, {}, {}, {}, std::move(now)};
+  if (window.empty()) return job;
+  const StepRecord* latest = &window.front();
+  double begin = INFINITY, end = -INFINITY, wait = 0, waited_steps = 0;
+  int64_t samples = 0;
+  std::vector<double> times;
+  for (const StepRecord& r : window) {
+    if (r.t > latest->t || (r.t == latest->t && r.step > latest->step)) latest = &r;
+    begin = std::min(begin, r.t - r.step_s);
+    end = std::max(end, r.t);
+    samples += r.samples;
+    times.push_back(r.step_s);
+    if (r.data_wait_s) {
+      wait += *r.data_wait_s;
+      waited_steps += r.step_s;
+    }
+  }
+  job.step = latest->step;
+  if (std::isfinite(latest->loss)) job.loss = latest->loss;
+  if (end > begin && samples > 0) job.samples_per_s = samples / (end - begin);
+  job.step_s = Percentile(times, 50);
+  if (waited_steps > 0) job.data_wait_share = wait / waited_steps;
+  return job;
+}
+
 }  // namespace fullburn

@@ -18,6 +18,7 @@ namespace {
 
 struct ProcStat {
   int pid = 0, ppid = 0;
+  char state = '?';
   uint64_t utime = 0, stime = 0, start = 0, threads = 0, rss_pages = 0;
 };
 
@@ -32,6 +33,7 @@ bool ParseStat(const std::string& text, ProcStat* out) {
   const char* word;
   size_t len;
   if (!parse::Word(&p, end, &word, &len)) return false;  // field 3, the state
+  out->state = word[0];
   // Field numbers as in proc(5).
   for (int field = 4; field <= 24; ++field) {
     uint64_t v = 0;
@@ -60,6 +62,15 @@ bool IsPid(const std::string& name) {
 }
 
 }  // namespace
+
+Result<ProcessIdentity> ReadProcessIdentity(const Env& env, int pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  Result<std::string> text = env.ReadFile(path);
+  ProcStat st;
+  if (!text.ok() || !ParseStat(*text, &st))
+    return Status::NotFound("no process " + std::to_string(pid));
+  return ProcessIdentity{st.state, st.start};
+}
 
 void ProcTreeCollector::Collect(ProcTreeSample* out) {
   Result<std::vector<std::string>> names = env_->ListDir("/proc");
