@@ -41,11 +41,24 @@ with workers, where torch accepts them) and `threads` (torch.set_num_threads,
 the script's own calls included). What took effect is recorded: the
 "dataloader" event, and a "torch" event at the first step (its threads).
 
+A loop with no DataLoader (nanoGPT's get_batch()) has no fetch to time, so
+its steps carry no data_wait_s (unmeasured, not zero). Its model is timed
+instead: a global forward pre-hook, armed only between calls (so the model's
+submodules, and a compiled model's traced code, never see a global hook),
+finds each top-level module call on the loop's thread, and a forward hook on
+that module ends it. forward_s is the time in the calls with grad (the
+model's, the loss module's); the first call of each micro-batch gives its
+samples (its first tensor's leading dimension). Calls without grad or in
+eval mode are held: if one module was called more than once before the next
+training call, they were an evaluation (estimate_loss()), written as an
+event and kept out of the steps; else (a teacher's forward) they count as
+forward. What is left of the step, get_batch() included, is the loop's own
+work. torch.save of a whole module takes these hooks off it while it pickles.
+
 A job with its own markers (fullburn_markers.Markers, steps()) turns this off
-the moment it makes one, and its step numbers go on from these. Steps without
-a DataLoader (a hand-written get_batch()) carry no data_wait_s and no
-forward_s: unmeasured, not zero. A step skipped by a GradScaler (inf/NaN)
-never reaches the hook, so its time goes to the next step.
+the moment it makes one, and its step numbers go on from these. A step
+skipped by a GradScaler (inf/NaN) never reaches the hook, so its time goes to
+the next step.
 """
 
 import atexit
@@ -80,6 +93,12 @@ class _AutoSteps:
         # With the job's own markers: the DataLoader iterated last, described
         # at the next optimizer step (a validation loader iterated first feeds none).
         self.own_markers_loader = None
+        # Without a DataLoader, the model's calls are timed: a global forward
+        # pre-hook, armed between calls, finds each top-level module call on
+        # the loop's thread; that module's own forward hook ends it.
+        self.arm = None  # arms the pre-hook (set by _hook_torch)
+        self.call = None  # (module, start, counts as training) of the call running
+        self.timed_modules = weakref.WeakKeyDictionary()  # module -> its end hook
         self._reset_pending()
 
     def _reset_pending(self):
@@ -101,6 +120,13 @@ class _AutoSteps:
         self.forward = 0.0
         self.backward = 0.0
         self.backward_end = None
+        # The model's calls (no DataLoader): the training ones' time and
+        # samples; calls without grad (or in eval mode) are held until the
+        # next training call or step tells a teacher's call from an evaluation.
+        self.module_forward = None
+        self.module_samples = 0
+        self.micro_batch_counted = False
+        self.no_grad_calls = []  # [(module id, start, end)]
 
     def _open(self):
         if self.markers is None:
@@ -142,6 +168,70 @@ class _AutoSteps:
         self._write_evaluation(now)
         self._reset_pending()
         self.step_start = now
+
+    # --- the model's calls (loops without a DataLoader) ------------------
+
+    def _times_modules(self):
+        return (self.enabled and not self.saw_loader and os.getpid() == self.pid and
+                threading.get_ident() == self.loop_thread)
+
+    def module_call_started(self, module, args, training, now):
+        """A top-level module call on the loop's thread: the pre-hook fired
+        (and disarmed itself, so the model's own submodules cost nothing)."""
+        if module not in self.timed_modules:
+            self.timed_modules[module] = module.register_forward_hook(_module_call_ended)
+        self.call = (module, now, training)
+        if not training:
+            return
+        self._no_grad_calls_ended(now)
+        if self.step_start is None:
+            self.step_start = now
+        if not self.micro_batch_counted:  # the model's input, not the loss's after it
+            self.module_samples += fullburn_markers._batch_size(args)
+            self.micro_batch_counted = True
+
+    def module_call_ended(self, module):
+        call = self.call
+        if call is None or call[0] is not module:
+            return  # a call started elsewhere, or a module calling itself
+        self.call = None
+        now = time.time()
+        if call[2]:
+            self.module_forward = (self.module_forward or 0.0) + now - call[1]
+        else:
+            self.no_grad_calls.append((id(module), call[1], now))
+        self.last_activity = now
+        self.arm()
+
+    def _no_grad_calls_ended(self, now):
+        """Calls without grad before this training call (or step end): one
+        model called again and again is an evaluation, kept out of the steps;
+        else (a teacher's forward) they are the step's forward."""
+        calls, self.no_grad_calls = self.no_grad_calls, []
+        if not calls:
+            return
+        start, end = calls[0][1], calls[-1][2]
+        ids = [c[0] for c in calls]
+        if len(set(ids)) == len(ids):
+            self.module_forward = (self.module_forward or 0.0) + sum(c[2] - c[1] for c in calls)
+            return
+        m = self._open()
+        m._write({"kind": "event", "name": "evaluation", "rank": m.rank, "time": end,
+                  "duration_s": end - start,
+                  "data": {"detected": "automatic", "model_calls": len(calls)}})
+        if self.step_start is None:
+            self.step_start = end
+        elif self.step_start <= start:
+            self.step_start += end - start  # the step goes on after it
+
+    def rearm_after(self):
+        """After a backward() or a step: a call that never ended (it raised)
+        is dropped and the pre-hook armed again."""
+        self.micro_batch_counted = False
+        if self.call is not None:
+            self.call = None
+        if self.arm is not None and self._times_modules():
+            self.arm()
 
     # --- torch.save --------------------------------------------------------
 
@@ -190,6 +280,7 @@ class _AutoSteps:
         self.backward += end - started
         self.backward_end = self.mark = end
         self.saved_since_mark = 0.0
+        self.rearm_after()
 
     def _phases(self, now):
         """',"forward_s":..' for the step ending now: what was measured of it."""
@@ -199,6 +290,8 @@ class _AutoSteps:
             self.backward, max(0.0, now - self.backward_end - self.saved_since_mark))
         if self.saw_loader and self.first_fetch is not None:
             phases = ',"forward_s":%r' % self.forward + phases
+        elif not self.saw_loader and self.module_forward is not None:
+            phases = ',"forward_s":%r' % self.module_forward + phases
         return phases
 
     def optimizer_stepped(self, optimizer):
@@ -210,13 +303,15 @@ class _AutoSteps:
         m = self._open()
         m._synchronize()
         now = time.time()
+        self._no_grad_calls_ended(now)
         start = self.step_start if self.step_start is not None else now
         self.note_torch(m, now)
         m.step += 1
         # Formatted by hand: json.dumps was a fifth of the per-step cost
         # (bench/autosteps_overhead); every value here is a number.
         line = '{"kind":"step","rank":%d,"step":%d,"time":%r,"step_s":%r,"samples":%d' % (
-            m.rank, m.step, now, max(0.0, now - start), self.samples)
+            m.rank, m.step, now, max(0.0, now - start),
+            self.samples if self.saw_loader else self.module_samples)
         if self.saw_loader:
             line += ',"data_wait_s":%r' % self.wait
         line += self._phases(now)
@@ -242,6 +337,7 @@ class _AutoSteps:
         self.iterator_ref = ref  # accumulation: the same iterator goes on
         self.iterator_stepped = ref is not None
         self.step_start = now
+        self.rearm_after()
 
     def note_torch(self, m, now):
         """Once, at the first step: what the steps ran with (the tuner checks
@@ -267,7 +363,11 @@ class _AutoSteps:
 
     def finish(self):
         """At exit: an evaluation after the last step is still written."""
-        if not self.enabled or self.iterator_ref is None or self.iterator_stepped:
+        if not self.enabled:
+            return
+        if self.no_grad_calls and self.markers is not None:
+            self._no_grad_calls_ended(time.time())
+        if self.iterator_ref is None or self.iterator_stepped:
             return
         self._write_evaluation(self.last_activity or time.time())
 
@@ -276,6 +376,44 @@ class _AutoSteps:
         self.enabled = False
         if self.markers is not None:
             markers.step = max(markers.step, self.markers.step)
+
+
+def _module_call_ended(module, args, output):
+    """The forward hook on each module the loop calls at the top level."""
+    if _state is not None and _state._times_modules():
+        _state.module_call_ended(module)
+
+
+class _TimingHooksHidden:
+    """While torch.save pickles whole modules, our forward hooks are taken off
+    them (and put back after): a file that names fullburn's code would not
+    load where fullburn is not."""
+
+    def __init__(self, obj):
+        self.removed = []
+        if isinstance(obj, dict):
+            values = obj.values()
+        else:
+            values = obj if isinstance(obj, (list, tuple)) else (obj,)
+        try:
+            for value in values:
+                if not hasattr(value, "_forward_hooks"):
+                    continue  # not a module
+                for module in value.modules():
+                    hooks = getattr(module, "_forward_hooks", None)
+                    for key, hook in list(hooks.items()) if hooks else ():
+                        if hook is _module_call_ended:
+                            del hooks[key]
+                            self.removed.append((hooks, key))
+        except Exception:  # never fail a save over its markers
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for hooks, key in self.removed:
+            hooks[key] = _module_call_ended
 
 
 def _first_lr(optimizer):
@@ -443,6 +581,27 @@ def _hook_torch(torch):
             scaled_last.append((scaled, outputs))
         return scaled
 
+    modules = importlib.import_module("torch.nn.modules.module")
+    register_pre = getattr(modules, "register_module_forward_pre_hook", None)
+    armed = []  # the global pre-hook's handle while it is armed
+
+    def module_pre_hook(module, args):
+        if state.enabled and not state.saw_loader and os.getpid() == state.pid:
+            if threading.get_ident() != state.loop_thread:
+                return None  # another thread's call: stays armed for the loop's
+            state.module_call_started(module, args,
+                                      torch.is_grad_enabled() and module.training, time.time())
+        # Disarmed during the call, so the model's submodules (and a compiled
+        # model's traced code) see no global hook; a DataLoader's loop, or a
+        # job with its own markers, never arms it again.
+        while armed:
+            armed.pop().remove()
+        return None
+
+    def arm():
+        if not armed:
+            armed.append(register_pre(module_pre_hook))
+
     serialization = importlib.import_module("torch.serialization")
     original_save = serialization.save
 
@@ -455,7 +614,8 @@ def _hook_torch(torch):
             position = None if _is_path(f) else f.tell()
         except (OSError, ValueError, AttributeError):
             position = None
-        result = original_save(obj, f, *args, **kwargs)
+        with _TimingHooksHidden(obj):
+            result = original_save(obj, f, *args, **kwargs)
         end = time.time()
         try:
             state.saved(_save_target(f), started, end, _saved_bytes(f, position))
@@ -472,6 +632,9 @@ def _hook_torch(torch):
     data._BaseDataLoaderIter.__next__ = __next__
     torch.Tensor.backward = backward
     torch.save = serialization.save = save
+    if register_pre is not None:
+        state.arm = arm
+        arm()
     if register is not None:
         register(lambda optimizer, args, kwargs: state.stepped(optimizer))
     else:

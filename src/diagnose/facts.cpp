@@ -139,12 +139,14 @@ double PhasesSum(const StepRecord& r) {
 }
 
 // The part of each step no phase accounts for, where the forward was timed
-// (without it the rest would hold the forward too).
+// (without it the rest would hold the forward too). A step with no data wait
+// had no DataLoader: its rest makes the batches too.
 void GatherLoop(const std::vector<StepRecord>& steps, Facts* f) {
   double phased = 0, rest = 0;
   std::vector<double> rests, durations;
   for (const StepRecord& r : steps) {
-    if (!r.forward_s || !r.data_wait_s || r.step_s <= 0) continue;
+    if (!r.forward_s || r.step_s <= 0) continue;
+    f->loop_makes_batches |= !r.data_wait_s;
     double other = std::max(0.0, r.step_s - PhasesSum(r));
     phased += r.step_s;
     rest += other;

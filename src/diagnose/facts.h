@@ -131,6 +131,9 @@ struct Facts {
   // Over the steps whose forward was timed; NaN: none was.
   double loop_share = NAN;
   double loop_median_s = NAN, phased_step_median_s = NAN;  // per step
+  // No DataLoader fed those steps (a get_batch() loop): the batches are made
+  // in the loop's own work, untimed.
+  bool loop_makes_batches = false;
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
   StallFacts stalls;

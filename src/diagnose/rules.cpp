@@ -242,11 +242,22 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
   // bounds what it cost, less the part the data wait already explains.
   double share = f.loop_share;
   double confidence = 0.8;
-  std::string evidence = fmt::format(
-      "{} of step time (>= {}) went to none of fetching the batch, forward, backward and the "
-      "optimizer step: {:.1f} ms of a {:.1f} ms step (medians), in the loop's own code after "
-      "optimizer.step() (or a micro-batch's backward()) and before the next batch",
-      Pct(f.loop_share), Pct(kLoopShare), f.loop_median_s * 1e3, f.phased_step_median_s * 1e3);
+  std::string evidence =
+      f.loop_makes_batches
+          ? fmt::format(
+                "{} of step time (>= {}) went to none of the model's forward calls, backward and "
+                "the optimizer step: {:.1f} ms of a {:.1f} ms step (medians), in the loop's own "
+                "code, which makes the batches too (no DataLoader fed the steps, so the data "
+                "wait is in this share, not timed apart)",
+                Pct(f.loop_share), Pct(kLoopShare), f.loop_median_s * 1e3,
+                f.phased_step_median_s * 1e3)
+          : fmt::format(
+                "{} of step time (>= {}) went to none of fetching the batch, forward, backward "
+                "and the optimizer step: {:.1f} ms of a {:.1f} ms step (medians), in the loop's "
+                "own code after optimizer.step() (or a micro-batch's backward()) and before the "
+                "next batch",
+                Pct(f.loop_share), Pct(kLoopShare), f.loop_median_s * 1e3,
+                f.phased_step_median_s * 1e3);
   if (!std::isnan(f.gpu_util)) {
     double idle = std::max(0.0, 1 - f.gpu_util / 100);
     double input = f.have_steps ? std::min(idle, f.data_wait_share) : 0;
@@ -262,12 +273,23 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
     }
   }
   if (share < kLoopShare) return;
-  out->push_back(
-      {"loop_overhead", "The training loop's own work between steps", evidence, share, confidence,
-       "do per-step bookkeeping every N steps: log, print and compute metrics every 50 steps, "
-       "keep running sums as tensors (loss.detach()) and read them (.item()) only then, since "
-       "on a GPU each read waits for the device; move slow calls (a synchronous logger, plots, "
-       "file writes) to a thread or to the epoch's end; py-spy top --pid PID names the call"});
+  std::string fix =
+      "do per-step bookkeeping every N steps: log, print and compute metrics every 50 steps, "
+      "keep running sums as tensors (loss.detach()) and read them (.item()) only then, since "
+      "on a GPU each read waits for the device; move slow calls (a synchronous logger, plots, "
+      "file writes) to a thread or to the epoch's end; py-spy top --pid PID names the call";
+  if (f.loop_makes_batches)
+    fix =
+        "if get_batch() is the cost, make the batches ahead of the step: a DataLoader with "
+        "num_workers and pin_memory=True (its wait is then timed apart) or a thread filling a "
+        "queue, from tokens pre-tokenized into a np.memmap, copied .to(device, "
+        "non_blocking=True) from pinned memory; if it is bookkeeping, " +
+        fix;
+  out->push_back({"loop_overhead",
+                  f.loop_makes_batches
+                      ? "The training loop's own work between steps (making the batches included)"
+                      : "The training loop's own work between steps",
+                  evidence, share, confidence, fix});
 }
 
 void TransferRules(const Facts& f, std::vector<Finding>* out) {

@@ -21,6 +21,8 @@ using testing::RunToEnd;
 
 constexpr const char* kPython = "/usr/bin/python3";
 const std::string kScript = std::string(SOURCE_DIR) + "/examples/scenarios/plain_torch.py";
+const std::string kGetBatchScript =
+    std::string(SOURCE_DIR) + "/examples/scenarios/get_batch_loop.py";
 
 bool PythonHasTorch() {
   static const bool has = RunToEnd({kPython, "-c", "import torch"}).code == 0;
@@ -45,10 +47,11 @@ class AutoStepsE2E : public ::testing::Test {
     ::unsetenv("PYTHONPATH");
     ::unsetenv("FULLBURN_TUNE_SET");
   }
-  testing::Outcome Run(std::vector<std::string> args, std::vector<std::string> flags = {}) {
+  testing::Outcome Run(std::vector<std::string> args, std::vector<std::string> flags = {},
+                       const std::string& script = kScript) {
     std::vector<std::string> argv = {FULLBURN_BIN, "run", "--interval", "0.2", "--store", store_};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), {"--", kPython, kScript});
+    argv.insert(argv.end(), {"--", kPython, script});
     argv.insert(argv.end(), args.begin(), args.end());
     return RunToEnd(argv);
   }
@@ -362,6 +365,52 @@ TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
   auto findings = Diagnose(logged);
   ASSERT_TRUE(has(findings, "loop_overhead")) << RenderFindings(findings, 9);
   EXPECT_NE(o.err.find("[loop_overhead]"), std::string::npos) << o.err;
+}
+
+// A nanoGPT-shaped loop (examples/scenarios/get_batch_loop.py): no DataLoader.
+// The model's calls time the forward and count the samples; get_batch(), run
+// between a forward and its backward(), is the loop's own work and named so;
+// estimate_loss() under no_grad is an evaluation, kept out of the steps; and
+// the model pickled by torch.save carries none of the timing hooks.
+TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations) {
+  std::string saved = dir_ + "/model.pt";
+  auto o = Run({"--iters", "20", "--grad-accum", "2", "--batch-ms", "15", "--save-model", saved},
+               {}, kGetBatchScript);
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData run = Stored();
+  ASSERT_EQ(run.steps.size(), 20u) << o.err;
+  std::vector<double> step_s;
+  for (const StepRecord& s : run.steps) {
+    EXPECT_EQ(s.samples, 16) << "step " << s.step;  // 2 micro-batches of 8
+    EXPECT_FALSE(s.data_wait_s.has_value()) << "unmeasured, not zero";
+    ASSERT_TRUE(s.forward_s && s.backward_s && s.optimizer_s) << "step " << s.step;
+    EXPECT_GT(*s.forward_s, 0);
+    // Two get_batch() calls of 15 ms busy each: in the rest, not the forward.
+    double rest = s.step_s - *s.forward_s - *s.backward_s - *s.optimizer_s;
+    EXPECT_GT(rest, 0.028) << "step " << s.step;
+    EXPECT_LT(*s.forward_s, 0.028) << "step " << s.step;
+    EXPECT_GT(s.loss, 0);
+    step_s.push_back(s.step_s);
+  }
+  // Evaluations at iterations 0, 10 and 20: 40 model calls of >= 15 ms each.
+  auto evaluations = EventsOf(run, "evaluation");
+  ASSERT_EQ(evaluations.size(), 3u);
+  for (const auto& e : evaluations) {
+    EXPECT_GT(e.value("duration_s", 0.0), 0.55) << e.dump();
+    EXPECT_EQ(e.value("model_calls", 0), 40) << e.dump();
+  }
+  std::sort(step_s.begin(), step_s.end());
+  EXPECT_LT(step_s.back(), 0.5) << "a step holds an evaluation";
+  EXPECT_EQ(EventsOf(run, "checkpoint").size(), 3u);
+  std::ifstream in(saved, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_GT(bytes.size(), 1000u);
+  EXPECT_NE(bytes.find("TinyLM"), std::string::npos);  // the pickle is stored uncompressed
+  EXPECT_EQ(bytes.find("fullburn"), std::string::npos) << "a timing hook was pickled";
+  auto findings = Diagnose(run);
+  ASSERT_FALSE(findings.empty());
+  EXPECT_EQ(findings[0].cause, "loop_overhead") << RenderFindings(findings, 9);
+  EXPECT_NE(findings[0].title.find("making the batches"), std::string::npos) << findings[0].title;
 }
 
 // On a terminal, the live line names what limits the job now (the last

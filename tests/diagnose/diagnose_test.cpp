@@ -577,6 +577,24 @@ TEST(Diagnose, TheLoopsOwnWorkBetweenStepsIsNamedWithItsShare) {
   EXPECT_FALSE(Has(trainer.Run(), "loop_overhead"));
 }
 
+// A get_batch() loop (no DataLoader): the model's calls time the forward,
+// and its batches are made in the loop's own work, which the finding says.
+TEST(Diagnose, ALoopWithoutADataLoaderHasItsBatchesInItsOwnWork) {
+  Case c = LoopSteps(0.3);
+  for (StepRecord& r : c.steps) r.data_wait_s.reset(), r.backward_s = *r.backward_s + 0.05;
+  auto f = c.Run();
+  ASSERT_FALSE(f.empty());
+  ASSERT_EQ(f[0].cause, "loop_overhead") << ::testing::PrintToString(Causes(f));
+  EXPECT_NEAR(f[0].share_lost, 0.3, 1e-9);
+  EXPECT_NE(f[0].title.find("making the batches"), std::string::npos) << f[0].title;
+  EXPECT_NE(f[0].evidence.find("no DataLoader fed the steps"), std::string::npos) << f[0].evidence;
+  EXPECT_EQ(f[0].fix.rfind("if get_batch() is the cost", 0), 0u) << f[0].fix;
+  // With a DataLoader the same share is bookkeeping only.
+  auto g = LoopSteps(0.3).Run();
+  EXPECT_EQ(g[0].title.find("making the batches"), std::string::npos) << g[0].title;
+  EXPECT_EQ(g[0].fix.find("get_batch"), std::string::npos) << g[0].fix;
+}
+
 TEST(Diagnose, TheLoopsWorkCountsOnlyAsFarAsTheGpuIdled) {
   Case partly = LoopSteps(0.3);
   auto f = partly.Gpu(85, 0.6).Run();
