@@ -32,6 +32,9 @@ int Fail(const std::string& message, int code = kExitUsage);
 // Opens the store named by the options; the default location's directory is
 // created on first use, an explicit path's directory never is.
 Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts);
+// The store's path (--store, $FULLBURN_STORE or the default), for readers
+// that must not create it.
+std::string StorePath(const CommonOptions& opts);
 
 // GPU source for a command: an explicitly named NVML that cannot be used is
 // an error (GpuSource::Open).

@@ -59,12 +59,13 @@ int Serve(const ServeOptions& opts) {
   const std::string hostname = HostName();
   const std::vector<GpuInfo> gpu_info = (*gpus)->gpus();
   // The jobs: a store that cannot be opened costs them, not the machine's metrics.
-  Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
-  if (!store.ok())
+  auto jobs = std::make_unique<JobsWatcher>(StorePath(opts.common), Env::Default(), hostname);
+  jobs->Poll();
+  if (std::string problem = jobs->Problem(); !problem.empty()) {
     std::fprintf(stderr, "fullburn: %s; serving the machine's metrics without the jobs'\n",
-                 store.status().message().c_str());
-  std::unique_ptr<JobsWatcher> jobs;
-  if (store.ok()) jobs = std::make_unique<JobsWatcher>(store->get(), Env::Default(), hostname);
+                 problem.c_str());
+    jobs.reset();
+  }
   std::mutex poll_mu;
   std::condition_variable poll_cv;
   bool stopping = false;

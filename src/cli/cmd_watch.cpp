@@ -45,13 +45,12 @@ int Watch(const WatchOptions& opts) {
   std::string note = (*gpus)->available() ? "" : (*gpus)->unavailable_reason();
   const Env* env = Env::Default();
   // Jobs only where there is a store to read: watching never fails for it.
-  Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
-  std::unique_ptr<JobsWatcher> jobs;
-  if (store.ok())
-    jobs = std::make_unique<JobsWatcher>(store->get(), env, HostName());
-  else
-    std::fprintf(stderr, "fullburn: %s; watching without the jobs\n",
-                 store.status().message().c_str());
+  auto jobs = std::make_unique<JobsWatcher>(StorePath(opts.common), env, HostName());
+  jobs->Poll();
+  if (std::string problem = jobs->Problem(); !problem.empty()) {
+    std::fprintf(stderr, "fullburn: %s; watching without the jobs\n", problem.c_str());
+    jobs.reset();
+  }
   // One snapshot and the jobs now, as JSON or as a frame.
   auto as_json = [&](const Snapshot& s) {
     nlohmann::json j = SnapshotJson(s, (*gpus)->gpus(), note);

@@ -91,9 +91,13 @@ bool MakeDirs(const std::string& dir) {
 
 }  // namespace
 
-Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts) {
+std::string StorePath(const CommonOptions& opts) {
   // --store and $FULLBURN_STORE both arrive in opts.store (CLI11's envname).
-  std::string path = opts.store.empty() ? RunStore::DefaultPath() : opts.store;
+  return opts.store.empty() ? RunStore::DefaultPath() : opts.store;
+}
+
+Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts) {
+  std::string path = StorePath(opts);
   if (opts.store.empty()) {
     std::string dir = path.substr(0, path.rfind('/'));
     if (!MakeDirs(dir))

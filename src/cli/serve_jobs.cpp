@@ -1,6 +1,7 @@
 #include "serve_jobs.h"
 
 #include <algorithm>
+#include <filesystem>
 
 namespace fullburn::cli {
 
@@ -49,7 +50,27 @@ void JobsWatcher::Read(const RunInfo& run, Watched* w) {
     it = std::get<0>(*it) < keep_from ? w->events_seen.erase(it) : std::next(it);
 }
 
+bool JobsWatcher::StoreOpen() {
+  if (store_) return true;
+  std::error_code missing;
+  if (!problem_.empty() || !std::filesystem::exists(store_path_, missing)) return false;
+  Result<std::unique_ptr<RunStore>> store = RunStore::Open(store_path_);
+  if (!store.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    problem_ = store.status().message();
+    return false;
+  }
+  store_ = std::move(*store);
+  return true;
+}
+
+std::string JobsWatcher::Problem() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return problem_;
+}
+
 void JobsWatcher::Poll() {
+  if (!StoreOpen()) return;
   Result<std::vector<RunInfo>> runs = store_->ListRunning();
   if (!runs.ok()) return;
   std::vector<JobNow> jobs;

@@ -5,7 +5,10 @@
 // Poll() reads only what is new since the last poll (the store's time
 // ranges), from one thread; Jobs() may be called from any thread. A store
 // that cannot be read leaves the last jobs in place; a run no longer
-// running is dropped.
+// running is dropped. The store is never created here: until a recording
+// command creates it there are no jobs, and Poll() opens it once it is
+// there. One that is there but cannot be opened gives no jobs and its
+// reason in Problem(), to be said once.
 #pragma once
 
 #include <map>
@@ -25,10 +28,11 @@ namespace fullburn::cli {
 
 class JobsWatcher {
  public:
-  JobsWatcher(RunStore* store, const Env* env, std::string host)
-      : store_(store), env_(env), host_(std::move(host)) {}
+  JobsWatcher(std::string store_path, const Env* env, std::string host)
+      : store_path_(std::move(store_path)), env_(env), host_(std::move(host)) {}
   void Poll();
   std::vector<JobNow> Jobs() const;
+  std::string Problem() const;  // "" or why the store could not be opened
 
  private:
   // Rows can land a little after rows with later times (each rank and the
@@ -44,8 +48,11 @@ class JobsWatcher {
     std::set<std::tuple<double, std::string, std::string>> events_seen;  // recent
   };
   void Read(const RunInfo& run, Watched* w);
+  bool StoreOpen();
 
-  RunStore* store_;
+  std::string store_path_;
+  std::unique_ptr<RunStore> store_;  // once it exists and opens
+  std::string problem_;              // under mu_
   const Env* env_;
   std::string host_;
   std::map<int64_t, std::unique_ptr<Watched>> watched_;  // poll thread

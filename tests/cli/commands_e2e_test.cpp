@@ -481,14 +481,22 @@ TEST_F(CommandsE2E, ServeRejectsBadListen) {
 // gone from /metrics once it ends. fullburn watch shows the same.
 TEST_F(CommandsE2E, ServeAndWatchShowTheJobsRecordedOnThisHost) {
   const std::string loop = std::string(SOURCE_DIR) + "/examples/scenarios/loop.py";
+  // Before any recording there is no store: watching and serving read it
+  // and never create it; serve opens it once the job's run has made it.
+  ASSERT_FALSE(std::filesystem::exists(store_));
+  auto none = Fb({"watch", "--once", "--json", "--store", store_});
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_TRUE(nlohmann::json::parse(none.out)["jobs"].empty()) << none.out;
+  EXPECT_EQ(none.err, "");
+  Background serve;
+  int port = StartServe(&serve, {"--interval", "0.25", "--store", store_}, "serve_jobs");
+  ASSERT_GT(port, 0) << serve.Err();
+  EXPECT_FALSE(std::filesystem::exists(store_)) << "serve created the store";
   Background job;
   testing::Start(&job,
                  {FULLBURN_BIN, "run", "-q", "--interval", "0.25", "--store", store_, "--",
                   "python3", loop, "starved", "--seconds", "60"},
                  "serve_job");
-  Background serve;
-  int port = StartServe(&serve, {"--interval", "0.25", "--store", store_}, "serve_jobs");
-  ASSERT_GT(port, 0) << serve.Err();
   httplib::Client client("127.0.0.1", port);
   // Polls /metrics until `what` shows (up to `seconds`); the last body.
   auto await = [&](const std::string& what, double seconds) {
