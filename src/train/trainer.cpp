@@ -6,11 +6,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 
 #include "fullburn/diagnose.h"
 
@@ -255,13 +257,37 @@ void Trainer::FeedLiveDiagnosis(const fullburn::Snapshot& s) {
     steps.swap(live_steps_);
     events.swap(live_events_);
   }
+  double t = s.unix_time - run_.start_time;
+  ReadOtherRanksSteps(t, &steps);
   live_now_->AddSteps(steps);
   live_now_->AddEvents(events);
-  double t = s.unix_time - run_.start_time;
   live_now_->AddReadings(t, Flatten(s));
   std::string finding = RenderLiveFinding(live_now_->Update(t));
   std::lock_guard<std::mutex> lock(latest_mu_);
   live_finding_ = std::move(finding);
+}
+
+// Every rank's steps reach rank 0's store (written by the rank, or sent to
+// rank 0 and written by it), a second or two late: read back every 2 s, so
+// the line can name uneven ranks and the straggler while the job runs.
+void Trainer::ReadOtherRanksSteps(double t, std::vector<StepRecord>* steps) {
+  if (rank_.world_size <= 1 || t - ranks_read_at_ < 2) return;
+  ranks_read_at_ = t;
+  // Rows land out of time order across ranks: look back, keep only steps
+  // beyond each rank's last.
+  Result<std::vector<StepRecord>> read = store_->LoadSteps(run_.id, ranks_read_to_ - 5);
+  if (!read.ok()) return;
+  std::sort(read->begin(), read->end(), [](const StepRecord& a, const StepRecord& b) {
+    return std::tie(a.rank, a.step) < std::tie(b.rank, b.step);
+  });
+  for (const StepRecord& r : *read) {
+    if (r.rank == rank_.rank) continue;
+    auto [last, fresh] = ranks_last_step_.emplace(r.rank, r.step);
+    if (!fresh && r.step <= last->second) continue;
+    last->second = r.step;
+    ranks_read_to_ = std::max(ranks_read_to_, r.t);
+    steps->push_back(r);
+  }
 }
 
 Status Trainer::OpenCheckpoints() {

@@ -3,7 +3,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <mutex>
 
 #include "cuda_graph.h"
@@ -216,7 +218,11 @@ class Trainer {
   std::vector<StepRecord> live_steps_;       // under latest_mu_
   std::vector<RunEvent> live_events_;        // under latest_mu_
   std::string live_finding_;                 // under latest_mu_: " | now: ..."
+  // Other ranks' steps, read back from the store (sampler thread).
+  double ranks_read_at_ = -INFINITY, ranks_read_to_ = -INFINITY;
+  std::map<int, int64_t> ranks_last_step_;
   void FeedLiveDiagnosis(const fullburn::Snapshot& s);
+  void ReadOtherRanksSteps(double t, std::vector<StepRecord>* steps);
 };
 
 void FreeDeviceCache(const torch::Device& device);

@@ -169,6 +169,44 @@ TEST_F(TrainE2E, ProgressLineSaysWhatLimitsTheJobNow) {
   EXPECT_NE(now.back().find(" | now: input_"), std::string::npos) << now.back();
 }
 
+// Rank 0's progress line is diagnosed over every rank's steps (read back from
+// the store), so a straggler shows while the job runs. Rank 1 shares core 0
+// with a busy process at nice 19, as another job on its host would slow it;
+// rank 0 has core 1 to itself and waits for rank 1 in the all-reduce.
+TEST_F(TrainE2E, ProgressLineNamesAStragglerRank) {
+  if (::sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 cores";
+  std::string train = std::string(FULLBURN_BIN) + " train --store " + store_;
+  for (const std::string& kv : kTiny) train += " " + kv;
+  train += " train.steps=1000000 train.time_limit_s=36";
+  Background job;
+  testing::Start(&job,
+                 {FULLBURN_BIN, "launch", "--nproc", "2", "--", "sh", "-c",
+                  "if [ \"$RANK\" = 1 ]; then exec taskset -c 0 nice -n 19 " + train +
+                      "; else exec taskset -c 1 " + train + "; fi"},
+                 "straggler_job");
+  // The busy process runs while the ranks train: starved outside that, rank
+  // 1 would take half a minute to load and as long to exit.
+  auto await = [&](const char* what) {
+    for (int i = 0; i < 900 && job.Err().find(what) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  };
+  await("step 1/");
+  Background hog;
+  testing::Start(&hog, {"taskset", "-c", "0", "sh", "-c", "while :; do :; done"}, "straggler_hog");
+  await("train.time_limit_s reached");
+  ::kill(hog.pid, SIGKILL);
+  hog.Wait(10);
+  ASSERT_EQ(job.Wait(60), 0) << job.Err();
+  std::vector<std::string> now;  // the progress lines that say it
+  std::istringstream lines(job.Err());
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("step ") != std::string::npos && line.find(" | now: ") != std::string::npos)
+      now.push_back(line);
+  ASSERT_FALSE(now.empty()) << job.Err();
+  // Rank 0's own steps alone would say communication: rank 1 is the reason.
+  EXPECT_NE(now.back().find(" | now: uneven_ranks"), std::string::npos) << now.back();
+}
+
 // eval.max_samples: exactly that many, the last batch cut short, over ranks too;
 // without it, every held-out sample, though they are not whole batches.
 TEST_F(TrainE2E, EvaluationReadsMaxSamples) {
