@@ -104,6 +104,9 @@ struct StepsSummary {
   int ranks = 0;
   double first_loss = NAN, final_loss = NAN;  // means of the first/last 10 finite losses
   double median_samples_per_s = 0;            // the job's, first tenth of the steps left out
+  // Every sample over the wall time from the first step's start to the last
+  // one's end: what happened between steps (evaluations, saves) included.
+  double span_s = 0, overall_samples_per_s = NAN;
   std::vector<std::pair<std::string, double>> phase_share;  // in step order
 };
 StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps);

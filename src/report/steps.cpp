@@ -223,7 +223,7 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
   std::map<int64_t, JobStep> job;
   std::set<int> ranks;
   StepsSummary s;
-  double timed_total = 0;
+  double timed_total = 0, first_start = INFINITY, last_end = -INFINITY;
   std::vector<double> phase_total(std::size(kStepPhases), 0.0);
   for (const StepRecord& r : steps) {
     JobStep& j = job[r.step];
@@ -233,6 +233,8 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
     j.skipped = j.skipped || r.skipped;
     ranks.insert(r.rank);
     s.samples += r.samples;
+    first_start = std::min(first_start, r.t - r.step_s);
+    last_end = std::max(last_end, r.t);
     if (!r.forward_s && !r.data_wait_s) continue;  // not a timed step
     timed_total += r.step_s;
     for (size_t p = 0; p < std::size(kStepPhases); ++p)
@@ -256,6 +258,10 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
   s.first_loss = mean(finite.begin(), finite.begin() + k);
   s.final_loss = mean(finite.end() - k, finite.end());
   if (!rates.empty()) s.median_samples_per_s = Percentile(rates, 50);
+  if (job.size() >= 2 && last_end > first_start) {
+    s.span_s = last_end - first_start;
+    s.overall_samples_per_s = static_cast<double>(s.samples) / s.span_s;
+  }
   if (timed_total > 0) {
     double accounted = 0;
     for (size_t p = 0; p < std::size(kStepPhases); ++p) {
@@ -282,7 +288,12 @@ std::string RenderStepsSummary(const std::vector<StepRecord>& steps) {
   if (std::isfinite(s.first_loss)) o << ", loss " << s.first_loss << " -> " << s.final_loss;
   o << "\n";
   o.precision(1);
-  o << "  rate:    " << s.median_samples_per_s << " samples/s (median)\n";
+  o << "  rate:    " << s.median_samples_per_s << " samples/s (median)";
+  // A live line's rate counts the time between steps too: say both.
+  if (std::isfinite(s.overall_samples_per_s))
+    o << ", " << s.overall_samples_per_s << " over the " << s.span_s
+      << " s the steps span (what ran between them included)";
+  o << "\n";
   if (!s.phase_share.empty()) {
     o << "  step time:";
     for (const auto& [name, share] : s.phase_share) o << " " << name << " " << share * 100 << "%";

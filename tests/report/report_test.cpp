@@ -297,6 +297,22 @@ TEST(StepsReport, SummaryAddsUpPhasesAndRate) {
   EXPECT_NE(RenderStepsSummary(MakeSteps(3)).find("data_wait 40.0%"), std::string::npos);
 }
 
+// 100 steps of 0.1 s with a 5 s evaluation after step 50: the median step
+// rate does not see it, the rate over the steps' span does.
+TEST(StepsReport, SummaryGivesTheRateOverTheStepsSpanToo) {
+  std::vector<StepRecord> steps = MakeSteps(100);
+  for (StepRecord& r : steps)
+    if (r.step > 50) r.t += 5;
+  StepsSummary s = SummarizeSteps(steps);
+  EXPECT_NEAR(s.median_samples_per_s, 320, 1e-6);
+  EXPECT_NEAR(s.span_s, 15, 1e-9);
+  EXPECT_NEAR(s.overall_samples_per_s, 3200 / 15.0, 1e-6);
+  EXPECT_NE(RenderStepsSummary(steps).find("320.0 samples/s (median), 213.3 over the 15.0 s"),
+            std::string::npos)
+      << RenderStepsSummary(steps);
+  EXPECT_TRUE(std::isnan(SummarizeSteps(MakeSteps(1)).overall_samples_per_s));
+}
+
 TEST(StepsReport, SummaryOfSeveralRanksIsTheJobs) {
   // Two ranks, 32 samples each per step; rank 1 takes 0.2 s, so each step of
   // the job takes 0.2 s for 64 samples. Rank 1's loss is 1 higher.
