@@ -589,8 +589,11 @@ def _hook_torch(torch):
         if state.enabled and not state.saw_loader and os.getpid() == state.pid:
             if threading.get_ident() != state.loop_thread:
                 return None  # another thread's call: stays armed for the loop's
-            state.module_call_started(module, args,
-                                      torch.is_grad_enabled() and module.training, time.time())
+            try:
+                state.module_call_started(module, args, torch.is_grad_enabled() and module.training,
+                                          time.time())
+            except Exception:  # a module that takes no hooks goes untimed; the job goes on
+                state.call = None
         # Disarmed during the call, so the model's submodules (and a compiled
         # model's traced code) see no global hook; a DataLoader's loop, or a
         # job with its own markers, never arms it again.
