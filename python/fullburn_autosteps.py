@@ -48,12 +48,14 @@ submodules, and a compiled model's traced code, never see a global hook),
 finds each top-level module call on the loop's thread, and a forward hook on
 that module ends it. forward_s is the time in the calls with grad (the
 model's, the loss module's); the first call of each micro-batch gives its
-samples (its first tensor's leading dimension). Calls without grad or in
-eval mode are held: if one module was called more than once before the next
-training call, they were an evaluation (estimate_loss()), written as an
-event and kept out of the steps; else (a teacher's forward) they count as
-forward. What is left of the step, get_batch() included, is the loop's own
-work. torch.save of a whole module takes these hooks off it while it pickles.
+samples (its first tensor's leading dimension; called with keywords only,
+which global hooks do not see, its output's first tensor with one). Calls
+without grad or in eval mode are held: if one module was called more than
+once before the next training call, they were an evaluation
+(estimate_loss()), written as an event and kept out of the steps; else (a
+teacher's forward) they count as forward. What is left of the step,
+get_batch() included, is the loop's own work. torch.save of a whole module
+takes these hooks off it while it pickles.
 
 A job with its own markers (fullburn_markers.Markers, steps()) turns this off
 the moment it makes one, and its step numbers go on from these. A step
@@ -187,13 +189,19 @@ class _AutoSteps:
         if self.step_start is None:
             self.step_start = now
         if not self.micro_batch_counted:  # the model's input, not the loss's after it
-            self.module_samples += fullburn_markers._batch_size(args)
-            self.micro_batch_counted = True
+            samples = fullburn_markers._batch_size(args)
+            self.module_samples += samples
+            # Called with keywords only (model(**batch)): the hooks see no
+            # input, so the output's leading dimension counts them.
+            self.micro_batch_counted = samples > 0 or "output"
 
-    def module_call_ended(self, module):
+    def module_call_ended(self, module, output):
         call = self.call
         if call is None or call[0] is not module:
             return  # a call started elsewhere, or a module calling itself
+        if call[2] and self.micro_batch_counted == "output":
+            self.module_samples += _leading_dim(output)
+            self.micro_batch_counted = True
         self.call = None
         now = time.time()
         if call[2]:
@@ -381,7 +389,28 @@ class _AutoSteps:
 def _module_call_ended(module, args, output):
     """The forward hook on each module the loop calls at the top level."""
     if _state is not None and _state._times_modules():
-        _state.module_call_ended(module)
+        _state.module_call_ended(module, output)
+
+
+def _leading_dim(output, depth=3):
+    """The leading dimension of the first tensor with one in a model's output
+    (a Hugging Face output's logits after its 0-d loss); 0 if none."""
+    shape = getattr(output, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) > 0 else 0
+    if depth == 0:
+        return 0
+    if isinstance(output, dict):
+        items = output.values()
+    elif isinstance(output, (list, tuple)):
+        items = output
+    else:
+        return 0
+    for item in items:
+        n = _leading_dim(item, depth - 1)
+        if n:
+            return n
+    return 0
 
 
 class _TimingHooksHidden:

@@ -12,6 +12,7 @@ loop's own work the bottleneck.
   python3 get_batch_loop.py --iters 20 --grad-accum 2
   python3 get_batch_loop.py --batch-ms 15
   python3 get_batch_loop.py --save-model /tmp/model.pt   # torch.save(model) after each evaluation
+  python3 get_batch_loop.py --keywords   # model(idx=x, targets=y), as model(**batch) calls it
 """
 import argparse
 import time
@@ -59,6 +60,7 @@ def main():
     p.add_argument("--eval-iters", type=int, default=20)
     p.add_argument("--batch-ms", type=float, default=0, help="CPU work in each get_batch()")
     p.add_argument("--save-model", default="", help="pickle the whole model here after evaluating")
+    p.add_argument("--keywords", action="store_true", help="call the model with keywords only")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -104,7 +106,7 @@ def main():
         if it == a.iters:
             break
         for _ in range(a.grad_accum):
-            _, loss = model(x, y)
+            _, loss = model(idx=x, targets=y) if a.keywords else model(x, y)
             loss = loss / a.grad_accum
             x, y = get_batch("train")  # while the device would still run the forward
             loss.backward()

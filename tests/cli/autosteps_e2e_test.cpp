@@ -411,6 +411,13 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
   ASSERT_FALSE(findings.empty());
   EXPECT_EQ(findings[0].cause, "loop_overhead") << RenderFindings(findings, 9);
   EXPECT_NE(findings[0].title.find("making the batches"), std::string::npos) << findings[0].title;
+  // Called with keywords only, as model(**batch) is: the hooks see no input,
+  // and the output (logits first after no tensor) gives the samples.
+  o = Run({"--iters", "4", "--eval-iters", "2", "--keywords"}, {}, kGetBatchScript);
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData keywords = Stored();
+  ASSERT_EQ(keywords.steps.size(), 4u) << o.err;
+  for (const StepRecord& s : keywords.steps) EXPECT_EQ(s.samples, 16) << "step " << s.step;
 }
 
 // On a terminal, the live line names what limits the job now (the last
