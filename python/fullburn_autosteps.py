@@ -100,7 +100,7 @@ class _AutoSteps:
         # the loop's thread; that module's own forward hook ends it.
         self.arm = None  # arms the pre-hook (set by _hook_torch)
         self.call = None  # (module, start, counts as training) of the call running
-        self.timed_modules = weakref.WeakKeyDictionary()  # module -> its end hook
+        self.timed_modules = weakref.WeakSet()  # modules given the end hook
         self._reset_pending()
 
     def _reset_pending(self):
@@ -181,7 +181,8 @@ class _AutoSteps:
         """A top-level module call on the loop's thread: the pre-hook fired
         (and disarmed itself, so the model's own submodules cost nothing)."""
         if module not in self.timed_modules:
-            self.timed_modules[module] = module.register_forward_hook(_module_call_ended)
+            module.register_forward_hook(_module_call_ended)
+            self.timed_modules.add(module)
         self.call = (module, now, training)
         if not training:
             return
@@ -200,7 +201,7 @@ class _AutoSteps:
         if call is None or call[0] is not module:
             return  # a call started elsewhere, or a module calling itself
         if call[2] and self.micro_batch_counted == "output":
-            self.module_samples += _leading_dim(output)
+            self.module_samples += fullburn_markers._batch_size(output)
             self.micro_batch_counted = True
         self.call = None
         now = time.time()
@@ -236,8 +237,7 @@ class _AutoSteps:
         """After a backward() or a step: a call that never ended (it raised)
         is dropped and the pre-hook armed again."""
         self.micro_batch_counted = False
-        if self.call is not None:
-            self.call = None
+        self.call = None
         if self.arm is not None and self._times_modules():
             self.arm()
 
@@ -390,27 +390,6 @@ def _module_call_ended(module, args, output):
     """The forward hook on each module the loop calls at the top level."""
     if _state is not None and _state._times_modules():
         _state.module_call_ended(module, output)
-
-
-def _leading_dim(output, depth=3):
-    """The leading dimension of the first tensor with one in a model's output
-    (a Hugging Face output's logits after its 0-d loss); 0 if none."""
-    shape = getattr(output, "shape", None)
-    if shape is not None:
-        return int(shape[0]) if len(shape) > 0 else 0
-    if depth == 0:
-        return 0
-    if isinstance(output, dict):
-        items = output.values()
-    elif isinstance(output, (list, tuple)):
-        items = output
-    else:
-        return 0
-    for item in items:
-        n = _leading_dim(item, depth - 1)
-        if n:
-            return n
-    return 0
 
 
 class _TimingHooksHidden:

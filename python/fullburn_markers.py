@@ -53,21 +53,25 @@ def _rank():
     return 0
 
 
-def _batch_size(batch):
-    """The leading dimension of the first tensor-like thing in a batch."""
-    item = batch
-    for _ in range(3):
-        shape = getattr(item, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(item, dict) and item:
-            item = next(iter(item.values()))
-        elif isinstance(item, (list, tuple)) and item:
-            if not hasattr(item[0], "shape") and not isinstance(item[0], (list, tuple, dict)):
-                return len(item)
-            item = item[0]
-        else:
-            break
+def _batch_size(batch, depth=3):
+    """The leading dimension of the first tensor-like thing in a batch (or a
+    model's output: a 0-d loss before the logits is passed over); a list of
+    plain values (texts) counts its items; 0 if none."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) > 0 else 0
+    if isinstance(batch, dict):
+        items = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        items = batch
+    else:
+        return 0
+    if items and not hasattr(items[0], "shape") and not isinstance(items[0], (list, tuple, dict)):
+        return len(items)
+    for item in items if depth > 1 else ():
+        n = _batch_size(item, depth - 1)
+        if n:
+            return n
     return 0
 
 

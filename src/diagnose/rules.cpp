@@ -242,22 +242,16 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
   // bounds what it cost, less the part the data wait already explains.
   double share = f.loop_share;
   double confidence = 0.8;
-  std::string evidence =
-      f.loop_makes_batches
-          ? fmt::format(
-                "{} of step time (>= {}) went to none of the model's forward calls, backward and "
-                "the optimizer step: {:.1f} ms of a {:.1f} ms step (medians), in the loop's own "
-                "code, which makes the batches too (no DataLoader fed the steps, so the data "
-                "wait is in this share, not timed apart)",
-                Pct(f.loop_share), Pct(kLoopShare), f.loop_median_s * 1e3,
-                f.phased_step_median_s * 1e3)
-          : fmt::format(
-                "{} of step time (>= {}) went to none of fetching the batch, forward, backward "
-                "and the optimizer step: {:.1f} ms of a {:.1f} ms step (medians), in the loop's "
-                "own code after optimizer.step() (or a micro-batch's backward()) and before the "
-                "next batch",
-                Pct(f.loop_share), Pct(kLoopShare), f.loop_median_s * 1e3,
-                f.phased_step_median_s * 1e3);
+  std::string evidence = fmt::format(
+      "{} of step time (>= {}) went to none of {}, backward and the optimizer step: {:.1f} ms "
+      "of a {:.1f} ms step (medians), in the loop's own code{}",
+      Pct(f.loop_share), Pct(kLoopShare),
+      f.loop_makes_batches ? "the model's forward calls" : "fetching the batch, forward",
+      f.loop_median_s * 1e3, f.phased_step_median_s * 1e3,
+      f.loop_makes_batches ? ", which makes the batches too (no DataLoader fed the steps, so the "
+                             "data wait is in this share, not timed apart)"
+                           : " after optimizer.step() (or a micro-batch's backward()) and "
+                             "before the next batch");
   if (!std::isnan(f.gpu_util)) {
     double idle = std::max(0.0, 1 - f.gpu_util / 100);
     double input = f.have_steps ? std::min(idle, f.data_wait_share) : 0;
