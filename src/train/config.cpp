@@ -166,15 +166,81 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+namespace {
+
+// What other tools call a key (PyTorch scripts' argparse flags, Lightning's
+// Trainer, Hugging Face's TrainingArguments, nanoGPT): the name an ML
+// engineer types first, mapped to ours. Compared without a section and
+// with '-' as '_', so "train.learning_rate" and "--num-workers" find theirs.
+struct OtherName {
+  const char* name;
+  const char* ours;
+};
+constexpr OtherName kOtherNames[] = {
+    {"learning_rate", "optim.lr"},
+    {"num_workers", "data.threads"},
+    {"workers", "data.threads"},
+    {"dataloader_num_workers", "data.threads"},
+    {"prefetch_factor", "data.prefetch"},
+    {"batch", "train.batch_size"},
+    {"micro_batch", "train.batch_size"},
+    {"micro_batch_size", "train.batch_size"},
+    {"per_device_train_batch_size", "train.batch_size"},
+    {"gradient_accumulation_steps", "train.accumulate"},
+    {"accumulate_grad_batches", "train.accumulate"},
+    {"grad_accum", "train.accumulate"},
+    {"max_steps", "train.steps"},
+    {"max_iters", "train.steps"},
+    {"max_epochs", "train.epochs"},
+    {"num_train_epochs", "train.epochs"},
+    {"gradient_clip_val", "train.clip_grad_norm"},
+    {"max_grad_norm", "train.clip_grad_norm"},
+    {"grad_clip", "train.clip_grad_norm"},
+    {"optimizer", "optim.name"},
+    {"lr_scheduler", "optim.schedule"},
+    {"scheduler", "optim.schedule"},
+    {"warmup", "optim.warmup_steps"},
+    {"warmup_iters", "optim.warmup_steps"},
+    {"mixed_precision", "train.precision"},
+    {"dtype", "train.precision"},
+    {"arch", "model.name"},
+    {"eval_interval", "eval.every_steps"},
+    {"val_check_interval", "eval.every_steps"},
+    {"check_val_every_n_epoch", "eval.every_epochs"},
+    {"save_every", "checkpoint.every_steps"},
+    {"save_steps", "checkpoint.every_steps"},
+    {"save_total_limit", "checkpoint.keep"},
+    {"output_dir", "checkpoint.dir"},
+    {"out_dir", "checkpoint.dir"},
+    {"resume", "--resume RUN|PATH"},
+    {"resume_from_checkpoint", "--resume RUN|PATH"},
+};
+
+// "train.Learning-Rate" -> "learning_rate": the part after the last '.'.
+std::string BareName(const std::string& key) {
+  std::string bare = key.substr(key.rfind('.') + 1);
+  while (!bare.empty() && bare[0] == '-') bare.erase(0, 1);
+  for (char& c : bare)
+    c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return bare;
+}
+
+}  // namespace
+
 std::string ClosestOption(const std::string& key) {
+  std::string bare = BareName(key);
+  for (const OtherName& o : kOtherNames)
+    if (bare == o.name) return o.ours;
   std::string best;
   size_t best_d = std::string::npos;
+  bool has_section = key.find('.') != std::string::npos;
   for (const OptionDef& d : TrainOptions()) {
     std::string k = d.key;
-    size_t dist = EditDistance(key, k);
-    // "lr" alone means optim.lr: compare with the name without its section too.
-    size_t dot = k.find('.');
-    dist = std::min(dist, EditDistance(key, k.substr(dot + 1)) + (key.find('.') == std::string::npos ? 0 : 1));
+    // "lr" alone, or in the wrong section ("train.lr"), means optim.lr: the
+    // names without their sections are compared too, a wrong section
+    // costing one edit.
+    size_t dist =
+        std::min(EditDistance(key, k), EditDistance(bare, BareName(k)) + (has_section ? 1 : 0));
     if (dist < best_d) {
       best_d = dist;
       best = k;

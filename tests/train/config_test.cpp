@@ -47,6 +47,24 @@ TEST(Config, UnknownKeysSuggestTheClosest) {
   EXPECT_NE(c.status().message().find("did you mean 'optim.lr'"), std::string::npos) << c.status().message();
   auto bare = Config::Load("", {"batch_size=8"});
   EXPECT_NE(bare.status().message().find("'train.batch_size'"), std::string::npos) << bare.status().message();
+  // A key in the wrong section, and the names other tools give these keys.
+  struct Named {
+    std::string arg, suggested;
+  } named[] = {{"train.lr=0.1", "'optim.lr'"},
+               {"num_workers=4", "'data.threads'"},
+               {"max-steps=100", "'train.steps'"},
+               {"data.batch=32", "'train.batch_size'"},
+               {"gradient_accumulation_steps=4", "'train.accumulate'"},
+               {"resume=last", "'--resume RUN|PATH'"}};
+  for (const Named& n : named) {
+    auto c = Config::Load("", {n.arg});
+    ASSERT_FALSE(c.ok()) << n.arg;
+    EXPECT_NE(c.status().message().find("did you mean " + n.suggested), std::string::npos)
+        << n.arg << ": " << c.status().message();
+  }
+  auto far = Config::Load("", {"zzzzzz=1"});
+  EXPECT_EQ(far.status().message().find("did you mean"), std::string::npos)
+      << far.status().message();
   auto section = Config::Load("", {"model=resnet18"});
   ASSERT_FALSE(section.ok());
   EXPECT_NE(section.status().message().find("'model' is a section"), std::string::npos)
