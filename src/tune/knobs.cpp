@@ -137,9 +137,14 @@ Result<std::vector<std::string>> ParseKnobList(const std::string& csv,
       std::string best;
       size_t best_d = 4;
       for (const KnobDef& k : knobs) {
-        size_t d = EditDistance(name, k.name);
+        size_t d = std::min(EditDistance(name, k.name), EditDistance(name, k.key));
         if (d < best_d) best_d = d, best = k.name;
       }
+      // Named as a config key would be ("batch_size", "num_workers"): the
+      // knob that sets the key it is closest to.
+      std::string key = best.empty() ? ClosestOption(name) : "";
+      for (const KnobDef& k : knobs)
+        if (!key.empty() && key == k.key) best = k.name;
       return Status::InvalidArgument("unknown knob '" + name + "'" +
                                      (best.empty() ? "" : " (did you mean '" + best + "'?)") +
                                      "; knobs: " + names);

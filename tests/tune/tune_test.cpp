@@ -139,6 +139,16 @@ TEST(TuneKnobs, UnknownKnobSuggestsTheClosest) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(*ok, (std::vector<std::string>{"precision", "loader_threads", "batch"}));
   EXPECT_FALSE(ParseKnobList(",").ok());
+  // Named after the config key the knob sets, or as other tools name it.
+  for (auto [given, knob] : {std::pair<const char*, const char*>{"batch_size", "batch"},
+                             {"num_workers", "loader_threads"},
+                             {"data.prefetchh", "prefetch"}}) {
+    auto named = ParseKnobList(given);
+    ASSERT_FALSE(named.ok()) << given;
+    EXPECT_NE(named.status().message().find(std::string("did you mean '") + knob + "'"),
+              std::string::npos)
+        << given << ": " << named.status().message();
+  }
 }
 
 TEST(TuneKnobs, TheBottleneckIsTunedFirst) {
