@@ -152,6 +152,13 @@ class RunStore {
   // (fullburn serve) reads what is new, not the whole run again.
   Result<std::map<std::string, Series>> LoadSamples(int64_t run_id, double after = -INFINITY);
   Status DeleteRun(int64_t run_id);
+  // Bytes of pages that deleted runs left free inside the file: reused by
+  // new runs, given back to the disk only by Vacuum.
+  Result<int64_t> FreeBytes();
+  // Rewrites the file without its free pages (SQLite VACUUM). It holds the
+  // write lock throughout, so a recorder appending meanwhile would wait and
+  // then fail: the caller makes sure no run is being recorded.
+  Status Vacuum();
   // "ok" for a healthy file, else SQLite's report.
   Result<std::string> IntegrityCheck();
 

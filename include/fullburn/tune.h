@@ -215,7 +215,7 @@ std::vector<std::map<std::string, std::string>> ExpandGrid(const std::vector<Gri
 Result<std::vector<std::string>> Substitute(const std::vector<std::string>& command,
                                             const std::map<std::string, std::string>& values);
 
-// "90", "90s", "10m", "1h", "1m30s" -> seconds.
+// "90", "90s", "10m", "1h", "1m30s", "30d" -> seconds.
 Result<double> ParseDuration(const std::string& text);
 
 }  // namespace fullburn

@@ -65,6 +65,7 @@ void SetupRun(CLI::App& app);
 void SetupAttach(CLI::App& app);
 void SetupWatch(CLI::App& app);
 void SetupRuns(CLI::App& app);
+void SetupRunsRemove(CLI::App* runs);  // fullburn runs rm
 void SetupServe(CLI::App& app);
 void SetupReport(CLI::App& app);  // diagnose, report, compare
 void SetupLaunch(CLI::App& app);

@@ -1,4 +1,4 @@
-// fullburn runs list|show|export|rm: what the store holds.
+// fullburn runs list|show|export|trace: what the store holds (rm: cmd_runs_rm.cpp).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -173,16 +173,6 @@ int Trace(const RunsOptions& o) {
   return 0;
 }
 
-int Remove(const RunsOptions& o) {
-  auto store = OpenStore(o.common);
-  if (!store.ok()) return Fail(store.status().message());
-  auto run = (*store)->GetRun(o.run);
-  if (!run.ok()) return Fail(run.status().message());
-  if (Status s = (*store)->DeleteRun(run->id); !s.ok()) return Fail(s.message());
-  std::printf("deleted run %lld \"%s\"\n", static_cast<long long>(run->id), run->name.c_str());
-  return 0;
-}
-
 CLI::App* AddRunArg(CLI::App* sub, RunsOptions* o) {
   sub->add_option("RUN", o->run, "Run id, or 'last'")->required();
   AddStoreOption(sub, &o->common);
@@ -223,8 +213,7 @@ void SetupRuns(CLI::App& app) {
                 o.get());
   trace->callback([o] { ExitCode() = Trace(*o); });
 
-  CLI::App* rm = AddRunArg(runs->add_subcommand("rm", "Delete a run and its samples"), o.get());
-  rm->callback([o] { ExitCode() = Remove(*o); });
+  SetupRunsRemove(runs);
 }
 
 }  // namespace fullburn::cli

@@ -343,6 +343,27 @@ Status RunStore::DeleteRun(int64_t run_id) {
   return Exec("COMMIT");
 }
 
+Result<int64_t> RunStore::FreeBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t values[2] = {0, 0};
+  const char* pragmas[2] = {"PRAGMA freelist_count", "PRAGMA page_size"};
+  for (int i = 0; i < 2; ++i) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(db_, pragmas[i], -1, &st, nullptr) != SQLITE_OK)
+      return SqlError("cannot read the free pages");
+    if (sqlite3_step(st) == SQLITE_ROW) values[i] = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+  }
+  return values[0] * values[1];
+}
+
+Status RunStore::Vacuum() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = Exec("VACUUM"); !s.ok()) return s;
+  // The WAL file holds the rewritten pages until a checkpoint moves them.
+  return Exec("PRAGMA wal_checkpoint(TRUNCATE)");
+}
+
 Result<std::string> RunStore::IntegrityCheck() {
   std::lock_guard<std::mutex> lock(mu_);
   sqlite3_stmt* st = nullptr;

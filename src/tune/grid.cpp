@@ -88,7 +88,8 @@ Result<double> ParseDuration(const std::string& text) {
   size_t i = 0;
   bool any = false;
   auto bad = [&] {
-    return Status::InvalidArgument("'" + text + "' is not a duration: write e.g. 90s, 10m, 1h or 1m30s");
+    return Status::InvalidArgument("'" + text +
+                                   "' is not a duration: write e.g. 90s, 10m, 1h, 1m30s or 30d");
   };
   while (i < text.size()) {
     size_t used = 0;
@@ -104,7 +105,10 @@ Result<double> ParseDuration(const std::string& text) {
     double unit = 1;
     if (i < text.size()) {
       char u = text[i];
-      if (u == 'h') unit = 3600;
+      if (u == 'd')
+        unit = 86400;
+      else if (u == 'h')
+        unit = 3600;
       else if (u == 'm') unit = 60;
       else if (u == 's') unit = 1;
       else return bad();

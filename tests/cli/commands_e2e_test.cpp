@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -167,6 +168,105 @@ TEST_F(CommandsE2E, RunsListShowExportRemove) {
   runs = json::parse(Fb({"runs", "list", "--json", "--store", store_}).out);
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0]["name"], "second");
+}
+
+// Housekeeping: runs picked by id, by age or beyond the newest N; a tuning
+// goes with its trials, a run being recorded is never deleted, checkpoint
+// files go only when asked (never one a kept run resumed from), and
+// --vacuum gives the space back to the disk.
+TEST_F(CommandsE2E, RunsRemoveByIdAgeAndCountWithPartsAndCheckpoints) {
+  double now = static_cast<double>(std::time(nullptr));
+  std::string ck = dir_ + "/ck";
+  fs::create_directories(ck + "/a");
+  fs::create_directories(ck + "/b");
+  for (const char* f : {"/a/step-1.safetensors", "/a/step-2.safetensors", "/b/step-3.safetensors"})
+    std::ofstream(ck + f) << "weights";
+  int64_t live = 0;
+  {
+    auto store = RunStore::Open(store_);
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    auto add = [&](const std::string& name, double age_days, std::optional<int64_t> parent,
+                   std::vector<std::string> checkpoints, bool recording = false) {
+      RunInfo r;
+      r.name = name;
+      r.command = {"true"};
+      r.start_time = now - age_days * 86400;
+      r.parent_id = parent;
+      r.recorder_pid = recording ? static_cast<int>(::getpid()) : 0;
+      int64_t id = (*store)->BeginRun(r).value();
+      int64_t step = 0;
+      for (const std::string& c : checkpoints)
+        EXPECT_TRUE((*store)->AddCheckpoint(id, {++step, 1, ck + c, 7}).ok());
+      if (!recording) {
+        EXPECT_TRUE((*store)->FinishRun(id, r.start_time + 1, 0, "finished").ok());
+      }
+      return id;
+    };
+    int64_t tuning = add("old-tuning", 60, std::nullopt, {});
+    add("trial-a", 60, tuning, {});
+    add("trial-b", 60, tuning, {});
+    int64_t old_train =
+        add("old-train", 40, std::nullopt, {"/a/step-1.safetensors", "/a/step-2.safetensors"});
+    std::vector<StepRecord> steps(30000);  // megabytes to give back
+    for (size_t i = 0; i < steps.size(); ++i) steps[i].step = static_cast<int64_t>(i) + 1;
+    EXPECT_TRUE((*store)->AppendSteps(old_train, steps).ok());
+    add("resumed", 1, std::nullopt, {"/a/step-2.safetensors", "/b/step-3.safetensors"});
+    live = add("recording", 50, std::nullopt, {}, true);
+    add("recent", 0, std::nullopt, {});
+  }
+  auto names = [&] {
+    std::string out;
+    for (const json& r : json::parse(Fb({"runs", "list", "--json", "--store", store_}).out))
+      out += r["name"].get<std::string>() + " ";
+    return out;
+  };
+  const std::string all = "old-tuning trial-a trial-b old-train resumed recording recent ";
+  ASSERT_EQ(names(), all);
+
+  // Refused, and nothing deleted: a run being recorded, an unknown id.
+  auto busy = Fb({"runs", "rm", "5", "6", "--store", store_});
+  EXPECT_EQ(busy.code, 2);
+  EXPECT_NE(busy.err.find("run 6 \"recording\" is being recorded"), std::string::npos) << busy.err;
+  auto unknown = Fb({"runs", "rm", "1", "99", "--store", store_});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("no run 99"), std::string::npos) << unknown.err;
+  EXPECT_EQ(Fb({"runs", "rm", "--store", store_}).code, 2);
+  auto vacuum_busy = Fb({"runs", "rm", "--older-than", "30d", "--vacuum", "--store", store_});
+  EXPECT_NE(vacuum_busy.err.find("--vacuum: run 6"), std::string::npos) << vacuum_busy.err;
+  auto dry = Fb({"runs", "rm", "--older-than", "30d", "--dry-run", "--store", store_});
+  ASSERT_EQ(dry.code, 0) << dry.err;
+  EXPECT_NE(dry.out.find("would delete run 1 \"old-tuning\" and its 2 parts"), std::string::npos)
+      << dry.out;
+  EXPECT_NE(dry.out.find("kept run 6: it is being recorded"), std::string::npos) << dry.out;
+  EXPECT_EQ(names(), all);
+
+  // By age, with the checkpoint files only the deleted runs recorded.
+  auto old = Fb({"runs", "rm", "--older-than", "30d", "--checkpoints", "--store", store_});
+  ASSERT_EQ(old.code, 0) << old.err;
+  EXPECT_EQ(names(), "resumed recording recent ");
+  EXPECT_FALSE(fs::exists(ck + "/a/step-1.safetensors"));
+  EXPECT_TRUE(fs::exists(ck + "/a/step-2.safetensors")) << "the resumed run's starting point";
+  EXPECT_NE(old.out.find("deleted 1 checkpoint file"), std::string::npos) << old.out;
+  EXPECT_NE(old.out.find("free inside the store"), std::string::npos) << old.out;
+
+  // All but the newest, then the file shrinks; checkpoint files stay unasked.
+  {
+    auto store = RunStore::Open(store_);
+    ASSERT_TRUE((*store)->FinishRun(live, now, 0, "finished").ok());
+  }
+  auto size = [&] {
+    return fs::file_size(store_) +
+           (fs::exists(store_ + "-wal") ? fs::file_size(store_ + "-wal") : 0);
+  };
+  uintmax_t before = size();
+  auto keep = Fb({"runs", "rm", "--keep", "1", "--vacuum", "--store", store_});
+  ASSERT_EQ(keep.code, 0) << keep.err;
+  EXPECT_EQ(names(), "recent ");
+  EXPECT_NE(keep.out.find("kept their 2 checkpoint files"), std::string::npos) << keep.out;
+  EXPECT_TRUE(fs::exists(ck + "/b/step-3.safetensors"));
+  EXPECT_LT(size() * 4, before) << keep.out;
+  auto store = RunStore::Open(store_);
+  EXPECT_EQ((*store)->IntegrityCheck().value(), "ok");
 }
 
 TEST_F(CommandsE2E, StoreFromEnvironmentAndXdg) {

@@ -409,6 +409,8 @@ TEST(TuneDuration, UnitsAndErrors) {
   EXPECT_DOUBLE_EQ(*ParseDuration("10m"), 600);
   EXPECT_DOUBLE_EQ(*ParseDuration("1h"), 3600);
   EXPECT_DOUBLE_EQ(*ParseDuration("1m30s"), 90);
+  EXPECT_DOUBLE_EQ(*ParseDuration("30d"), 30 * 86400);
+  EXPECT_DOUBLE_EQ(*ParseDuration("1d12h"), 36 * 3600);
   EXPECT_DOUBLE_EQ(*ParseDuration("0.5s"), 0.5);
   for (const char* bad : {"", "0", "-5s", "10x", "1m30", "inf", "ten"})
     EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
