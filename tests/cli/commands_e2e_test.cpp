@@ -134,7 +134,7 @@ TEST_F(CommandsE2E, RunsListShowExportRemove) {
   EXPECT_EQ(grouped[2]["parent_id"], 1);
   text = Fb({"runs", "list", "--store", store_});
   size_t first = text.out.find("first"), trial = text.out.find("- trial"),
-         second = text.out.find("second");
+         second = text.out.find(" second ");  // not the command's --seconds
   ASSERT_NE(trial, std::string::npos) << text.out;
   EXPECT_LT(first, trial) << text.out;
   EXPECT_LT(trial, second) << "a part follows its run: " << text.out;
