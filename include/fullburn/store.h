@@ -247,22 +247,32 @@ class EventFileReader {
 // Buffers snapshots of one run and appends them in one transaction once
 // `flush_every_s` has passed since the last write, so a killed recorder loses
 // at most about that much.
-// Used from one thread at a time. The first write error is kept and returned
-// by every later call; samples are dropped after it rather than piling up.
+// Used from one thread at a time.
 class BatchWriter {
  public:
-  BatchWriter(RunStore* store, int64_t run_id, double run_start, double flush_every_s = 1.0)
-      : store_(store), run_id_(run_id), run_start_(run_start), flush_every_s_(flush_every_s) {}
+  BatchWriter(RunStore* store, int64_t run_id, double run_start, double flush_every_s = 1.0,
+              double keep_s = 300)
+      : store_(store),
+        run_id_(run_id),
+        run_start_(run_start),
+        flush_every_s_(flush_every_s),
+        keep_s_(keep_s) {}
+  // The status of the last write: a failed one (the store locked, the disk
+  // full) keeps its batch, written with the next once the store takes it
+  // again; samples older than keep_s that could not be written by then are
+  // dropped and counted.
   Status Add(const Snapshot& s);
   Status Flush();
+  int64_t dropped() const { return dropped_; }
 
  private:
   RunStore* store_;
   int64_t run_id_;
-  double run_start_, flush_every_s_;
+  double run_start_, flush_every_s_, keep_s_;
   double last_flush_ = -1e300;
   std::vector<Snapshot> pending_;
-  Status error_;
+  Status last_error_;
+  int64_t dropped_ = 0;
 };
 
 }  // namespace fullburn

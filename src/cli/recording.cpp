@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -17,15 +16,92 @@ struct NewEvents {
   std::vector<RunEvent> events;
 };
 
-// Moves them into the store; returns them (for the live line).
-NewEvents DrainEvents(const Recording& rec) {
-  NewEvents got;
-  if (!rec.events) return got;
-  rec.events->Poll(rec.info.start_time, &got.steps, &got.events);
-  if (!got.steps.empty()) rec.store->AppendSteps(rec.info.id, got.steps);
-  for (const RunEvent& e : got.events) rec.store->AddEvent(rec.info.id, e);
-  return got;
-}
+// Records a store that refuses writes for a while (locked by another
+// process past its busy timeout, a full disk) would lose: they are kept and
+// written once it takes writes again, so a long job loses nothing to a
+// passing problem. Stopping and resuming are each said once. Used from one
+// thread at a time (the sampler's, then the caller's once it stopped).
+class StoreWrites {
+ public:
+  explicit StoreWrites(const Recording& rec)
+      : rec_(rec), samples_(rec.store, rec.info.id, rec.info.start_time) {}
+
+  // Stores the snapshot (if any) and the job's new step events; returns the
+  // events (for the live line).
+  NewEvents Tick(const Snapshot* s) {
+    Status st = s ? samples_.Add(*s) : samples_.Flush();
+    NewEvents got;
+    if (rec_.events) rec_.events->Poll(rec_.info.start_time, &got.steps, &got.events);
+    steps_.insert(steps_.end(), got.steps.begin(), got.steps.end());
+    events_.insert(events_.end(), got.events.begin(), got.events.end());
+    if (st.ok()) st = WriteRecords();
+    dropped_records_ += KeepNewest(&steps_) + KeepNewest(&events_);
+    Note(st);
+    return got;
+  }
+
+  // At the end: what could not be stored, if anything.
+  void Finish() {
+    Tick(nullptr);
+    if (failing_)
+      std::fprintf(stderr, "fullburn: %zu step records and %zu events could not be stored: %s\n",
+                   steps_.size(), events_.size(), error_.c_str());
+  }
+
+ private:
+  Status WriteRecords() {
+    if (!steps_.empty()) {
+      if (Status st = rec_.store->AppendSteps(rec_.info.id, steps_); !st.ok()) return st;
+      steps_.clear();
+    }
+    size_t written = 0;
+    Status st = Status::Ok();
+    while (written < events_.size() && st.ok())
+      if ((st = rec_.store->AddEvent(rec_.info.id, events_[written])).ok()) ++written;
+    events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(written));
+    return st;
+  }
+
+  // Records kept while the store refuses them are bounded; the oldest go.
+  template <typename T>
+  static size_t KeepNewest(std::vector<T>* kept) {
+    constexpr size_t kMaxKept = 200000;
+    if (kept->size() <= kMaxKept) return 0;
+    size_t extra = kept->size() - kMaxKept;
+    kept->erase(kept->begin(), kept->begin() + static_cast<std::ptrdiff_t>(extra));
+    return extra;
+  }
+
+  void Note(const Status& st) {
+    if (!st.ok() && !failing_) {
+      failing_ = true;
+      error_ = st.message();
+      std::fprintf(stderr,
+                   "\nfullburn: %s; the job keeps running, and its samples and steps are kept "
+                   "to be written once the store takes writes again\n",
+                   error_.c_str());
+    } else if (st.ok() && failing_) {
+      failing_ = false;
+      int64_t lost = samples_.dropped() - dropped_said_;
+      dropped_said_ = samples_.dropped();
+      std::string what = lost || dropped_records_
+                             ? std::to_string(lost) + " snapshots and " +
+                                   std::to_string(dropped_records_) + " step records lost"
+                             : "nothing lost";
+      dropped_records_ = 0;
+      std::fprintf(stderr, "\nfullburn: the run store takes writes again (%s)\n", what.c_str());
+    }
+  }
+
+  const Recording& rec_;
+  BatchWriter samples_;
+  std::vector<StepRecord> steps_;
+  std::vector<RunEvent> events_;
+  bool failing_ = false;
+  std::string error_;
+  int64_t dropped_said_ = 0;
+  size_t dropped_records_ = 0;
+};
 
 }  // namespace
 
@@ -48,21 +124,16 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
   so.interval_s = rec.info.interval_s;
   so.root_pid = rec.root_pid;
   Sampler sampler(rec.env, rec.gpus, so);
-  BatchWriter writer(rec.store, rec.info.id, rec.info.start_time);
+  StoreWrites writes(rec);
   std::unique_ptr<LiveStatus> live;
   if (!rec.quiet) live.reset(new LiveStatus(STDERR_FILENO));
-  std::atomic<bool> write_failed{false};
   double t0 = rec.env->MonotonicSeconds();
   // Only the sampler thread touches these.
   RecentSteps recent;
   LiveDiagnosis now(rec.info);
   bool drawn = live && live->active();
   sampler.Start([&](const Snapshot& s) {
-    Status st = writer.Add(s);
-    if (!st.ok() && !write_failed.exchange(true))
-      std::fprintf(stderr, "\nfullburn: %s; the job keeps running, later samples are lost\n",
-                   st.message().c_str());
-    NewEvents got = DrainEvents(rec);
+    NewEvents got = writes.Tick(&s);
     recent.Add(got.steps);
     if (!drawn) return;
     now.AddSteps(got.steps);
@@ -75,8 +146,7 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
   int code = wait();
   sampler.Stop();
   live.reset();
-  writer.Flush();
-  DrainEvents(rec);
+  writes.Finish();
   return code;
 }
 

@@ -180,40 +180,32 @@ Status RunStore::AppendNamedSamples(int64_t run_id, const std::vector<NamedSampl
   if (samples.empty() && snapshots == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
   if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  if (!insert_sample_ &&
-      sqlite3_prepare_v2(db_,
-                         "INSERT OR REPLACE INTO samples (run_id, metric_id, t, value) VALUES (?,?,?,?)",
-                         -1, &insert_sample_, nullptr) != SQLITE_OK) {
-    Status s = SqlError("cannot write samples");
+  auto roll_back = [this](Status s) {
     Exec("ROLLBACK");
+    metric_ids_.clear();  // ids added in the rolled-back transaction are gone
     return s;
-  }
+  };
+  if (!insert_sample_ &&
+      sqlite3_prepare_v2(
+          db_, "INSERT OR REPLACE INTO samples (run_id, metric_id, t, value) VALUES (?,?,?,?)", -1,
+          &insert_sample_, nullptr) != SQLITE_OK)
+    return roll_back(SqlError("cannot write samples"));
   for (const NamedSample& sample : samples) {
     Result<int64_t> id = MetricId(sample.name);
-    if (!id.ok()) {
-      Exec("ROLLBACK");
-      return id.status();
-    }
+    if (!id.ok()) return roll_back(id.status());
     sqlite3_reset(insert_sample_);
     sqlite3_bind_int64(insert_sample_, 1, run_id);
     sqlite3_bind_int64(insert_sample_, 2, *id);
     sqlite3_bind_double(insert_sample_, 3, sample.t);
     sqlite3_bind_double(insert_sample_, 4, sample.v);
-    if (sqlite3_step(insert_sample_) != SQLITE_DONE) {
-      Status s = SqlError("cannot write samples");
-      Exec("ROLLBACK");
-      return s;
-    }
+    if (sqlite3_step(insert_sample_) != SQLITE_DONE)
+      return roll_back(SqlError("cannot write samples"));
   }
   std::string count = "UPDATE runs SET samples = samples + " + std::to_string(snapshots) +
                       " WHERE id = " + std::to_string(run_id);
   Status s = Exec(count.c_str());
   if (s.ok()) s = Exec("COMMIT");
-  if (!s.ok()) {
-    Exec("ROLLBACK");
-    metric_ids_.clear();  // ids added in the rolled-back transaction are gone
-  }
-  return s;
+  return s.ok() ? s : roll_back(s);
 }
 
 Status RunStore::FinishRun(int64_t run_id, double end_time, std::optional<int> exit_code,
@@ -376,20 +368,27 @@ Result<std::string> RunStore::IntegrityCheck() {
 }
 
 Status BatchWriter::Add(const Snapshot& s) {
-  if (!error_.ok()) return error_;
   pending_.push_back(s);
+  // A store that stays unwritable past keep_s costs its oldest samples
+  // rather than this process's memory.
+  size_t old = 0;
+  while (old < pending_.size() && pending_[old].mono_time < s.mono_time - keep_s_) ++old;
+  if (old) {
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(old));
+    dropped_ += static_cast<int64_t>(old);
+  }
   if (s.mono_time - last_flush_ >= flush_every_s_ - 1e-6) {
     last_flush_ = s.mono_time;
     return Flush();
   }
-  return Status::Ok();
+  return last_error_;
 }
 
 Status BatchWriter::Flush() {
-  if (!error_.ok()) return error_;
-  error_ = store_->AppendSamples(run_id_, run_start_, pending_);
-  pending_.clear();
-  return error_;
+  if (pending_.empty()) return last_error_ = Status::Ok();
+  last_error_ = store_->AppendSamples(run_id_, run_start_, pending_);
+  if (last_error_.ok()) pending_.clear();  // else kept, and written with the next batch
+  return last_error_;
 }
 
 }  // namespace fullburn

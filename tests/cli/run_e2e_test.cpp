@@ -1,6 +1,7 @@
 // End to end: the real fullburn binary records real programs into a real
 // SQLite store. Only NVML is faked (tests/helpers/fake_nvml.cpp).
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -164,6 +165,58 @@ TEST_F(RunE2E, SigkillLeavesAConsistentStoreAndNoOrphan) {
   // Everything up to about a second before the kill was committed.
   EXPECT_GE(load.back().t, 1.5);
   EXPECT_GE(load.size(), 12u);
+}
+
+// Another process holds the store's write lock past the 5 s busy timeout
+// (a long `runs rm`, a backup, an sqlite3 shell left in a transaction): the
+// recorder's writes fail for a while. The job goes on, and the samples and
+// steps of that while are kept and written once the lock is gone.
+TEST_F(RunE2E, AStoreLockedForAWhileCostsNoStepsOrSamples) {
+  const int kSteps = 100;  // 10 s of 0.1 s steps
+  std::string script = dir_ + "/steps.py";
+  std::ofstream(script) << "import time, fullburn_markers\n"
+                           "m = fullburn_markers.Markers()\n"
+                           "for i in range("
+                        << kSteps << "):\n    time.sleep(0.1)\n    m.step_end(samples=8)\n";
+  Background b;
+  testing::Start(&b, Run({"python3", script}), "locked");
+  auto recorded = [&] {
+    if (!fs::exists(store_)) return false;
+    auto runs = (*RunStore::Open(store_))->ListRuns();
+    return runs.ok() && !runs->empty() && runs->front().sample_count >= 3;
+  };
+  for (int i = 0; i < 200 && !recorded(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(recorded()) << b.Err();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(store_.c_str(), &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  auto locked = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(7500));
+  double lock_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - locked).count();
+  ASSERT_EQ(sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  ASSERT_EQ(b.Wait(60), 0) << b.Err();
+
+  std::string err = b.Err();
+  EXPECT_NE(err.find("the job keeps running, and its samples and steps are kept"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("the run store takes writes again (nothing lost)"), std::string::npos) << err;
+  auto store = RunStore::Open(store_);
+  auto run = (*store)->GetRun("last");
+  EXPECT_EQ(run->status, "finished");
+  EXPECT_EQ((*store)->LoadSteps(run->id)->size(), static_cast<size_t>(kSteps));
+  // Snapshots before, during and after the lock: the sampler waits in each
+  // failed write (the busy timeout), so "during" is the batch it was writing.
+  const Series& load = Samples().at("host.load1");
+  double span = load.back().t - load.front().t;
+  EXPECT_GE(span, 9.0);
+  double biggest_gap = 0;
+  for (size_t i = 1; i < load.size(); ++i)
+    biggest_gap = std::max(biggest_gap, load[i].t - load[i - 1].t);
+  EXPECT_LT(biggest_gap, lock_s) << "the batch written when the lock came was kept";
 }
 
 TEST_F(RunE2E, RecordsFakeGpus) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sqlite3.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -845,6 +846,45 @@ TEST_F(TrainE2E, SigtermCheckpointsAndExits130) {
   ASSERT_EQ(cks.size(), 1u);
   EXPECT_EQ(cks[0].step, steps.back().step);  // nothing trained is lost
   EXPECT_TRUE(fs::exists(cks[0].path));
+}
+
+// The store locked by another process past its busy timeout while training:
+// the step records it refused are kept and written once it takes writes
+// again, so the run's steps have no hole.
+TEST_F(TrainE2E, AStoreLockedForAWhileCostsNoStepRecords) {
+  Background b;
+  std::vector<std::string> argv = {FULLBURN_BIN,
+                                   "train",
+                                   "--store",
+                                   store_,
+                                   "train.steps=100000",
+                                   "train.time_limit_s=20",
+                                   "checkpoint.at_end=false"};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  testing::Start(&b, argv, "train_locked");
+  bool stepping = false;
+  for (int i = 0; i < 1500 && !stepping; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto runs = Store()->ListRuns().value();
+    stepping = !runs.empty() && Store()->LoadSteps(runs.back().id).value().size() > 5;
+  }
+  ASSERT_TRUE(stepping) << b.Err();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(store_.c_str(), &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  // Past two busy timeouts: the sampler's write and the steps' both fail.
+  std::this_thread::sleep_for(std::chrono::milliseconds(12500));
+  ASSERT_EQ(sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  ASSERT_EQ(b.Wait(120), 0) << b.Err();
+  std::string err = b.Err();
+  EXPECT_NE(err.find("its step records are kept"), std::string::npos) << err;
+  EXPECT_NE(err.find("the run store takes step records again (0 lost)"), std::string::npos) << err;
+  auto steps = Steps(Store()->GetRun("last").value().id);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front().step, 1);
+  EXPECT_EQ(static_cast<int64_t>(steps.size()), steps.back().step) << "a hole in the steps";
 }
 
 TEST_F(TrainE2E, ResumingWithADifferentModelShapeIsRefused) {
