@@ -10,6 +10,7 @@
 //   exit    --code N                  exit with code N
 //   signal  --marker FILE --seconds S on SIGTERM or SIGINT write the signal's
 //                                     name to FILE and exit 42
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -142,10 +143,13 @@ int Fork(int workers, double seconds) {
 
 std::string g_marker;
 void OnSignal(int sig) {
-  FILE* f = std::fopen(g_marker.c_str(), "w");
-  if (f) {
-    std::fputs(sig == SIGTERM ? "SIGTERM" : "SIGINT", f);
-    std::fclose(f);
+  // open/write/close: stdio is not async-signal-safe.
+  int fd = ::open(g_marker.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    ssize_t written = ::write(fd, name, std::strlen(name));
+    (void)written;
+    ::close(fd);
   }
   ::_exit(42);
 }

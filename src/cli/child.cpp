@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -14,8 +15,11 @@ namespace fullburn::cli {
 namespace {
 
 // Every started child (fullburn launch starts several); 0 marks a free slot.
+// Atomics, not volatile: the signal handler, the main thread and launch's
+// grace-period thread all read them. Lock-free ones are async-signal-safe.
 constexpr int kMaxChildren = 1024;
-volatile sig_atomic_t g_children[kMaxChildren] = {};
+std::atomic<pid_t> g_children[kMaxChildren] = {};
+static_assert(std::atomic<pid_t>::is_always_lock_free, "used in a signal handler");
 volatile sig_atomic_t g_pending = 0;
 volatile sig_atomic_t g_received = 0;
 
@@ -26,16 +30,17 @@ bool AnyChild() {
 }
 
 void Remember(pid_t pid) {
-  for (int i = 0; i < kMaxChildren; ++i)
-    if (g_children[i] == 0) {
-      g_children[i] = pid;
-      return;
-    }
+  for (int i = 0; i < kMaxChildren; ++i) {
+    pid_t free_slot = 0;
+    if (g_children[i].compare_exchange_strong(free_slot, pid)) return;
+  }
 }
 
 void Forget(pid_t pid) {
-  for (int i = 0; i < kMaxChildren; ++i)
-    if (g_children[i] == pid) g_children[i] = 0;
+  for (int i = 0; i < kMaxChildren; ++i) {
+    pid_t slot = pid;
+    g_children[i].compare_exchange_strong(slot, 0);
+  }
 }
 
 int ExitCodeOf(int status) {
@@ -50,20 +55,23 @@ void SignalChildren(int sig);
 namespace {
 
 void Forward(int sig, siginfo_t* info, void*) {
+  int saved_errno = errno;  // kill() below may set it under the interrupted code
   g_received = sig;
   // SI_KERNEL: the terminal sent it to the whole process group, child included.
-  if (info && info->si_code == SI_KERNEL) return;
-  if (AnyChild())
-    SignalChildren(sig);
-  else
-    g_pending = sig;
+  if (!info || info->si_code != SI_KERNEL) {
+    if (AnyChild())
+      SignalChildren(sig);
+    else
+      g_pending = sig;
+  }
+  errno = saved_errno;
 }
 
 }  // namespace
 
 void SignalChildren(int sig) {
   for (int i = 0; i < kMaxChildren; ++i)
-    if (g_children[i] > 0) ::kill(g_children[i], sig);
+    if (pid_t pid = g_children[i].load(); pid > 0) ::kill(pid, sig);
 }
 
 void InstallSignalForwarding() {

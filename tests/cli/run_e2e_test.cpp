@@ -210,7 +210,8 @@ TEST_F(RunE2E, AStoreLockedForAWhileCostsNoStepsOrSamples) {
   EXPECT_EQ((*store)->LoadSteps(run->id)->size(), static_cast<size_t>(kSteps));
   // Snapshots before, during and after the lock: the sampler waits in each
   // failed write (the busy timeout), so "during" is the batch it was writing.
-  const Series& load = Samples().at("host.load1");
+  std::map<std::string, Series> samples = Samples();
+  const Series& load = samples.at("host.load1");
   double span = load.back().t - load.front().t;
   EXPECT_GE(span, 9.0);
   double biggest_gap = 0;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -20,7 +21,11 @@ namespace {
 
 using json = nlohmann::json;
 json g_script;
-std::map<std::string, size_t> g_calls;  // "gpu index/metric" -> calls so far
+// "gpu index/metric" -> calls so far. The real NVML is thread-safe and
+// fullburn calls it from two threads (PCIe throughput has its own), so the
+// fake must be too.
+std::map<std::string, size_t> g_calls;
+std::mutex g_calls_mu;
 
 struct FakeDevice {
   int index;
@@ -73,7 +78,11 @@ bool Next(void* dev, const char* metric, json* out) {
     return true;
   }
   std::string key = std::to_string(static_cast<FakeDevice*>(dev)->index) + "/" + metric;
-  size_t k = g_calls[key]++;
+  size_t k;
+  {
+    std::lock_guard<std::mutex> lock(g_calls_mu);
+    k = g_calls[key]++;
+  }
   *out = v[std::min(k, v.size() - 1)];
   return true;
 }
