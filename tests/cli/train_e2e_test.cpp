@@ -73,6 +73,16 @@ class TrainE2E : public ::testing::Test {
     return o.code == 0 ? path : "";
   }
   std::unique_ptr<RunStore> Store() { return std::move(RunStore::Open(store_).value()); }
+  // Waits up to 30 s for a training started in the background to store a
+  // few steps.
+  bool TrainingHasStepped() {
+    for (int i = 0; i < 1500; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      auto runs = Store()->ListRuns().value();
+      if (!runs.empty() && Store()->LoadSteps(runs.back().id).value().size() > 5) return true;
+    }
+    return false;
+  }
   std::vector<StepRecord> Steps(int64_t run) { return Store()->LoadSteps(run).value(); }
   // The last evaluation event's data; {} when there is none.
   nlohmann::json Evaluation(int64_t run) {
@@ -829,13 +839,7 @@ TEST_F(TrainE2E, SigtermCheckpointsAndExits130) {
                                    "--store",    store_,  "train.steps=100000"};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   testing::Start(&b, argv, "train_sigterm");
-  bool stepping = false;
-  for (int i = 0; i < 1500 && !stepping; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    auto runs = Store()->ListRuns().value();
-    stepping = !runs.empty() && Store()->LoadSteps(runs.back().id).value().size() > 5;
-  }
-  ASSERT_TRUE(stepping) << b.Err();
+  ASSERT_TRUE(TrainingHasStepped()) << b.Err();
   ::kill(b.pid, SIGTERM);
   EXPECT_EQ(b.Wait(60), 130) << b.Err();
   auto run = Store()->GetRun("last").value();
@@ -862,13 +866,7 @@ TEST_F(TrainE2E, AStoreLockedForAWhileCostsNoStepRecords) {
                                    "checkpoint.at_end=false"};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
   testing::Start(&b, argv, "train_locked");
-  bool stepping = false;
-  for (int i = 0; i < 1500 && !stepping; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    auto runs = Store()->ListRuns().value();
-    stepping = !runs.empty() && Store()->LoadSteps(runs.back().id).value().size() > 5;
-  }
-  ASSERT_TRUE(stepping) << b.Err();
+  ASSERT_TRUE(TrainingHasStepped()) << b.Err();
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(store_.c_str(), &db), SQLITE_OK);
   sqlite3_busy_timeout(db, 5000);
