@@ -275,4 +275,28 @@ class BatchWriter {
   int64_t dropped_ = 0;
 };
 
+// Step records and events of one run, kept until the store takes them: a
+// write the store refuses (locked past its busy timeout, a full disk) keeps
+// them for the next, up to max_kept of each (the oldest dropped and
+// counted). Used from one thread at a time.
+class RecordWriter {
+ public:
+  RecordWriter(RunStore* store, int64_t run_id, size_t max_kept = 200000)
+      : store_(store), run_id_(run_id), max_kept_(max_kept) {}
+  void Add(const std::vector<StepRecord>& steps, const std::vector<RunEvent>& events = {});
+  // Writes what is kept: steps in one transaction, then the events.
+  Status Flush();
+  size_t kept_steps() const { return steps_.size(); }
+  size_t kept_events() const { return events_.size(); }
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  RunStore* store_;
+  int64_t run_id_;
+  size_t max_kept_;
+  std::vector<StepRecord> steps_;
+  std::vector<RunEvent> events_;
+  int64_t dropped_ = 0;
+};
+
 }  // namespace fullburn

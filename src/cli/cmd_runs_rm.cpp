@@ -5,7 +5,6 @@
 // Nothing is deleted unless every named run exists and none is being
 // recorded; a run being recorded is never picked by --older-than or --keep.
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -99,8 +98,9 @@ std::set<int64_t> WithParts(std::set<int64_t> chosen, const std::vector<RunInfo>
 }
 
 int64_t FileBytes(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+  std::error_code missing;
+  uintmax_t bytes = std::filesystem::file_size(path, missing);
+  return missing ? 0 : static_cast<int64_t>(bytes);
 }
 
 int64_t StoreBytes(const std::string& path) { return FileBytes(path) + FileBytes(path + "-wal"); }
@@ -181,12 +181,12 @@ int Remove(const RemoveOptions& o) {
   const char* verb = o.dry_run ? "would delete" : "deleted";
   for (const RunInfo& r : *runs) {
     if (!chosen.count(r.id)) continue;
-    size_t parts = 0;
-    for (int64_t id : WithParts({r.id}, *runs)) parts += id != r.id;
+    std::set<int64_t> with_parts = WithParts({r.id}, *runs);
+    size_t parts = with_parts.size() - 1;
     std::printf("%s run %lld \"%s\"%s\n", verb, static_cast<long long>(r.id), r.name.c_str(),
                 parts ? (" and its " + Plural(parts, "part", "parts")).c_str() : "");
     if (o.dry_run) continue;
-    for (int64_t id : WithParts({r.id}, *runs))
+    for (int64_t id : with_parts)
       if (Status s = store.DeleteRun(id); !s.ok()) return Fail(s.message(), 1);
   }
   for (int64_t id : skipped)

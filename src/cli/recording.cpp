@@ -24,7 +24,9 @@ struct NewEvents {
 class StoreWrites {
  public:
   explicit StoreWrites(const Recording& rec)
-      : rec_(rec), samples_(rec.store, rec.info.id, rec.info.start_time) {}
+      : rec_(rec),
+        samples_(rec.store, rec.info.id, rec.info.start_time),
+        records_(rec.store, rec.info.id) {}
 
   // Stores the snapshot (if any) and the job's new step events; returns the
   // events (for the live line).
@@ -32,10 +34,8 @@ class StoreWrites {
     Status st = s ? samples_.Add(*s) : samples_.Flush();
     NewEvents got;
     if (rec_.events) rec_.events->Poll(rec_.info.start_time, &got.steps, &got.events);
-    steps_.insert(steps_.end(), got.steps.begin(), got.steps.end());
-    events_.insert(events_.end(), got.events.begin(), got.events.end());
-    if (st.ok()) st = WriteRecords();
-    dropped_records_ += KeepNewest(&steps_) + KeepNewest(&events_);
+    records_.Add(got.steps, got.events);
+    if (st.ok()) st = records_.Flush();
     Note(st);
     return got;
   }
@@ -45,33 +45,10 @@ class StoreWrites {
     Tick(nullptr);
     if (failing_)
       std::fprintf(stderr, "fullburn: %zu step records and %zu events could not be stored: %s\n",
-                   steps_.size(), events_.size(), error_.c_str());
+                   records_.kept_steps(), records_.kept_events(), error_.c_str());
   }
 
  private:
-  Status WriteRecords() {
-    if (!steps_.empty()) {
-      if (Status st = rec_.store->AppendSteps(rec_.info.id, steps_); !st.ok()) return st;
-      steps_.clear();
-    }
-    size_t written = 0;
-    Status st = Status::Ok();
-    while (written < events_.size() && st.ok())
-      if ((st = rec_.store->AddEvent(rec_.info.id, events_[written])).ok()) ++written;
-    events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(written));
-    return st;
-  }
-
-  // Records kept while the store refuses them are bounded; the oldest go.
-  template <typename T>
-  static size_t KeepNewest(std::vector<T>* kept) {
-    constexpr size_t kMaxKept = 200000;
-    if (kept->size() <= kMaxKept) return 0;
-    size_t extra = kept->size() - kMaxKept;
-    kept->erase(kept->begin(), kept->begin() + static_cast<std::ptrdiff_t>(extra));
-    return extra;
-  }
-
   void Note(const Status& st) {
     if (!st.ok() && !failing_) {
       failing_ = true;
@@ -82,25 +59,23 @@ class StoreWrites {
                    error_.c_str());
     } else if (st.ok() && failing_) {
       failing_ = false;
-      int64_t lost = samples_.dropped() - dropped_said_;
-      dropped_said_ = samples_.dropped();
-      std::string what = lost || dropped_records_
-                             ? std::to_string(lost) + " snapshots and " +
-                                   std::to_string(dropped_records_) + " step records lost"
-                             : "nothing lost";
-      dropped_records_ = 0;
+      int64_t snapshots = samples_.dropped() - snapshots_said_;
+      int64_t records = records_.dropped() - records_said_;
+      snapshots_said_ = samples_.dropped();
+      records_said_ = records_.dropped();
+      std::string what = snapshots || records ? std::to_string(snapshots) + " snapshots and " +
+                                                    std::to_string(records) + " step records lost"
+                                              : "nothing lost";
       std::fprintf(stderr, "\nfullburn: the run store takes writes again (%s)\n", what.c_str());
     }
   }
 
   const Recording& rec_;
   BatchWriter samples_;
-  std::vector<StepRecord> steps_;
-  std::vector<RunEvent> events_;
+  RecordWriter records_;
   bool failing_ = false;
   std::string error_;
-  int64_t dropped_said_ = 0;
-  size_t dropped_records_ = 0;
+  int64_t snapshots_said_ = 0, records_said_ = 0;
 };
 
 }  // namespace

@@ -204,4 +204,36 @@ Result<RunData> RunStore::LoadRun(const std::string& ref) {
   return d;
 }
 
+namespace {
+
+// Appends `more` and drops the oldest past `max`; returns how many went.
+template <typename T>
+int64_t AppendKeepingNewest(std::vector<T>* kept, const std::vector<T>& more, size_t max) {
+  kept->insert(kept->end(), more.begin(), more.end());
+  if (kept->size() <= max) return 0;
+  size_t extra = kept->size() - max;
+  kept->erase(kept->begin(), kept->begin() + static_cast<std::ptrdiff_t>(extra));
+  return static_cast<int64_t>(extra);
+}
+
+}  // namespace
+
+void RecordWriter::Add(const std::vector<StepRecord>& steps, const std::vector<RunEvent>& events) {
+  dropped_ += AppendKeepingNewest(&steps_, steps, max_kept_);
+  dropped_ += AppendKeepingNewest(&events_, events, max_kept_);
+}
+
+Status RecordWriter::Flush() {
+  if (!steps_.empty()) {
+    if (Status s = store_->AppendSteps(run_id_, steps_); !s.ok()) return s;
+    steps_.clear();
+  }
+  size_t written = 0;
+  Status s = Status::Ok();
+  while (written < events_.size() && (s = store_->AddEvent(run_id_, events_[written])).ok())
+    ++written;
+  events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(written));
+  return s;
+}
+
 }  // namespace fullburn

@@ -190,9 +190,9 @@ class Trainer {
   int graph_warmups_ = 0;
   bool graph_captured_ = false;
   std::vector<StepRecord> pending_steps_;
-  std::vector<StepRecord> unstored_steps_;  // refused by the store, written with the next
+  std::unique_ptr<RecordWriter> step_writer_;  // keeps what the store refuses
   bool store_failing_ = false;
-  int64_t steps_dropped_ = 0;
+  int64_t steps_dropped_said_ = 0;
   // $FULLBURN_EVENTS of an enclosing `fullburn run`: the same step events a
   // Python job's markers write, so the outer run gets them too.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_out_{nullptr, &std::fclose};

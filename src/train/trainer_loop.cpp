@@ -181,32 +181,21 @@ void Trainer::FlushSteps(bool force) {
   }
   // Steps the store refused (locked past its busy timeout, a full disk) are
   // kept, up to a bound, and written with the next ones.
-  unstored_steps_.insert(unstored_steps_.end(), pending_steps_.begin(), pending_steps_.end());
+  if (!step_writer_) step_writer_ = std::make_unique<RecordWriter>(store_.get(), run_.id);
+  step_writer_->Add(pending_steps_);
   pending_steps_.clear();
-  if (unstored_steps_.empty()) return;
-  Status s = store_->AppendSteps(run_.id, unstored_steps_);
-  if (s.ok()) {
-    if (store_failing_)
-      std::fprintf(stderr, "\nfullburn: the run store takes step records again (%lld lost)\n",
-                   static_cast<long long>(steps_dropped_));
-    store_failing_ = false;
-    steps_dropped_ = 0;
-    unstored_steps_.clear();
-    return;
-  }
-  if (!store_failing_)
+  Status s = step_writer_->Flush();
+  if (s.ok() == !store_failing_) return;
+  store_failing_ = !s.ok();
+  if (s.ok())
+    std::fprintf(stderr, "\nfullburn: the run store takes step records again (%lld lost)\n",
+                 static_cast<long long>(step_writer_->dropped() - steps_dropped_said_));
+  else
     std::fprintf(stderr,
                  "\nfullburn: %s; training goes on, and its step records are kept to be written "
                  "once the store takes writes again\n",
                  s.message().c_str());
-  store_failing_ = true;
-  constexpr size_t kMaxUnstored = 200000;
-  if (unstored_steps_.size() > kMaxUnstored) {
-    size_t extra = unstored_steps_.size() - kMaxUnstored;
-    unstored_steps_.erase(unstored_steps_.begin(),
-                          unstored_steps_.begin() + static_cast<std::ptrdiff_t>(extra));
-    steps_dropped_ += static_cast<int64_t>(extra);
-  }
+  steps_dropped_said_ = step_writer_->dropped();
 }
 
 void Trainer::Progress(const StepRecord& r, bool force) {

@@ -142,9 +142,11 @@ Result<std::vector<std::string>> ParseKnobList(const std::string& csv,
       }
       // Named as a config key would be ("batch_size", "num_workers"): the
       // knob that sets the key it is closest to.
-      std::string key = best.empty() ? ClosestOption(name) : "";
-      for (const KnobDef& k : knobs)
-        if (!key.empty() && key == k.key) best = k.name;
+      if (best.empty()) {
+        std::string key = ClosestOption(name);
+        for (const KnobDef& k : knobs)
+          if (!key.empty() && key == k.key) best = k.name;
+      }
       return Status::InvalidArgument("unknown knob '" + name + "'" +
                                      (best.empty() ? "" : " (did you mean '" + best + "'?)") +
                                      "; knobs: " + names);
