@@ -16,12 +16,14 @@
 #pragma once
 
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fullburn/status.h"
@@ -275,28 +277,90 @@ class BatchWriter {
   int64_t dropped_ = 0;
 };
 
-// Step records and events of one run, kept until the store takes them: a
-// write the store refuses (locked past its busy timeout, a full disk) keeps
-// them for the next, up to max_kept of each (the oldest dropped and
-// counted). Used from one thread at a time.
+// What a run records besides its sampled snapshots, written as one batch.
+struct RunRecords {
+  std::vector<StepRecord> steps;
+  std::vector<RunEvent> events;
+  std::vector<NamedSample> samples;  // other ranks' readings, by stored name
+  std::vector<CheckpointRecord> checkpoints;
+  bool empty() const {
+    return steps.empty() && events.empty() && samples.empty() && checkpoints.empty();
+  }
+  void Append(RunRecords more);
+};
+
+// A run's records, kept until the store takes them: a write the store
+// refuses (locked past its busy timeout, a full disk) keeps them for the
+// next, up to max_kept of each kind (the oldest dropped and counted;
+// checkpoint records, few and needed to resume, are never dropped).
+// Used from one thread at a time.
 class RecordWriter {
  public:
   RecordWriter(RunStore* store, int64_t run_id, size_t max_kept = 200000)
       : store_(store), run_id_(run_id), max_kept_(max_kept) {}
-  void Add(const std::vector<StepRecord>& steps, const std::vector<RunEvent>& events = {});
-  // Writes what is kept: steps in one transaction, then the events.
+  void Add(RunRecords more);
+  // Writes what is kept: checkpoints, steps in one transaction, samples in
+  // another, then the events.
   Status Flush();
-  size_t kept_steps() const { return steps_.size(); }
-  size_t kept_events() const { return events_.size(); }
+  bool empty() const { return kept_.empty(); }
+  size_t kept_steps() const { return kept_.steps.size(); }
+  size_t kept_events() const { return kept_.events.size(); }
   int64_t dropped() const { return dropped_; }
 
  private:
   RunStore* store_;
   int64_t run_id_;
   size_t max_kept_;
-  std::vector<StepRecord> steps_;
-  std::vector<RunEvent> events_;
+  RunRecords kept_;
   int64_t dropped_ = 0;
+};
+
+// A RecordWriter on a thread of its own, so the thread that makes the records
+// (a training loop) never waits on the store: a write lock held past the busy
+// timeout, or a slow or full disk, holds up only this thread. Each Add wakes
+// it to write; while the store refuses, it tries again every retry_s.
+// Add and TakeChange may be called from any thread; Sync and Finish from the
+// owner. What is added after Finish is not written.
+class AsyncRecordWriter {
+ public:
+  // The store started refusing writes (failing, with why), or takes them again.
+  struct Change {
+    bool failing = false;
+    std::string error;
+    int64_t lost = 0;  // records dropped while it refused
+  };
+  AsyncRecordWriter(RunStore* store, int64_t run_id, size_t max_kept = 200000,
+                    double retry_s = 1.0);
+  ~AsyncRecordWriter();
+  AsyncRecordWriter(const AsyncRecordWriter&) = delete;
+  AsyncRecordWriter& operator=(const AsyncRecordWriter&) = delete;
+  void Add(RunRecords more);
+  // Returns once everything added before the call was written, or refused.
+  void Sync();
+  // The oldest change not yet taken, for the owner to tell the user.
+  std::optional<Change> TakeChange();
+  // Writes what is queued or kept (one more try if the store refuses) and
+  // stops the thread; the status of that last write. After it, kept_*()
+  // count what could not be written. Later calls return the same status.
+  Status Finish();
+  size_t kept_steps() const { return writer_.kept_steps(); }
+  size_t kept_events() const { return writer_.kept_events(); }
+
+ private:
+  void Loop();
+  void NoteLocked(const Status& s);
+
+  RecordWriter writer_;  // the thread's, and Finish's once it joined
+  double retry_s_;
+  std::mutex mu_;
+  std::condition_variable wake_, written_;
+  RunRecords queued_;              // by Add, under mu_
+  int64_t added_ = 0, tried_ = 0;  // Add calls, and how many of them a write has tried
+  std::vector<Change> changes_;
+  bool stop_ = false, done_ = false, failing_ = false;
+  int64_t dropped_said_ = 0;
+  Status last_status_;
+  std::thread thread_;
 };
 
 }  // namespace fullburn

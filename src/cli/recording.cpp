@@ -10,12 +10,6 @@
 namespace fullburn::cli {
 namespace {
 
-// What the job appended to its events file since the last look.
-struct NewEvents {
-  std::vector<StepRecord> steps;
-  std::vector<RunEvent> events;
-};
-
 // Records a store that refuses writes for a while (locked by another
 // process past its busy timeout, a full disk) would lose: they are kept and
 // written once it takes writes again, so a long job loses nothing to a
@@ -30,11 +24,11 @@ class StoreWrites {
 
   // Stores the snapshot (if any) and the job's new step events; returns the
   // events (for the live line).
-  NewEvents Tick(const Snapshot* s) {
+  RunRecords Tick(const Snapshot* s) {
     Status st = s ? samples_.Add(*s) : samples_.Flush();
-    NewEvents got;
+    RunRecords got;  // what the job appended to its events file since the last look
     if (rec_.events) rec_.events->Poll(rec_.info.start_time, &got.steps, &got.events);
-    records_.Add(got.steps, got.events);
+    records_.Add(got);
     if (st.ok()) st = records_.Flush();
     Note(st);
     return got;
@@ -108,7 +102,7 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
   LiveDiagnosis now(rec.info);
   bool drawn = live && live->active();
   sampler.Start([&](const Snapshot& s) {
-    NewEvents got = writes.Tick(&s);
+    RunRecords got = writes.Tick(&s);
     recent.Add(got.steps);
     if (!drawn) return;
     now.AddSteps(got.steps);

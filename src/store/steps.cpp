@@ -206,10 +206,9 @@ Result<RunData> RunStore::LoadRun(const std::string& ref) {
 
 namespace {
 
-// Appends `more` and drops the oldest past `max`; returns how many went.
+// Drops the oldest past `max`; returns how many went.
 template <typename T>
-int64_t AppendKeepingNewest(std::vector<T>* kept, const std::vector<T>& more, size_t max) {
-  kept->insert(kept->end(), more.begin(), more.end());
+int64_t DropOldest(std::vector<T>* kept, size_t max) {
   if (kept->size() <= max) return 0;
   size_t extra = kept->size() - max;
   kept->erase(kept->begin(), kept->begin() + static_cast<std::ptrdiff_t>(extra));
@@ -218,21 +217,47 @@ int64_t AppendKeepingNewest(std::vector<T>* kept, const std::vector<T>& more, si
 
 }  // namespace
 
-void RecordWriter::Add(const std::vector<StepRecord>& steps, const std::vector<RunEvent>& events) {
-  dropped_ += AppendKeepingNewest(&steps_, steps, max_kept_);
-  dropped_ += AppendKeepingNewest(&events_, events, max_kept_);
+void RunRecords::Append(RunRecords more) {
+  auto move_to = [](auto* to, auto* from) {
+    if (to->empty()) {
+      to->swap(*from);
+      return;
+    }
+    to->insert(to->end(), std::make_move_iterator(from->begin()),
+               std::make_move_iterator(from->end()));
+  };
+  move_to(&steps, &more.steps);
+  move_to(&events, &more.events);
+  move_to(&samples, &more.samples);
+  move_to(&checkpoints, &more.checkpoints);
+}
+
+void RecordWriter::Add(RunRecords more) {
+  kept_.Append(std::move(more));
+  dropped_ += DropOldest(&kept_.steps, max_kept_) + DropOldest(&kept_.events, max_kept_) +
+              DropOldest(&kept_.samples, max_kept_);
 }
 
 Status RecordWriter::Flush() {
-  if (!steps_.empty()) {
-    if (Status s = store_->AppendSteps(run_id_, steps_); !s.ok()) return s;
-    steps_.clear();
+  // One at a time, so a refusal keeps only those not yet written.
+  while (!kept_.checkpoints.empty()) {
+    if (Status s = store_->AddCheckpoint(run_id_, kept_.checkpoints.front()); !s.ok()) return s;
+    kept_.checkpoints.erase(kept_.checkpoints.begin());
   }
+  if (!kept_.steps.empty()) {
+    if (Status s = store_->AppendSteps(run_id_, kept_.steps); !s.ok()) return s;
+    kept_.steps.clear();
+  }
+  if (!kept_.samples.empty()) {
+    if (Status s = store_->AppendNamedSamples(run_id_, kept_.samples); !s.ok()) return s;
+    kept_.samples.clear();
+  }
+  std::vector<RunEvent>& events = kept_.events;
   size_t written = 0;
   Status s = Status::Ok();
-  while (written < events_.size() && (s = store_->AddEvent(run_id_, events_[written])).ok())
+  while (written < events.size() && (s = store_->AddEvent(run_id_, events[written])).ok())
     ++written;
-  events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(written));
+  events.erase(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(written));
   return s;
 }
 

@@ -297,18 +297,19 @@ Status Trainer::OpenCheckpoints() {
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("cannot create checkpoint.dir " + dir + ": " + ec.message());
   ckpt_dir_ = dir;
-  RunStore* store = store_.get();
-  int64_t run_id = run_.id;
+  AsyncRecordWriter* records = Records();
   double start = run_.start_time;
   ckpt_ = std::make_unique<CheckpointWriter>(
       dir, static_cast<int>(cfg_.Int("checkpoint.keep")), cfg_.Bool("checkpoint.async"),
-      [store, run_id, start](const CheckpointWriter::Written& w) {
+      [records, start](const CheckpointWriter::Written& w) {
         if (!w.status.ok()) {
           std::fprintf(stderr, "\nfullburn: %s\n", w.status.message().c_str());
           return;
         }
-        store->AddCheckpoint(run_id, {w.step, Env::Default()->UnixSeconds() - start, w.path,
-                                      w.bytes, w.stall_s, w.write_s});
+        RunRecords r;
+        r.checkpoints.push_back(
+            {w.step, Env::Default()->UnixSeconds() - start, w.path, w.bytes, w.stall_s, w.write_s});
+        records->Add(std::move(r));
       });
   // A resumed run writing into the same folder keeps the best one it inherited.
   if (best_step_ >= 0 && std::filesystem::path(best_checkpoint_).parent_path() == dir)
@@ -326,6 +327,13 @@ void Trainer::Finish(const std::string& status, int code) {
   if (sample_writer_) sample_writer_->Flush();
   if (forward_) SendForwarded(true);
   if (dp_ && rank_.rank == 0) ApplyForwarded(true);
+  if (records_) {
+    Status written = records_->Finish();
+    SayStoreChanges();
+    if (!written.ok())
+      std::fprintf(stderr, "fullburn: %zu step records and %zu events could not be stored: %s\n",
+                   records_->kept_steps(), records_->kept_events(), written.message().c_str());
+  }
   // Ranks sharing rank 0's store write their last steps themselves: wait for
   // every rank's, so the summary and diagnosis rank 0 prints next see them
   // all (before, a 2-rank run of 30 steps could print 54 of its 60 records).

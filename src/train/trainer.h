@@ -162,6 +162,12 @@ class Trainer {
   TrainerOptions opt_;
   Config cfg_;
   std::unique_ptr<RunStore> store_;
+  // Every record of the run goes through it, written on its own thread: the
+  // training loop never waits on the store. Before ckpt_, whose thread adds
+  // to it, so it outlives that thread.
+  std::unique_ptr<AsyncRecordWriter> records_;
+  AsyncRecordWriter* Records();
+  void SayStoreChanges();
   std::optional<Resume> resume_;
   RunInfo run_;
   double mono_start_ = 0;
@@ -190,9 +196,6 @@ class Trainer {
   int graph_warmups_ = 0;
   bool graph_captured_ = false;
   std::vector<StepRecord> pending_steps_;
-  std::unique_ptr<RecordWriter> step_writer_;  // keeps what the store refuses
-  bool store_failing_ = false;
-  int64_t steps_dropped_said_ = 0;
   // $FULLBURN_EVENTS of an enclosing `fullburn run`: the same step events a
   // Python job's markers write, so the outer run gets them too.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_out_{nullptr, &std::fclose};

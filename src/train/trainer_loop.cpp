@@ -179,23 +179,10 @@ void Trainer::FlushSteps(bool force) {
       std::fputs(StepEventLine(r, run_.start_time).c_str(), events_out_.get());
     std::fflush(events_out_.get());
   }
-  // Steps the store refused (locked past its busy timeout, a full disk) are
-  // kept, up to a bound, and written with the next ones.
-  if (!step_writer_) step_writer_ = std::make_unique<RecordWriter>(store_.get(), run_.id);
-  step_writer_->Add(pending_steps_);
-  pending_steps_.clear();
-  Status s = step_writer_->Flush();
-  if (s.ok() == !store_failing_) return;
-  store_failing_ = !s.ok();
-  if (s.ok())
-    std::fprintf(stderr, "\nfullburn: the run store takes step records again (%lld lost)\n",
-                 static_cast<long long>(step_writer_->dropped() - steps_dropped_said_));
-  else
-    std::fprintf(stderr,
-                 "\nfullburn: %s; training goes on, and its step records are kept to be written "
-                 "once the store takes writes again\n",
-                 s.message().c_str());
-  steps_dropped_said_ = step_writer_->dropped();
+  RunRecords steps;
+  steps.steps.swap(pending_steps_);
+  Records()->Add(std::move(steps));
+  SayStoreChanges();
 }
 
 void Trainer::Progress(const StepRecord& r, bool force) {

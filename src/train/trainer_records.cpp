@@ -34,10 +34,35 @@ void Trainer::RecordEvent(const RunEvent& event) {
     std::lock_guard<std::mutex> lock(latest_mu_);
     live_events_.push_back(event);
   }
-  if (forward_)
+  if (forward_) {
     forward_events_.push_back(event);
-  else
-    store_->AddEvent(run_.id, event);
+    return;
+  }
+  RunRecords r;
+  r.events.push_back(event);
+  Records()->Add(std::move(r));
+}
+
+AsyncRecordWriter* Trainer::Records() {
+  if (!records_) records_ = std::make_unique<AsyncRecordWriter>(store_.get(), run_.id);
+  return records_.get();
+}
+
+// On the training thread, so the line does not cut into the progress line
+// half drawn. A store that refuses writes (locked past its busy timeout, a
+// full disk) keeps the records to write them later: training goes on.
+void Trainer::SayStoreChanges() {
+  if (!records_) return;
+  while (std::optional<AsyncRecordWriter::Change> c = records_->TakeChange()) {
+    if (c->failing)
+      std::fprintf(stderr,
+                   "\nfullburn: %s; training goes on, and its step records are kept to be written "
+                   "once the store takes writes again\n",
+                   c->error.c_str());
+    else
+      std::fprintf(stderr, "\nfullburn: the run store takes step records again (%lld lost)\n",
+                   static_cast<long long>(c->lost));
+  }
 }
 
 void Trainer::SendForwarded(bool last) {
@@ -68,28 +93,23 @@ void Trainer::SendForwarded(bool last) {
 void Trainer::ApplyForwarded(bool last) {
   if (senders_.empty()) return;
   if (last) dp_->WaitForSenders(senders_, 10.0);
-  std::vector<StepRecord> steps;
-  std::vector<NamedSample> samples;
+  RunRecords got;
   for (const std::string& text : dp_->Receive(senders_)) {
     nlohmann::json payload = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (payload.is_discarded()) continue;
     for (const auto& line : payload.value("steps", nlohmann::json::array())) {
       auto m = ParseEventLine(line.get<std::string>(), run_.start_time);
-      if (m.ok() && m->is_step) steps.push_back(m->step);
+      if (m.ok() && m->is_step) got.steps.push_back(m->step);
     }
     for (const auto& line : payload.value("events", nlohmann::json::array())) {
       auto m = ParseEventLine(line.get<std::string>(), run_.start_time);
-      if (m.ok() && !m->is_step) store_->AddEvent(run_.id, m->event);
+      if (m.ok() && !m->is_step) got.events.push_back(m->event);
     }
     for (const auto& s : payload.value("samples", nlohmann::json::array()))
       if (s.is_array() && s.size() == 3)
-        samples.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>()});
+        got.samples.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>()});
   }
-  if (Status s = store_->AppendSteps(run_.id, steps); !s.ok())
-    std::fprintf(stderr, "\nfullburn: %s; other ranks' step records are lost\n",
-                 s.message().c_str());
-  if (Status s = store_->AppendNamedSamples(run_.id, samples); !s.ok())
-    std::fprintf(stderr, "\nfullburn: %s; other ranks' samples are lost\n", s.message().c_str());
+  Records()->Add(std::move(got));
 }
 
 }  // namespace fullburn

@@ -123,6 +123,7 @@ void Trainer::Checkpoint(bool final_one) {
 // the user needs to know which checkpoint still holds the work.
 void Trainer::FinalCheckpointLost() {
   exit_code = kExitFailed;
+  if (records_) records_->Sync();  // the checkpoints written so far are in the store
   auto cks = store_->LoadCheckpoints(run_.id);
   std::string newest = cks.ok() && !cks->empty()
                            ? fmt::format(
