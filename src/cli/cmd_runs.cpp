@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -21,7 +22,35 @@ struct RunsOptions {
   bool json = false;
   std::string format = "csv";
   std::string table = "samples";
+  // runs list: which runs
+  int last = -1;  // top-level runs, newest; -1: all in JSON, kListDefault in the table
+  bool all = false;
+  std::string status, name;
 };
+
+constexpr int kListDefault = 20;
+
+// The statuses a run can have (RunInfo), and "failed": a non-zero exit or
+// a command that could not start.
+const std::vector<std::string> kListStatuses = {"running",  "finished",        "interrupted",
+                                                "detached", "failed_to_start", "failed"};
+
+bool Contains(std::string text, std::string part) {
+  auto lower = [](std::string* t) {
+    for (char& c : *t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  };
+  lower(&text);
+  lower(&part);
+  return text.find(part) != std::string::npos;
+}
+
+bool Matches(const RunInfo& r, const RunsOptions& o) {
+  if (!o.name.empty() && !Contains(r.name, o.name)) return false;
+  if (o.status.empty()) return true;
+  if (o.status == "failed")
+    return r.status == "failed_to_start" || (r.exit_code && *r.exit_code != 0);
+  return r.status == o.status;
+}
 
 // Runs in id order, each followed by the runs recorded as its parts (a
 // tuning's trials), indented one level per generation.
@@ -57,20 +86,61 @@ std::string OneLine(const std::string& text) {
   return out;
 }
 
+// The runs that match, with the parts of each (a tuning's trials), in id
+// order; of those, the newest `last` top-level runs with their parts.
+// `older` counts the top-level runs left out by `last`.
+std::vector<RunInfo> Selected(const std::vector<RunInfo>& runs, const RunsOptions& o, int last,
+                              int* older) {
+  std::set<int64_t> picked;
+  for (const RunInfo& r : runs)
+    if (Matches(r, o)) picked.insert(r.id);
+  for (bool grew = true; grew;) {  // parts of picked runs, down the generations
+    grew = false;
+    for (const RunInfo& r : runs)
+      if (r.parent_id && picked.count(*r.parent_id) && picked.insert(r.id).second) grew = true;
+  }
+  std::vector<RunInfo> out;
+  for (const RunInfo& r : runs)
+    if (picked.count(r.id)) out.push_back(r);
+  std::vector<std::pair<const RunInfo*, int>> grouped = Grouped(out);
+  std::vector<size_t> tops;  // where each top-level group starts
+  for (size_t i = 0; i < grouped.size(); ++i)
+    if (grouped[i].second == 0) tops.push_back(i);
+  *older = 0;
+  if (last < 0 || tops.size() <= static_cast<size_t>(last)) return out;
+  *older = static_cast<int>(tops.size()) - last;
+  std::set<int64_t> kept;
+  for (size_t i = tops[static_cast<size_t>(*older)]; i < grouped.size(); ++i)
+    kept.insert(grouped[i].first->id);
+  std::vector<RunInfo> newest;
+  for (const RunInfo& r : out)
+    if (kept.count(r.id)) newest.push_back(r);
+  return newest;
+}
+
 int List(const RunsOptions& o) {
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
-  auto runs = (*store)->ListRuns();
-  if (!runs.ok()) return Fail(runs.status().message());
+  auto stored = (*store)->ListRuns();
+  if (!stored.ok()) return Fail(stored.status().message());
+  // A script gets every run unless it asks; a terminal the newest few.
+  int last = o.all ? -1 : o.last >= 0 ? o.last : o.json ? -1 : kListDefault;
+  int older = 0;
+  std::vector<RunInfo> selected = Selected(*stored, o, last, &older);
+  const std::vector<RunInfo>* runs = &selected;
   if (o.json) {
     nlohmann::json j = nlohmann::json::array();
     for (const RunInfo& r : *runs) j.push_back(RunJson(r));
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  if (runs->empty()) {
+  if (stored->empty()) {
     std::printf("no runs in %s yet: record one with 'fullburn run -- CMD'\n",
                 (*store)->path().c_str());
+    return 0;
+  }
+  if (runs->empty()) {
+    std::printf("none of the %zu runs in %s matches\n", stored->size(), (*store)->path().c_str());
     return 0;
   }
   std::printf("%-5s %-20s %-12s %-5s %-19s %10s %8s  %s\n", "id", "name", "status", "exit",
@@ -85,6 +155,8 @@ int List(const RunsOptions& o) {
                 FormatLocalTime(r.start_time).c_str(), dur.c_str(),
                 static_cast<long long>(r.sample_count), OneLine(JoinedCommand(r.command)).c_str());
   }
+  if (older > 0)
+    std::printf("(%d older run%s not shown: --last N or --all)\n", older, older == 1 ? "" : "s");
   return 0;
 }
 
@@ -186,7 +258,17 @@ void SetupRuns(CLI::App& app) {
   runs->require_subcommand(1);
   auto o = std::make_shared<RunsOptions>();
   CLI::App* list = runs->add_subcommand("list", "List the stored runs");
-  list->add_flag("--json", o->json, "JSON array of runs");
+  list->add_flag("--json", o->json, "JSON array of runs (all that match, unless --last)");
+  list->add_option("-n,--last", o->last,
+                   "Only the newest N runs, each with its parts (a tuning's trials); the table "
+                   "shows the newest " +
+                       std::to_string(kListDefault) + " unless told")
+      ->check(CLI::NonNegativeNumber);
+  list->add_flag("--all", o->all, "Every run that matches");
+  list->add_option("--status", o->status,
+                   "Only runs with this status; failed: a non-zero exit or failed to start")
+      ->check(CLI::IsMember(kListStatuses));
+  list->add_option("--name", o->name, "Only runs whose name contains this (any case)");
   AddStoreOption(list, &o->common);
   list->callback([o] { ExitCode() = List(*o); });
 

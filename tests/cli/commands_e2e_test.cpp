@@ -170,6 +170,60 @@ TEST_F(CommandsE2E, RunsListShowExportRemove) {
   EXPECT_EQ(runs[0]["name"], "second");
 }
 
+// A store with many runs: the table shows the newest 20 and says how many
+// it left out; --last, --all, --status and --name pick, and a tuning's
+// trials come with it.
+TEST_F(CommandsE2E, RunsListPicksTheNewestAndFilters) {
+  {
+    auto store = RunStore::Open(store_);
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    auto add = [&](const std::string& name, std::optional<int64_t> parent, int exit_code) {
+      RunInfo r;
+      r.name = name;
+      r.command = {"true"};
+      r.start_time = 1000;
+      r.parent_id = parent;
+      int64_t id = (*store)->BeginRun(r).value();
+      EXPECT_TRUE((*store)->FinishRun(id, 1001, exit_code, "finished").ok());
+      return id;
+    };
+    for (int i = 1; i <= 25; ++i) add("job-" + std::to_string(i), std::nullopt, i == 7 ? 1 : 0);
+    int64_t tuning = add("ResNet tuning", std::nullopt, 0);
+    add("trial batch=64", tuning, 0);
+    add("trial batch=128", tuning, 3);
+  }
+  auto names = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"runs", "list", "--json", "--store", store_});
+    auto o = Fb(args);
+    EXPECT_EQ(o.code, 0) << o.err;
+    std::string out;
+    for (const json& r : json::parse(o.out)) out += r["name"].get<std::string>() + ",";
+    return out;
+  };
+  // A script gets every run unless it asks for fewer.
+  EXPECT_EQ(json::parse(Fb({"runs", "list", "--json", "--store", store_}).out).size(), 28u);
+  EXPECT_EQ(names({"--last", "2"}), "job-25,ResNet tuning,trial batch=64,trial batch=128,");
+  EXPECT_EQ(names({"--status", "failed"}), "job-7,trial batch=128,");
+  EXPECT_EQ(names({"--name", "resnet"}), "ResNet tuning,trial batch=64,trial batch=128,");
+  EXPECT_EQ(names({"--name", "job-1", "--last", "3"}), "job-17,job-18,job-19,");
+
+  auto table = Fb({"runs", "list", "--store", store_});
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_EQ(table.out.find(" job-6 "), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find(" job-7 "), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("(6 older runs not shown: --last N or --all)"), std::string::npos)
+      << table.out;
+  EXPECT_EQ(Lines(table.out), 1 + 20 + 2 + 1);  // header, 20 runs, 2 trials, the note
+  auto all = Fb({"runs", "list", "--all", "--store", store_});
+  EXPECT_EQ(Lines(all.out), 1 + 28);
+  auto none = Fb({"runs", "list", "--status", "running", "--store", store_});
+  EXPECT_EQ(none.code, 0);
+  EXPECT_NE(none.out.find("none of the 28 runs"), std::string::npos) << none.out;
+  auto bad = Fb({"runs", "list", "--status", "crashed", "--store", store_});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("failed"), std::string::npos) << bad.err;  // names the choices
+}
+
 // Housekeeping: runs picked by id, by age or beyond the newest N; a tuning
 // goes with its trials, a run being recorded is never deleted, checkpoint
 // files go only when asked (never one a kept run resumed from), and
