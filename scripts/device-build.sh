@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds fullburn against the libtorch of this machine's Python PyTorch
+# (a CUDA one on the GPU machine) and the packages scripts/device-kit.sh put
+# in .kit/, for a machine without Debian's packages. Prints where the
+# binaries are. DEVELOPERS.md, "On a GPU machine", says what to run next.
+#   PYTHON       the Python whose torch to build against (python3)
+#   TORCH_CMAKE  or that libtorch's CMake folder, given
+#   BUILD        the build folder (build-gpu)
+# Debian builds cpp-httplib as a library with OpenSSL, zlib and Brotli
+# (its pkg-config Cflags): the same definitions here, or its classes differ.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kit="$PWD/.kit"
+[[ -d $kit/root ]] || { echo "device-build: no .kit: run scripts/device-kit.sh on Debian, then carry .kit" >&2; exit 2; }
+python=${PYTHON:-python3}
+build=${BUILD:-build-gpu}
+torch_cmake=${TORCH_CMAKE:-$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')}
+torch_include=$(dirname "$(dirname "$(dirname "$torch_cmake")")")/include
+lib="$kit/root/usr/lib/x86_64-linux-gnu"
+flags=""
+# c10d's Gloo headers include gloo's: libtorch's own where it ships them.
+[[ -f $torch_include/gloo/config.h || -f /usr/include/gloo/config.h ]] || flags="-isystem $kit/gloo"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cuda=()
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  cuda=(-DCUDAToolkit_ROOT=/usr/local/cuda -DCUDA_TOOLKIT_ROOT_DIR=/usr/local/cuda
+        -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc
+        -DTORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}")
+fi
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_WITH_TORCH=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON \
+  -DCMAKE_PREFIX_PATH="$kit/root/usr;$torch_cmake" -DCMAKE_CXX_FLAGS="$flags" \
+  -DSQLite3_INCLUDE_DIR="$kit/root/usr/include" -DSQLite3_LIBRARY="$lib/libsqlite3.so" \
+  -DJPEG_INCLUDE_DIR="$kit/root/usr/include" -DJPEG_LIBRARY="$lib/libjpeg.so" \
+  -DPNG_PNG_INCLUDE_DIR="$kit/root/usr/include" -DPNG_LIBRARY="$lib/libpng16.so" \
+  -DZLIB_INCLUDE_DIR="$kit/root/usr/include" -DZLIB_LIBRARY="$lib/libz.so" \
+  -Dfmt_DIR="$lib/cmake/fmt" -DGTest_DIR="$lib/cmake/GTest" \
+  -DCLI11_DIR="$kit/root/usr/share/cmake/CLI11" \
+  -Dnlohmann_json_DIR="$kit/root/usr/share/cmake/nlohmann_json" \
+  -DHTTPLIB_INCLUDE_DIR="$kit/root/usr/include" -DTOMLPP_INCLUDE_DIR="$kit/root/usr/include" \
+  -DHTTPLIB_LIBRARY="$lib/libcpp-httplib.so" \
+  -DHTTPLIB_DEFINITIONS="CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT" \
+  "${cuda[@]}"
+cmake --build "$build" -j "$(nproc)"
+echo "device-build: $build/src/fullburn and $build/src/fullburn-train, against $torch_cmake"
+echo "device-build: run them with LD_LIBRARY_PATH=$lib (cpp-httplib's OpenSSL and Brotli)"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Packs what a build needs besides libtorch into .kit/, for a machine that
+# has no Debian packages and no network (the GPU machine: docs in
+# DEVELOPERS.md, "On a GPU machine"). Run here, on Debian bookworm; carry
+# .kit with the working tree and build there with scripts/device-build.sh.
+#   .kit/root   the packages' files (headers, libraries, CMake configs)
+#   .kit/gloo   libgloo-dev's headers, used only where libtorch ships none
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kit="$PWD/.kit"
+packages=(
+  libsqlite3-dev libsqlite3-0 libcli11-dev nlohmann-json3-dev libfmt-dev libfmt9
+  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 libbrotli-dev libbrotli1
+  libtomlplusplus-dev                           # header-only there (no pkg-config)
+  libjpeg62-turbo-dev libjpeg62-turbo libpng-dev libpng16-16 zlib1g-dev zlib1g
+  libgtest-dev libgmock-dev libgloo-dev
+)
+rm -rf "$kit"
+mkdir -p "$kit/debs" "$kit/root" "$kit/gloo"
+(cd "$kit/debs" && apt-get download -qq -o APT::Sandbox::User=root "${packages[@]}")
+for deb in "$kit"/debs/*.deb; do dpkg -x "$deb" "$kit/root"; done
+rm -rf "$kit/debs" "$kit"/root/usr/share/{doc,man,lintian,bug} "$kit"/root/usr/src
+mv "$kit/root/usr/include/gloo" "$kit/gloo/gloo"
+# Not carried: gloo's library is libtorch's own, toml++ is used header-only,
+# static libraries and pkg-config files (no pkg-config there).
+rm -rf "$kit"/root/usr/lib/libgloo* "$kit"/root/usr/lib/x86_64-linux-gnu/{libgloo*,libtomlplusplus*,pkgconfig,engines-3,ossl-modules}
+find "$kit/root" -name '*.a' ! -name 'libg*' -delete
+# zlib's library is under /lib, and its -dev link points there by an absolute
+# path: point every absolute link into the kit.
+while IFS= read -r link; do
+  target=$(readlink "$link")
+  [[ $target == /* ]] || continue
+  ln -sfn "$(realpath --relative-to="$(dirname "$link")" -m "$kit/root$target")" "$link"
+done < <(find "$kit/root" -type l)
+if [[ -d "$kit/root/lib" ]]; then
+  cp -a "$kit"/root/lib/x86_64-linux-gnu/. "$kit/root/usr/lib/x86_64-linux-gnu/"
+  rm -rf "$kit/root/lib"
+  for link in "$kit"/root/usr/lib/x86_64-linux-gnu/libz.so; do
+    [[ -e $link ]] || ln -sfn "$(basename "$(ls "$kit"/root/usr/lib/x86_64-linux-gnu/libz.so.1.*)")" "$link"
+  done
+fi
+broken=$(find "$kit" -xtype l)
+if [[ -n $broken ]]; then
+  echo "device-kit: broken links: $broken" >&2
+  exit 1
+fi
+echo "device-kit: $(du -sh "$kit" | cut -f1) in $kit (carry it: .kit)"
