@@ -25,20 +25,18 @@ mv "$kit/root/usr/include/gloo" "$kit/gloo/gloo"
 # static libraries and pkg-config files (no pkg-config there).
 rm -rf "$kit"/root/usr/lib/libgloo* "$kit"/root/usr/lib/x86_64-linux-gnu/{libgloo*,libtomlplusplus*,pkgconfig,engines-3,ossl-modules}
 find "$kit/root" -name '*.a' ! -name 'libg*' -delete
-# zlib's library is under /lib, and its -dev link points there by an absolute
-# path: point every absolute link into the kit.
+# zlib's library is under /lib (bookworm is not usr-merged): moved under
+# usr/lib, and every absolute link (zlib's -dev one points to /lib) is
+# pointed at the same file inside the kit.
+if [[ -d "$kit/root/lib" ]]; then
+  cp -a "$kit/root/lib/." "$kit/root/usr/lib/"
+  rm -rf "$kit/root/lib"
+fi
 while IFS= read -r link; do
   target=$(readlink "$link")
   [[ $target == /* ]] || continue
-  ln -sfn "$(realpath --relative-to="$(dirname "$link")" -m "$kit/root$target")" "$link"
+  ln -sfn "$(realpath --relative-to="$(dirname "$link")" -m "$kit/root/usr${target#/usr}")" "$link"
 done < <(find "$kit/root" -type l)
-if [[ -d "$kit/root/lib" ]]; then
-  cp -a "$kit"/root/lib/x86_64-linux-gnu/. "$kit/root/usr/lib/x86_64-linux-gnu/"
-  rm -rf "$kit/root/lib"
-  for link in "$kit"/root/usr/lib/x86_64-linux-gnu/libz.so; do
-    [[ -e $link ]] || ln -sfn "$(basename "$(ls "$kit"/root/usr/lib/x86_64-linux-gnu/libz.so.1.*)")" "$link"
-  done
-fi
 broken=$(find "$kit" -xtype l)
 if [[ -n $broken ]]; then
   echo "device-kit: broken links: $broken" >&2

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "fullburn/store.h"
@@ -66,6 +67,8 @@ void SetupAttach(CLI::App& app);
 void SetupWatch(CLI::App& app);
 void SetupRuns(CLI::App& app);
 void SetupRunsRemove(CLI::App* runs);  // fullburn runs rm
+// The chosen runs with their parts (a tuning's trials), and the parts' parts.
+std::set<int64_t> WithParts(std::set<int64_t> chosen, const std::vector<RunInfo>& runs);
 void SetupServe(CLI::App& app);
 void SetupReport(CLI::App& app);  // diagnose, report, compare
 void SetupLaunch(CLI::App& app);

@@ -91,14 +91,10 @@ std::string OneLine(const std::string& text) {
 // `older` counts the top-level runs left out by `last`.
 std::vector<RunInfo> Selected(const std::vector<RunInfo>& runs, const RunsOptions& o, int last,
                               int* older) {
-  std::set<int64_t> picked;
+  std::set<int64_t> matched;
   for (const RunInfo& r : runs)
-    if (Matches(r, o)) picked.insert(r.id);
-  for (bool grew = true; grew;) {  // parts of picked runs, down the generations
-    grew = false;
-    for (const RunInfo& r : runs)
-      if (r.parent_id && picked.count(*r.parent_id) && picked.insert(r.id).second) grew = true;
-  }
+    if (Matches(r, o)) matched.insert(r.id);
+  std::set<int64_t> picked = WithParts(matched, runs);
   std::vector<RunInfo> out;
   for (const RunInfo& r : runs)
     if (picked.count(r.id)) out.push_back(r);
@@ -126,11 +122,10 @@ int List(const RunsOptions& o) {
   // A script gets every run unless it asks; a terminal the newest few.
   int last = o.all ? -1 : o.last >= 0 ? o.last : o.json ? -1 : kListDefault;
   int older = 0;
-  std::vector<RunInfo> selected = Selected(*stored, o, last, &older);
-  const std::vector<RunInfo>* runs = &selected;
+  std::vector<RunInfo> runs = Selected(*stored, o, last, &older);
   if (o.json) {
     nlohmann::json j = nlohmann::json::array();
-    for (const RunInfo& r : *runs) j.push_back(RunJson(r));
+    for (const RunInfo& r : runs) j.push_back(RunJson(r));
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -139,13 +134,13 @@ int List(const RunsOptions& o) {
                 (*store)->path().c_str());
     return 0;
   }
-  if (runs->empty()) {
+  if (runs.empty()) {
     std::printf("none of the %zu runs in %s matches\n", stored->size(), (*store)->path().c_str());
     return 0;
   }
   std::printf("%-5s %-20s %-12s %-5s %-19s %10s %8s  %s\n", "id", "name", "status", "exit",
               "started", "duration", "samples", "command");
-  for (const auto& [run, depth] : Grouped(*runs)) {
+  for (const auto& [run, depth] : Grouped(runs)) {
     const RunInfo& r = *run;
     std::string dur = r.end_time ? FormatDuration(*r.end_time - r.start_time) : "-";
     std::string code = r.exit_code ? std::to_string(*r.exit_code) : "-";
@@ -252,6 +247,15 @@ CLI::App* AddRunArg(CLI::App* sub, RunsOptions* o) {
 }
 
 }  // namespace
+
+std::set<int64_t> WithParts(std::set<int64_t> chosen, const std::vector<RunInfo>& runs) {
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const RunInfo& r : runs)
+      if (r.parent_id && chosen.count(*r.parent_id) && chosen.insert(r.id).second) grew = true;
+  }
+  return chosen;
+}
 
 void SetupRuns(CLI::App& app) {
   CLI::App* runs = app.add_subcommand("runs", "List, show, export and delete stored runs");

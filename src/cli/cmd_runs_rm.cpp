@@ -87,16 +87,6 @@ Result<std::set<int64_t>> Filtered(const RemoveOptions& o, const std::vector<Run
   return out;
 }
 
-// The runs with their parts, and the parts' parts.
-std::set<int64_t> WithParts(std::set<int64_t> chosen, const std::vector<RunInfo>& runs) {
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (const RunInfo& r : runs)
-      if (r.parent_id && chosen.count(*r.parent_id) && chosen.insert(r.id).second) grew = true;
-  }
-  return chosen;
-}
-
 int64_t FileBytes(const std::string& path) {
   std::error_code missing;
   uintmax_t bytes = std::filesystem::file_size(path, missing);
