@@ -55,8 +55,8 @@ std::string CurrentDir();
 // gethostname(): the Hostname label, and the host a run was recorded on.
 std::string HostName();
 
-// The source tree's python/ (fullburn_markers.py, the automatic markers),
-// which fullburn runs from; "" if it is gone.
+// python/ (fullburn_markers.py, the automatic markers): an installed
+// fullburn's share/fullburn/python, else the source tree's; "" if neither.
 std::string PythonDir();
 
 // fullburn-train beside this executable (the libtorch half), or "" if not built.

@@ -4,7 +4,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "cli.h"
 
@@ -61,8 +63,18 @@ std::string TrainingExecutable() {
 }
 
 std::string PythonDir() {
-  const std::string dir = FULLBURN_SOURCE_PYTHON_DIR;
-  return ::access((dir + "/fullburn_markers.py").c_str(), R_OK) == 0 ? dir : "";
+  std::vector<std::string> candidates;
+  // An installed fullburn's, found from its own path, so a prefix can be
+  // moved; a binary in its build tree has none there and uses the source's.
+  if (std::string self = SelfExecutable(); !self.empty())
+    candidates.push_back(
+        std::filesystem::path(self.substr(0, self.rfind('/') + 1) + FULLBURN_INSTALLED_PYTHON_DIR)
+            .lexically_normal()
+            .string());
+  candidates.push_back(FULLBURN_SOURCE_PYTHON_DIR);
+  for (const std::string& dir : candidates)
+    if (::access((dir + "/fullburn_markers.py").c_str(), R_OK) == 0) return dir;
+  return "";
 }
 
 int& ExitCode() {
@@ -120,7 +132,9 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp" + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return Status::IoError("cannot write " + path + ": check the directory exists and is writable");
+    if (!out)
+      return Status::IoError("cannot write " + path +
+                             ": check the directory exists and is writable");
     out << text;
     if (!out.flush()) {
       ::unlink(tmp.c_str());

@@ -1,0 +1,38 @@
+# `cmake --install BUILD [--prefix P]`: the commands in P/bin, the Python
+# helpers `fullburn run` puts on a job's PYTHONPATH in P/share/fullburn/python
+# (the installed fullburn finds them from its own path), and the libraries,
+# headers and CMake package a program needs to train through the C++ API:
+#   find_package(fullburn REQUIRED)
+#   target_link_libraries(app PRIVATE fullburn::train)
+# (examples/cpp_api). Libraries are static; what they link comes from the
+# system, found again by fullburnConfig.cmake.
+include(CMakePackageConfigHelpers)
+
+set(FULLBURN_EXPORTED fullburn_common fullburn_telemetry fullburn_pipeline fullburn_store
+    fullburn_dist_env fullburn_diagnose fullburn_config fullburn_report)
+set(FULLBURN_PROGRAMS fullburn)
+if(FULLBURN_HAVE_TORCH)
+  list(APPEND FULLBURN_EXPORTED fullburn_models fullburn_dist fullburn_train)
+  list(APPEND FULLBURN_PROGRAMS fullburn-train)
+endif()
+foreach(lib ${FULLBURN_EXPORTED})
+  string(REPLACE "fullburn_" "" name ${lib})
+  set_target_properties(${lib} PROPERTIES EXPORT_NAME ${name})  # fullburn::train
+endforeach()
+
+install(TARGETS ${FULLBURN_PROGRAMS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS ${FULLBURN_EXPORTED} EXPORT fullburnTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(DIRECTORY include/fullburn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY python/ DESTINATION ${CMAKE_INSTALL_DATADIR}/fullburn/python
+        FILES_MATCHING PATTERN "*.py")
+
+set(FULLBURN_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/fullburn)
+install(EXPORT fullburnTargets NAMESPACE fullburn:: DESTINATION ${FULLBURN_CMAKE_DIR})
+configure_package_config_file(cmake/fullburnConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/fullburnConfig.cmake INSTALL_DESTINATION ${FULLBURN_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/fullburnConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/fullburnConfig.cmake
+              ${PROJECT_BINARY_DIR}/fullburnConfigVersion.cmake cmake/FullburnDeps.cmake
+        DESTINATION ${FULLBURN_CMAKE_DIR})
