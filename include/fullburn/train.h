@@ -11,6 +11,9 @@
 //   fix; checkpoints already written are never touched by a failure.
 // - Pieces usable from any libtorch loop: AutocastGuard, LossScaler,
 //   Optimizer, LrSchedule, the checkpoint reader/writer.
+// - The whole runtime for a program's own network and data: RunTraining
+//   with TrainerOptions::model and train_data (examples/cpp_api). An
+//   installed fullburn exports it as the CMake target fullburn::train.
 #pragma once
 
 #include <torch/torch.h>
@@ -255,6 +258,15 @@ std::vector<std::string> ListCheckpoints(const std::string& dir);
 
 // ---- The trainer ---------------------------------------------------------------------
 
+// Samples a program holds in memory (C++ API): `inputs` [N, ...] and
+// `targets` [N] of class indices, or [N, T] of one per position (a language
+// model's next tokens). Moved to the training device whole; each epoch reads
+// them in a new order (train.seed), every rank its share, as with the other
+// sources. The run's config says data.source = tensors.
+struct TensorData {
+  torch::Tensor inputs, targets;
+};
+
 struct TrainerOptions {
   std::string config_path;             // TOML file; empty: none
   std::vector<std::string> overrides;  // key=value
@@ -266,8 +278,14 @@ struct TrainerOptions {
   std::optional<int64_t> parent_run;  // the tuning this run is a trial of
   bool quiet = false;
   std::vector<std::string> command;  // argv, stored with the run
-  // A user's own network instead of model.name (C++ API only).
+  // C++ API only: a network of the program's own instead of model.name (the
+  // run's config then says model.name = custom, and model_name names it in
+  // the run's name), and data of its own instead of data.source (val_data:
+  // held out, for eval.*). A run trained so resumes from its program, which
+  // hands the same network and data over again with `resume`.
   std::shared_ptr<Model> model;
+  std::string model_name;
+  std::optional<TensorData> train_data, val_data;
 };
 
 // Runs `fullburn train` end to end: data, model, the loop, telemetry, the run

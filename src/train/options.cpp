@@ -10,8 +10,9 @@ const std::vector<OptionDef>& TrainOptions() {
       {"data.source", T::kString, "images",
        "What to train on: an image folder or pack (images), token shards (tokens), or random "
        "tensors in device memory with a learnable rule (synthetic: features for mlp, images of "
-       "data.image_size for resnet, sequences for lstm)",
-       "images|tokens|synthetic"},
+       "data.image_size for resnet, sequences for lstm); tensors: a program's own, handed over "
+       "through the C++ API (TrainerOptions::train_data)",
+       "images|tokens|synthetic|tensors"},
       {"data.path", T::kString, "",
        "Image folder, pack or token file; empty: the synthetic default, created under the store's "
        "directory on first use"},
@@ -39,12 +40,15 @@ const std::vector<OptionDef>& TrainOptions() {
       // model
       {"model.name", T::kString, "resnet18",
        "Architecture: resnet18, resnet50 (torchvision layout), mlp, lstm (classifier), gpt "
-       "(decoder-only transformer)",
-       "resnet18|resnet50|mlp|lstm|gpt"},
+       "(decoder-only transformer); custom: a program's own network, handed over through the C++ "
+       "API (TrainerOptions::model)",
+       "resnet18|resnet50|mlp|lstm|gpt|custom"},
       {"model.width", T::kFloat, "0.25",
        "ResNet width multiplier (1.0 = torchvision's; 0.25 keeps the CPU demo to minutes)", "",
        ">0"},
-      {"model.channels_last", T::kBool, "false", "ResNet: channels-last memory format"},
+      {"model.channels_last", T::kBool, "false",
+       "ResNet (or a custom network): channels-last memory format for its 4-D weights and image "
+       "inputs"},
       {"model.hidden", T::kInt, "512", "mlp/lstm hidden size; gpt model width", "", ">0"},
       {"model.layers", T::kInt, "2", "mlp hidden layers, lstm layers, gpt blocks", "", ">0"},
       {"model.heads", T::kInt, "4", "gpt attention heads (must divide model.hidden)", "", ">0"},

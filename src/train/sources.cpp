@@ -2,6 +2,8 @@
 #include "sources.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -110,7 +112,10 @@ class TensorSource : public BatchSource {
     return true;
   }
   int64_t num_classes() const override { return classes_; }
-  int64_t in_features() const override { return tokens_ || x_.dim() != 2 ? 0 : x_.size(1); }
+  int64_t in_features() const override {
+    return tokens_ || x_.size(0) == 0 ? 0 : x_.numel() / x_.size(0);
+  }
+  bool per_position_targets() const override { return y_.dim() > 1; }
 
  private:
   // Training: whole batches the same on every rank (a collective per step).
@@ -216,11 +221,90 @@ std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
                                         /*keep_last=*/!s.train);
 }
 
+// A program's own samples (C++ API; CheckTensorData passed), moved to the
+// device whole.
+Result<std::unique_ptr<BatchSource>> ProgramTensors(const Config& c, const SourceSpec& s) {
+  if (!s.tensors)
+    return Status::InvalidArgument(
+        "data.source = tensors takes the samples a program hands over through the C++ API "
+        "(TrainerOptions::train_data): choose images, tokens or synthetic");
+  torch::Tensor x = s.tensors->inputs.to(s.device);
+  torch::Tensor y = s.tensors->targets.to(s.device, torch::kLong);
+  if (s.channels_last && x.dim() == 4) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  // A language model's outputs are its vocabulary (as for token shards).
+  int64_t classes =
+      y.dim() > 1 && !x.is_floating_point() ? c.Int("data.vocab") : y.max().item<int64_t>() + 1;
+  auto src = std::make_unique<TensorSource>(x, y, s.batch_size, s.seed, classes,
+                                            /*tokens=*/!x.is_floating_point(), s.rank, s.world_size,
+                                            /*keep_last=*/!s.train);
+  if (src->batches_per_epoch() == 0)
+    return Status::InvalidArgument(
+        "the tensors handed over hold " + std::to_string(x.size(0)) +
+        " samples, fewer than one batch of " + std::to_string(s.batch_size) +
+        (s.world_size > 1 ? " on each of " + std::to_string(s.world_size) + " ranks" : "") +
+        ": lower train.batch_size or hand over more samples");
+  return std::unique_ptr<BatchSource>(std::move(src));
+}
+
 }  // namespace
+
+std::string CheckTensorData(const TensorData& d) {
+  if (!d.inputs.defined() || !d.targets.defined())
+    return "TensorData needs both inputs and targets";
+  if (d.inputs.dim() == 0 || d.targets.dim() == 0)
+    return "TensorData's inputs and targets need a first dimension of samples";
+  if (d.inputs.size(0) != d.targets.size(0))
+    return "TensorData holds " + std::to_string(d.inputs.size(0)) + " inputs but " +
+           std::to_string(d.targets.size(0)) +
+           " targets: give one target (or one per position) per sample";
+  if (d.inputs.size(0) == 0) return "TensorData holds no samples";
+  if (d.targets.is_floating_point() || d.targets.is_complex() ||
+      d.targets.scalar_type() == torch::kBool)
+    return std::string("TensorData's targets are ") + c10::toString(d.targets.scalar_type()) +
+           ": give class indices as integers (torch::kLong)";
+  if (int64_t low = d.targets.min().item<int64_t>(); low < 0)
+    return "TensorData's targets hold the class index " + std::to_string(low) +
+           ": class indices count from 0";
+  return "";
+}
+
+std::string CheckTensorsFitModel(const Config& c, const TensorData& d) {
+  const std::string& model = c.Str("model.name");
+  const torch::Tensor &x = d.inputs, &y = d.targets;
+  bool floats = x.is_floating_point(), tokens = model == "lstm" || model == "gpt";
+  std::string wants;
+  if (model.rfind("resnet", 0) == 0 && !(floats && x.dim() == 4 && x.size(1) == 3))
+    wants = "float images [N, 3, H, W]";
+  else if (model == "mlp" && !floats)
+    wants = "float features [N, ...]";
+  else if (model == "lstm" && (floats || x.dim() != 2 || y.dim() != 1))
+    wants = "token sequences [N, T] (integers) with one class per sequence [N]";
+  else if (model == "gpt" && (floats || x.dim() != 2 || !y.sizes().equals(x.sizes())))
+    wants = "token sequences [N, T] (integers) with the next token of each position [N, T]";
+  if (!wants.empty())
+    return fmt::format(
+        "model.name = {} takes {}; the tensors handed over are inputs {} {} and targets {}: hand "
+        "over data of that shape, or the program's own network (TrainerOptions::model)",
+        model, wants, c10::toString(x.scalar_type()), fmt::join(x.sizes(), "x"),
+        fmt::join(y.sizes(), "x"));
+  if (!tokens) return "";
+  int64_t vocab = c.Int("data.vocab"), top = x.max().item<int64_t>();
+  if (model == "gpt") top = std::max(top, y.max().item<int64_t>());
+  if (top >= vocab)
+    return fmt::format("the tensors hold token {}, beyond data.vocab = {}: set data.vocab = {}",
+                       top, vocab, top + 1);
+  if (model == "gpt" && x.size(1) > c.Int("data.seq_len"))
+    return fmt::format(
+        "the tensors hold sequences of {} tokens, longer than data.seq_len = {} (the model's "
+        "positions): set data.seq_len = {}",
+        x.size(1), c.Int("data.seq_len"), x.size(1));
+  return "";
+}
 
 Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpec& s) {
   const std::string& kind = c.Str("data.source");
   if (kind == "synthetic") return Synthetic(c, s);
+  if (kind == "tensors") return ProgramTensors(c, s);
   if (kind == "tokens") {
     auto shards = TokenShards::Open({s.path}, static_cast<int>(c.Int("data.seq_len")));
     if (!shards.ok()) return shards.status();

@@ -1,6 +1,6 @@
 // Where the trainer's batches come from: an image folder or pack (through
-// TorchLoader), token shards, or in-memory synthetic tensors. Internal to
-// the train component.
+// TorchLoader), token shards, in-memory synthetic tensors, or a program's
+// own tensors (C++ API). Internal to the train component.
 #pragma once
 
 #include <optional>
@@ -8,6 +8,7 @@
 #include "fullburn/config.h"
 #include "fullburn/pipeline.h"
 #include "fullburn/torch_loader.h"
+#include "fullburn/train.h"
 
 namespace fullburn {
 
@@ -44,8 +45,16 @@ struct SourceSpec {
   torch::Device device = torch::kCPU;
   bool channels_last = false;
   int rank = 0, world_size = 1;
-  int loader_cpu_budget = 0;  // most loader threads (LoaderOptions::cpu_budget)
+  int loader_cpu_budget = 0;            // most loader threads (LoaderOptions::cpu_budget)
+  const TensorData* tensors = nullptr;  // data.source = tensors: the program's, not owned
 };
+
+// Why `data` cannot be trained on ("" when it can): empty, inputs and targets
+// of different lengths, targets that are not class indices.
+std::string CheckTensorData(const TensorData& data);
+// Why the built-in model.name cannot take `data` ("" when it can): the kind
+// of input it reads, and for token models data.vocab and data.seq_len.
+std::string CheckTensorsFitModel(const Config& config, const TensorData& data);
 
 Result<std::unique_ptr<BatchSource>> OpenSource(const Config& config, const SourceSpec& spec);
 

@@ -85,7 +85,16 @@ Status Trainer::OpenStoreAndResume() {
     }
     cfg_ = *cfg;
   }
+  // What a program hands over through the C++ API takes the place of the
+  // built-in models and sources, and the run's config says so.
+  if (opt_.model) (void)cfg_.Set("model.name", "custom", "C++ API (TrainerOptions::model)");
+  if (opt_.train_data)
+    (void)cfg_.Set("data.source", "tensors", "C++ API (TrainerOptions::train_data)");
   return Status::Ok();
+}
+
+std::string Trainer::ModelLabel() const {
+  return opt_.model && !opt_.model_name.empty() ? opt_.model_name : cfg_.Str("model.name");
 }
 
 Status Trainer::ConnectRanks() {
@@ -179,8 +188,7 @@ Status Trainer::BeginRun() {
     StartSampler();
     return OpenCheckpoints();
   }
-  run_.name =
-      opt_.name.empty() ? cfg_.Str("model.name") + " on " + cfg_.Str("data.source") : opt_.name;
+  run_.name = opt_.name.empty() ? ModelLabel() + " on " + cfg_.Str("data.source") : opt_.name;
   run_.command =
       opt_.command.empty() ? std::vector<std::string>{"fullburn", "train"} : opt_.command;
   run_.cwd = std::filesystem::current_path().string();
@@ -390,7 +398,7 @@ Status Trainer::Run() {
     std::fprintf(
         stderr,
         "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
-        static_cast<long long>(run_.id), cfg_.Str("model.name").c_str(),
+        static_cast<long long>(run_.id), ModelLabel().c_str(),
         static_cast<long long>(ParameterCount(*ctx_.model)), static_cast<long long>(batch_),
         static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
         ctx_.device.str().c_str(), cfg_.Str("train.precision").c_str());

@@ -155,6 +155,12 @@ class Trainer {
   // Into the run: rank 0's store, or sent to rank 0 by a forwarding rank.
   void RecordEvent(const RunEvent& event);
   std::string DatasetsDir() const;
+  // The model's name in the run's name: a program's own network by the name
+  // it gave (TrainerOptions::model_name), else model.name.
+  std::string ModelLabel() const;
+  // model.name = custom and data.source = tensors need what a program hands
+  // over; a built-in model needs tensors of the kind it takes.
+  Status CheckProgramParts() const;
   std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);
   CheckpointState Snapshot();

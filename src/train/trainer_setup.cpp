@@ -108,15 +108,25 @@ Status Trainer::SetupDevice() {
 Status Trainer::SetupData() {
   const std::string& model = cfg_.Str("model.name");
   const std::string& source = cfg_.Str("data.source");
-  bool ok = (model == "gpt") == (source == "tokens") && !(model == "lstm" && source != "synthetic");
+  if (Status s = CheckProgramParts(); !s.ok()) {
+    exit_code = kExitUsage;
+    return s;
+  }
+  // A program's own network takes whatever it was given; a program's own
+  // tensors were checked against the built-in model above.
+  bool ok =
+      model == "custom" || source == "tensors" ||
+      ((model == "gpt") == (source == "tokens") && !(model == "lstm" && source != "synthetic"));
   if (!ok) {
     exit_code = kExitUsage;
     return Status::InvalidArgument(
         "model.name = " + model + " does not train on data.source = " + source +
         ": resnet* and mlp take images or synthetic, lstm takes synthetic, gpt takes tokens");
   }
-  ctx_.per_position = source == "tokens";
-  ctx_.channels_last = cfg_.Bool("model.channels_last") && model.rfind("resnet", 0) == 0;
+  ctx_.per_position =
+      source == "tokens" || (source == "tensors" && opt_.train_data->targets.dim() > 1);
+  ctx_.channels_last =
+      cfg_.Bool("model.channels_last") && (model.rfind("resnet", 0) == 0 || model == "custom");
 
   spec_.path = cfg_.Str("data.path");
   std::string data_dir = DatasetsDir();
@@ -130,7 +140,8 @@ Status Trainer::SetupData() {
     spec_.path = *p;
   }
   // A held-out folder named by hand is checked now, not after the training.
-  if (std::string val = cfg_.Str("data.val_path"); !val.empty() && source != "synthetic") {
+  if (std::string val = cfg_.Str("data.val_path");
+      !val.empty() && source != "synthetic" && source != "tensors") {
     bool usable =
         source == "images" ? std::filesystem::exists(val) : std::filesystem::is_regular_file(val);
     if (!usable) {
@@ -141,9 +152,42 @@ Status Trainer::SetupData() {
           ": give the held-out data, or leave data.val_path empty to train without evaluation");
     }
   }
+  if (opt_.train_data) spec_.tensors = &*opt_.train_data;
   spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
   spec_.device = ctx_.device;
   spec_.channels_last = ctx_.channels_last;
+  return Status::Ok();
+}
+
+Status Trainer::CheckProgramParts() const {
+  const std::string& model = cfg_.Str("model.name");
+  const std::string& source = cfg_.Str("data.source");
+  // A resumed run's config comes from its checkpoint: the program that
+  // trained it must hand its parts over again.
+  const std::string from = resume_ ? "this run was trained by a program through the C++ API (" : "";
+  const std::string fix = resume_ ? "): resume it from that program (TrainerOptions::resume)" : "";
+  if (model == "custom" && !opt_.model)
+    return Status::InvalidArgument(
+        resume_ ? from + "model.name = custom" + fix
+                : "model.name = custom names a network a program hands over through the C++ API "
+                  "(TrainerOptions::model): choose resnet18, resnet50, mlp, lstm or gpt");
+  if (source == "tensors" && !opt_.train_data)
+    return Status::InvalidArgument(
+        resume_ ? from + "data.source = tensors" + fix
+                : "data.source = tensors takes the samples a program hands over through the C++ "
+                  "API (TrainerOptions::train_data): choose images, tokens or synthetic");
+  if (opt_.val_data && !opt_.train_data)
+    return Status::InvalidArgument(
+        "TrainerOptions::val_data is held out from the program's own samples: hand over "
+        "train_data too, or name held-out files with data.val_path");
+  for (const auto* part : {&opt_.train_data, &opt_.val_data}) {
+    if (!*part) continue;
+    if (std::string why = CheckTensorData(**part); !why.empty())
+      return Status::InvalidArgument((part == &opt_.val_data ? "held-out data: " : "") + why);
+  }
+  if (!opt_.train_data || model == "custom") return Status::Ok();
+  if (std::string why = CheckTensorsFitModel(cfg_, *opt_.train_data); !why.empty())
+    return Status::InvalidArgument(why);
   return Status::Ok();
 }
 
