@@ -6,11 +6,14 @@
 //   happen later, on the device (the libtorch adapter, in the training half).
 // - Stages are plain functions (decode, crop geometry, resize) so each is
 //   tested alone; ImageLoader runs them on its own worker threads.
-// - ImageLoader's batch slots cycle free -> filling -> ready -> in use -> free.
-//   Next() hands out ready slots in batch order; Release() frees one. A slot is
-//   never written while the consumer holds it. One error (on_bad_sample=fail,
-//   or an unreadable dataset) wakes every waiting thread and is returned by
-//   Next() through status(). Next()/Release() are for one consumer thread.
+// - SampleRing is what every loader shares: worker threads, the epoch's order
+//   and its shards, and batch slots that cycle free -> filling -> ready -> in
+//   use -> free. Next() hands out ready slots in batch order; Release() frees
+//   one. A slot is never written while the consumer holds it. One error (a
+//   sample that cannot be made, on_bad_sample=fail, an unreadable dataset)
+//   wakes every waiting thread and is returned by Next() through status().
+//   Next()/Release() are for one consumer thread. ImageLoader makes images
+//   into its slots; a program's own dataset (torch_loader.h) makes tensors.
 // - The batch sequence is a function of (seed, epoch) only: the same whatever
 //   the thread count.
 // - Bad samples (corrupt, truncated, empty, not JPEG) with on_bad_sample=skip
@@ -281,6 +284,7 @@ struct LoaderOptions {
 
 struct StageTimes {
   double read_s = 0, decode_s = 0, augment_s = 0;  // summed over worker threads
+  double dataset_s = 0;  // a program's own Dataset::Get (torch_loader.h), likewise
 };
 
 struct LoaderStats {
@@ -297,7 +301,8 @@ struct Batch {
   int64_t index = -1;  // within the epoch
   int epoch = 0;
   int size = 0;
-  const uint8_t* images = nullptr;  // size x H x W x 3 (NHWC) or size x 3 x H x W
+  // The slot's memory; ImageLoader's: size x H x W x 3 (NHWC) or size x 3 x H x W.
+  const uint8_t* images = nullptr;
   const int32_t* labels = nullptr;
   const int64_t* samples = nullptr;  // dataset indices, for tracing and tests
   int slot = -1;
@@ -310,66 +315,77 @@ struct LoaderPosition {
   int64_t next_batch = 0;
 };
 
-class ImageLoader {
- public:
-  static Result<std::unique_ptr<ImageLoader>> Open(const LoaderOptions& options);
-  ~ImageLoader();
+// ---- The slot ring: every loader's threads, order and slots ---------------
 
-  int64_t dataset_size() const { return static_cast<int64_t>(folder_.files.size()); }
-  // Samples this rank reads per epoch (see LoaderOptions::world_size).
-  int64_t epoch_size() const;
+struct RingOptions {
+  int64_t dataset_size = 0;
+  size_t batch_bytes = 0;  // one slot's memory, for batch_size samples
+  // As LoaderOptions: batch_size, threads (0: tuned), cpu_budget, prefetch
+  // (0: tuned), seed, rank/world_size/shard_pad (shards), keep_last.
+  int batch_size = 64, threads = 0, cpu_budget = 0, prefetch = 0;
+  uint64_t seed = 0;
+  int rank = 0, world_size = 1;
+  bool shard_pad = true, keep_last = false;
+  // Slot memory (pinned host memory for a GPU); by default the ring's own.
+  // It must outlive the ring.
+  std::function<uint8_t*(size_t bytes)> allocate;
+};
+
+// One sample for a worker to make: the `position`-th of this rank's epoch,
+// the `index_in_batch`-th of its batch, into the batch's slot memory.
+struct SampleJob {
+  int epoch = 0;
+  int64_t position = 0;
+  int index_in_batch = 0;
+  const std::vector<int64_t>* order = nullptr;  // this rank's dataset indices, by position
+  uint8_t* slot = nullptr;                      // RingOptions::batch_bytes
+  int32_t* label = nullptr;                     // the sample's label, where the maker has one
+  int64_t* sample = nullptr;  // the dataset index it made (normally (*order)[position])
+  StageTimes* times = nullptr;
+};
+// Called on several worker threads at once; false (with `error`) stops the
+// ring and is what status() then says.
+using MakeSample = std::function<bool(const SampleJob& job, std::string* error)>;
+
+// This rank's part of `samples` spread over world_size ranks: padded to equal
+// counts, or the remainder dropped; with keep_last, split without padding.
+int64_t RankShare(int64_t samples, int rank, int world_size, bool pad, bool keep_last);
+
+class SampleRing {
+ public:
+  static Result<std::unique_ptr<SampleRing>> Open(const RingOptions& options, MakeSample make);
+  ~SampleRing();  // stops and joins the workers
+
+  int64_t epoch_size() const;  // samples this rank reads per epoch
   int64_t batches_per_epoch() const {
     return options_.keep_last ? (epoch_size() + options_.batch_size - 1) / options_.batch_size
                               : epoch_size() / options_.batch_size;
   }
-  const ImageFolder& folder() const { return folder_; }
-  const LoaderOptions& options() const { return options_; }
-
-  // Starts producing the batches of `epoch` (drop_last: every batch is full),
-  // from batch `first_batch` on (a resumed run passes its saved position).
-  // `consumed_samples`: the first samples of the epoch's permutation that
-  // every rank together already read, in a run whose world size or batch may
-  // have been different; this rank reads every world_size-th of the rest
-  // (fewer batches this epoch), and `first_batch` counts from there.
+  const RingOptions& options() const { return options_; }
+  // As ImageLoader's (below).
   void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0);
   LoaderPosition position() const;
-  // Blocks for the next batch of the epoch; false at its end or on error.
   bool Next(Batch* batch);
-  // The next batch if it is ready now; never blocks.
   bool TryNext(Batch* batch);
   void Release(const Batch& batch);
-  // Ok, or the error that stopped the loader.
   Status status() const;
   LoaderStats stats() const;
+  void CountSkipped();  // a bad sample the maker replaced (LoaderStats::skipped)
+  // Stops the ring with `message` (as a failed sample would).
+  void Fail(const std::string& message);
 
  private:
   struct Slot;
-  ImageLoader() = default;
+  SampleRing() = default;
   bool HandOut(Slot& slot, Batch* out);  // with mu_ held
   void Tune();                           // with mu_ held
   void Allocate(Slot& slot);             // with mu_ held
   void Worker(int id);
-  // A sample's stored form: encoded JPEG bytes, or raw pixels from a pack.
-  struct Encoded {
-    const uint8_t* data = nullptr;
-    size_t size = 0;
-    int width = 0, height = 0;
-    bool raw = false;
-  };
-  int64_t RankShare(int64_t samples) const;
   int64_t BatchSize(int64_t batch) const;  // batch_size, or less for keep_last's last batch
-  bool FillSample(Slot& slot, int64_t batch, int i, StageTimes* t, std::string* error);
-  Status Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out);
-  Status Read(int64_t sample, std::vector<uint8_t>* bytes);
-  // Counts and names (once) a bad sample; false when the policy is to fail.
-  bool Skip(const std::string& path, const std::string& reason, std::string* error);
-  void Fail(const std::string& message);
   void StopWorkers();
 
-  LoaderOptions options_;
-  ImageFolder folder_;  // for a pack: its classes and labels, files named DIR#i
-  std::unique_ptr<PackReader> pack_;
-  size_t image_bytes_ = 0;
+  RingOptions options_;
+  MakeSample make_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::thread> workers_;
 
@@ -395,11 +411,69 @@ class ImageLoader {
   int64_t epoch_items_ = 0;  // samples of this rank in the epoch's batches
   int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;
-  std::vector<std::string> bad_named_;
+};
+
+// Images into the ring's slots: JPEG/PNG files of a folder, or a pack,
+// cropped, resized and flipped (LoaderOptions).
+class ImageLoader {
+ public:
+  static Result<std::unique_ptr<ImageLoader>> Open(const LoaderOptions& options);
+  ~ImageLoader();
+
+  int64_t dataset_size() const { return static_cast<int64_t>(folder_.files.size()); }
+  // Samples this rank reads per epoch (see LoaderOptions::world_size).
+  int64_t epoch_size() const { return ring_->epoch_size(); }
+  int64_t batches_per_epoch() const { return ring_->batches_per_epoch(); }
+  const ImageFolder& folder() const { return folder_; }
+  const LoaderOptions& options() const { return options_; }
+
+  // Starts producing the batches of `epoch` (drop_last: every batch is full),
+  // from batch `first_batch` on (a resumed run passes its saved position).
+  // `consumed_samples`: the first samples of the epoch's permutation that
+  // every rank together already read, in a run whose world size or batch may
+  // have been different; this rank reads every world_size-th of the rest
+  // (fewer batches this epoch), and `first_batch` counts from there.
+  void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0) {
+    ring_->StartEpoch(epoch, first_batch, consumed_samples);
+  }
+  LoaderPosition position() const { return ring_->position(); }
+  // Blocks for the next batch of the epoch; false at its end or on error.
+  bool Next(Batch* batch) { return ring_->Next(batch); }
+  // The next batch if it is ready now; never blocks.
+  bool TryNext(Batch* batch) { return ring_->TryNext(batch); }
+  void Release(const Batch& batch) { ring_->Release(batch); }
+  // Ok, or the error that stopped the loader.
+  Status status() const { return ring_->status(); }
+  LoaderStats stats() const;
+  SampleRing& ring() { return *ring_; }
+
+ private:
+  ImageLoader() = default;
+  // A sample's stored form: encoded JPEG bytes, or raw pixels from a pack.
+  struct Encoded {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    int width = 0, height = 0;
+    bool raw = false;
+  };
+  bool MakeImage(const SampleJob& job, std::string* error);
+  Status Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out);
+  Status Read(int64_t sample, std::vector<uint8_t>* bytes);
+  // Counts and names (once) a bad sample; false when the policy is to fail.
+  bool Skip(const std::string& path, const std::string& reason, std::string* error);
+
+  LoaderOptions options_;
+  ImageFolder folder_;  // for a pack: its classes and labels, files named DIR#i
+  std::unique_ptr<PackReader> pack_;
+  size_t image_bytes_ = 0;
+  std::mutex bad_mu_;
+  std::vector<std::string> bad_named_;  // under bad_mu_
   mutable std::mutex cache_mu_;
   std::vector<std::vector<uint8_t>> cache_;  // by sample; empty = not cached
   int64_t cache_used_ = 0;
   int64_t stats_cache_hits_ = 0;  // under cache_mu_
+  // Last: destroyed first, so no worker runs once the members above go.
+  std::unique_ptr<SampleRing> ring_;
 };
 
 }  // namespace fullburn

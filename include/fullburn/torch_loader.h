@@ -1,4 +1,5 @@
-// TorchLoader: the input pipeline for any libtorch training loop (training half).
+// TorchLoader: the input pipeline for any libtorch training loop (training half),
+// and DatasetLoader: the same pipeline for a program's own Dataset.
 //
 // Contract
 // - Wraps ImageLoader (pipeline.h) and yields batches already on the target
@@ -20,7 +21,6 @@
 #include <torch/torch.h>
 
 #include <array>
-#include <deque>
 #include <memory>
 
 #include "fullburn/pipeline.h"
@@ -43,6 +43,8 @@ struct DeviceBatch {
   int epoch = 0;
 };
 
+class DeviceStager;
+
 class TorchLoader {
  public:
   static Result<std::unique_ptr<TorchLoader>> Open(const TorchLoaderOptions& options);
@@ -56,26 +58,97 @@ class TorchLoader {
   LoaderPosition position() const;
   int64_t batches_per_epoch() const { return core_->batches_per_epoch(); }
   int64_t num_classes() const { return static_cast<int64_t>(core_->folder().classes.size()); }
-  bool uses_cuda() const { return cuda_; }
+  bool uses_cuda() const;
 
  private:
-  struct InFlight;
   TorchLoader() = default;
-  bool Issue();  // takes a ready core batch and starts its copy
-  void ReleaseCompleted(bool wait_for_one);
 
   TorchLoaderOptions options_;
-  std::unique_ptr<ImageLoader> core_;
-  bool cuda_ = false;
-  std::vector<torch::Tensor> pinned_;  // keeps slot memory alive
-  std::unique_ptr<c10::Stream> side_;  // the copy stream (CUDA)
+  std::unique_ptr<DeviceStager> stager_;  // src/pipeline/device_stager.h; owns the slots' memory
+  std::unique_ptr<ImageLoader> core_;     // after stager_: destroyed first
   torch::Tensor mean_, std_;
-  std::deque<std::unique_ptr<InFlight>> issued_;   // copies started, not yet handed out
-  std::deque<std::unique_ptr<InFlight>> copying_;  // handed out, slot not yet released
-  int64_t handed_ = 0;
 };
 
 // The name the training runtime and users' loops use.
 using Loader = TorchLoader;
+
+// ---- A program's own dataset --------------------------------------------------
+
+// One sample: `input` of one shape and dtype for every sample of a dataset;
+// `target` a class index (an integer scalar) or a tensor of one shape for
+// every sample (one target per position, say).
+struct Sample {
+  torch::Tensor input, target;
+};
+
+// A map-style dataset of a program's own (C++ API), made on DatasetLoader's
+// worker threads: what torch.utils.data.Dataset is to a DataLoader, without
+// processes, pickling or collation copies.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // Sample `index` (0 <= index < size()). Called on the loader's worker
+  // threads, several at once, so it must be thread-safe. `seed` is for random
+  // augmentation: a function of the loader's seed, the epoch and the sample's
+  // place in it only, so the batches are the same whatever the thread count,
+  // and after a resume. An exception stops the loader: status() names the
+  // index and says what was thrown.
+  virtual Sample Get(int64_t index, uint64_t seed) = 0;
+};
+
+struct DatasetLoaderOptions {
+  // As LoaderOptions: threads and prefetch 0 are tuned while running within
+  // cpu_budget (0: this rank's CPUs - 1); rank/world_size shard each epoch
+  // (padded to equal shares); keep_last reads every sample once (evaluation).
+  int batch_size = 64, threads = 0, cpu_budget = 0, prefetch = 0;
+  uint64_t seed = 0;
+  int rank = 0, world_size = 1;
+  bool keep_last = false;
+  torch::Device device = torch::kCPU;
+  bool channels_last = false;  // 3-D inputs (C, H, W): batches in channels-last memory format
+};
+
+struct TensorBatch {
+  torch::Tensor inputs;   // [B, <input shape>] on the device, the input dtype
+  torch::Tensor targets;  // [B] int64 for class indices, else [B, <target shape>]
+  int64_t index = -1;
+  int epoch = 0;
+};
+
+// Batches of a Dataset on the device: workers call Get() in the epoch's order
+// and write each sample straight into its place in a batch slot of the ring
+// (pipeline.h); on CUDA the slots are pinned and copied ahead on a side
+// stream, as TorchLoader's. The returned tensors are the caller's. One
+// consumer thread calls StartEpoch/Next.
+class DatasetLoader {
+ public:
+  // Reads sample 0 for the shapes every sample must have; a dataset that is
+  // empty, or whose sample 0 cannot be made, is an error here.
+  static Result<std::unique_ptr<DatasetLoader>> Open(std::shared_ptr<Dataset> dataset,
+                                                     const DatasetLoaderOptions& options);
+  ~DatasetLoader();
+
+  // As ImageLoader::StartEpoch.
+  void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0);
+  bool Next(TensorBatch* out);
+  Status status() const { return ring_->status(); }
+  LoaderStats stats() const { return ring_->stats(); }
+  LoaderPosition position() const;
+  int64_t batches_per_epoch() const { return ring_->batches_per_epoch(); }
+  const Sample& first() const { return first_; }  // sample 0, on the host
+  bool uses_cuda() const;
+
+ private:
+  DatasetLoader() = default;
+  bool Make(const SampleJob& job, std::string* error);
+
+  std::shared_ptr<Dataset> dataset_;
+  DatasetLoaderOptions options_;
+  Sample first_;  // the shapes and dtypes; its target as stored (int64 for class indices)
+  size_t input_bytes_ = 0, target_bytes_ = 0, targets_at_ = 0;  // per sample; the targets' offset
+  std::unique_ptr<DeviceStager> stager_;                        // owns the slots' memory
+  std::unique_ptr<SampleRing> ring_;                            // after stager_: destroyed first
+};
 
 }  // namespace fullburn

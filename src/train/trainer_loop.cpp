@@ -166,6 +166,7 @@ void Trainer::FlushSteps(bool force) {
                      {"decode_s", ls->stages.decode_s},
                      {"augment_s", ls->stages.augment_s},
                      {"wait_s", ls->consumer_wait_s}};
+    if (ls->stages.dataset_s > 0) j["dataset_s"] = ls->stages.dataset_s;  // a program's Dataset
     if (rank_.world_size > 1) j["rank"] = rank_.rank;
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
   }

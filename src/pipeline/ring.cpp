@@ -1,0 +1,341 @@
+// The slot ring: worker threads make an epoch's samples into batch slots.
+//
+// Batch k of an epoch always lives in slot k % slots. Workers claim samples
+// one at a time in batch order, (k, 0), (k, 1), ..., so all threads work on
+// the oldest unfinished batches first; a worker whose next sample belongs to
+// a slot the consumer still holds waits for Release(). What a sample becomes
+// depends only on (seed, epoch, position), never on the thread that made it:
+// the maker (MakeSample) is handed the position, never the thread.
+
+#include <algorithm>
+#include <chrono>
+
+#include "fullburn/env.h"
+#include "fullburn/pipeline.h"
+
+namespace fullburn {
+
+struct SampleRing::Slot {
+  enum class State { kFree, kFilling, kReady, kInUse };
+  State state = State::kFree;
+  int64_t batch = -1;
+  int epoch = -1;
+  int filled = 0;
+  std::vector<uint8_t> own;  // unless RingOptions::allocate
+  uint8_t* data = nullptr;
+  std::vector<int32_t> labels;
+  std::vector<int64_t> samples;
+};
+
+namespace {
+
+constexpr int kStartDepth = 3, kMaxDepth = 8;
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int64_t RankShare(int64_t samples, int rank, int world_size, bool pad, bool keep_last) {
+  const int64_t w = world_size;
+  if (keep_last) return samples > rank ? (samples - rank + w - 1) / w : 0;
+  return pad ? (samples + w - 1) / w : samples / w;
+}
+
+Result<std::unique_ptr<SampleRing>> SampleRing::Open(const RingOptions& options, MakeSample make) {
+  if (options.batch_size < 1) return Status::InvalidArgument("batch size must be at least 1");
+  if (options.prefetch < 0)
+    return Status::InvalidArgument("prefetch must be at least 1 (0: tuned)");
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size)
+    return Status::InvalidArgument("rank " + std::to_string(options.rank) + " is not in 0.." +
+                                   std::to_string(options.world_size - 1) + " (world size " +
+                                   std::to_string(options.world_size) + ")");
+  std::unique_ptr<SampleRing> r(new SampleRing());
+  r->options_ = options;
+  r->make_ = std::move(make);
+  if (r->epoch_size() < (options.keep_last ? 1 : options.batch_size))
+    return Status::InvalidArgument("the dataset has " + std::to_string(options.dataset_size) +
+                                   " samples (" + std::to_string(r->epoch_size()) +
+                                   " for this rank), fewer than one batch of " +
+                                   std::to_string(options.batch_size) + ": lower the batch size");
+  int budget = options.cpu_budget > 0 ? options.cpu_budget
+                                      : std::max(1, RankCpus(ReadCpuView(Env::Default()), 1) - 1);
+  int threads = options.threads > 0 ? options.threads : budget;
+  r->autotune_ = options.threads <= 0;
+  r->active_ = r->autotune_ ? 1 : threads;
+  r->stats_.threads = r->active_;
+  // The consumer holds one slot; up to `depth_` more are prepared ahead of it.
+  r->tune_depth_ = options.prefetch == 0;
+  r->depth_ = r->tune_depth_ ? kStartDepth : options.prefetch;
+  int slots = (r->tune_depth_ ? kMaxDepth : options.prefetch) + 1;
+  r->stats_.prefetch = r->depth_;
+  for (int i = 0; i < slots; ++i) {
+    auto slot = std::make_unique<Slot>();  // its memory comes with its first batch
+    slot->labels.resize(static_cast<size_t>(options.batch_size));
+    slot->samples.resize(static_cast<size_t>(options.batch_size));
+    r->slots_.push_back(std::move(slot));
+  }
+  for (int i = 0; i < threads; ++i) r->workers_.emplace_back(&SampleRing::Worker, r.get(), i);
+  return r;
+}
+
+SampleRing::~SampleRing() { StopWorkers(); }
+
+void SampleRing::Allocate(Slot& s) {
+  if (options_.allocate) {
+    s.data = options_.allocate(options_.batch_bytes);
+  } else {
+    s.own.resize(options_.batch_bytes);
+    s.data = s.own.data();
+  }
+}
+
+void SampleRing::StopWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  ready_cv_.notify_all();
+  for (std::thread& t : workers_)
+    if (t.joinable()) t.join();
+}
+
+int64_t SampleRing::BatchSize(int64_t batch) const {
+  return std::min<int64_t>(options_.batch_size, epoch_items_ - batch * options_.batch_size);
+}
+
+int64_t SampleRing::epoch_size() const {
+  return RankShare(options_.dataset_size, options_.rank, options_.world_size, options_.shard_pad,
+                   options_.keep_last);
+}
+
+LoaderPosition SampleRing::position() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LoaderPosition{epoch_, next_to_hand_};
+}
+
+void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Samples being made for the old epoch finish first; slots they filled are freed.
+  ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
+  for (auto& s : slots_)
+    if (s->state != Slot::State::kInUse) {
+      s->state = Slot::State::kFree;
+      s->batch = -1;
+    }
+  epoch_ = epoch;
+  // This rank's samples: every world_size-th of the (padded) permutation,
+  // after the samples every rank together already read.
+  const int64_t n = options_.dataset_size, w = options_.world_size;
+  const int64_t skip = std::max<int64_t>(0, std::min(consumed_samples, n));
+  std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
+  const int64_t per_rank = RankShare(n - skip, options_.rank, options_.world_size,
+                                     options_.shard_pad, options_.keep_last);
+  order_.resize(static_cast<size_t>(per_rank));
+  for (int64_t i = 0; i < per_rank; ++i)
+    order_[static_cast<size_t>(i)] = perm[static_cast<size_t>((skip + options_.rank + i * w) % n)];
+  const int64_t b = options_.batch_size;
+  epoch_items_ = options_.keep_last ? per_rank : per_rank / b * b;
+  epoch_batches_ = (epoch_items_ + b - 1) / b;
+  first_batch = std::max<int64_t>(0, std::min(first_batch, epoch_batches_));
+  next_item_ = first_batch * options_.batch_size;
+  next_to_hand_ = first_batch;
+  window_start_ = -1;  // the tuner does not count the pause between epochs
+  epoch_start_ = Seconds();
+  epoch_first_batch_ = first_batch;
+  lock.unlock();
+  work_cv_.notify_all();
+}
+
+void SampleRing::Fail(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = Status::Corruption(message);
+    stop_ = true;
+  }
+  // One error wakes everyone: workers stop, the consumer's Next() returns false.
+  work_cv_.notify_all();
+  ready_cv_.notify_all();
+}
+
+Status SampleRing::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+LoaderStats SampleRing::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  LoaderStats s = stats_;
+  for (const auto& slot : slots_) s.ready_batches += slot->state == Slot::State::kReady;
+  return s;
+}
+
+void SampleRing::CountSkipped() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.skipped;
+}
+
+void SampleRing::Worker(int id) {
+  const int b = options_.batch_size;
+  const int64_t slots = static_cast<int64_t>(slots_.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    int64_t batch = -1;
+    work_cv_.wait(lock, [&] {
+      if (stop_) return true;
+      if (id >= active_) return false;  // parked by the tuner
+      if (epoch_ < 0 || next_item_ >= epoch_items_) return false;
+      batch = next_item_ / b;
+      // Up to depth_ batches ready ahead of the consumer, plus one being filled.
+      if (batch > next_to_hand_ + depth_) {
+        gated_ = true;
+        return false;
+      }
+      Slot& s = *slots_[static_cast<size_t>(batch % slots)];
+      if (s.state == Slot::State::kFree && !s.data) Allocate(s);
+      if (s.state == Slot::State::kFree) {
+        s.state = Slot::State::kFilling;
+        s.batch = batch;
+        s.epoch = epoch_;
+        s.filled = 0;
+      }
+      return s.state == Slot::State::kFilling && s.batch == batch && s.epoch == epoch_;
+    });
+    if (stop_) return;
+    Slot* slot = slots_[static_cast<size_t>(batch % slots)].get();
+    const int i = static_cast<int>(next_item_ % b);
+    StageTimes t;
+    SampleJob job;
+    job.epoch = epoch_;
+    job.position = next_item_;
+    job.index_in_batch = i;
+    job.order = &order_;  // not resized while a sample is in flight (StartEpoch waits)
+    job.slot = slot->data;
+    job.label = &slot->labels[static_cast<size_t>(i)];
+    job.sample = &slot->samples[static_cast<size_t>(i)];
+    job.times = &t;
+    ++next_item_;
+    ++inflight_;
+    lock.unlock();
+    std::string error;
+    bool ok = make_(job, &error);
+    lock.lock();
+    --inflight_;
+    stats_.stages.read_s += t.read_s;
+    stats_.stages.decode_s += t.decode_s;
+    stats_.stages.augment_s += t.augment_s;
+    stats_.stages.dataset_s += t.dataset_s;
+    window_work_ += t.read_s + t.decode_s + t.augment_s + t.dataset_s;
+    ++window_samples_;
+    if (!ok) {
+      lock.unlock();
+      Fail(error);
+      return;
+    }
+    if (++slot->filled == BatchSize(batch)) slot->state = Slot::State::kReady;
+    ready_cv_.notify_all();
+  }
+}
+
+bool SampleRing::Next(Batch* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
+  Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
+  double t0 = Seconds();
+  ready_cv_.wait(lock, [&] {
+    return stop_ ||
+           (s.state == Slot::State::kReady && s.batch == next_to_hand_ && s.epoch == epoch_);
+  });
+  double waited = Seconds() - t0;
+  stats_.consumer_wait_s += waited;
+  window_wait_ += waited;
+  bool ok = HandOut(s, out);
+  if (ok && (autotune_ || tune_depth_)) Tune();
+  bool wake = gated_;  // a worker waits for room ahead of the consumer
+  gated_ = false;
+  lock.unlock();
+  if (wake) work_cv_.notify_all();
+  return ok;
+}
+
+void SampleRing::Tune() {
+  constexpr int kWindow = 4;  // batches per decision
+  double now = Seconds();
+  if (window_start_ < 0) {
+    window_start_ = now;
+    window_wait_ = window_work_ = 0;
+    window_batches_ = window_samples_ = 0;
+    return;
+  }
+  if (++window_batches_ < kWindow) return;
+  double wall = now - window_start_;
+  double wait_share = wall > 0 ? window_wait_ / wall : 0;
+  // Workers needed to match the consumer: per-sample work x samples per second
+  // consumed, the latter over the whole epoch so far, so a consumer's pauses
+  // count (a burst after a pause is what a deeper queue is for).
+  double per_sample = window_samples_ ? window_work_ / window_samples_ : 0;
+  double epoch_wall = now - epoch_start_;
+  double consumed_per_s =
+      epoch_wall > 0 ? (next_to_hand_ - epoch_first_batch_) * options_.batch_size / epoch_wall : 0;
+  double needed = per_sample * consumed_per_s;
+  int most = static_cast<int>(workers_.size());
+  bool keeps_up = needed < 0.8 * active_;  // on average the workers are fast enough
+  if (wait_share > 0.05 && keeps_up && tune_depth_ && depth_ < kMaxDepth) {
+    ++depth_;  // bursty production: a deeper queue absorbs it
+    work_cv_.notify_all();
+  } else if (wait_share > 0.05 && autotune_ && active_ < most) {
+    ++active_;
+    work_cv_.notify_all();
+  } else if (wait_share < 0.005 && autotune_ && active_ > 1 && needed < active_ - 1.5) {
+    --active_;  // parks the highest-numbered worker after its current sample
+  }
+  stats_.threads = active_;
+  stats_.prefetch = depth_;
+  window_start_ = now;
+  window_wait_ = window_work_ = 0;
+  window_batches_ = window_samples_ = 0;
+}
+
+bool SampleRing::TryNext(Batch* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
+  Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
+  if (s.state != Slot::State::kReady || s.batch != next_to_hand_ || s.epoch != epoch_) return false;
+  bool ok = HandOut(s, out);
+  if (gated_) {
+    gated_ = false;
+    work_cv_.notify_all();
+  }
+  return ok;
+}
+
+bool SampleRing::HandOut(Slot& s, Batch* out) {
+  if (!error_.ok() || s.state != Slot::State::kReady) return false;
+  s.state = Slot::State::kInUse;
+  out->index = next_to_hand_;
+  out->epoch = epoch_;
+  out->size = static_cast<int>(BatchSize(next_to_hand_));
+  out->images = s.data;
+  out->labels = s.labels.data();
+  out->samples = s.samples.data();
+  out->slot = static_cast<int>(next_to_hand_ % static_cast<int64_t>(slots_.size()));
+  ++next_to_hand_;
+  ++stats_.batches;
+  stats_.samples += out->size;
+  return true;
+}
+
+void SampleRing::Release(const Batch& batch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = *slots_[static_cast<size_t>(batch.slot)];
+    FB_CHECK(s.state == Slot::State::kInUse && s.batch == batch.index);
+    s.state = Slot::State::kFree;
+    s.batch = -1;
+  }
+  work_cv_.notify_all();
+}
+
+}  // namespace fullburn

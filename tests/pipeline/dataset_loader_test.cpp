@@ -1,0 +1,184 @@
+// DatasetLoader on the CPU: a program's own Dataset through the slot ring,
+// against what its Get() gives: order, shards, resume, augmentation seeds,
+// shapes, and the errors a Dataset can raise.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+
+#include "fullburn/torch_loader.h"
+
+namespace fullburn {
+namespace {
+
+// Sample i: input [2, 3] holding i (plus noise drawn from the seed when
+// `augment`), target the class i % 5; Get(throw_at) throws.
+class Numbers : public Dataset {
+ public:
+  explicit Numbers(int64_t n, bool augment = false, int64_t throw_at = -1)
+      : n_(n), augment_(augment), throw_at_(throw_at) {}
+  int64_t size() const override { return n_; }
+  Sample Get(int64_t index, uint64_t seed) override {
+    if (index == throw_at_) throw std::runtime_error("cannot read record " + std::to_string(index));
+    torch::Tensor x = torch::full({2, 3}, static_cast<float>(index));
+    if (augment_) {
+      auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
+      x.add_(torch::rand({2, 3}, gen));
+    }
+    return {x, torch::tensor(index % 5)};
+  }
+
+ private:
+  int64_t n_;
+  bool augment_;
+  int64_t throw_at_;
+};
+
+DatasetLoaderOptions Options(int threads, int batch = 4) {
+  DatasetLoaderOptions o;
+  o.batch_size = batch;
+  o.threads = threads;
+  o.seed = 11;
+  return o;
+}
+
+std::vector<TensorBatch> Epoch(DatasetLoader& l, int epoch, int64_t first_batch = 0) {
+  l.StartEpoch(epoch, first_batch);
+  std::vector<TensorBatch> out;
+  TensorBatch b;
+  while (l.Next(&b)) out.push_back(b);
+  EXPECT_TRUE(l.status().ok()) << l.status().message();
+  return out;
+}
+
+// The dataset index each sample of a batch came from (input = index + [0, 1)).
+std::vector<int64_t> Indices(const std::vector<TensorBatch>& batches) {
+  std::vector<int64_t> out;
+  for (const TensorBatch& b : batches)
+    for (int64_t i = 0; i < b.inputs.size(0); ++i)
+      out.push_back(static_cast<int64_t>(b.inputs[i][0][0].item<float>()));
+  return out;
+}
+
+TEST(DatasetLoader, BatchesHoldWhatGetGaveEachSampleOncePerEpoch) {
+  auto l = DatasetLoader::Open(std::make_shared<Numbers>(26), Options(3));
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  std::vector<TensorBatch> batches = Epoch(**l, 0);
+  ASSERT_EQ(batches.size(), 6u);  // 26 / 4, the short remainder dropped
+  for (const TensorBatch& b : batches) {
+    EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{4, 2, 3}));
+    EXPECT_EQ(b.inputs.scalar_type(), torch::kFloat);
+    EXPECT_EQ(b.targets.sizes(), (std::vector<int64_t>{4}));
+    EXPECT_EQ(b.targets.scalar_type(), torch::kLong);  // a class index: int64
+    for (int64_t i = 0; i < 4; ++i) {
+      EXPECT_TRUE(torch::equal(b.inputs[i], torch::full({2, 3}, b.inputs[i][0][0].item<float>())));
+      EXPECT_EQ(b.targets[i].item<int64_t>(), b.inputs[i][0][0].item<int64_t>() % 5);
+    }
+  }
+  std::vector<int64_t> seen = Indices(batches);
+  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 24u);  // no sample twice
+  EXPECT_NE(Indices(Epoch(**l, 1)), seen);                             // a new order each epoch
+  LoaderStats s = (*l)->stats();
+  EXPECT_EQ(s.samples, 48);
+  EXPECT_GT(s.stages.dataset_s, 0);
+}
+
+TEST(DatasetLoader, AugmentationIsTheSameWhateverTheThreadCountAndAfterAResume) {
+  auto data = std::make_shared<Numbers>(40, /*augment=*/true);
+  auto one = DatasetLoader::Open(data, Options(1));
+  auto four = DatasetLoader::Open(data, Options(4));
+  std::vector<TensorBatch> a = Epoch(**one, 2), b = Epoch(**four, 2);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k].inputs, b[k].inputs)) << k;
+  // The noise differs between epochs: the seed is the sample's place in its epoch.
+  EXPECT_FALSE(torch::equal(Epoch(**one, 3)[0].inputs, a[0].inputs));
+
+  auto resumed = DatasetLoader::Open(data, Options(2));
+  std::vector<TensorBatch> rest = Epoch(**resumed, 2, /*first_batch=*/6);
+  ASSERT_EQ(rest.size(), a.size() - 6);
+  for (size_t k = 0; k < rest.size(); ++k)
+    EXPECT_TRUE(torch::equal(rest[k].inputs, a[k + 6].inputs));
+}
+
+TEST(DatasetLoader, RanksShareTheEpochAndEvaluationReadsEverySampleOnce) {
+  std::vector<int64_t> all;
+  for (int rank = 0; rank < 3; ++rank) {
+    DatasetLoaderOptions o = Options(2, 5);
+    o.rank = rank;
+    o.world_size = 3;
+    o.keep_last = true;
+    auto l = DatasetLoader::Open(std::make_shared<Numbers>(31), o);
+    ASSERT_TRUE(l.ok()) << l.status().message();
+    std::vector<TensorBatch> batches = Epoch(**l, 0);
+    EXPECT_EQ(batches.back().inputs.size(0), rank == 0 ? 1 : 5);  // 11, 10, 10 samples
+    for (int64_t i : Indices(batches)) all.push_back(i);
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> expected(31);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(all, expected);
+}
+
+TEST(DatasetLoader, TensorTargetsAndChannelsLast) {
+  struct Images : Dataset {
+    int64_t size() const override { return 8; }
+    Sample Get(int64_t index, uint64_t) override {
+      return {torch::full({3, 4, 4}, static_cast<double>(index), torch::kDouble),
+              torch::arange(6, torch::kInt).add(static_cast<int>(index))};
+    }
+  };
+  DatasetLoaderOptions o = Options(2);
+  o.channels_last = true;
+  auto l = DatasetLoader::Open(std::make_shared<Images>(), o);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  std::vector<TensorBatch> batches = Epoch(**l, 0);
+  ASSERT_EQ(batches.size(), 2u);
+  const TensorBatch& b = batches[0];
+  EXPECT_EQ(b.inputs.scalar_type(), torch::kDouble);  // the dataset's dtype
+  EXPECT_TRUE(b.inputs.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(b.targets.sizes(), (std::vector<int64_t>{4, 6}));  // one per position, int64
+  EXPECT_EQ(b.targets.scalar_type(), torch::kLong);
+  int64_t first = b.inputs[0][0][0][0].item<int64_t>();
+  EXPECT_TRUE(torch::equal(b.targets[0], torch::arange(6, torch::kLong).add(first)));
+}
+
+TEST(DatasetLoader, WhatADatasetGetsWrongIsOneLineNamingTheSample) {
+  auto throws = DatasetLoader::Open(std::make_shared<Numbers>(30, false, 17), Options(3));
+  ASSERT_TRUE(throws.ok());
+  (*throws)->StartEpoch(0);
+  TensorBatch b;
+  while ((*throws)->Next(&b)) {
+  }
+  EXPECT_EQ((*throws)->status().message(), "dataset sample 17: cannot read record 17");
+
+  struct Ragged : Numbers {
+    Ragged() : Numbers(12) {}
+    Sample Get(int64_t index, uint64_t seed) override {
+      Sample s = Numbers::Get(index, seed);
+      if (index == 5) s.input = torch::zeros({2, 4});
+      return s;
+    }
+  };
+  auto ragged = DatasetLoader::Open(std::make_shared<Ragged>(), Options(1));
+  ASSERT_TRUE(ragged.ok());
+  (*ragged)->StartEpoch(0);
+  while ((*ragged)->Next(&b)) {
+  }
+  EXPECT_NE((*ragged)->status().message().find(
+                "dataset sample 5 has an input of shape [2, 4], sample 0 [2, 3]: the samples of a "
+                "batch need one shape"),
+            std::string::npos)
+      << (*ragged)->status().message();
+
+  auto empty = DatasetLoader::Open(std::make_shared<Numbers>(0), Options(1));
+  EXPECT_EQ(empty.status().message(), "the dataset is empty (Dataset::size() is 0)");
+  auto first = DatasetLoader::Open(std::make_shared<Numbers>(10, false, 0), Options(1));
+  EXPECT_EQ(first.status().message(), "dataset sample 0: cannot read record 0");
+  auto small = DatasetLoader::Open(std::make_shared<Numbers>(3), Options(1));
+  EXPECT_NE(small.status().message().find("fewer than one batch of 4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fullburn
