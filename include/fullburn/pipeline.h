@@ -336,6 +336,11 @@ struct RingOptions {
 struct SampleJob {
   int epoch = 0;
   int64_t position = 0;
+  // The sample's place in the whole epoch's permutation (all ranks, the
+  // samples a resumed run skipped counted): the same for a sample whatever
+  // the world size and after a resume, so random augmentation is seeded
+  // from it.
+  int64_t place = 0;
   int index_in_batch = 0;
   const std::vector<int64_t>* order = nullptr;  // this rank's dataset indices, by position
   uint8_t* slot = nullptr;                      // RingOptions::batch_bytes
@@ -409,6 +414,7 @@ class SampleRing {
   // This epoch's batches: fewer than batches_per_epoch() after consumed samples.
   int64_t epoch_batches_ = 0;
   int64_t epoch_items_ = 0;  // samples of this rank in the epoch's batches
+  int64_t epoch_skip_ = 0;   // the epoch's samples read before this start (consumed_samples)
   int64_t window_batches_ = 0, window_samples_ = 0;
   LoaderStats stats_;
 };

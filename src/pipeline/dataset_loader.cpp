@@ -115,7 +115,7 @@ void DatasetLoader::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_
 bool DatasetLoader::Make(const SampleJob& job, std::string* error) {
   const int64_t index = (*job.order)[static_cast<size_t>(job.position)];
   SplitMix mix{(options_.seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(job.epoch) << 40) ^
-               static_cast<uint64_t>(job.position)};
+               static_cast<uint64_t>(job.place)};
   const double t0 = Seconds();
   torch::Tensor input, target;
   try {

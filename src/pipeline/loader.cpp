@@ -121,7 +121,7 @@ bool ImageLoader::MakeImage(const SampleJob& job, std::string* error) {
   const int64_t pos = job.position;
   StageTimes* t = job.times;
   SplitMix rng{(options_.seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(job.epoch) << 40) ^
-               static_cast<uint64_t>(pos)};
+               static_cast<uint64_t>(job.place)};
   uint8_t* dst = job.slot + image_bytes_ * static_cast<size_t>(job.index_in_batch);
   // A bad sample is replaced by the next sample of the permutation.
   for (int64_t attempt = 0; attempt < std::min<int64_t>(n, 64); ++attempt) {

@@ -130,6 +130,7 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
   // after the samples every rank together already read.
   const int64_t n = options_.dataset_size, w = options_.world_size;
   const int64_t skip = std::max<int64_t>(0, std::min(consumed_samples, n));
+  epoch_skip_ = skip;
   std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
   const int64_t per_rank = RankShare(n - skip, options_.rank, options_.world_size,
                                      options_.shard_pad, options_.keep_last);
@@ -210,6 +211,7 @@ void SampleRing::Worker(int id) {
     SampleJob job;
     job.epoch = epoch_;
     job.position = next_item_;
+    job.place = epoch_skip_ + options_.rank + next_item_ * options_.world_size;
     job.index_in_batch = i;
     job.order = &order_;  // not resized while a sample is in flight (StartEpoch waits)
     job.slot = slot->data;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -100,6 +101,27 @@ TEST(DatasetLoader, AugmentationIsTheSameWhateverTheThreadCountAndAfterAResume) 
   ASSERT_EQ(rest.size(), a.size() - 6);
   for (size_t k = 0; k < rest.size(); ++k)
     EXPECT_TRUE(torch::equal(rest[k].inputs, a[k + 6].inputs));
+
+  // Resumed by 2 ranks after the first 12 samples: each sample still gets
+  // the noise it got in one process (the seed is its place in the epoch).
+  std::map<int64_t, torch::Tensor> alone;
+  for (const TensorBatch& b : a)
+    for (int64_t i = 0; i < b.inputs.size(0); ++i)
+      alone[static_cast<int64_t>(b.inputs[i][0][0].item<float>())] = b.inputs[i];
+  int compared = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    DatasetLoaderOptions o = Options(2);
+    o.rank = rank;
+    o.world_size = 2;
+    auto l = DatasetLoader::Open(data, o);
+    (*l)->StartEpoch(2, 0, /*consumed_samples=*/12);
+    TensorBatch b;
+    while ((*l)->Next(&b))
+      for (int64_t i = 0; i < b.inputs.size(0); ++i, ++compared)
+        EXPECT_TRUE(torch::equal(b.inputs[i],
+                                 alone[static_cast<int64_t>(b.inputs[i][0][0].item<float>())]));
+  }
+  EXPECT_EQ(compared, 24);  // of the other 28: 14 a rank, 3 whole batches of 4
 }
 
 TEST(DatasetLoader, RanksShareTheEpochAndEvaluationReadsEverySampleOnce) {

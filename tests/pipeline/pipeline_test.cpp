@@ -517,6 +517,43 @@ TEST(Loader, ResumeWithAnotherWorldSizeReadsTheRestOfTheEpoch) {
   EXPECT_EQ(after, tail);
 }
 
+// A sample's random crop and flip come from its place in the epoch: resumed
+// by other ranks after some of the epoch, each image is the one a single
+// process made of it, so a resumed run trains on the same pixels.
+TEST(Loader, AResumedEpochAugmentsEachSampleAsBefore) {
+  std::string dir = SmallDataset("reaugment");  // 24 images
+  auto open = [&](int rank, int world) {
+    LoaderOptions o = Small(dir, 2);
+    o.batch_size = 2;
+    o.rank = rank;
+    o.world_size = world;
+    return std::move(ImageLoader::Open(o).value());
+  };
+  const size_t bytes = 32 * 32 * 3;
+  std::map<int64_t, std::vector<uint8_t>> alone;
+  auto whole = open(0, 1);
+  whole->StartEpoch(1);
+  Batch b;
+  while (whole->Next(&b)) {
+    for (int i = 0; i < b.size; ++i)
+      alone[b.samples[i]].assign(b.images + i * bytes, b.images + (i + 1) * bytes);
+    whole->Release(b);
+  }
+  int compared = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto l = open(rank, 2);
+    l->StartEpoch(1, 0, /*consumed_samples=*/10);
+    while (l->Next(&b)) {
+      for (int i = 0; i < b.size; ++i, ++compared)
+        EXPECT_TRUE(std::equal(b.images + i * bytes, b.images + (i + 1) * bytes,
+                               alone[b.samples[i]].begin()))
+            << "sample " << b.samples[i];
+      l->Release(b);
+    }
+  }
+  EXPECT_EQ(compared, 12);  // of the epoch's other 14: 7 a rank, 3 whole batches of 2
+}
+
 TEST(Loader, ShardPaddingAndDropping) {
   std::string dir = SmallDataset("pad", 5, 5);  // 25 images over 2 ranks
   LoaderOptions o = Small(dir, 1);
