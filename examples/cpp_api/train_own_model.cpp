@@ -5,10 +5,14 @@
 // batch-size search, checkpoints and resume, the run in the store with its
 // telemetry and diagnosis, and data parallelism under `fullburn launch`.
 //
-//   train_own_model [-q] [--resume RUN|PATH] [key=value ...]   (docs/config.md)
+//   train_own_model [-q] [--dataset] [--resume RUN|PATH] [key=value ...]   (docs/config.md)
 //
 // The task: 16x16 grey images with one bright square in one of the four
-// quadrants; the class is the quadrant.
+// quadrants; the class is the quadrant. The samples are tensors made up
+// front and held in memory (TrainerOptions::train_data), or with --dataset
+// made one by one, with random noise as augmentation, by a Dataset on the
+// loader's worker threads (TrainerOptions::dataset: data.threads,
+// data.prefetch), the way a program reads records from its own files.
 #include <fullburn/train.h>
 
 #include <cstdlib>
@@ -55,14 +59,39 @@ fullburn::TensorData MakeQuadrants(int64_t n, uint64_t seed) {
   return {images, classes};
 }
 
+// The same samples made on demand: Get runs on fullburn's loader threads,
+// several at once, so it only reads shared state. `seed` comes from the
+// sample's place in the epoch: the same noise whatever the thread count,
+// and after a resume.
+class Quadrants : public fullburn::Dataset {
+ public:
+  Quadrants(int64_t n, uint64_t seed) : data_(MakeQuadrants(n, seed)) {}
+  int64_t size() const override { return data_.inputs.size(0); }
+  fullburn::Sample Get(int64_t index, uint64_t seed) override {
+    auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
+    torch::Tensor noisy = data_.inputs[index] + torch::randn({1, 16, 16}, gen).mul_(0.05);
+    return {noisy, data_.targets[index]};
+  }
+
+ private:
+  fullburn::TensorData data_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   fullburn::TrainerOptions o;
   o.model = std::make_shared<QuadrantNet>();
   o.model_name = "QuadrantNet";
-  o.train_data = MakeQuadrants(4096, 1);
-  o.val_data = MakeQuadrants(512, 2);
+  bool dataset = false;
+  for (int i = 1; i < argc; ++i) dataset |= std::strcmp(argv[i], "--dataset") == 0;
+  if (dataset) {
+    o.dataset = std::make_shared<Quadrants>(4096, 1);
+    o.val_dataset = std::make_shared<Quadrants>(512, 2);
+  } else {
+    o.train_data = MakeQuadrants(4096, 1);
+    o.val_data = MakeQuadrants(512, 2);
+  }
   o.command.assign(argv, argv + argc);
   if (const char* store = std::getenv("FULLBURN_STORE")) o.store_path = store;
   // This program's defaults; the command line's key=value come after them.
@@ -72,7 +101,7 @@ int main(int argc, char** argv) {
       o.resume = argv[++i];
     else if (std::strcmp(argv[i], "-q") == 0)
       o.quiet = true;  // no progress line or summary, as fullburn train -q
-    else
+    else if (std::strcmp(argv[i], "--dataset") != 0)
       o.overrides.push_back(argv[i]);
   }
   return fullburn::RunTraining(o);

@@ -12,7 +12,7 @@
 // - Pieces usable from any libtorch loop: AutocastGuard, LossScaler,
 //   Optimizer, LrSchedule, the checkpoint reader/writer.
 // - The whole runtime for a program's own network and data: RunTraining
-//   with TrainerOptions::model and train_data (examples/cpp_api). An
+//   with TrainerOptions::model and train_data or dataset (examples/cpp_api). An
 //   installed fullburn exports it as the CMake target fullburn::train.
 #pragma once
 
@@ -32,6 +32,7 @@
 #include "fullburn/config.h"
 #include "fullburn/models.h"
 #include "fullburn/status.h"
+#include "fullburn/torch_loader.h"
 
 namespace fullburn {
 
@@ -280,12 +281,16 @@ struct TrainerOptions {
   std::vector<std::string> command;  // argv, stored with the run
   // C++ API only: a network of the program's own instead of model.name (the
   // run's config then says model.name = custom, and model_name names it in
-  // the run's name), and data of its own instead of data.source (val_data:
-  // held out, for eval.*). A run trained so resumes from its program, which
-  // hands the same network and data over again with `resume`.
+  // the run's name), and data of its own instead of data.source: samples in
+  // memory (train_data: data.source = tensors) or made on demand on the
+  // loader's threads (dataset, a torch_loader.h Dataset: data.source =
+  // dataset, read with data.threads and data.prefetch); val_data and
+  // val_dataset are held out, for eval.*. A run trained so resumes from its
+  // program, which hands the same network and data over again with `resume`.
   std::shared_ptr<Model> model;
   std::string model_name;
   std::optional<TensorData> train_data, val_data;
+  std::shared_ptr<Dataset> dataset, val_dataset;
 };
 
 // Runs `fullburn train` end to end: data, model, the loop, telemetry, the run

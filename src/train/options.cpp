@@ -10,9 +10,10 @@ const std::vector<OptionDef>& TrainOptions() {
       {"data.source", T::kString, "images",
        "What to train on: an image folder or pack (images), token shards (tokens), or random "
        "tensors in device memory with a learnable rule (synthetic: features for mlp, images of "
-       "data.image_size for resnet, sequences for lstm); tensors: a program's own, handed over "
-       "through the C++ API (TrainerOptions::train_data)",
-       "images|tokens|synthetic|tensors"},
+       "data.image_size for resnet, sequences for lstm); tensors and dataset: a program's own "
+       "samples, held in memory or made on the loader's threads, handed over through the C++ API "
+       "(TrainerOptions::train_data, TrainerOptions::dataset)",
+       "images|tokens|synthetic|tensors|dataset"},
       {"data.path", T::kString, "",
        "Image folder, pack or token file; empty: the synthetic default, created under the store's "
        "directory on first use"},
@@ -34,8 +35,10 @@ const std::vector<OptionDef>& TrainOptions() {
        "takes 12 x data.image_size^2 bytes: lower this for large images)",
        "", ">0"},
       {"data.features", T::kInt, "256", "Input features of synthetic data (mlp)", "", ">0"},
-      {"data.classes", T::kInt, "10", "Classes of synthetic data and of the default image set", "",
-       ">1"},
+      {"data.classes", T::kInt, "10",
+       "Classes of synthetic data, of the default image set, and of a program's Dataset trained "
+       "with a built-in model",
+       "", ">1"},
       {"data.vocab", T::kInt, "256", "Vocabulary of synthetic token data", "", ">1"},
       // model
       {"model.name", T::kString, "resnet18",

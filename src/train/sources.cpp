@@ -246,7 +246,80 @@ Result<std::unique_ptr<BatchSource>> ProgramTensors(const Config& c, const Sourc
   return std::unique_ptr<BatchSource>(std::move(src));
 }
 
+// A program's own Dataset through DatasetLoader (worker threads, slots).
+class DatasetSource : public BatchSource {
+ public:
+  DatasetSource(std::unique_ptr<DatasetLoader> l, int64_t classes)
+      : loader_(std::move(l)), classes_(classes) {}
+  int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
+  void StartEpoch(int epoch, int64_t consumed) override { loader_->StartEpoch(epoch, 0, consumed); }
+  bool Next(TrainBatch* b) override {
+    TensorBatch t;
+    if (!loader_->Next(&t)) return false;
+    b->inputs = t.inputs;
+    b->targets = t.targets;
+    b->samples = t.inputs.size(0);
+    return true;
+  }
+  Status status() const override { return loader_->status(); }
+  std::optional<LoaderStats> loader_stats() const override { return loader_->stats(); }
+  int64_t num_classes() const override { return classes_; }
+  int64_t in_features() const override {
+    const torch::Tensor& x = loader_->first().input;
+    return x.is_floating_point() ? x.numel() : 0;
+  }
+  bool per_position_targets() const override { return loader_->first().target.dim() > 0; }
+
+ private:
+  std::unique_ptr<DatasetLoader> loader_;
+  int64_t classes_;
+};
+
+Result<std::unique_ptr<BatchSource>> ProgramDataset(const Config& c, const SourceSpec& s) {
+  if (!s.dataset)
+    return Status::InvalidArgument(
+        "data.source = dataset takes a Dataset a program hands over through the C++ API "
+        "(TrainerOptions::dataset): choose images, tokens or synthetic");
+  DatasetLoaderOptions o;
+  o.batch_size = s.batch_size;
+  o.threads = static_cast<int>(c.Int("data.threads"));
+  o.cpu_budget = s.loader_cpu_budget;
+  o.prefetch = static_cast<int>(c.Int("data.prefetch"));
+  o.seed = s.seed;
+  o.rank = s.rank;
+  o.world_size = s.world_size;
+  o.keep_last = !s.train;  // evaluation reads every held-out sample once
+  o.device = s.device;
+  o.channels_last = s.channels_last;
+  auto loader = DatasetLoader::Open(s.dataset, o);
+  if (!loader.ok()) return loader.status();
+  // A built-in model's outputs: a language model's vocabulary, else the classes.
+  const Sample& first = (*loader)->first();
+  bool tokens = first.target.dim() > 0 && !first.input.is_floating_point();
+  int64_t classes = c.Int(tokens ? "data.vocab" : "data.classes");
+  return std::unique_ptr<BatchSource>(new DatasetSource(std::move(*loader), classes));
+}
+
 }  // namespace
+
+Result<TensorData> FirstSampleAsBatch(Dataset& dataset, uint64_t seed) {
+  if (dataset.size() <= 0)
+    return Status::InvalidArgument("the dataset is empty (Dataset::size() is " +
+                                   std::to_string(dataset.size()) + ")");
+  try {
+    torch::NoGradGuard no_grad;
+    Sample s = dataset.Get(0, seed);
+    if (!s.input.defined() || !s.target.defined())
+      return Status::InvalidArgument(
+          "dataset sample 0 has no input or no target: Dataset::Get must give both");
+    torch::Tensor target = s.target.numel() == 1 && s.target.dim() <= 1 ? s.target.reshape({1})
+                                                                        : s.target.unsqueeze(0);
+    return TensorData{s.input.unsqueeze(0), target};
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return Status::InvalidArgument("dataset sample 0: " + what.substr(0, what.find('\n')));
+  }
+}
 
 std::string CheckTensorData(const TensorData& d) {
   if (!d.inputs.defined() || !d.targets.defined())
@@ -305,6 +378,7 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
   const std::string& kind = c.Str("data.source");
   if (kind == "synthetic") return Synthetic(c, s);
   if (kind == "tensors") return ProgramTensors(c, s);
+  if (kind == "dataset") return ProgramDataset(c, s);
   if (kind == "tokens") {
     auto shards = TokenShards::Open({s.path}, static_cast<int>(c.Int("data.seq_len")));
     if (!shards.ok()) return shards.status();

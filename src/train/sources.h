@@ -47,11 +47,16 @@ struct SourceSpec {
   int rank = 0, world_size = 1;
   int loader_cpu_budget = 0;            // most loader threads (LoaderOptions::cpu_budget)
   const TensorData* tensors = nullptr;  // data.source = tensors: the program's, not owned
+  std::shared_ptr<Dataset> dataset;     // data.source = dataset: the program's
 };
 
 // Why `data` cannot be trained on ("" when it can): empty, inputs and targets
 // of different lengths, targets that are not class indices.
 std::string CheckTensorData(const TensorData& data);
+// A Dataset's sample 0 as a batch of one (targets as the loader stores them),
+// or why Get(0) could not give it: what CheckTensorData and
+// CheckTensorsFitModel judge a program's dataset by.
+Result<TensorData> FirstSampleAsBatch(Dataset& dataset, uint64_t seed);
 // Why the built-in model.name cannot take `data` ("" when it can): the kind
 // of input it reads, and for token models data.vocab and data.seq_len.
 std::string CheckTensorsFitModel(const Config& config, const TensorData& data);

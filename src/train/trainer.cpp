@@ -90,6 +90,8 @@ Status Trainer::OpenStoreAndResume() {
   if (opt_.model) (void)cfg_.Set("model.name", "custom", "C++ API (TrainerOptions::model)");
   if (opt_.train_data)
     (void)cfg_.Set("data.source", "tensors", "C++ API (TrainerOptions::train_data)");
+  else if (opt_.dataset)
+    (void)cfg_.Set("data.source", "dataset", "C++ API (TrainerOptions::dataset)");
   return Status::Ok();
 }
 

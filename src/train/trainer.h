@@ -160,7 +160,10 @@ class Trainer {
   std::string ModelLabel() const;
   // model.name = custom and data.source = tensors need what a program hands
   // over; a built-in model needs tensors of the kind it takes.
-  Status CheckProgramParts() const;
+  // Keeps what the program's data look like (program_first_).
+  Status CheckProgramParts();
+  // The program's tensors, or its dataset's sample 0 as a batch of one.
+  std::optional<TensorData> program_first_;
   std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);
   CheckpointState Snapshot();

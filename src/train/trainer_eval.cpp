@@ -19,7 +19,7 @@ std::string Trainer::DatasetsDir() const { return StoreDir(store_->path()) + "/d
 // own held-out samples); nothing is created here.
 std::string Trainer::ResolvedValPath() const {
   const std::string& source = cfg_.Str("data.source");
-  if (source == "synthetic" || source == "tensors") return "";
+  if (source != "images" && source != "tokens") return "";
   std::string val = cfg_.Str("data.val_path");
   if (source == "images" && val.empty() && cfg_.Str("data.path").empty())
     val = DefaultImagesPath(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
@@ -35,14 +35,17 @@ Status Trainer::SetupEval() {
   SourceSpec es = spec_;
   es.train = false;
   es.tensors = opt_.val_data ? &*opt_.val_data : nullptr;
-  if (source == "tensors" && !opt_.val_data) {
+  es.dataset = opt_.val_dataset;
+  bool program = source == "tensors" || source == "dataset";
+  if (program && !es.tensors && !es.dataset) {
     if (!periodic) return Status::Ok();  // nothing held out: no evaluation at the end either
     exit_code = kExitUsage;
     return Status::InvalidArgument(
-        "eval.every_steps / eval.every_epochs need held-out data: hand it over as "
-        "TrainerOptions::val_data, or set them to 0");
+        std::string("eval.every_steps / eval.every_epochs need held-out data: hand it over as "
+                    "TrainerOptions::") +
+        (source == "tensors" ? "val_data" : "val_dataset") + ", or set them to 0");
   }
-  if (source != "synthetic" && source != "tensors") {
+  if (source == "images" || source == "tokens") {
     es.path = ResolvedValPath();
     if (es.path.empty()) {
       if (!periodic) return Status::Ok();  // nothing held out: no evaluation at the end either

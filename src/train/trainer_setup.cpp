@@ -123,8 +123,7 @@ Status Trainer::SetupData() {
         "model.name = " + model + " does not train on data.source = " + source +
         ": resnet* and mlp take images or synthetic, lstm takes synthetic, gpt takes tokens");
   }
-  ctx_.per_position =
-      source == "tokens" || (source == "tensors" && opt_.train_data->targets.dim() > 1);
+  ctx_.per_position = source == "tokens" || (program_first_ && program_first_->targets.dim() > 1);
   ctx_.channels_last =
       cfg_.Bool("model.channels_last") && (model.rfind("resnet", 0) == 0 || model == "custom");
 
@@ -141,7 +140,7 @@ Status Trainer::SetupData() {
   }
   // A held-out folder named by hand is checked now, not after the training.
   if (std::string val = cfg_.Str("data.val_path");
-      !val.empty() && source != "synthetic" && source != "tensors") {
+      !val.empty() && (source == "images" || source == "tokens")) {
     bool usable =
         source == "images" ? std::filesystem::exists(val) : std::filesystem::is_regular_file(val);
     if (!usable) {
@@ -153,40 +152,63 @@ Status Trainer::SetupData() {
     }
   }
   if (opt_.train_data) spec_.tensors = &*opt_.train_data;
+  spec_.dataset = opt_.dataset;
   spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
   spec_.device = ctx_.device;
   spec_.channels_last = ctx_.channels_last;
   return Status::Ok();
 }
 
-Status Trainer::CheckProgramParts() const {
+Status Trainer::CheckProgramParts() {
   const std::string& model = cfg_.Str("model.name");
   const std::string& source = cfg_.Str("data.source");
   // A resumed run's config comes from its checkpoint: the program that
   // trained it must hand its parts over again.
-  const std::string from = resume_ ? "this run was trained by a program through the C++ API (" : "";
-  const std::string fix = resume_ ? "): resume it from that program (TrainerOptions::resume)" : "";
+  auto missing = [&](const std::string& setting, const std::string& what) {
+    return Status::InvalidArgument(
+        resume_ ? "this run was trained by a program through the C++ API (" + setting +
+                      "): resume it from that program (TrainerOptions::resume)"
+                : setting + " names " + what);
+  };
   if (model == "custom" && !opt_.model)
-    return Status::InvalidArgument(
-        resume_ ? from + "model.name = custom" + fix
-                : "model.name = custom names a network a program hands over through the C++ API "
-                  "(TrainerOptions::model): choose resnet18, resnet50, mlp, lstm or gpt");
+    return missing("model.name = custom",
+                   "a network a program hands over through the C++ API (TrainerOptions::model): "
+                   "choose resnet18, resnet50, mlp, lstm or gpt");
   if (source == "tensors" && !opt_.train_data)
+    return missing("data.source = tensors",
+                   "the samples a program hands over through the C++ API "
+                   "(TrainerOptions::train_data): choose images, tokens or synthetic");
+  if (source == "dataset" && !opt_.dataset)
+    return missing("data.source = dataset",
+                   "a Dataset a program hands over through the C++ API (TrainerOptions::dataset): "
+                   "choose images, tokens or synthetic");
+  if (opt_.train_data && opt_.dataset)
     return Status::InvalidArgument(
-        resume_ ? from + "data.source = tensors" + fix
-                : "data.source = tensors takes the samples a program hands over through the C++ "
-                  "API (TrainerOptions::train_data): choose images, tokens or synthetic");
-  if (opt_.val_data && !opt_.train_data)
-    return Status::InvalidArgument(
-        "TrainerOptions::val_data is held out from the program's own samples: hand over "
-        "train_data too, or name held-out files with data.val_path");
+        "TrainerOptions has both train_data and a dataset: hand over one of them");
+  if ((opt_.val_data && !opt_.train_data) || (opt_.val_dataset && !opt_.dataset))
+    return Status::InvalidArgument(std::string("TrainerOptions::") +
+                                   (opt_.val_data ? "val_data" : "val_dataset") +
+                                   " is held out from the program's own samples: hand over " +
+                                   (opt_.val_data ? "train_data" : "dataset") +
+                                   " too, or name held-out files with data.val_path");
   for (const auto* part : {&opt_.train_data, &opt_.val_data}) {
     if (!*part) continue;
     if (std::string why = CheckTensorData(**part); !why.empty())
       return Status::InvalidArgument((part == &opt_.val_data ? "held-out data: " : "") + why);
   }
-  if (!opt_.train_data || model == "custom") return Status::Ok();
-  if (std::string why = CheckTensorsFitModel(cfg_, *opt_.train_data); !why.empty())
+  if (opt_.train_data) program_first_ = opt_.train_data;
+  if (opt_.dataset) {
+    auto first = FirstSampleAsBatch(*opt_.dataset, static_cast<uint64_t>(cfg_.Int("train.seed")));
+    if (!first.ok()) return first.status();
+    const torch::Tensor& target = first->targets;
+    if (target.is_floating_point() || target.is_complex() || target.scalar_type() == torch::kBool)
+      return Status::InvalidArgument(std::string("dataset sample 0 has a target of ") +
+                                     c10::toString(target.scalar_type()) +
+                                     ": give class indices as integers (torch::kLong)");
+    program_first_ = *first;
+  }
+  if (!program_first_ || model == "custom") return Status::Ok();
+  if (std::string why = CheckTensorsFitModel(cfg_, *program_first_); !why.empty())
     return Status::InvalidArgument(why);
   return Status::Ok();
 }

@@ -3,9 +3,9 @@
 # would, away from the source tree: the installed fullburn puts its own
 # share/fullburn/python on a job's PYTHONPATH; with the training half, a
 # program of its own (examples/cpp_api) configures against the installed
-# CMake package, builds, trains its own network on its own tensors into a
-# run store, the installed fullburn reads that run back, and launches the
-# program as 2 data-parallel ranks.
+# CMake package, builds, trains its own network on its own tensors (and on
+# its own Dataset) into a run store, the installed fullburn reads that run
+# back, and launches the program as 2 data-parallel ranks.
 #   install_test.sh BUILD_DIR SOURCE_DIR WITH_TORCH(ON|OFF)
 set -euo pipefail
 build=$1 source=$2 with_torch=$3
@@ -54,6 +54,13 @@ assert run["status"] == "finished", run["status"]
 assert run["config"]["model"]["name"] == "custom", run["config"]["model"]
 EOF
 "$fb" diagnose last --store "$store" >"$work/diagnose.log" || fail "diagnose of the program's run failed"
+
+# Its samples made by its own Dataset on fullburn's loader threads.
+FULLBURN_STORE=$store "$work/program/train_own_model" --dataset train.threads=1 data.threads=1 \
+  train.epochs=2 checkpoint.dir="$work/ckpt-dataset" 2>"$work/dataset.log" || { cat "$work/dataset.log"; fail "the program's Dataset training failed"; }
+grep -q "held-out at step 128: loss [0-9.]*, accuracy" "$work/dataset.log" &&
+  "$fb" runs show last --json --store "$store" | grep -q '"name": "QuadrantNet on dataset"' ||
+  { cat "$work/dataset.log"; fail "the Dataset run is not in the store as trained"; }
 
 # The same program as 2 data-parallel ranks, launched by the installed fullburn.
 FULLBURN_STORE=$store "$fb" launch --nproc 2 -- "$work/program/train_own_model" -q train.threads=1 \

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <stdexcept>
 
 #include "fullburn/report.h"
 #include "fullburn/store.h"
@@ -37,6 +38,24 @@ TensorData Samples(int64_t n, uint64_t seed) {
   torch::Tensor x = torch::randn({n, 8}, gen);
   return {x, x.narrow(1, 0, 3).argmax(1)};
 }
+
+// The same task made sample by sample on the loader's threads, with a little
+// noise drawn from the seed (augmentation); Get(throw_at) throws.
+class FeatureSet : public Dataset {
+ public:
+  FeatureSet(int64_t n, uint64_t seed, int64_t throw_at = -1)
+      : data_(Samples(n, seed)), throw_at_(throw_at) {}
+  int64_t size() const override { return data_.inputs.size(0); }
+  Sample Get(int64_t index, uint64_t seed) override {
+    if (index == throw_at_)
+      throw std::runtime_error("record " + std::to_string(index) + " is torn");
+    auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
+    torch::Tensor noise = torch::randn({8}, gen).mul_(0.01);
+    return {data_.inputs[index] + noise, data_.targets[index]};
+  }
+  TensorData data_;
+  int64_t throw_at_;
+};
 
 class CppApi : public ::testing::Test {
  protected:
@@ -100,6 +119,33 @@ TEST_F(CppApi, TrainsAProgramsOwnNetworkOnItsOwnTensors) {
   ASSERT_FALSE(Store()->LoadCheckpoints(run.id).value().empty());
 }
 
+TEST_F(CppApi, TrainsOnAProgramsOwnDatasetMadeOnTheLoadersThreads) {
+  TrainerOptions o = Options({"train.epochs=3", "data.threads=2"});
+  o.train_data.reset();
+  o.val_data.reset();
+  o.dataset = std::make_shared<FeatureSet>(1024, 1);
+  o.val_dataset = std::make_shared<FeatureSet>(300, 2);
+  auto [code, err] = Train(o);
+  ASSERT_EQ(code, 0) << err;
+  RunInfo run = Store()->GetRun("last").value();
+  EXPECT_EQ(run.name, "TwoLayers on dataset");
+  EXPECT_EQ(nlohmann::json::parse(run.config_json)["data"]["source"], "dataset");
+  std::vector<StepRecord> steps = Steps(run.id);
+  ASSERT_EQ(steps.size(), 3u * 1024 / 32);
+  StepsSummary sum = SummarizeSteps(steps);
+  EXPECT_LT(sum.final_loss, 0.5 * sum.first_loss) << sum.first_loss << " -> " << sum.final_loss;
+  nlohmann::json eval, loader;
+  std::vector<RunEvent> events = Store()->LoadEvents(run.id).value();
+  for (const RunEvent& e : events) {
+    if (e.kind == "evaluation") eval = nlohmann::json::parse(e.data);
+    if (e.kind == "loader") loader = nlohmann::json::parse(e.data);
+  }
+  EXPECT_EQ(eval.value("val_samples", 0), 300);
+  EXPECT_GT(eval.value("val_accuracy", 0.0), 0.8) << eval.dump();
+  EXPECT_EQ(loader.value("samples", 0), 3 * 1024);                // the loader's own count
+  EXPECT_GT(loader.value("dataset_s", 0.0), 0) << loader.dump();  // time in Get
+}
+
 // A built-in model on a program's tensors: no network of its own needed.
 TEST_F(CppApi, ABuiltInModelTrainsOnAProgramsTensors) {
   TrainerOptions o = Options({"model.name=mlp", "model.hidden=32", "train.epochs=2"});
@@ -115,38 +161,50 @@ TEST_F(CppApi, ABuiltInModelTrainsOnAProgramsTensors) {
 // Resumed from a mid-run checkpoint by the program (same network class, same
 // tensors), the steps after it repeat the uninterrupted run's losses.
 TEST_F(CppApi, AProgramResumesItsRunStepForStep) {
-  std::vector<std::string> job = {"train.steps=40", "checkpoint.every_steps=20",
-                                  "checkpoint.keep=5"};
-  auto [code, err] = Train(Options(job));
-  ASSERT_EQ(code, 0) << err;
-  RunInfo whole = Store()->GetRun("last").value();
-  std::vector<StepRecord> ref = Steps(whole.id);
-  auto cks = Store()->LoadCheckpoints(whole.id).value();
-  ASSERT_EQ(cks.front().step, 20);
+  for (bool dataset : {false, true}) {
+    SCOPED_TRACE(dataset ? "dataset" : "tensors");
+    std::vector<std::string> job = {"train.steps=40", "checkpoint.every_steps=20",
+                                    "checkpoint.keep=5", "data.threads=2"};
+    auto options = [&] {
+      TrainerOptions o = Options(job);
+      if (dataset) {
+        o.train_data.reset();
+        o.val_data.reset();
+        o.dataset = std::make_shared<FeatureSet>(1024, 1);
+      }
+      return o;
+    };
+    auto [code, err] = Train(options());
+    ASSERT_EQ(code, 0) << err;
+    RunInfo whole = Store()->GetRun("last").value();
+    std::vector<StepRecord> ref = Steps(whole.id);
+    auto cks = Store()->LoadCheckpoints(whole.id).value();
+    ASSERT_EQ(cks.front().step, 20);
 
-  TrainerOptions o = Options(job);
-  o.model = std::make_shared<TwoLayers>();  // fresh weights: the checkpoint's replace them
-  o.resume = cks.front().path;
-  auto [rcode, rerr] = Train(o);
-  ASSERT_EQ(rcode, 0) << rerr;
-  std::vector<StepRecord> rest = Steps(Store()->GetRun("last").value().id);
-  ASSERT_EQ(rest.size(), 20u);
-  EXPECT_EQ(rest.front().step, 21);
-  for (const StepRecord& r : rest)
-    EXPECT_NEAR(r.loss, ref[r.step - 1].loss, 1e-5 * std::max(1.0, std::fabs(ref[r.step - 1].loss)))
-        << "step " << r.step;
+    TrainerOptions o = options();  // fresh weights: the checkpoint's replace them
+    o.resume = cks.front().path;
+    auto [rcode, rerr] = Train(o);
+    ASSERT_EQ(rcode, 0) << rerr;
+    std::vector<StepRecord> rest = Steps(Store()->GetRun("last").value().id);
+    ASSERT_EQ(rest.size(), 20u);
+    EXPECT_EQ(rest.front().step, 21);
+    for (const StepRecord& r : rest)
+      EXPECT_NEAR(r.loss, ref[r.step - 1].loss,
+                  1e-5 * std::max(1.0, std::fabs(ref[r.step - 1].loss)))
+          << "step " << r.step;
 
-  // Without its program the run cannot be resumed: `fullburn train --resume`.
-  TrainerOptions cli;
-  cli.store_path = o.store_path;
-  cli.quiet = true;
-  cli.resume = std::to_string(whole.id);
-  auto [ccode, cerr] = Train(cli);
-  EXPECT_EQ(ccode, 2);
-  EXPECT_NE(cerr.find("trained by a program through the C++ API (model.name = custom): resume it "
-                      "from that program"),
-            std::string::npos)
-      << cerr;
+    // Without its program the run cannot be resumed: `fullburn train --resume`.
+    TrainerOptions cli;
+    cli.store_path = o.store_path;
+    cli.quiet = true;
+    cli.resume = std::to_string(whole.id);
+    auto [ccode, cerr] = Train(cli);
+    EXPECT_EQ(ccode, 2);
+    EXPECT_NE(cerr.find("trained by a program through the C++ API (model.name = custom): resume "
+                        "it from that program"),
+              std::string::npos)
+        << cerr;
+  }
 }
 
 TEST_F(CppApi, DataAProgramCannotTrainOnIsAOneLineError) {
@@ -183,7 +241,7 @@ TEST_F(CppApi, DataAProgramCannotTrainOnIsAOneLineError) {
          o->val_data.reset();
          o->overrides.push_back("data.source=tensors");
        },
-       "data.source = tensors takes the samples a program hands over through the C++ API"},
+       "data.source = tensors names the samples a program hands over through the C++ API"},
       {[](TrainerOptions* o) {
          o->model.reset();
          torch::Tensor tokens = torch::arange(64 * 16).reshape({64, 16});
@@ -192,6 +250,33 @@ TEST_F(CppApi, DataAProgramCannotTrainOnIsAOneLineError) {
          o->overrides.push_back("model.name=gpt");
        },
        "the tensors hold token 1023, beyond data.vocab = 256: set data.vocab = 1024"},
+      {[](TrainerOptions* o) { o->dataset = std::make_shared<FeatureSet>(64, 1); },
+       "TrainerOptions has both train_data and a dataset: hand over one of them"},
+      {[](TrainerOptions* o) {
+         o->train_data.reset();
+         o->val_data.reset();
+         o->val_dataset = std::make_shared<FeatureSet>(64, 1);
+       },
+       "TrainerOptions::val_dataset is held out from the program's own samples"},
+      {[](TrainerOptions* o) {
+         struct FloatTargets : FeatureSet {
+           FloatTargets() : FeatureSet(64, 1) {}
+           Sample Get(int64_t index, uint64_t seed) override {
+             Sample s = FeatureSet::Get(index, seed);
+             return {s.input, s.target.to(torch::kFloat)};
+           }
+         };
+         o->train_data.reset();
+         o->val_data.reset();
+         o->dataset = std::make_shared<FloatTargets>();
+       },
+       "dataset sample 0 has a target of Float: give class indices as integers"},
+      {[](TrainerOptions* o) {
+         o->train_data.reset();
+         o->val_data.reset();
+         o->overrides.push_back("data.source=dataset");
+       },
+       "data.source = dataset names a Dataset a program hands over through the C++ API"},
   };
   for (const Case& c : cases) {
     TrainerOptions o = Options({"train.steps=2"});
@@ -202,6 +287,30 @@ TEST_F(CppApi, DataAProgramCannotTrainOnIsAOneLineError) {
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   }
   EXPECT_TRUE(Store()->ListRuns().value().empty());  // refused before any run began
+}
+
+// A Get that throws mid-epoch stops the run with the sample named; the
+// checkpoints before it stand.
+TEST_F(CppApi, ADatasetThatFailsMidRunStopsItNamingTheSample) {
+  TrainerOptions o = Options({"train.epochs=1", "data.threads=2", "checkpoint.every_steps=5"});
+  o.train_data.reset();
+  o.val_data.reset();
+  auto data = std::make_shared<FeatureSet>(1024, 1);
+  // The sample at place 300 of epoch 0's order, so that it fails after step 5.
+  std::vector<int64_t> order = EpochPermutation(1024, 0, 0);
+  data->throw_at_ = order[300];
+  o.dataset = data;
+  auto [code, err] = Train(o);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("dataset sample " + std::to_string(order[300]) + ": record " +
+                     std::to_string(order[300]) + " is torn"),
+            std::string::npos)
+      << err;
+  RunInfo run = Store()->GetRun("last").value();
+  EXPECT_EQ(run.status, "failed");
+  auto cks = Store()->LoadCheckpoints(run.id).value();
+  ASSERT_FALSE(cks.empty());
+  EXPECT_TRUE(ReadCheckpointFile(cks.back().path).ok());
 }
 
 }  // namespace
