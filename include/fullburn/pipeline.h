@@ -373,6 +373,11 @@ class SampleRing {
   bool Next(Batch* batch);
   bool TryNext(Batch* batch);
   void Release(const Batch& batch);
+  // The consumer keeps the memory of `batch` (handed out, not yet released;
+  // from RingOptions::allocate, whose owner now belongs to the consumer): its
+  // slot takes new memory for its next batch. No copy of a batch the consumer
+  // keeps, and no slot waits for the consumer to drop it.
+  void HandOverMemory(const Batch& batch);
   Status status() const;
   LoaderStats stats() const;
   void CountSkipped();  // a bad sample the maker replaced (LoaderStats::skipped)
@@ -405,8 +410,9 @@ class SampleRing {
   int inflight_ = 0;          // samples being made outside the lock
   int active_ = 1;            // workers allowed to claim samples
   bool autotune_ = false;
-  int depth_ = 3;       // batches workers may prepare ahead of the consumer
-  bool gated_ = false;  // a worker waits because it is depth_ ahead
+  int depth_ = 3;          // batches workers may prepare ahead of the consumer
+  bool gated_ = false;     // a worker waits because it is depth_ ahead
+  bool draining_ = false;  // StartEpoch waits for samples in flight
   bool tune_depth_ = false;
   double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
   double epoch_start_ = 0;

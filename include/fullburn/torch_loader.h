@@ -147,8 +147,10 @@ class DatasetLoader {
   DatasetLoaderOptions options_;
   Sample first_;  // the shapes and dtypes; its target as stored (int64 for class indices)
   size_t input_bytes_ = 0, target_bytes_ = 0, targets_at_ = 0;  // per sample; the targets' offset
-  std::unique_ptr<DeviceStager> stager_;                        // owns the slots' memory
-  std::unique_ptr<SampleRing> ring_;                            // after stager_: destroyed first
+  class MemoryPool;                       // CPU: batch memory handed over and recycled
+  std::shared_ptr<MemoryPool> memory_;    // before ring_: outlives the slots
+  std::unique_ptr<DeviceStager> stager_;  // owns the slots' memory
+  std::unique_ptr<SampleRing> ring_;      // after stager_: destroyed first
 };
 
 }  // namespace fullburn

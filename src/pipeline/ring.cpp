@@ -119,7 +119,9 @@ LoaderPosition SampleRing::position() const {
 void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
   std::unique_lock<std::mutex> lock(mu_);
   // Samples being made for the old epoch finish first; slots they filled are freed.
+  draining_ = true;
   ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
+  draining_ = false;
   for (auto& s : slots_)
     if (s->state != Slot::State::kInUse) {
       s->state = Slot::State::kFree;
@@ -236,8 +238,11 @@ void SampleRing::Worker(int id) {
       Fail(error);
       return;
     }
-    if (++slot->filled == BatchSize(batch)) slot->state = Slot::State::kReady;
-    ready_cv_.notify_all();
+    // The consumer waits for a whole batch (StartEpoch, for no sample in
+    // flight): waking it for every sample costs small samples their speed.
+    bool ready = ++slot->filled == BatchSize(batch);
+    if (ready) slot->state = Slot::State::kReady;
+    if (ready || (draining_ && inflight_ == 0)) ready_cv_.notify_all();
   }
 }
 
@@ -327,6 +332,13 @@ bool SampleRing::HandOut(Slot& s, Batch* out) {
   ++stats_.batches;
   stats_.samples += out->size;
   return true;
+}
+
+void SampleRing::HandOverMemory(const Batch& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = *slots_[static_cast<size_t>(batch.slot)];
+  FB_CHECK(options_.allocate && s.state == Slot::State::kInUse && s.batch == batch.index);
+  s.data = nullptr;  // Allocate() gives the slot new memory with its next batch
 }
 
 void SampleRing::Release(const Batch& batch) {

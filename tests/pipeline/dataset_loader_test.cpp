@@ -86,6 +86,49 @@ TEST(DatasetLoader, BatchesHoldWhatGetGaveEachSampleOncePerEpoch) {
   EXPECT_GT(s.stages.dataset_s, 0);
 }
 
+// On CPU a batch's memory is the caller's (no copy after the workers) and
+// comes back to the loader once the caller drops it.
+TEST(DatasetLoader, ABatchTheCallerKeepsIsNeverWrittenAgainAndDroppedOnesAreReused) {
+  auto l = DatasetLoader::Open(std::make_shared<Numbers>(200), Options(2));
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  auto consistent = [](const TensorBatch& b) {
+    for (int64_t i = 0; i < b.inputs.size(0); ++i) {
+      float v = b.inputs[i][0][0].item<float>();
+      if (!torch::equal(b.inputs[i], torch::full({2, 3}, v)) ||
+          b.targets[i].item<int64_t>() != static_cast<int64_t>(v) % 5)
+        return false;
+    }
+    return true;
+  };
+  // 50 batches kept: more than the ring's slots and the loader's spare memory.
+  std::vector<TensorBatch> kept = Epoch(**l, 0);
+  ASSERT_EQ(kept.size(), 50u);
+  std::vector<torch::Tensor> copies;
+  for (const TensorBatch& b : kept) copies.push_back(b.inputs.clone());
+  std::set<const void*> kept_memory;
+  for (const TensorBatch& b : kept) kept_memory.insert(b.inputs.data_ptr());
+  EXPECT_EQ(kept_memory.size(), 50u);  // each batch its own memory
+  Epoch(**l, 1);                       // made while epoch 0's batches are held
+  for (size_t k = 0; k < kept.size(); ++k) {
+    EXPECT_TRUE(torch::equal(kept[k].inputs, copies[k])) << "batch " << k << " was overwritten";
+    EXPECT_TRUE(consistent(kept[k]));
+  }
+  kept.clear();  // dropped: their memory goes back to the loader
+  // Each batch dropped as the next comes: the loader cycles through a few
+  // blocks of memory (its slots and spares), not one new block per batch.
+  (*l)->StartEpoch(2);
+  TensorBatch b;
+  std::set<const void*> used;
+  int batches = 0;
+  while ((*l)->Next(&b)) {
+    EXPECT_TRUE(consistent(b));
+    used.insert(b.inputs.data_ptr());
+    ++batches;
+  }
+  EXPECT_EQ(batches, 50);
+  EXPECT_LE(used.size(), 26u);  // 9 slots + 16 spares + the one held
+}
+
 TEST(DatasetLoader, AugmentationIsTheSameWhateverTheThreadCountAndAfterAResume) {
   auto data = std::make_shared<Numbers>(40, /*augment=*/true);
   auto one = DatasetLoader::Open(data, Options(1));
