@@ -71,10 +71,9 @@ void DeviceStager::ReleaseCompleted(bool wait_for_one) {
   }
 }
 
-bool DeviceStager::Issue() {
+bool DeviceStager::Issue(bool wait) {
   auto f = std::make_unique<InFlight>();
-  // Block only when nothing is issued yet; otherwise take what is ready.
-  bool got = issued_.empty() ? ring_->Next(&f->core) : ring_->TryNext(&f->core);
+  bool got = wait ? ring_->Next(&f->core) : ring_->TryNext(&f->core);
   if (!got) return false;
   std::vector<Part> parts = split_(f->core);
   if (cuda_) {
@@ -100,7 +99,7 @@ bool DeviceStager::Issue() {
 bool DeviceStager::Next(Batch* core, std::vector<torch::Tensor>* parts) {
   Retire();
   ReleaseCompleted(false);
-  if (issued_.empty() && !Issue()) return false;
+  if (issued_.empty() && !Issue(/*wait=*/true)) return false;
   current_ = std::move(issued_.front());
   issued_.pop_front();
   if (current_->copied) {
@@ -126,8 +125,10 @@ void DeviceStager::Retire() {
 
 void DeviceStager::Done() {
   Retire();
-  // Start the next copy now, so it overlaps the caller's step.
-  if (issued_.empty()) Issue();
+  // Start the next copy now, so it overlaps the caller's step, if its batch
+  // is ready: waiting for it here would hold back the batch just handed out
+  // (and count the wait for the next batch as this one's).
+  if (issued_.empty()) Issue(/*wait=*/false);
 }
 
 }  // namespace fullburn

@@ -5,7 +5,8 @@
 // is copied on a side stream with its own event, the consumer's stream waits
 // on that event (the host does not), and the slot goes back to the ring only
 // once the copy has completed, so no slot is refilled while it is read. One
-// batch is copied ahead: its copy overlaps the caller's step. On CPU the
+// batch is copied ahead when it is ready as the last is handed out: its copy
+// overlaps the caller's step. Next() never waits for more than its batch. On CPU the
 // parts stay views of the slot until the owner has made its own tensors of
 // them (Done()). One consumer thread.
 #pragma once
@@ -55,7 +56,9 @@ class DeviceStager {
 
  private:
   struct InFlight;
-  bool Issue();   // takes a ready ring batch and starts its copy
+  // Takes the ring's next batch (waiting for it, or only if it is ready) and
+  // starts its copy.
+  bool Issue(bool wait);
   void Retire();  // the handed-out batch: its slot back (CPU) or to copying_ (CUDA)
   void ReleaseCompleted(bool wait_for_one);
 

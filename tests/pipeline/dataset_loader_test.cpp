@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -35,6 +38,33 @@ class Numbers : public Dataset {
   int64_t n_;
   bool augment_;
   int64_t throw_at_;
+};
+
+// Get's calls after the first `open_after` wait until the test opens the
+// gate (at most 10 s).
+class Gated : public Dataset {
+ public:
+  Gated(int64_t n, int open_after) : n_(n), open_after_(open_after) {}
+  int64_t size() const override { return n_; }
+  Sample Get(int64_t index, uint64_t) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (++calls_ > open_after_) cv_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; });
+    return {torch::full({2, 3}, static_cast<float>(index)), torch::tensor(index % 5)};
+  }
+  void OpenGate() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  int64_t n_;
+  int open_after_, calls_ = 0;
+  bool open_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
 };
 
 DatasetLoaderOptions Options(int threads, int batch = 4) {
@@ -127,6 +157,27 @@ TEST(DatasetLoader, ABatchTheCallerKeepsIsNeverWrittenAgainAndDroppedOnesAreReus
   }
   EXPECT_EQ(batches, 50);
   EXPECT_LE(used.size(), 26u);  // 9 slots + 16 spares + the one held
+}
+
+// Next() returns its batch as soon as that batch is ready: the step on it
+// overlaps the making of the next, and a data wait is the wait for this batch.
+TEST(DatasetLoader, NextHandsOutItsBatchWithoutWaitingForTheNext) {
+  // Open reads sample 0 (call 1), batch 0 is calls 2-5; batch 1 waits for the gate.
+  auto data = std::make_shared<Gated>(16, /*open_after=*/5);
+  auto l = DatasetLoader::Open(data, Options(1));
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  (*l)->StartEpoch(0);
+  TensorBatch b;
+  auto t0 = std::chrono::steady_clock::now();
+  bool got = (*l)->Next(&b);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  data->OpenGate();
+  ASSERT_TRUE(got) << (*l)->status().message();
+  EXPECT_LT(took, 5.0) << "Next waited for the batch after its own";
+  int batches = 1;
+  while ((*l)->Next(&b)) ++batches;
+  EXPECT_EQ(batches, 4);
+  EXPECT_TRUE((*l)->status().ok()) << (*l)->status().message();
 }
 
 TEST(DatasetLoader, AugmentationIsTheSameWhateverTheThreadCountAndAfterAResume) {

@@ -334,6 +334,15 @@ LoaderOptions Small(const std::string& root, int threads) {
   return o;
 }
 
+// Rank `rank` of `world` reading `root` in batches of 2.
+std::unique_ptr<ImageLoader> OpenRank(const std::string& root, int threads, int rank, int world) {
+  LoaderOptions o = Small(root, threads);
+  o.batch_size = 2;
+  o.rank = rank;
+  o.world_size = world;
+  return std::move(ImageLoader::Open(o).value());
+}
+
 // Every batch of an epoch: bytes and labels.
 std::vector<std::vector<uint8_t>> Epoch(ImageLoader& l, int epoch, std::vector<int32_t>* labels) {
   std::vector<std::vector<uint8_t>> out;
@@ -474,13 +483,7 @@ TEST(Loader, ShardsSplitTheEpochWithoutOverlap) {
 // ranks: they read the other 12 of the epoch, each once, and nothing twice.
 TEST(Loader, ResumeWithAnotherWorldSizeReadsTheRestOfTheEpoch) {
   std::string dir = SmallDataset("reshard");  // 24 images
-  auto open = [&](int rank, int world) {
-    LoaderOptions o = Small(dir, 1);
-    o.batch_size = 2;
-    o.rank = rank;
-    o.world_size = world;
-    return std::move(ImageLoader::Open(o).value());
-  };
+  auto open = [&](int rank, int world) { return OpenRank(dir, 1, rank, world); };
   std::vector<int64_t> before, after;
   for (int rank = 0; rank < 3; ++rank) {
     auto l = open(rank, 3);
@@ -522,13 +525,7 @@ TEST(Loader, ResumeWithAnotherWorldSizeReadsTheRestOfTheEpoch) {
 // process made of it, so a resumed run trains on the same pixels.
 TEST(Loader, AResumedEpochAugmentsEachSampleAsBefore) {
   std::string dir = SmallDataset("reaugment");  // 24 images
-  auto open = [&](int rank, int world) {
-    LoaderOptions o = Small(dir, 2);
-    o.batch_size = 2;
-    o.rank = rank;
-    o.world_size = world;
-    return std::move(ImageLoader::Open(o).value());
-  };
+  auto open = [&](int rank, int world) { return OpenRank(dir, 2, rank, world); };
   const size_t bytes = 32 * 32 * 3;
   std::map<int64_t, std::vector<uint8_t>> alone;
   auto whole = open(0, 1);
