@@ -331,6 +331,22 @@ struct RingOptions {
   std::function<uint8_t*(size_t bytes)> allocate;
 };
 
+// The ring's share of a loader's options (LoaderOptions, DatasetLoaderOptions:
+// any with these fields of the same names).
+template <class LoaderOpts>
+RingOptions RingOptionsOf(const LoaderOpts& o) {
+  RingOptions r;
+  r.batch_size = o.batch_size;
+  r.threads = o.threads;
+  r.cpu_budget = o.cpu_budget;
+  r.prefetch = o.prefetch;
+  r.seed = o.seed;
+  r.rank = o.rank;
+  r.world_size = o.world_size;
+  r.keep_last = o.keep_last;
+  return r;
+}
+
 // One sample for a worker to make: the `position`-th of this rank's epoch,
 // the `index_in_batch`-th of its batch, into the batch's slot memory.
 struct SampleJob {

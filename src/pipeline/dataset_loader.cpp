@@ -135,17 +135,9 @@ Result<std::unique_ptr<DatasetLoader>> DatasetLoader::Open(std::shared_ptr<Datas
         {torch::from_blob(slot, in, in_type), in_type},
         {torch::from_blob(slot + targets_at, tg, target_type), target_type}};
   });
-  RingOptions r;
+  RingOptions r = RingOptionsOf(options);
   r.dataset_size = l->dataset_->size();
   r.batch_bytes = l->targets_at_ + batch * l->target_bytes_;
-  r.batch_size = options.batch_size;
-  r.threads = options.threads;
-  r.cpu_budget = options.cpu_budget;
-  r.prefetch = options.prefetch;
-  r.seed = options.seed;
-  r.rank = options.rank;
-  r.world_size = options.world_size;
-  r.keep_last = options.keep_last;
   r.allocate = l->stager_->Allocator();
   if (!l->stager_->cuda()) {
     l->memory_ = std::make_shared<MemoryPool>(r.batch_bytes);

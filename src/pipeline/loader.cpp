@@ -40,18 +40,10 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
   }
   if (options.cache_bytes > 0) l->cache_.resize(l->folder_.files.size());
   l->image_bytes_ = static_cast<size_t>(options.out_w) * options.out_h * 3;
-  RingOptions r;
+  RingOptions r = RingOptionsOf(options);
   r.dataset_size = l->dataset_size();
   r.batch_bytes = l->image_bytes_ * static_cast<size_t>(std::max(0, options.batch_size));
-  r.batch_size = options.batch_size;
-  r.threads = options.threads;
-  r.cpu_budget = options.cpu_budget;
-  r.prefetch = options.prefetch;
-  r.seed = options.seed;
-  r.rank = options.rank;
-  r.world_size = options.world_size;
   r.shard_pad = options.shard_pad;
-  r.keep_last = options.keep_last;
   r.allocate = options.allocate_images;
   ImageLoader* self = l.get();
   auto ring = SampleRing::Open(
