@@ -10,8 +10,10 @@
 //   and its shards, and batch slots that cycle free -> filling -> ready -> in
 //   use -> free. Next() hands out ready slots in batch order; Release() frees
 //   one. A slot is never written while the consumer holds it. One error (a
-//   sample that cannot be made, on_bad_sample=fail, an unreadable dataset)
-//   wakes every waiting thread and is returned by Next() through status().
+//   sample that cannot be made, on_bad_sample=fail, an unreadable dataset, a
+//   maker that throws, slot memory that cannot be had) wakes every waiting
+//   thread and is returned by Next() through status(); no exception leaves a
+//   worker thread.
 //   Next()/Release() are for one consumer thread. ImageLoader makes images
 //   into its slots; a program's own dataset (torch_loader.h) makes tensors.
 // - The batch sequence is a function of (seed, epoch) only: the same whatever
@@ -403,9 +405,10 @@ class SampleRing {
  private:
   struct Slot;
   SampleRing() = default;
-  bool HandOut(Slot& slot, Batch* out);  // with mu_ held
-  void Tune();                           // with mu_ held
-  void Allocate(Slot& slot);             // with mu_ held
+  bool HandOut(Slot& slot, Batch* out);           // with mu_ held
+  void Tune();                                    // with mu_ held
+  bool Allocate(Slot& slot, std::string* error);  // with mu_ held
+  bool MakeOrExplain(const SampleJob& job, std::string* error);
   void Worker(int id);
   int64_t BatchSize(int64_t batch) const;  // batch_size, or less for keep_last's last batch
   void StopWorkers();

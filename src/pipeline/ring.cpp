@@ -31,6 +31,8 @@ namespace {
 
 constexpr int kStartDepth = 3, kMaxDepth = 8;
 
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -82,13 +84,25 @@ Result<std::unique_ptr<SampleRing>> SampleRing::Open(const RingOptions& options,
 
 SampleRing::~SampleRing() { StopWorkers(); }
 
-void SampleRing::Allocate(Slot& s) {
-  if (options_.allocate) {
-    s.data = options_.allocate(options_.batch_bytes);
-  } else {
-    s.own.resize(options_.batch_bytes);
-    s.data = s.own.data();
+// Out of memory here (a slot of pinned memory the driver refuses, a batch too
+// big for the host) is an error of the run, never std::terminate on a worker.
+bool SampleRing::Allocate(Slot& s, std::string* error) {
+  try {
+    if (options_.allocate) {
+      s.data = options_.allocate(options_.batch_bytes);
+    } else {
+      s.own.resize(options_.batch_bytes);
+      s.data = s.own.data();
+    }
+  } catch (const std::exception& e) {
+    s.data = nullptr;
+    *error = FirstLine(e.what());
   }
+  if (s.data) return true;
+  if (error->empty()) *error = "no memory";
+  *error = "could not allocate a batch slot of " + std::to_string(options_.batch_bytes) +
+           " bytes (" + *error + "): lower the batch size or data.prefetch";
+  return false;
 }
 
 void SampleRing::StopWorkers() {
@@ -180,12 +194,28 @@ void SampleRing::CountSkipped() {
   ++stats_.skipped;
 }
 
+// A maker that throws (out of memory, a bug in a program's own code) stops
+// the run with its message instead of terminating the process.
+bool SampleRing::MakeOrExplain(const SampleJob& job, std::string* error) {
+  try {
+    return make_(job, error);
+  } catch (const std::exception& e) {
+    *error = "sample " + std::to_string((*job.order)[static_cast<size_t>(job.position)]) + ": " +
+             FirstLine(e.what());
+  } catch (...) {
+    *error = "sample " + std::to_string((*job.order)[static_cast<size_t>(job.position)]) +
+             ": an exception that is not a std::exception";
+  }
+  return false;
+}
+
 void SampleRing::Worker(int id) {
   const int b = options_.batch_size;
   const int64_t slots = static_cast<int64_t>(slots_.size());
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     int64_t batch = -1;
+    std::string error;
     work_cv_.wait(lock, [&] {
       if (stop_) return true;
       if (id >= active_) return false;  // parked by the tuner
@@ -197,7 +227,7 @@ void SampleRing::Worker(int id) {
         return false;
       }
       Slot& s = *slots_[static_cast<size_t>(batch % slots)];
-      if (s.state == Slot::State::kFree && !s.data) Allocate(s);
+      if (s.state == Slot::State::kFree && !s.data && !Allocate(s, &error)) return true;
       if (s.state == Slot::State::kFree) {
         s.state = Slot::State::kFilling;
         s.batch = batch;
@@ -207,6 +237,11 @@ void SampleRing::Worker(int id) {
       return s.state == Slot::State::kFilling && s.batch == batch && s.epoch == epoch_;
     });
     if (stop_) return;
+    if (!error.empty()) {
+      lock.unlock();
+      Fail(error);
+      return;
+    }
     Slot* slot = slots_[static_cast<size_t>(batch % slots)].get();
     const int i = static_cast<int>(next_item_ % b);
     StageTimes t;
@@ -223,8 +258,7 @@ void SampleRing::Worker(int id) {
     ++next_item_;
     ++inflight_;
     lock.unlock();
-    std::string error;
-    bool ok = make_(job, &error);
+    bool ok = MakeOrExplain(job, &error);
     lock.lock();
     --inflight_;
     stats_.stages.read_s += t.read_s;

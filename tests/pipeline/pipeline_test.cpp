@@ -447,6 +447,61 @@ TEST(Loader, FailPolicyStopsWithTheFileName) {
       << (*l)->status().message();
 }
 
+// Drains an epoch of the ring; the batches it handed out.
+int DrainRing(SampleRing& ring) {
+  ring.StartEpoch(0);
+  Batch b;
+  int got = 0;
+  while (ring.Next(&b)) {
+    ring.Release(b);
+    ++got;
+  }
+  return got;
+}
+
+RingOptions SmallRing() {
+  RingOptions o;
+  o.dataset_size = 64;
+  o.batch_size = 4;
+  o.batch_bytes = 16;
+  o.threads = 2;
+  return o;
+}
+
+// Without the catch in the worker these would end the process
+// (std::terminate from a thread), not the run.
+TEST(Ring, AMakerThatThrowsStopsTheRunWithItsMessage) {
+  auto ring = SampleRing::Open(SmallRing(), [](const SampleJob& job, std::string*) -> bool {
+    if (job.position == 9) throw std::bad_alloc();
+    return true;
+  });
+  ASSERT_TRUE(ring.ok());
+  EXPECT_LT(DrainRing(**ring), 3);
+  const std::string m = (*ring)->status().message();
+  EXPECT_EQ(m.rfind("sample ", 0), 0u) << m;  // names the sample
+  EXPECT_NE(m.find("bad_alloc"), std::string::npos) << m;
+}
+
+TEST(Ring, SlotMemoryThatCannotBeHadStopsTheRunAndSaysWhatToLower) {
+  for (bool throws : {true, false}) {
+    RingOptions o = SmallRing();
+    o.allocate = [throws](size_t) -> uint8_t* {
+      if (throws) throw std::runtime_error("cudaHostAlloc failed\nstack trace");
+      return nullptr;
+    };
+    auto ring = SampleRing::Open(o, [](const SampleJob&, std::string*) { return true; });
+    ASSERT_TRUE(ring.ok());
+    EXPECT_EQ(DrainRing(**ring), 0);
+    const std::string m = (*ring)->status().message();
+    EXPECT_NE(m.find("could not allocate a batch slot of 16 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("lower the batch size or data.prefetch"), std::string::npos) << m;
+    EXPECT_EQ(m.find("stack trace"), std::string::npos) << m;
+    if (throws) {
+      EXPECT_NE(m.find("cudaHostAlloc failed"), std::string::npos) << m;
+    }
+  }
+}
+
 // Dataset indices of every sample of an epoch, in order.
 std::vector<int64_t> EpochSamples(ImageLoader& l, int epoch) {
   std::vector<int64_t> out;
