@@ -18,8 +18,9 @@ TEST(Metrics, NamesRoundTripThroughTheCatalog) {
       const MetricDef* found = FindMetric(name, &index, &found_rank);
       ASSERT_EQ(found, &d) << name;
       EXPECT_EQ(found_rank, rank) << name;
-      if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore)
+      if (d.scope == MetricScope::kGpu || d.scope == MetricScope::kCore) {
         EXPECT_EQ(index, 3) << name;
+      }
     }
   }
   EXPECT_EQ(MetricName(*FindMetric("gpu0.util"), 1, 4), "rank4.gpu1.util");
