@@ -72,6 +72,10 @@ class Result {
   Status status_;
 };
 
+// The first line of a message (an exception's what(), which libtorch follows
+// with a stack trace): what a one-line error may quote of it.
+inline std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
 [[noreturn]] inline void CheckFailed(const char* file, int line, const char* expr) {
   std::fprintf(stderr, "fullburn: internal error at %s:%d: check failed: %s\n", file, line, expr);
   std::abort();

@@ -26,8 +26,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
 // A rank that connected to MASTER_ADDR:MASTER_PORT yet got no rendezvous answer.
 std::string NoRendezvousAnswer(const RankInfo& rank, const std::string& detail) {
   return fmt::format(

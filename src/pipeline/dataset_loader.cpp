@@ -19,8 +19,6 @@ double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
 std::string Shape(const torch::Tensor& t) {
   std::string out = "[";
   for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));

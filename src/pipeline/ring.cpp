@@ -31,8 +31,6 @@ namespace {
 
 constexpr int kStartDepth = 3, kMaxDepth = 8;
 
-std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -87,6 +85,7 @@ SampleRing::~SampleRing() { StopWorkers(); }
 // Out of memory here (a slot of pinned memory the driver refuses, a batch too
 // big for the host) is an error of the run, never std::terminate on a worker.
 bool SampleRing::Allocate(Slot& s, std::string* error) {
+  std::string why = "no memory";
   try {
     if (options_.allocate) {
       s.data = options_.allocate(options_.batch_bytes);
@@ -96,12 +95,11 @@ bool SampleRing::Allocate(Slot& s, std::string* error) {
     }
   } catch (const std::exception& e) {
     s.data = nullptr;
-    *error = FirstLine(e.what());
+    why = FirstLine(e.what());
   }
   if (s.data) return true;
-  if (error->empty()) *error = "no memory";
   *error = "could not allocate a batch slot of " + std::to_string(options_.batch_bytes) +
-           " bytes (" + *error + "): lower the batch size or data.prefetch";
+           " bytes (" + why + "): lower the batch size or data.prefetch";
   return false;
 }
 
@@ -197,15 +195,16 @@ void SampleRing::CountSkipped() {
 // A maker that throws (out of memory, a bug in a program's own code) stops
 // the run with its message instead of terminating the process.
 bool SampleRing::MakeOrExplain(const SampleJob& job, std::string* error) {
+  std::string what;
   try {
     return make_(job, error);
   } catch (const std::exception& e) {
-    *error = "sample " + std::to_string((*job.order)[static_cast<size_t>(job.position)]) + ": " +
-             FirstLine(e.what());
+    what = FirstLine(e.what());
   } catch (...) {
-    *error = "sample " + std::to_string((*job.order)[static_cast<size_t>(job.position)]) +
-             ": an exception that is not a std::exception";
+    what = "an exception that is not a std::exception";
   }
+  *error =
+      "sample " + std::to_string((*job.order)[static_cast<size_t>(job.position)]) + ": " + what;
   return false;
 }
 
