@@ -6,6 +6,7 @@
 #   PYTHON       the Python whose torch to build against (python3)
 #   TORCH_CMAKE  or that libtorch's CMake folder, given
 #   BUILD        the build folder (build-gpu)
+#   KEEP_GOING   1: build every target it can past a failing one, to see all errors in one call
 # Debian builds cpp-httplib as a library with OpenSSL, zlib and Brotli
 # (its pkg-config Cflags): the same definitions here, or its classes differ.
 set -euo pipefail
@@ -42,6 +43,8 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_W
   -DHTTPLIB_LIBRARY="$lib/libcpp-httplib.so" \
   -DHTTPLIB_DEFINITIONS="CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT" \
   "${cuda[@]}"
-cmake --build "$build" -j "$(nproc)"
+keep=()
+if [[ ${KEEP_GOING:-0} == 1 ]]; then keep=(-- -k); [[ ${#generator[@]} -gt 0 ]] && keep+=(0); fi
+cmake --build "$build" -j "$(nproc)" "${keep[@]}"
 echo "device-build: $build/src/fullburn and $build/src/fullburn-train, against $torch_cmake"
 echo "device-build: run them with LD_LIBRARY_PATH=$lib (cpp-httplib's OpenSSL and Brotli)"
