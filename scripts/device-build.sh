@@ -18,9 +18,12 @@ build=${BUILD:-build-gpu}
 torch_cmake=${TORCH_CMAKE:-$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')}
 torch_include=$(dirname "$(dirname "$(dirname "$torch_cmake")")")/include
 lib="$kit/root/usr/lib/x86_64-linux-gnu"
-flags=""
+# PyTorch 2.x ships fmt's headers (v12) in its include folder, which comes
+# before the kit's (fmt 9): header-only fmt, so each file links the fmt
+# whose headers it saw.
+flags="-DFMT_HEADER_ONLY"
 # c10d's Gloo headers include gloo's: libtorch's own where it ships them.
-[[ -f $torch_include/gloo/config.h || -f /usr/include/gloo/config.h ]] || flags="-isystem $kit/gloo"
+[[ -f $torch_include/gloo/config.h || -f /usr/include/gloo/config.h ]] || flags+=" -isystem $kit/gloo"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cuda=()
