@@ -22,6 +22,9 @@ lib="$kit/root/usr/lib/x86_64-linux-gnu"
 # before the kit's (fmt 9): header-only fmt, so each file links the fmt
 # whose headers it saw.
 flags="-DFMT_HEADER_ONLY"
+# Multiarch headers (jconfig.h: the JPEG library version) from the kit, not
+# the machine's own (an Ubuntu libjpeg8 there: "library is 62, caller expects 80").
+flags+=" -isystem $kit/root/usr/include/x86_64-linux-gnu"
 # c10d's Gloo headers include gloo's: libtorch's own where it ships them.
 [[ -f $torch_include/gloo/config.h || -f /usr/include/gloo/config.h ]] || flags+=" -isystem $kit/gloo"
 generator=()
