@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fullburn/env.h"
@@ -46,6 +47,11 @@ Result<std::optional<RankInfo>> RankFromEnvironment(const EnvMap& env);
 
 // "gpu[01-04,09],cpu7" -> "gpu01" (Slurm's compressed host list).
 Result<std::string> FirstSlurmHost(const std::string& nodelist);
+
+// NCCL refuses two ranks on one GPU ("invalid usage"), as when more ranks
+// than GPUs start on a node. Given each rank's GPU identity (its UUID; ""
+// for a rank without one), the first two ranks that share a GPU, if any.
+std::optional<std::pair<int, int>> FirstSharedGpu(const std::vector<std::string>& gpu_of_rank);
 
 // The environment `fullburn launch` gives local process `local_rank` of a
 // node: torchrun's variables, so anything torchrun can start it can start.

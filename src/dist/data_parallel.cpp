@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef FULLBURN_TORCH_NCCL
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -224,6 +226,29 @@ Status CheckSameConfig(c10d::Store& store, const RankInfo& rank, const std::stri
   return Status::Ok();
 }
 
+#ifdef FULLBURN_TORCH_NCCL
+// The GPU's UUID: the same physical GPU under any CUDA_VISIBLE_DEVICES.
+std::string GpuUuid(const torch::Device& device) {
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(
+      device.has_index() ? device.index() : c10::cuda::current_device());
+  std::string out;
+  for (char byte : p->uuid.bytes) out += fmt::format("{:02x}", static_cast<unsigned char>(byte));
+  return out;
+}
+
+// Every rank publishes its GPU and reads everyone's, so all reach one answer.
+std::optional<std::pair<int, int>> SharedGpu(c10d::Store& store, const RankInfo& rank,
+                                             const std::string& gpu) {
+  store.set("gpu/" + std::to_string(rank.rank), std::vector<uint8_t>(gpu.begin(), gpu.end()));
+  std::vector<std::string> gpus;
+  for (int r = 0; r < rank.world_size; ++r) {
+    std::vector<uint8_t> other = store.get("gpu/" + std::to_string(r));
+    gpus.emplace_back(other.begin(), other.end());
+  }
+  return FirstSharedGpu(gpus);
+}
+#endif
+
 }  // namespace
 
 DataParallel::DataParallel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -256,7 +281,6 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
     return Status::InvalidArgument("dist.backend must be auto, gloo or nccl, not " + backend);
   if (options.compress != "none" && options.compress != "fp16" && options.compress != "bf16")
     return Status::InvalidArgument("dist.compress must be none, fp16 or bf16");
-  impl->backend = backend;
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(rank.master_port);
@@ -295,6 +319,31 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
       return Status::Unavailable(NoRendezvousAnswer(rank, FirstLine(e.what())));
     }
   }
+#ifdef FULLBURN_TORCH_NCCL
+  if (backend == "nccl" && rank.world_size > 1) {
+    std::optional<std::pair<int, int>> shared;
+    try {
+      shared = SharedGpu(*impl->store, rank, GpuUuid(device));
+    } catch (const std::exception& e) {
+      return impl->Lost(e);
+    }
+    if (shared && options.backend != "auto")
+      return Status::InvalidArgument(fmt::format(
+          "dist.backend = nccl, but ranks {} and {} share one GPU, which NCCL refuses: start one "
+          "rank per GPU, or set dist.backend = gloo",
+          shared->first, shared->second));
+    if (shared) {
+      backend = "gloo";  // Gloo reduces CUDA tensors too, through host memory
+      impl->control_device = torch::kCPU;
+      if (rank.rank == 0)
+        std::fprintf(stderr,
+                     "fullburn: ranks %d and %d share one GPU, which NCCL refuses: Gloo instead "
+                     "(one rank per GPU to use NCCL)\n",
+                     shared->first, shared->second);
+    }
+  }
+#endif
+  impl->backend = backend;
   try {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(backend, impl->store);
 #ifdef FULLBURN_TORCH_NCCL

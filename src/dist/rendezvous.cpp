@@ -48,6 +48,14 @@ EnvMap EnvironmentMap() {
   return env;
 }
 
+std::optional<std::pair<int, int>> FirstSharedGpu(const std::vector<std::string>& gpu_of_rank) {
+  for (size_t b = 1; b < gpu_of_rank.size(); ++b)
+    for (size_t a = 0; a < b; ++a)
+      if (!gpu_of_rank[a].empty() && gpu_of_rank[a] == gpu_of_rank[b])
+        return std::make_pair(static_cast<int>(a), static_cast<int>(b));
+  return std::nullopt;
+}
+
 Result<std::string> FirstSlurmHost(const std::string& nodelist) {
   if (nodelist.empty()) return Status::InvalidArgument("SLURM_JOB_NODELIST is empty");
   size_t bracket = nodelist.find('['), comma = nodelist.find(',');

@@ -158,7 +158,7 @@ const std::vector<OptionDef>& TrainOptions() {
        "", ">=0"},
       {"dist.backend", T::kString, "auto",
        "Data parallelism (ranks from torchrun, Slurm, MPI or fullburn launch): auto = nccl for "
-       "CUDA when built in, else gloo",
+       "CUDA when built in and every rank has a GPU of its own, else gloo",
        "auto|gloo|nccl"},
       {"dist.timeout_s", T::kFloat, "120",
        "Rendezvous and collective timeout; a lost rank stops the others within it", "", ">0"},

@@ -32,6 +32,17 @@ TEST(Rendezvous, Torchrun) {
   EXPECT_EQ(i.launcher, "torchrun");
 }
 
+TEST(Rendezvous, RanksSharingAGpuAreFoundSoNcclIsNotAskedToRunThem) {
+  EXPECT_FALSE(FirstSharedGpu({}).has_value());
+  EXPECT_FALSE(FirstSharedGpu({"gpu-a"}).has_value());
+  EXPECT_FALSE(FirstSharedGpu({"gpu-a", "gpu-b", "gpu-c"}).has_value());
+  EXPECT_FALSE(FirstSharedGpu({"", ""}).has_value()) << "ranks without a GPU share nothing";
+  EXPECT_EQ(FirstSharedGpu({"gpu-a", "gpu-a"}), std::make_pair(0, 1));
+  // 4 ranks on a 2-GPU node, each on local_rank % 2: rank 2 is the first on a taken GPU.
+  EXPECT_EQ(FirstSharedGpu({"gpu-a", "gpu-b", "gpu-a", "gpu-b"}), std::make_pair(0, 2));
+  EXPECT_EQ(FirstSharedGpu({"gpu-a", "gpu-b", "gpu-c", "gpu-b"}), std::make_pair(1, 3));
+}
+
 TEST(Rendezvous, SlurmTakesTheFirstHostOfTheNodeList) {
   auto r = RankFromEnvironment({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
                                 {"SLURM_JOB_NODELIST", "gpu[012-015,020]"}});
