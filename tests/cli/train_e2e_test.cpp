@@ -29,6 +29,18 @@ namespace fs = std::filesystem;
 using testing::Background;
 using testing::RunToEnd;
 
+// These tests are the CPU tier (exact losses across runs, the CPU memory
+// budget, CPU-only errors), pinned to the CPU through the option's variable so
+// that a machine with a GPU runs them the same way; on a lent GPU machine,
+// where train.device = auto took CUDA, a dozen of them failed for that alone.
+// bench/gpu_session is the GPU tier.
+class CpuTier : public ::testing::Environment {
+ public:
+  void SetUp() override { ::setenv("FULLBURN_TRAIN_DEVICE", "cpu", 1); }
+};
+[[maybe_unused]] ::testing::Environment* const kCpuTier =
+    ::testing::AddGlobalTestEnvironment(new CpuTier);
+
 // Small and deterministic: an MLP on in-memory synthetic data, one thread.
 // A loopback port the kernel says is free now, for ranks started by hand
 // ("" if none could be had).
