@@ -25,9 +25,6 @@ flags="-DFMT_HEADER_ONLY"
 # Multiarch headers (jconfig.h: the JPEG library version) from the kit, not
 # the machine's own (an Ubuntu libjpeg8 there: "library is 62, caller expects 80").
 flags+=" -isystem $kit/root/usr/include/x86_64-linux-gnu"
-# PyTorch's wheel exports some libstdc++ functions of its own (std::filesystem::
-# remove_all there jumps to address 0): libstdc++ is named first, so our
-# programs bind to it rather than to libtorch.so's copies.
 # c10d's Gloo headers include gloo's: libtorch's own where it ships them.
 [[ -f $torch_include/gloo/config.h || -f /usr/include/gloo/config.h ]] || flags+=" -isystem $kit/gloo"
 generator=()
@@ -41,7 +38,6 @@ fi
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_WITH_TORCH=ON \
   -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON \
   -DCMAKE_PREFIX_PATH="$kit/root/usr;$torch_cmake" -DCMAKE_CXX_FLAGS="$flags" \
-  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--no-as-needed -lstdc++ -Wl,--as-needed" \
   -DSQLite3_INCLUDE_DIR="$kit/root/usr/include" -DSQLite3_LIBRARY="$lib/libsqlite3.so" \
   -DJPEG_INCLUDE_DIR="$kit/root/usr/include" -DJPEG_LIBRARY="$lib/libjpeg.so" \
   -DPNG_PNG_INCLUDE_DIR="$kit/root/usr/include" -DPNG_LIBRARY="$lib/libpng16.so" \
