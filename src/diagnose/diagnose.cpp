@@ -87,6 +87,7 @@ Finding Healthy(const Facts& f) {
 std::vector<Finding> Diagnose(const RunData& run) {
   Facts f = Gather(run);
   std::vector<Finding> out;
+  GpuUseRule(f, &out);
   TransferRules(f, &out);
   LoopRule(f, &out);
   InputRules(f, &out);

@@ -392,6 +392,7 @@ void GatherGpuSeries(const std::map<std::string, Series>& m,
       continue;
     }
     gf.util = MedianOf(*util);
+    if (const Series* whole = Find(all, p + "util")) gf.util_max = Max(*whole);
     util_sum += gf.util;
     const Series *used = Find(all, p + "mem_used_bytes"), *total = Find(all, p + "mem_total_bytes");
     if (used && total && Max(*total) > 0) {
@@ -431,6 +432,12 @@ double Median(std::vector<double> v) {
 }
 
 std::string Pct(double share) { return fmt::format("{:.0f}%", share * 100); }
+
+bool Facts::GpuUnused() const {
+  return !gpus.empty() && std::all_of(gpus.begin(), gpus.end(), [](const GpuFacts& g) {
+    return g.util_max < kGpuUnused;  // false for NaN: not read is not idle
+  });
+}
 
 std::string GpuFacts::Name() const {
   return rank > 0 ? fmt::format("GPU {} of rank {}'s node", index, rank)

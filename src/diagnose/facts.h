@@ -24,6 +24,7 @@ constexpr double kIoWait = 10;           // host.cpu_iowait %
 constexpr double kGpuLowUtil = 50;       // gpuN.util %, median
 constexpr double kGpuBusy = 80;          // gpuN.util %, median: healthy
 constexpr double kGpuIdle = 10;          // gpuN.util %: a sample of an idle GPU
+constexpr double kGpuUnused = 5;         // gpuN.util %: never above this over a run, not used
 constexpr double kPcieBusy = 12e9;       // bytes/s host-to-device: about half a Gen4 x16 link
 constexpr double kMemHeadroom = 0.5;     // peak GPU memory / total below this: the batch can grow
 constexpr double kMemNearFull = 0.95;    // peak GPU memory / total above this: near OOM
@@ -46,6 +47,7 @@ struct GpuFacts {
   int index = 0;
   int rank = 0;                 // 0: rank 0's node; R: sampled by rank R on its node (rankR.gpuN.*)
   double util = NAN;            // median %
+  double util_max = NAN;        // highest sample of the whole run, %
   double mem_peak_share = NAN;  // peak used / total
   double pcie_rx = NAN;         // median bytes/s, host to device
   std::string Name() const;     // "GPU 1", or "GPU 1 of rank 4's node"
@@ -164,6 +166,8 @@ struct Facts {
   // A wrapped job's torch DataLoader as python/fullburn_markers.py saw it (its
   // "dataloader" event); -1: not reported.
   int loader_workers = -1, loader_pin_memory = -1;
+  // The job's GPUs were sampled, and none ever ran a kernel worth the name.
+  bool GpuUnused() const;
 };
 
 Facts Gather(const RunData& run);
@@ -180,6 +184,8 @@ void InputRules(const Facts& f, std::vector<Finding>* out);
 void TransferRules(const Facts& f, std::vector<Finding>* out);
 // Before InputRules: a loop busy between steps explains an idle GPU better
 // than a small batch does.
+// First, since the others read an idle GPU as a symptom of something else.
+void GpuUseRule(const Facts& f, std::vector<Finding>* out);
 void LoopRule(const Facts& f, std::vector<Finding>* out);
 void MemoryRules(const Facts& f, std::vector<Finding>* out);
 void ThrottleRules(const Facts& f, std::vector<Finding>* out);

@@ -90,6 +90,30 @@ void SmallBatch(const Facts& f, const std::string& wait, double share, std::vect
 
 }  // namespace
 
+void GpuUseRule(const Facts& f, std::vector<Finding>* out) {
+  if (!f.GpuUnused()) return;
+  double util_max = 0;
+  for (const GpuFacts& g : f.gpus) util_max = std::max(util_max, g.util_max);
+  std::string evidence =
+      fmt::format("GPU utilization never above {:.0f}% over the run (< {:.0f}%)", util_max,
+                  kGpuUnused);
+  if (!std::isnan(f.proc_cpu))
+    evidence += fmt::format("; the job's processes used {:.0f}% of a core", f.proc_cpu);
+  if (!std::isnan(f.cpu)) evidence += "; " + CpuReading(f);
+  bool on_cpu = f.trainer && f.device == "cpu";
+  std::string fix =
+      on_cpu ? "train.device = cuda (or auto): this run trained on the CPU"
+      : f.trainer
+          ? "check train.device and that this libtorch sees the GPU (fullburn version)"
+          : "if it should train on the GPU: move the model and each batch there "
+            "(model.to(\"cuda\"), batch.to(\"cuda\", non_blocking=True)) and check "
+            "torch.cuda.is_available() and CUDA_VISIBLE_DEVICES in the job's environment; a "
+            "job meant for the CPU needs no GPU findings";
+  out->push_back({"gpu_unused", "The job did not use the GPU", evidence,
+                  1 - (std::isnan(f.gpu_util) ? 0 : f.gpu_util) / 100, on_cpu ? 0.95 : 0.85,
+                  fix});
+}
+
 void InputRules(const Facts& f, std::vector<Finding>* out) {
   // With step records the data wait is measured; without, a GPU that idles
   // while the host works stands in for it (unless copies explain it).
@@ -107,12 +131,12 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
     hidden = true;
   }
   bool measured = f.have_steps && wait_share >= kDataWaitShare;
-  bool inferred = !f.have_steps && f.gpu_util < kGpuLowUtil && !copies;
+  bool inferred = !f.have_steps && f.gpu_util < kGpuLowUtil && !copies && !f.GpuUnused();
   if (!measured && !inferred) {
     // Measured steps with little data wait, yet an idle GPU: launch-bound.
     bool loop = std::any_of(out->begin(), out->end(),
                             [](const Finding& x) { return x.cause == "loop_overhead"; });
-    if (f.have_steps && f.gpu_util < kGpuLowUtil && !loop)
+    if (f.have_steps && f.gpu_util < kGpuLowUtil && !loop && !f.GpuUnused())
       SmallBatch(
           f,
           fmt::format(
@@ -311,7 +335,7 @@ void TransferRules(const Facts& f, std::vector<Finding>* out) {
 }
 
 void MemoryRules(const Facts& f, std::vector<Finding>* out) {
-  if (f.mem_peak_share < kMemHeadroom) {
+  if (f.mem_peak_share < kMemHeadroom && !f.GpuUnused()) {
     std::string batch = BatchSuggestion(f);
     out->push_back(
         {"memory_headroom", "GPU memory headroom: the batch can grow",

@@ -451,6 +451,40 @@ TEST(Diagnose, LaunchBoundWhenStepsWaitLittleYetTheGpuIdles) {
   EXPECT_FALSE(Has(Case().Gpu(85, 0.1).Host(40).Wait(0.02).Run(), "small_batch"));
 }
 
+// `fullburn run -- sleep 5` on the lent H100 read util 0% throughout and was
+// called "small batches" with "raise the batch size (about x135)".
+TEST(Diagnose, AJobThatNeverUsedTheGpuIsToldSoNotToRaiseItsBatch) {
+  Case wrapped;
+  wrapped.run.config_json = "";  // fullburn run -- CMD
+  wrapped.Gpu(0, 0.006).Host(1);
+  wrapped.m["gpu0.util"] = Mix(0.02, 3, 0);  // a blip, never 5%
+  wrapped.m["proc.cpu_util"] = Flat(0);
+  auto f = wrapped.Run();
+  ASSERT_EQ(f[0].cause, "gpu_unused") << ::testing::PrintToString(Causes(f));
+  EXPECT_NE(f[0].evidence.find("never above 3%"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("torch.cuda.is_available()"), std::string::npos) << f[0].fix;
+  EXPECT_FALSE(Has(f, "small_batch"));
+  EXPECT_FALSE(Has(f, "memory_headroom"));
+  EXPECT_FALSE(Has(f, "healthy"));
+
+  // fullburn train on the CPU of a GPU machine, with steps and little data wait.
+  Case trainer;
+  trainer.run.config_json = R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu"}})";
+  trainer.Gpu(0, 0.006).Host(95).Wait(0.02);
+  auto g = trainer.Run();
+  ASSERT_EQ(g[0].cause, "gpu_unused") << ::testing::PrintToString(Causes(g));
+  EXPECT_NE(g[0].fix.find("train.device = cuda"), std::string::npos) << g[0].fix;
+  EXPECT_FALSE(Has(g, "small_batch"));
+
+  // One busy sample is use: a job that used the GPU late is judged as before.
+  Case late;
+  late.Gpu(0, 0.006).Host(1);
+  late.m["gpu0.util"] = Mix(0.9, 0, 60);
+  EXPECT_FALSE(Has(late.Run(), "gpu_unused"));
+  // No GPU reading at all is no evidence either way.
+  EXPECT_FALSE(Has(Case().Host(40).Run(), "gpu_unused"));
+}
+
 TEST(Diagnose, IdlePhasesFromGapsBetweenSteps) {
   Case c;
   c.Host(40).Wait(0.02);
