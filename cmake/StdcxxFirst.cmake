@@ -3,9 +3,10 @@
 # before libstdc++ takes those, unversioned, and on a lent GPU machine
 # (PyTorch 2.11+cu130, 2026-11-25) std::filesystem::remove_all jumped to
 # address 0 that way. Naming the shared libstdc++ ahead of every input binds
-# each std:: call of our programs to it (GLIBCXX_* versions), whatever the
-# compiler's own default (that machine's /opt/gcc linked libstdc++ statically,
-# so libtorch.so was the only shared definition it saw).
+# each std:: call of our programs to it (GLIBCXX_* versions). There,
+# libtorch.so had answered every std:: reference before the compiler's own
+# -lstdc++ at the end of the line, and libstdc++ was not even among the
+# program's libraries.
 function(fullburn_stdcxx_first)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU" OR NOT CMAKE_SYSTEM_NAME STREQUAL "Linux")
     return()

@@ -182,10 +182,10 @@ std::string CpuReading(const Facts& f);
 
 void InputRules(const Facts& f, std::vector<Finding>* out);
 void TransferRules(const Facts& f, std::vector<Finding>* out);
-// Before InputRules: a loop busy between steps explains an idle GPU better
-// than a small batch does.
 // First, since the others read an idle GPU as a symptom of something else.
 void GpuUseRule(const Facts& f, std::vector<Finding>* out);
+// Before InputRules: a loop busy between steps explains an idle GPU better
+// than a small batch does.
 void LoopRule(const Facts& f, std::vector<Finding>* out);
 void MemoryRules(const Facts& f, std::vector<Finding>* out);
 void ThrottleRules(const Facts& f, std::vector<Finding>* out);
