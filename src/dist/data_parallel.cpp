@@ -212,11 +212,23 @@ struct GradReadyHook : torch::autograd::FunctionPostHook {
   size_t index;
 };
 
-Status CheckSameConfig(c10d::Store& store, const RankInfo& rank, const std::string& hash) {
-  store.set("config/" + std::to_string(rank.rank), std::vector<uint8_t>(hash.begin(), hash.end()));
+// Every rank publishes its value under `key` and reads everyone's (rank
+// order), so all ranks decide from the same list.
+std::vector<std::string> ExchangeAll(c10d::Store& store, const RankInfo& rank,
+                                     const std::string& key, const std::string& value) {
+  store.set(key + "/" + std::to_string(rank.rank), std::vector<uint8_t>(value.begin(), value.end()));
+  std::vector<std::string> all;
   for (int r = 0; r < rank.world_size; ++r) {
-    std::vector<uint8_t> other = store.get("config/" + std::to_string(r));
-    if (std::string(other.begin(), other.end()) != hash)
+    std::vector<uint8_t> other = store.get(key + "/" + std::to_string(r));
+    all.emplace_back(other.begin(), other.end());
+  }
+  return all;
+}
+
+Status CheckSameConfig(c10d::Store& store, const RankInfo& rank, const std::string& hash) {
+  std::vector<std::string> hashes = ExchangeAll(store, rank, "config", hash);
+  for (int r = 0; r < rank.world_size; ++r) {
+    if (hashes[r] != hash)
       return Status::InvalidArgument(
           fmt::format("rank {}'s config differs from rank {}'s: every rank must run the same "
                       "config (compare the commands "
@@ -234,18 +246,6 @@ std::string GpuUuid(const torch::Device& device) {
   std::string out;
   for (char byte : p->uuid.bytes) out += fmt::format("{:02x}", static_cast<unsigned char>(byte));
   return out;
-}
-
-// Every rank publishes its GPU and reads everyone's, so all reach one answer.
-std::optional<std::pair<int, int>> SharedGpu(c10d::Store& store, const RankInfo& rank,
-                                             const std::string& gpu) {
-  store.set("gpu/" + std::to_string(rank.rank), std::vector<uint8_t>(gpu.begin(), gpu.end()));
-  std::vector<std::string> gpus;
-  for (int r = 0; r < rank.world_size; ++r) {
-    std::vector<uint8_t> other = store.get("gpu/" + std::to_string(r));
-    gpus.emplace_back(other.begin(), other.end());
-  }
-  return FirstSharedGpu(gpus);
 }
 #endif
 
@@ -323,7 +323,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
   if (backend == "nccl" && rank.world_size > 1) {
     std::optional<std::pair<int, int>> shared;
     try {
-      shared = SharedGpu(*impl->store, rank, GpuUuid(device));
+      shared = FirstSharedGpu(ExchangeAll(*impl->store, rank, "gpu", GpuUuid(device)));
     } catch (const std::exception& e) {
       return impl->Lost(e);
     }
