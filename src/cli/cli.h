@@ -74,6 +74,7 @@ void SetupReport(CLI::App& app);  // diagnose, report, compare
 void SetupLaunch(CLI::App& app);
 void SetupData(CLI::App& app);  // make-dataset, bench
 void SetupTune(CLI::App& app);
+void SetupAnalyze(CLI::App& app);  // fullburn analyze TRACE...
 // `fullburn train|export-weights ...`: argv as main got it; handed to fullburn-train.
 int Train(int argc, char** argv);
 

@@ -14,7 +14,7 @@ const char* const kCauses[] = {
     "input_cpu",       "input_io",        "input_workers",  "h2d_copy",         "small_batch",
     "memory_headroom", "memory_pressure", "throttle_power", "throttle_thermal", "idle_phases",
     "uneven_ranks",    "communication",   "step_stalls",    "checkpoint_stall", "job_failed",
-    "loop_overhead",   "gpu_unused",      "healthy"};
+    "loop_overhead",   "gpu_unused",      "host_sync",      "healthy"};
 const size_t kCauseCount = sizeof(kCauses) / sizeof(kCauses[0]);
 
 namespace {
