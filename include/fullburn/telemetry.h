@@ -186,7 +186,10 @@ Result<ProcessIdentity> ReadProcessIdentity(const Env& env, int pid);
 
 class ProcTreeCollector {
  public:
-  ProcTreeCollector(const Env* env, int root_pid) : env_(env), root_pid_(root_pid) {}
+  // `adopter_pid` > 0: a subreaper (fullburn run) whose other children are
+  // orphans of the tree, adopted when their parent exited: they stay in it.
+  ProcTreeCollector(const Env* env, int root_pid, int adopter_pid = -1)
+      : env_(env), root_pid_(root_pid), adopter_pid_(adopter_pid) {}
   void Collect(ProcTreeSample* out);
 
  private:
@@ -202,6 +205,7 @@ class ProcTreeCollector {
   };
   const Env* env_;
   int root_pid_;
+  int adopter_pid_;
   double last_time_ = -1;
   double last_full_scan_ = -1;
   std::unordered_set<int> outside_;  // pids seen outside the tree
@@ -242,11 +246,19 @@ class GpuSource {
 struct SamplerOptions {
   double interval_s = 1.0;
   int root_pid = -1;  // < 0: no process tree
+  int adopter_pid = -1;  // > 0: its other children are the tree's orphans (ProcTreeCollector)
   // Host readings (CPU, memory, disks). Off for data-parallel ranks whose
   // host another rank samples: only their own process tree is theirs.
   bool host = true;
   int rank = 0;  // stored in Snapshot::rank
 };
+
+// The host's readings (CPU, memory, disks, the cgroup quota) come from
+// /proc and /sys below $FULLBURN_HOST_ROOT when it is set: the seam at the
+// hardware boundary that end-to-end tests script the host's load through, as
+// FULLBURN_NVML_LIBRARY is the GPUs'. The process tree is always read from
+// the real /proc (its pids are real).
+constexpr const char* kHostRootEnvVar = "FULLBURN_HOST_ROOT";
 
 class Sampler {
  public:
@@ -270,6 +282,7 @@ class Sampler {
   const Env* env_;
   GpuSource* gpus_;
   SamplerOptions options_;
+  std::unique_ptr<Env> host_env_;  // $FULLBURN_HOST_ROOT's, when set
   HostCollector host_;
   std::unique_ptr<ProcTreeCollector> tree_;
   std::thread thread_;

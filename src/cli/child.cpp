@@ -8,8 +8,13 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
+#include <set>
+
+#include "fullburn/env.h"
 
 namespace fullburn::cli {
 namespace {
@@ -204,6 +209,94 @@ std::pair<pid_t, int> WaitAnyChild() {
   }
   Forget(pid);
   return {pid, ExitCodeOf(status)};
+}
+
+void BecomeSubreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+namespace {
+
+// The parent pid from /proc/<pid>/stat, counted from the last ')' (the
+// command name may hold spaces and parentheses); -1 if it is gone.
+pid_t ParentOf(const Env& env, const std::string& pid) {
+  Result<std::string> text = env.ReadFile("/proc/" + pid + "/stat");
+  if (!text.ok()) return -1;
+  size_t close = text->rfind(')');
+  if (close == std::string::npos || close + 4 >= text->size()) return -1;
+  return static_cast<pid_t>(std::atol(text->c_str() + close + 4));  // ") S PPID"
+}
+
+bool IsZombie(pid_t pid) {
+  Result<std::string> text = Env::Default()->ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (!text.ok()) return true;  // gone
+  size_t close = text->rfind(')');
+  return close != std::string::npos && close + 2 < text->size() && (*text)[close + 2] == 'Z';
+}
+
+double MonotonicNow() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9;
+}
+
+// Collects every exited child without waiting; forgets the ones we started.
+void ReapExited() {
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) Forget(pid);
+}
+
+}  // namespace
+
+std::vector<pid_t> Descendants() {
+  const Env& env = *Env::Default();
+  std::multimap<pid_t, pid_t> children;
+  Result<std::vector<std::string>> names = env.ListDir("/proc");
+  if (!names.ok()) return {};
+  for (const std::string& name : *names) {
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t parent = ParentOf(env, name);
+    if (parent > 0) children.emplace(parent, static_cast<pid_t>(std::atol(name.c_str())));
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo = {::getpid()};
+  for (size_t i = 0; i < todo.size(); ++i) {
+    auto range = children.equal_range(todo[i]);
+    for (auto it = range.first; it != range.second; ++it) {
+      todo.push_back(it->second);
+      out.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+Leftovers EndLeftovers(double kill_wait_s) {
+  Leftovers done;
+  ReapExited();
+  std::set<pid_t> signalled, killed;
+  double deadline = MonotonicNow() + kill_wait_s;
+  for (;;) {
+    std::vector<pid_t> left = Descendants();
+    // A zombie is gone already: it only waits to be reaped, by us or its parent.
+    bool any_alive = false;
+    for (pid_t pid : left) {
+      if (IsZombie(pid)) continue;
+      any_alive = true;
+      // Each gets SIGTERM once, whenever it first shows up (a worker's own
+      // children are seen once their parent has ended).
+      if (signalled.insert(pid).second) {
+        ::kill(pid, SIGTERM);
+        ++done.terminated;
+      } else if (MonotonicNow() >= deadline && killed.insert(pid).second) {
+        ::kill(pid, SIGKILL);
+        ++done.killed;
+      }
+    }
+    ReapExited();
+    if (!any_alive) break;
+    ::usleep(20000);
+  }
+  ReapExited();
+  return done;
 }
 
 }  // namespace fullburn::cli

@@ -39,4 +39,23 @@ std::pair<pid_t, int> WaitAnyChild();
 // Sends `sig` to every started child still running.
 void SignalChildren(int sig);
 
+// Makes this process the reaper of its orphaned descendants
+// (PR_SET_CHILD_SUBREAPER): a job's worker whose parent exits becomes this
+// process's child, so it stays in the job's tree and can be ended with it.
+void BecomeSubreaper();
+
+// The processes below this one, nearest first (read from /proc).
+std::vector<pid_t> Descendants();
+
+// What EndLeftovers did: processes sent SIGTERM, and those of them (or of
+// their children) still alive after the wait, sent SIGKILL.
+struct Leftovers {
+  int terminated = 0, killed = 0;
+};
+// Ends every process still below this one once the job's main process is
+// gone, as srun ends a job step: SIGTERM to each, up to `kill_wait_s` for
+// them to exit, then SIGKILL, reaping each. Without it, orphaned DataLoader
+// workers blocked on a full queue can hold a GPU's memory for hours.
+Leftovers EndLeftovers(double kill_wait_s);
+
 }  // namespace fullburn::cli

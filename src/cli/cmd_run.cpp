@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "child.h"
@@ -19,6 +20,8 @@ namespace {
 struct RunOptions : RecordOptions {
   int64_t parent = 0;  // 0: none
   bool no_auto_steps = false;
+  bool keep_orphans = false;
+  double kill_wait_s = 10;
   std::vector<std::string> command;
 };
 
@@ -41,6 +44,23 @@ std::string MakeEventsFile(int64_t run_id) {
   if (fd < 0) return "";
   ::close(fd);
   return path;
+}
+
+// The job is its main process: when that exits, whatever it left running
+// (DataLoader workers whose parent died, a forgotten server) is ended, as
+// srun ends a job step, so no orphan keeps a GPU or loads the machine.
+void EndTheRest(const RunOptions& opts) {
+  if (opts.keep_orphans) return;
+  Leftovers ended = EndLeftovers(opts.kill_wait_s);
+  if (ended.terminated == 0 || opts.quiet) return;
+  std::fprintf(stderr,
+               "fullburn: the job's main process exited and left %d process(es) running: sent "
+               "them SIGTERM%s (--keep-orphans leaves them)\n",
+               ended.terminated,
+               ended.killed ? fmt::format(", and SIGKILL to {} still running {:g} s later",
+                                          ended.killed, opts.kill_wait_s)
+                                  .c_str()
+                            : "");
 }
 
 int Run(const RunOptions& opts) {
@@ -79,6 +99,9 @@ int Run(const RunOptions& opts) {
   if (!python_dir.empty())
     child_env.push_back("PYTHONPATH=" + ChildPythonPath(python_dir, auto_steps));
   EventFileReader events(events_path);
+  // Orphaned workers become ours: they stay in the job's tree while it runs
+  // and are ended with it (EndLeftovers).
+  BecomeSubreaper();
   Result<pid_t> child = SpawnChild(opts.command, child_env);
   if (!child.ok()) {
     (*store)->FinishRun(info.id, env->UnixSeconds(), kExitCannotStart, "failed_to_start");
@@ -91,9 +114,11 @@ int Run(const RunOptions& opts) {
   rec.store = store->get();
   rec.info = info;
   rec.root_pid = *child;
+  rec.adopter_pid = static_cast<int>(::getpid());
   rec.quiet = opts.quiet;
   rec.events = events_path.empty() ? nullptr : &events;
   int code = RecordUntil(rec, [&] { return WaitChild(*child); });
+  EndTheRest(opts);
   if (!events_path.empty()) {
     ::unlink(events_path.c_str());
     if (events.bad_lines() > 0 && !opts.quiet)
@@ -125,6 +150,16 @@ void SetupRun(CLI::App& app) {
                 "Do not time a PyTorch job's steps by itself (optimizer.step, DataLoader waits; "
                 "python/fullburn_autosteps.py)")
       ->envname("FULLBURN_NO_AUTO_STEPS");
+  run->add_flag("--keep-orphans", opts->keep_orphans,
+                "Leave running the processes the job leaves behind when its main process exits "
+                "(default: end them, as srun ends a job step: SIGTERM, then SIGKILL after "
+                "--kill-wait)")
+      ->envname("FULLBURN_KEEP_ORPHANS");
+  run->add_option("--kill-wait", opts->kill_wait_s,
+                  "Seconds the job's leftover processes get between SIGTERM and SIGKILL")
+      ->default_val(10)
+      ->check(CLI::Range(0.0, 3600.0))
+      ->envname("FULLBURN_KILL_WAIT");
   run->add_option("--parent", opts->parent,
                   "Record the run as part of another (fullburn tune's trials)");
   run->add_option("command", opts->command, "The command to run, after --")->required();

@@ -92,6 +92,7 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
   SamplerOptions so;
   so.interval_s = rec.info.interval_s;
   so.root_pid = rec.root_pid;
+  so.adopter_pid = rec.adopter_pid;
   Sampler sampler(rec.env, rec.gpus, so);
   StoreWrites writes(rec);
   std::unique_ptr<LiveStatus> live;

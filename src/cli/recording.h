@@ -25,6 +25,7 @@ struct Recording {
   RunStore* store = nullptr;
   RunInfo info;      // begun in the store
   int root_pid = 0;  // the tree sampled, every info.interval_s
+  int adopter_pid = -1;  // > 0: this recorder adopts the tree's orphans (fullburn run)
   bool quiet = false;                 // no live line
   EventFileReader* events = nullptr;  // the job's step events; null: none
 };

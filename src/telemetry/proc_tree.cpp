@@ -102,6 +102,11 @@ void ProcTreeCollector::Collect(ProcTreeSample* out) {
     return;
   }
   std::vector<int> todo = {root_pid_};
+  if (adopter_pid_ > 0) {
+    auto adopted = children.equal_range(adopter_pid_);
+    for (auto it = adopted.first; it != adopted.second; ++it)
+      if (it->second != root_pid_ && it->second != adopter_pid_) todo.push_back(it->second);
+  }
   std::unordered_map<Key, uint64_t, KeyHash> ticks_now;
   uint64_t threads = 0, rss_pages = 0, delta = 0;
   while (!todo.empty()) {

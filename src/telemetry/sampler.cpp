@@ -3,6 +3,8 @@
 #include <time.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 
 #include "fullburn/telemetry.h"
 
@@ -17,9 +19,23 @@ uint64_t ThreadCpuNanos() {
 
 }  // namespace
 
+namespace {
+
+std::unique_ptr<Env> HostEnvFromEnvironment() {
+  const char* root = std::getenv(kHostRootEnvVar);
+  if (!root || !*root) return nullptr;
+  return std::make_unique<RootedEnv>(root);
+}
+
+}  // namespace
+
 Sampler::Sampler(const Env* env, GpuSource* gpus, SamplerOptions options)
-    : env_(env), gpus_(gpus), options_(options), host_(env) {
-  if (options_.root_pid > 0) tree_.reset(new ProcTreeCollector(env, options_.root_pid));
+    : env_(env),
+      gpus_(gpus),
+      options_(options),
+      host_env_(HostEnvFromEnvironment()),
+      host_(host_env_ ? host_env_.get() : env) {
+  if (options_.root_pid > 0) tree_.reset(new ProcTreeCollector(env, options_.root_pid, options_.adopter_pid));
 }
 
 Sampler::~Sampler() { Stop(); }

@@ -421,8 +421,9 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
 }
 
 // On a terminal, the live line names what limits the job now (the last
-// minute's diagnosis) once 20 s of steps are in. util-linux's `script` gives
-// fullburn run a terminal (bsdutils: essential on Debian).
+// minute's diagnosis) once 20 s of steps are in (LiveDiagnosis::kMinS), so
+// the job runs about 30 s. util-linux's `script` gives fullburn run a
+// terminal (bsdutils: essential on Debian).
 TEST_F(AutoStepsE2E, TheLiveLineNamesWhatLimitsTheJobNow) {
   std::string command = std::string("stty rows 30 cols 250; ") + FULLBURN_BIN +
                         " run --interval 0.5 --store " + store_ + " -- " + kPython + " " + kScript +

@@ -632,7 +632,8 @@ TEST_F(CommandsE2E, ServeRejectsBadListen) {
 // The jobs recorded on this host are exported beside the machine: a
 // starved loop under fullburn run (it marks its steps) shows its step, rate
 // and data wait within seconds, what limits it after 20 s of steps, and is
-// gone from /metrics once it ends. fullburn watch shows the same.
+// gone from /metrics once it ends. fullburn watch shows the same. Time:
+// about 25 s, the 20 s of steps before the first diagnosis (LiveDiagnosis::kMinS).
 TEST_F(CommandsE2E, ServeAndWatchShowTheJobsRecordedOnThisHost) {
   const std::string loop = std::string(SOURCE_DIR) + "/examples/scenarios/loop.py";
   // Before any recording there is no store: watching and serving read it

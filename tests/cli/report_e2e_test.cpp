@@ -8,11 +8,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 
 #include "fullburn/pipeline.h"
 #include "process.h"
+#include "scripted_host.h"
 
 namespace fullburn {
 namespace {
@@ -21,6 +23,9 @@ using testing::RunToEnd;
 
 const std::string kLoop = std::string(SOURCE_DIR) + "/examples/scenarios/loop.py";
 
+// The loops are real; the host they run on is scripted (ScriptedHost): the
+// findings that rest on its CPU must not change with what else runs on the
+// machine. By default a host with 2 CPUs 30% busy: cores to spare.
 class ReportE2E : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -28,6 +33,11 @@ class ReportE2E : public ::testing::Test {
     store_ = dir_ + "/runs.db";
     ::unsetenv("FULLBURN_NVML_LIBRARY");
     ::unsetenv("FULLBURN_STORE");
+    Host(0.3);
+  }
+  void Host(double busy, double iowait = 0) {
+    host_.reset();  // first: its destructor clears the variable the new one sets
+    host_ = std::make_unique<testing::ScriptedHost>(dir_, 2, busy, iowait);
   }
   void FakeGpus(const std::string& gpus_json) {
     std::string script = dir_ + "/nvml.json";
@@ -54,6 +64,7 @@ class ReportE2E : public ::testing::Test {
   }
   std::string TopCause(const std::string& run = "last") { return Findings(run)[0]["cause"].get<std::string>(); }
   std::string dir_, store_;
+  std::unique_ptr<testing::ScriptedHost> host_;
 };
 
 // --- Real bottlenecks on this machine, marked with python/fullburn_markers.py.
@@ -108,6 +119,7 @@ TEST_F(ReportE2E, DiskReadsAreInputIo) {
       out << block;
     }
   }
+  Host(0.1, 0.4);  // the CPUs wait on storage 40% of the time
   auto o = Record({"python3", kLoop, "disk", "--seconds", "5", "--file", data});
   ASSERT_EQ(o.code, 0) << o.err;
   auto f = Findings();
@@ -194,6 +206,7 @@ TEST_F(ReportE2E, TheMarkersDescribeTheDataLoader) {
 // --- GPU scenarios through the fake NVML, scripted series.
 
 TEST_F(ReportE2E, IdleGpuWithSaturatedCpuIsInputCpu) {
+  Host(0.95);
   FakeGpus(R"([{"util": [30], "mem_util": [5], "mem_used": [40000000000], "mem_total": 80000000000}])");
   ASSERT_EQ(Record({WORKLOAD_BIN, "fork", "--workers", "4", "--seconds", "3"}).code, 0);
   EXPECT_EQ(TopCause(), "input_cpu") << Findings().dump(2);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,9 +21,12 @@ struct Outcome {
   std::string out, err;
 };
 
-// A started process whose stdout and stderr go to files.
+// A started process whose stdout and stderr go to files. It leads a process
+// group of its own, and whatever is left of the group when the Background
+// goes is killed with it, so a test leaves no worker behind.
 struct Background {
   pid_t pid = -1;
+  pid_t group = -1;
   std::string out_path, err_path;
   std::string Err() const { return ReadText(err_path); }
   std::string Out() const { return ReadText(out_path); }
@@ -41,6 +45,7 @@ struct Background {
     return -1;
   }
   ~Background() {
+    if (group > 0) ::kill(-group, SIGKILL);
     if (pid > 0) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
@@ -56,6 +61,7 @@ inline void Start(Background* b, const std::vector<std::string>& argv, const std
   args.push_back(nullptr);
   b->pid = ::fork();
   if (b->pid == 0) {
+    ::setpgid(0, 0);
     int out = ::open(b->out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int err = ::open(b->err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int in = ::open("/dev/null", O_RDONLY);
@@ -65,6 +71,19 @@ inline void Start(Background* b, const std::vector<std::string>& argv, const std
     ::execvp(args[0], args.data());  // PATH lookup for tools such as chromium
     ::_exit(126);
   }
+  ::setpgid(b->pid, b->pid);  // also here: the child may not have run yet
+  b->group = b->pid;
+}
+
+// Polls `done` every 20 ms for up to `timeout_s`: whether it came true.
+// For waiting on what a process has done, not on how long it takes.
+inline bool WaitFor(const std::function<bool()>& done, double timeout_s) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 inline Outcome RunToEnd(const std::vector<std::string>& argv, double timeout_s = 120) {

@@ -43,6 +43,19 @@ TEST(ProcTree, FindsEveryDescendantAndNothingElse) {
   EXPECT_FALSE(s.cpu_util.has_value());  // needs two readings
 }
 
+// fullburn run adopts the job's orphans (a subreaper): its other children,
+// and theirs, belong to the job's tree; the adopter itself does not. In the
+// recording, the root's parent 5832 has one other child, 5843.
+TEST(ProcTree, AnAdoptersOtherChildrenJoinTheTree) {
+  ReplayEnv env(kT0);
+  ProcTreeCollector c(&env, RootPid(), 5832);
+  ProcTreeSample s;
+  c.Collect(&s);
+  std::vector<int> pids = s.pids;
+  std::sort(pids.begin(), pids.end());
+  EXPECT_EQ(pids, (std::vector<int>{5836, 5838, 5839, 5840, 5841, 5843, 5845}));
+}
+
 TEST(ProcTree, CpuIsTheSumOfDescendantTicks) {
   ReplayEnv env(kT0);
   ProcTreeCollector c(&env, RootPid());
