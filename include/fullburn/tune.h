@@ -48,6 +48,9 @@ struct TuneContext {
   int cores = 1;
   double host_memory_bytes = 0;
   bool input_bound = false;  // the diagnosis names the input pipeline
+  // --knobs named the knobs: the input knobs (pack, cache) are tried even
+  // when the diagnosis does not name the input pipeline.
+  bool knobs_chosen = false;
   bool keep_effective_batch = true;
   std::string pack_dir;       // where the tuner may write a packed copy of the images
   bool data_is_pack = false;  // resolved.data_path already is a pack
@@ -158,7 +161,8 @@ struct Measure {
 // least 3) are warm-up; the rest are cut into up to 8 windows of equal step
 // count, each giving samples over the window's time. With fewer than 8 steps
 // after warm-up (a very slow setting) the measure is `rough`: one window
-// after the first step, no spread. Fewer than 3 steps is an error.
+// after the first step, no spread. Fewer than 3 steps is an error, Unavailable
+// (a longer trial would measure it).
 Result<Measure> MeasureRun(const RunData& run, Objective objective);
 // From numbers the command printed (--metric-regex): the first 20% are
 // warm-up; needs 3 values after it.
@@ -178,6 +182,7 @@ struct Trial {
   std::string verdict;  // "start", "kept +12%", "within noise +1%", "slower -8%", "failed"
   double wall_s = 0;
   std::string log;  // the trial's output file
+  bool too_short = false;  // too few steps to measure: a longer trial would (not stored)
 };
 nlohmann::json TrialJson(const Trial& t);
 Trial TrialFromJson(const nlohmann::json& j);

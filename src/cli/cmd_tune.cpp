@@ -268,6 +268,7 @@ class TrainTuner : public KnobTuner {
     ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                             static_cast<double>(::sysconf(_SC_PAGESIZE));
     ctx.input_bound = InputBound(findings);
+    ctx.knobs_chosen = !t_->plan().knobs.empty();
     ctx.keep_effective_batch = !o_.free_batch;
     ctx.pack_dir = TrialLogDir(t_->store()->path(), t_->id()) + "/pack";
     ctx.data_is_pack = PackReader::IsPack(ctx.config["resolved.data_path"]);

@@ -122,6 +122,7 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   if (!m.ok()) {
     trial->status = "failed";
     trial->reason = m.status().message();
+    trial->too_short = m.status().code() == Status::Code::kUnavailable;
     return;
   }
   trial->status = "ok";
@@ -158,6 +159,15 @@ TrialSpec CommandTrialSpec(const Tuning& t, const std::string& label,
 
 int KnobTuner::Run() {
   Trial start = RunOne("start", start_value_, {});
+  // Too few steps in the start (a slow start-up, a machine busy with other
+  // work): every trial is made twice as long, up to twice, while the budget
+  // allows, rather than ending the tuning with nothing measured.
+  for (int i = 0; i < 2 && start.too_short && !t_->interrupted() && t_->LengthenTrials(2); ++i) {
+    t_->Record(start);
+    std::fprintf(stderr, "tune: too few steps to measure: trials lengthened to %s\n",
+                 FormatDuration(t_->plan().trial_s).c_str());
+    start = RunOne("start", start_value_, {});
+  }
   if (start.status == "ok") start.verdict = "start";
   bool ok = start.status == "ok";
   t_->Record(start);

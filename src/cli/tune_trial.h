@@ -67,6 +67,15 @@ class Tuning {
     return log_dir_ + "/trial-" + std::to_string(trials_.size() + 1) + ".log";
   }
 
+  // Trials `factor` times as long from now on, if the budget holds the start
+  // and its repeat at that length; false (unchanged) if not.
+  bool LengthenTrials(double factor) {
+    double longer = plan_.trial_s * factor;
+    if (TuneClock() - start_ + 2 * longer > plan_.budget_s) return false;
+    plan_.trial_s = longer;
+    return true;
+  }
+
   // Room for one more trial, judged by the longest so far.
   bool BudgetAllows() const {
     double longest = plan_.trial_s;

@@ -69,7 +69,7 @@ std::vector<Candidate> BatchCandidates(const TuneContext& ctx, std::string* skip
 // stays where it was (an empty data.path meant the default's split too).
 std::vector<Candidate> PackCandidates(const TuneContext& ctx, std::string* skip) {
   std::string source = Get(ctx, "data.source"), src = Get(ctx, "resolved.data_path");
-  if (!ctx.input_bound) {
+  if (!ctx.input_bound && !ctx.knobs_chosen) {
     *skip = "the input pipeline is not the bottleneck";
   } else if (source != "images") {
     *skip = "data.source = " + source + " has no images to pack";
@@ -200,7 +200,7 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
   } else if (knob == "cache") {
     std::string source = Get(ctx, "data.source");
     int64_t mb = static_cast<int64_t>(std::min(8192.0, ctx.host_memory_bytes / 4 / kMiB));
-    if (!ctx.input_bound)
+    if (!ctx.input_bound && !ctx.knobs_chosen)
       *skip = "the input pipeline is not the bottleneck";
     else if (source != "images")
       *skip = "data.source = " + source + " has nothing to decode and cache";

@@ -93,7 +93,7 @@ Result<Measure> MeasureRun(const RunData& run, Objective objective) {
   std::sort(steps.begin(), steps.end(), [](const StepRecord& a, const StepRecord& b) { return a.step < b.step; });
   std::string run_name = "run " + std::to_string(run.run.id);
   if (steps.size() < kMinRoughSteps)
-    return Status::InvalidArgument(run_name + " recorded " + std::to_string(steps.size()) + " steps, too few to measure (" +
+    return Status::Unavailable(run_name + " recorded " + std::to_string(steps.size()) + " steps, too few to measure (" +
                                    std::to_string(kMinWarmupSteps + kMinMeasuredSteps) +
                                    " needed): lengthen the trial (--trial)");
   double start = steps.front().t - steps.front().step_s, end = steps.back().t;
