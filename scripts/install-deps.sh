@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
 # Installs the Debian (bookworm) packages fullburn needs. Idempotent: packages
 # already present are skipped, and apt is not touched when nothing is missing.
-#   FULLBURN_NO_TORCH=1  skip libtorch (the monitoring half builds without it)
-#   --bench              also Debian's PyTorch and torchvision, the baselines of bench/
+#   install-deps.sh            what the build and the whole test suite need
+#   install-deps.sh --demo     only what the main job (scripts/demo.sh) builds and runs
+#   install-deps.sh --bench    the test suite's, and the baselines of bench/
+#   FULLBURN_NO_TORCH=1        skip libtorch (the monitoring half builds without it)
+# Every way it can fail ends in one line naming what is missing and the
+# command that fixes it.
 set -euo pipefail
 
+mode=${1:-tests}
+case "$mode" in
+  tests | --tests) mode=tests ;;
+  --demo) mode=demo ;;
+  --bench) mode=bench ;;
+  *) echo "install-deps: unknown option '$1': use --demo, --bench or nothing" >&2; exit 2 ;;
+esac
+
+# What the main job needs: the build tools and the libraries of fullburn and
+# fullburn-train.
 packages=(
   build-essential cmake pkg-config git
   libsqlite3-dev sqlite3          # run store
@@ -13,34 +27,83 @@ packages=(
   libcpp-httplib-dev              # fullburn serve
   libtomlplusplus-dev             # fullburn train configs
   libjpeg62-turbo-dev libpng-dev  # input pipeline (JPEG, PNG)
-  libgtest-dev libgmock-dev       # tests
-  python3 python3-pil             # bench/ scripts, examples/scenarios, python/fullburn_pack.py
-  chromium                        # tests: the HTML report in a real browser
+  zlib1g-dev                      # checksums, gzip
+  libsimdjson-dev                 # fullburn analyze: profiler traces
 )
 if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)
-  packages+=(python3-torch)             # tests: fullburn run on unchanged PyTorch scripts
 fi
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-torchvision)  # bench/ baselines
+if [[ $mode != demo ]]; then
+  packages+=(
+    libgtest-dev libgmock-dev     # tests
+    python3 python3-pil           # bench/ scripts, examples/scenarios, python/fullburn_pack.py
+    chromium                      # tests: the HTML report in a real browser
+  )
+  if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
+    packages+=(python3-torch)     # tests: fullburn run on unchanged PyTorch scripts
+  fi
+fi
+if [[ $mode == bench ]]; then
+  packages+=(python3-torch python3-torchvision stress-ng)  # bench/ baselines, a loaded machine
+  packages+=(python3-pandas)      # bench/analyze_vs_hta: HTA's definitions in pandas
 fi
 
+if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
+  echo "install-deps: this is not a Debian system (no dpkg-query/apt-get): install the" \
+       "equivalents of: ${packages[*]}; or use Debian bookworm" >&2
+  exit 1
+fi
+
+# "install ok installed" only: a package left half-installed or unpacked by
+# an interrupted apt is installed again.
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then
+    if ! command -v sudo >/dev/null; then
+      echo "install-deps: ${#missing[@]} packages are missing and installing them needs root (no sudo here):" \
+           "as root run: apt-get install ${missing[*]}" >&2
+      exit 1
+    fi
+    if ! sudo -n true 2>/dev/null; then
+      echo "install-deps: ${#missing[@]} packages are missing and sudo asks for a password:" \
+           "run: sudo apt-get install ${missing[*]}   then run this script again" >&2
+      exit 1
+    fi
+    sudo="sudo -n"
+  fi
+  echo "install-deps: installing ${#missing[@]} packages: ${missing[*]} (apt-get; a few minutes for libtorch)"
+  export DEBIAN_FRONTEND=noninteractive
+  log=$(mktemp)
+  if ! $sudo apt-get update -qq >"$log" 2>&1; then
+    echo "install-deps: apt-get update failed ($(grep -m1 -E '^(E|W):' "$log" || tail -n1 "$log")):" \
+         "check the network or proxy to the Debian archive, then run: apt-get update && apt-get install ${missing[*]}" >&2
+    rm -f "$log"
+    exit 1
+  fi
+  if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+    echo "install-deps: apt-get install failed ($(grep -m1 -E '^E:' "$log" || tail -n1 "$log")):" \
+         "run: apt-get install ${missing[*]}   to see why (network, disk space, a held package)" >&2
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
+  echo "install-deps: done"
 fi
 
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "install-deps: run as root or install sudo" >&2; exit 1; }
-  sudo="sudo"
-fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "install-deps: done"
+# Installed is not enough: a partly removed or broken toolchain fails later
+# with pages of CMake output. The tools are checked by running them.
+for tool in "cmake --version" "c++ --version" "make --version" "pkg-config --version"; do
+  if ! $tool >/dev/null 2>&1; then
+    pkg=${tool%% *}
+    case $pkg in c++) pkg=g++ ;; esac
+    echo "install-deps: '${tool%% *}' does not run although its package is installed: run" \
+         "apt-get install --reinstall $pkg" >&2
+    exit 1
+  fi
+done
