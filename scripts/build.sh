@@ -60,13 +60,9 @@ fi
 
 targets=()
 if [[ $mode == demo ]]; then
-  targets=(fullburn)
-  if grep -q 'training half (libtorch) ON' "$log"; then
-    targets+=(fullburn-train)
-  else
-    targets+=(fullburn-example-workload)  # what demo.sh runs without libtorch
-  fi
-  what="${targets[*]}"
+  targets=(fullburn_main_job)  # fullburn and fullburn-train (without libtorch: the example workload)
+  what="fullburn and the training half"
+  grep -q 'training half (libtorch) ON' "$log" || what="fullburn and the example workload"
 else
   what="everything (fullburn, the training half, tests, benchmarks)"
 fi
