@@ -49,15 +49,21 @@ class RunE2E : public ::testing::Test {
   static bool Ready(const Background& b) {
     return testing::WaitFor([&] { return b.Out().find("ready") != std::string::npos; }, 60);
   }
+  // The last run's stored readings of `metric` so far, and its start time
+  // (none yet: empty, 0): for waiting on a run that is still being recorded.
+  std::pair<Series, double> StoredSoFar(const std::string& metric) {
+    auto store = RunStore::Open(store_);
+    if (!store.ok()) return {};
+    auto info = (*store)->GetRun("last");
+    if (!info.ok()) return {};
+    auto samples = (*store)->LoadSamples(info->id);
+    if (!samples.ok() || !samples->count(metric)) return {{}, info->start_time};
+    return {samples->at(metric), info->start_time};
+  }
   // The Unix time of the last run's newest stored reading of `metric` (0: none).
   double NewestSampleTime(const std::string& metric) {
-    auto store = RunStore::Open(store_);
-    if (!store.ok()) return 0;
-    auto info = (*store)->GetRun("last");
-    if (!info.ok()) return 0;
-    auto samples = (*store)->LoadSamples(info->id);
-    if (!samples.ok() || !samples->count(metric) || samples->at(metric).empty()) return 0;
-    return info->start_time + samples->at(metric).back().t;
+    auto [series, start] = StoredSoFar(metric);
+    return series.empty() ? 0 : start + series.back().t;
   }
   // Once `job` says "burned" `burners` times, waits for the recorder to store
   // a sample taken after that (BatchWriter writes about once a second), then
@@ -78,15 +84,7 @@ class RunE2E : public ::testing::Test {
     std::ofstream(hold) << "go";
   }
   // How many readings of `metric` the last run has stored so far.
-  size_t StoredSamples(const std::string& metric) {
-    auto store = RunStore::Open(store_);
-    if (!store.ok()) return 0;
-    auto info = (*store)->GetRun("last");
-    if (!info.ok()) return 0;
-    auto samples = (*store)->LoadSamples(info->id);
-    if (!samples.ok() || !samples->count(metric)) return 0;
-    return samples->at(metric).size();
-  }
+  size_t StoredSamples(const std::string& metric) { return StoredSoFar(metric).first.size(); }
   std::string dir_, store_;
 };
 

@@ -56,6 +56,10 @@ struct Background {
 inline void Start(Background* b, const std::vector<std::string>& argv, const std::string& tag) {
   b->out_path = ::testing::TempDir() + "/" + tag + ".out";
   b->err_path = ::testing::TempDir() + "/" + tag + ".err";
+  // Emptied here, before the fork: a test reading them at once must not see
+  // a previous run's output (the child truncates them only when it runs).
+  for (const std::string& path : {b->out_path, b->err_path})
+    ::close(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
