@@ -106,6 +106,10 @@ inline void ResizeInto(const DecodedRegion& src, const BoxF& box, int out_w, int
                        Layout layout, uint8_t* dst) {
   ResizeInto(ImageView::Of(src), box, out_w, out_h, flip, layout, dst);
 }
+struct Normalization;
+// `pixels` RGB values of one image (in `layout`) as floats, (v / 255 - mean) / std
+// per channel, into `dst` in the same layout.
+void NormalizeInto(const uint8_t* src, int pixels, Layout layout, const Normalization& n, float* dst);
 
 // ---- Datasets ----------------------------------------------------------------
 
@@ -231,12 +235,22 @@ struct SplitMix {
   }
   double Uniform() { return (Next() >> 11) * (1.0 / 9007199254740992.0); }
 };
-// The epoch's order: a full permutation of 0..n-1 from (seed, epoch).
-std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch);
+// The epoch's order: a full permutation of 0..n-1 from (seed, epoch); the
+// identity without `shuffle`.
+std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch, bool shuffle = true);
 
 // ---- Loader --------------------------------------------------------------------
 
 enum class BadSamplePolicy { kSkip, kFail };
+
+// Float images normalized by the loader's workers, in place of uint8 pixels:
+// (pixel / 255 - mean) / std per RGB channel, torchvision's ToTensor +
+// Normalize. The defaults are ImageNet's, as torchvision's examples use.
+struct Normalization {
+  bool enabled = false;
+  float mean[3] = {0.485f, 0.456f, 0.406f};
+  float std[3] = {0.229f, 0.224f, 0.225f};
+};
 
 struct LoaderOptions {
   std::string root;  // image folder, or a pack written by WritePack
@@ -257,7 +271,13 @@ struct LoaderOptions {
   bool train = true;  // RandomResizedCrop + flip; else Resize + CenterCrop
   int eval_resize = 256;
   Layout layout = Layout::kNHWC;
+  // Slots hold float32 images normalized by the workers (4 bytes a value),
+  // not uint8 ones to normalize later on the device.
+  Normalization normalize;
   uint64_t seed = 0;
+  // False: every epoch reads the dataset in its own order (evaluation
+  // without shuffling); the crops of training still vary with the seed.
+  bool shuffle = true;
   BadSamplePolicy on_bad_sample = BadSamplePolicy::kSkip;
   // The end of the kFail error: the caller names its own setting.
   std::string bad_sample_fix = "use on_bad_sample = skip to go on without it";
@@ -326,6 +346,7 @@ struct RingOptions {
   // (0: tuned), seed, rank/world_size/shard_pad (shards), keep_last.
   int batch_size = 64, threads = 0, cpu_budget = 0, prefetch = 0;
   uint64_t seed = 0;
+  bool shuffle = true;  // false: the dataset's order, every epoch
   int rank = 0, world_size = 1;
   bool shard_pad = true, keep_last = false;
   // Slot memory (pinned host memory for a GPU); by default the ring's own.

@@ -125,3 +125,26 @@ void ResizeInto(const ImageView& src, const BoxF& box, int out_w, int out_h, boo
 }
 
 }  // namespace fullburn
+
+namespace fullburn {
+
+void NormalizeInto(const uint8_t* src, int pixels, Layout layout, const Normalization& n, float* dst) {
+  // (v / 255 - mean) / std as one multiply-add per value.
+  float scale[3], bias[3];
+  for (int c = 0; c < 3; ++c) {
+    scale[c] = 1.0f / (255.0f * n.std[c]);
+    bias[c] = -n.mean[c] / n.std[c];
+  }
+  if (layout == Layout::kNHWC) {
+    for (int i = 0; i < pixels; ++i)
+      for (int c = 0; c < 3; ++c) dst[3 * i + c] = src[3 * i + c] * scale[c] + bias[c];
+    return;
+  }
+  for (int c = 0; c < 3; ++c) {
+    const uint8_t* plane = src + static_cast<size_t>(c) * pixels;
+    float* out = dst + static_cast<size_t>(c) * pixels;
+    for (int i = 0; i < pixels; ++i) out[i] = plane[i] * scale[c] + bias[c];
+  }
+}
+
+}  // namespace fullburn

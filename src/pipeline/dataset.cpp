@@ -78,9 +78,10 @@ Status ReadWholeFile(const std::string& path, std::vector<uint8_t>* out) {
   return Status::Ok();
 }
 
-std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch) {
+std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int epoch, bool shuffle) {
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  if (!shuffle) return order;
   SplitMix rng{seed * 0x100000001B3ull + static_cast<uint64_t>(epoch) + 1};
   for (int64_t i = n - 1; i > 0; --i) {
     int64_t j = static_cast<int64_t>(rng.Next() % static_cast<uint64_t>(i + 1));

@@ -39,8 +39,10 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
     l->folder_ = std::move(*folder);
   }
   if (options.cache_bytes > 0) l->cache_.resize(l->folder_.files.size());
-  l->image_bytes_ = static_cast<size_t>(options.out_w) * options.out_h * 3;
+  l->image_bytes_ = static_cast<size_t>(options.out_w) * options.out_h * 3 *
+                    (options.normalize.enabled ? sizeof(float) : 1);
   RingOptions r = RingOptionsOf(options);
+  r.shuffle = options.shuffle;
   r.dataset_size = l->dataset_size();
   r.batch_bytes = l->image_bytes_ * static_cast<size_t>(std::max(0, options.batch_size));
   r.shard_pad = options.shard_pad;
@@ -141,7 +143,15 @@ bool ImageLoader::MakeImage(const SampleJob& job, std::string* error) {
     t->decode_s += t2 - t1;
     if (s.ok()) {
       bool flip = options_.train && rng.Uniform() < 0.5;
-      ResizeInto(view, box, options_.out_w, options_.out_h, flip, options_.layout, dst);
+      if (options_.normalize.enabled) {
+        thread_local std::vector<uint8_t> pixels;
+        pixels.resize(static_cast<size_t>(options_.out_w) * options_.out_h * 3);
+        ResizeInto(view, box, options_.out_w, options_.out_h, flip, options_.layout, pixels.data());
+        NormalizeInto(pixels.data(), options_.out_w * options_.out_h, options_.layout,
+                      options_.normalize, reinterpret_cast<float*>(dst));
+      } else {
+        ResizeInto(view, box, options_.out_w, options_.out_h, flip, options_.layout, dst);
+      }
       *job.label = folder_.labels[static_cast<size_t>(sample)];
       *job.sample = sample;
       t->augment_s += Seconds() - t2;

@@ -145,7 +145,7 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
   const int64_t n = options_.dataset_size, w = options_.world_size;
   const int64_t skip = std::max<int64_t>(0, std::min(consumed_samples, n));
   epoch_skip_ = skip;
-  std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
+  std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch, options_.shuffle);
   const int64_t per_rank = RankShare(n - skip, options_.rank, options_.world_size,
                                      options_.shard_pad, options_.keep_last);
   order_.resize(static_cast<size_t>(per_rank));

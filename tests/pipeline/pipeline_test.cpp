@@ -376,6 +376,58 @@ TEST(Loader, SameBatchesWhateverTheThreadCount) {
   EXPECT_EQ(f1, Epoch(**three, 1, &n3));
 }
 
+// Without shuffle every epoch reads the dataset in its order.
+TEST(Loader, WithoutShuffleTheDatasetsOrder) {
+  EXPECT_EQ(EpochPermutation(5, 3, 1, false), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_NE(EpochPermutation(50, 3, 1, true), EpochPermutation(50, 3, 1, false));
+  std::string dir = SmallDataset("order");
+  LoaderOptions o = Small(dir, 2);
+  o.shuffle = false;
+  auto l = ImageLoader::Open(o);
+  ASSERT_TRUE(l.ok());
+  for (int epoch : {0, 3}) {
+    (*l)->StartEpoch(epoch);
+    std::vector<int64_t> seen;
+    Batch b;
+    while ((*l)->Next(&b)) {
+      seen.insert(seen.end(), b.samples, b.samples + b.size);
+      (*l)->Release(b);
+    }
+    std::vector<int64_t> want(24);
+    for (int64_t i = 0; i < 24; ++i) want[static_cast<size_t>(i)] = i;
+    EXPECT_EQ(seen, want) << "epoch " << epoch;
+  }
+}
+
+// Normalized by the workers: the uint8 images' values as floats, (v / 255 -
+// mean) / std per channel, in both layouts.
+TEST(Loader, NormalizedImagesAreTheUint8OnesAsFloats) {
+  std::string dir = SmallDataset("norm");
+  for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+    LoaderOptions o = Small(dir, 2);
+    o.layout = layout;
+    auto raw = ImageLoader::Open(o);
+    o.normalize.enabled = true;
+    o.normalize.mean[1] = 0.25f;
+    o.normalize.std[2] = 0.5f;
+    auto norm = ImageLoader::Open(o);
+    ASSERT_TRUE(raw.ok() && norm.ok());
+    (*raw)->StartEpoch(0);
+    (*norm)->StartEpoch(0);
+    Batch a, b;
+    ASSERT_TRUE((*raw)->Next(&a) && (*norm)->Next(&b));
+    const float* f = reinterpret_cast<const float*>(b.images);
+    const size_t n = 4 * 32 * 32 * 3, plane = 32 * 32;
+    for (size_t i = 0; i < n; ++i) {
+      size_t c = layout == Layout::kNHWC ? i % 3 : (i / plane) % 3;
+      float want = (a.images[i] / 255.0f - o.normalize.mean[c]) / o.normalize.std[c];
+      ASSERT_NEAR(f[i], want, 1e-5) << i;
+    }
+    (*raw)->Release(a);
+    (*norm)->Release(b);
+  }
+}
+
 TEST(Loader, EachSampleOncePerEpoch) {
   std::string dir = SmallDataset("once");
   auto l = ImageLoader::Open(Small(dir, 2));
