@@ -9,7 +9,7 @@
 include(CMakePackageConfigHelpers)
 
 set(FULLBURN_EXPORTED fullburn_common fullburn_telemetry fullburn_pipeline fullburn_store
-    fullburn_dist_env fullburn_diagnose fullburn_config fullburn_report)
+    fullburn_dist_env fullburn_diagnose fullburn_config fullburn_report fullburn_tensorfile)
 set(FULLBURN_PROGRAMS fullburn)
 if(FULLBURN_HAVE_TORCH)
   list(APPEND FULLBURN_EXPORTED fullburn_models fullburn_dist fullburn_train)
@@ -25,7 +25,7 @@ install(TARGETS ${FULLBURN_EXPORTED} EXPORT fullburnTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY include/fullburn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY python/ DESTINATION ${CMAKE_INSTALL_DATADIR}/fullburn/python
-        FILES_MATCHING PATTERN "*.py")
+        FILES_MATCHING PATTERN "*.py" PATTERN "package" EXCLUDE)  # the package: site-packages
 
 set(FULLBURN_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/fullburn)
 install(EXPORT fullburnTargets NAMESPACE fullburn:: DESTINATION ${FULLBURN_CMAKE_DIR})

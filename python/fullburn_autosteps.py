@@ -101,6 +101,11 @@ class _AutoSteps:
         self.arm = None  # arms the pre-hook (set by _hook_torch)
         self.call = None  # (module, start, counts as training) of the call running
         self.timed_modules = weakref.WeakSet()  # modules given the end hook
+        # A loop with no optimizer object (it updates the parameters by hand
+        # after backward(), as older examples do): a backward() with none seen
+        # yet ends its step at the next batch's fetch or model call.
+        self.manual_pending = False
+        self.optimizer_made = False  # an Optimizer was constructed: it ends the steps
         self._reset_pending()
 
     def _reset_pending(self):
@@ -138,6 +143,8 @@ class _AutoSteps:
     # --- the DataLoader side ---------------------------------------------
 
     def before_fetch(self, iterator, now):
+        if self.manual_pending:
+            self.manual_step_ended(now)
         if (self.iterator_ref is not None and self.iterator_ref() is not iterator and
                 not self.iterator_stepped):
             self._evaluation_ended(now)
@@ -186,6 +193,9 @@ class _AutoSteps:
         self.call = (module, now, training)
         if not training:
             return
+        if self.manual_pending:
+            self.manual_step_ended(now)
+            self.call = (module, now, training)
         self._no_grad_calls_ended(now)
         if self.step_start is None:
             self.step_start = now
@@ -288,6 +298,8 @@ class _AutoSteps:
         self.backward += end - started
         self.backward_end = self.mark = end
         self.saved_since_mark = 0.0
+        if self.optimizer is None and not self.optimizer_made:
+            self.manual_pending = True
         self.rearm_after()
 
     def _phases(self, now):
@@ -302,15 +314,29 @@ class _AutoSteps:
             phases = ',"forward_s":%r' % self.module_forward + phases
         return phases
 
+    def manual_step_ended(self, now):
+        """The step of a loop without an optimizer: from its batch to the next
+        batch's fetch (or model call), its hand-made update included."""
+        self.manual_pending = False
+        if os.getpid() != self.pid or threading.get_ident() != self.loop_thread:
+            return
+        self._write_step(None, now, synchronize=False)
+
     def optimizer_stepped(self, optimizer):
         if self.optimizer is None:
             self.optimizer = optimizer
             self.loop_thread = threading.get_ident()
+        self.manual_pending = False
         if optimizer is not self.optimizer:
             return
+        self._write_step(optimizer, None)
+
+    def _write_step(self, optimizer, now, synchronize=True):
         m = self._open()
-        m._synchronize()
-        now = time.time()
+        if synchronize:
+            m._synchronize()
+        if now is None:
+            now = time.time()
         self._no_grad_calls_ended(now)
         start = self.step_start if self.step_start is not None else now
         self.note_torch(m, now)
@@ -336,7 +362,7 @@ class _AutoSteps:
             loss = sum(self.losses) / len(self.losses)
             # JSON has no NaN or inf: a diverged loss goes as a string.
             line += ',"loss":' + (repr(loss) if math.isfinite(loss) else '"%r"' % loss)
-        lr = _first_lr(optimizer)
+        lr = _first_lr(optimizer) if optimizer is not None else None
         if lr is not None and math.isfinite(lr):
             line += ',"lr":%r' % lr
         m._write_line(line + "}")
@@ -373,6 +399,8 @@ class _AutoSteps:
         """At exit: an evaluation after the last step is still written."""
         if not self.enabled:
             return
+        if self.manual_pending:
+            self.manual_step_ended(self.last_activity or time.time())
         if self.no_grad_calls and self.markers is not None:
             self._no_grad_calls_ended(time.time())
         if self.iterator_ref is None or self.iterator_stepped:
@@ -510,6 +538,59 @@ def _apply_tune_settings(torch, data, settings):
     data.DataLoader.__init__ = __init__
 
 
+class _NoSwap(Exception):
+    """Why fullburn.ImageLoader cannot stand in for a DataLoader."""
+
+
+def _swap_for_fullburn(loader, torch):
+    """fullburn.ImageLoader doing what `loader` does (`fullburn tune`'s swap
+    trial): an ImageFolder whose transform is RandomResizedCrop + flip (or
+    Resize + CenterCrop) + ToTensor + Normalize, read by a random, sequential
+    or distributed sampler. Raises _NoSwap naming what differs."""
+    dataset = loader.dataset
+    if type(dataset).__name__ != "ImageFolder":
+        raise _NoSwap("its dataset is a %s, not an ImageFolder" % type(dataset).__name__)
+    steps = list(getattr(dataset.transform, "transforms", [dataset.transform]))
+    names = [type(t).__name__ for t in steps]
+    if names == ["RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "Normalize"]:
+        crop_t, flip = steps[0], steps[1]
+        if (tuple(crop_t.scale) != (0.08, 1.0) or
+                any(abs(a - b) > 1e-6 for a, b in zip(crop_t.ratio, (3 / 4, 4 / 3))) or
+                getattr(flip, "p", 0.5) != 0.5):
+            raise _NoSwap("its RandomResizedCrop or flip is not torchvision's default")
+        train, crop, resize = True, crop_t.size, None
+    elif names == ["Resize", "CenterCrop", "ToTensor", "Normalize"]:
+        train, crop, resize = False, steps[1].size, steps[0].size
+        if isinstance(resize, (list, tuple)):
+            if len(resize) != 1:
+                raise _NoSwap("its Resize is to a fixed shape, not the shorter side")
+            resize = resize[0]
+    else:
+        raise _NoSwap("its transform is %s, not RandomResizedCrop (or Resize + CenterCrop), "
+                      "flip, ToTensor and Normalize" % " + ".join(names))
+    if isinstance(crop, (list, tuple)):
+        if len(set(crop)) != 1:
+            raise _NoSwap("its crop %r is not square" % (crop,))
+        crop = crop[0]
+    norm = steps[3]
+    sampler = type(loader.sampler).__name__
+    rank, world, shuffle = 0, 1, sampler == "RandomSampler"
+    if sampler == "DistributedSampler":
+        rank, world, shuffle = loader.sampler.rank, loader.sampler.num_replicas, loader.sampler.shuffle
+    elif sampler not in ("RandomSampler", "SequentialSampler"):
+        raise _NoSwap("its sampler is a %s" % sampler)
+    import fullburn  # the package beside these helpers (fullburn run puts it on the path)
+    swapped = fullburn.ImageLoader(
+        dataset.root, loader.batch_size, train=train, crop=int(crop), resize=resize and int(resize),
+        shuffle=shuffle, drop_last=loader.drop_last, rank=rank, world_size=world,
+        mean=[float(m) for m in norm.mean], std=[float(v) for v in norm.std],
+        seed=torch.initial_seed() % (1 << 32))
+    if swapped.dataset_size != len(dataset):
+        raise _NoSwap("it holds %d images fullburn.ImageLoader can read of %d (JPEG and PNG only)"
+                      % (swapped.dataset_size, len(dataset)))
+    return swapped
+
+
 def _hook_torch(torch):
     global _state
     state = _AutoSteps(torch)
@@ -521,8 +602,37 @@ def _hook_torch(torch):
     original_code = optim.Optimizer._optimizer_step_code if register is None else None
 
     original_iter = data.DataLoader.__iter__
+    swap = _tune_settings().get("loader") == "fullburn"
+    swaps = weakref.WeakKeyDictionary()  # DataLoader -> its fullburn.ImageLoader, or None
+
+    def swapped_iter(loader):
+        """fullburn tune's swap trial: the DataLoader's epoch read by
+        fullburn.ImageLoader, or None (said once) when it cannot be."""
+        if loader not in swaps:
+            try:
+                swaps[loader] = _swap_for_fullburn(loader, torch)
+                loader._fullburn_swapped = "fullburn.ImageLoader"
+            except Exception as e:  # _NoSwap, or the package not importable
+                sys.stderr.write("fullburn: fullburn.ImageLoader cannot stand in for this "
+                                 "DataLoader (%s): it runs as written\n" % e)
+                swaps[loader] = None
+        swapped = swaps[loader]
+        if swapped is None:
+            return None
+        epochs = getattr(loader, "_fullburn_epochs", -1) + 1  # each iter() a new epoch, as a DataLoader's
+        loader._fullburn_epochs = epochs
+        sampler_epoch = getattr(loader.sampler, "epoch", None)
+        swapped.set_epoch(sampler_epoch if isinstance(sampler_epoch, int) else epochs)
+        iterator = iter(swapped)
+        iterator._fullburn_loader = loader
+        iterator._fullburn_epoch = epochs
+        return iterator
 
     def __iter__(loader):
+        if swap and state.enabled:
+            iterator = swapped_iter(loader)
+            if iterator is not None:
+                return iterator
         if not state.enabled:
             # The job's own markers time its steps; the training loader's
             # settings are still recorded (its markers do only for steps(loader)).
@@ -655,6 +765,16 @@ def _hook_torch(torch):
             state.stepped(optimizer)
 
         optim.Optimizer._optimizer_step_code = _optimizer_step_code
+    # A loop with an optimizer object steps through it, even before its
+    # first step (accumulation): only one without any updates by hand.
+    original_optim_init = optim.Optimizer.__init__
+
+    @functools.wraps(original_optim_init)
+    def optimizer_init(optimizer, *args, **kwargs):
+        state.optimizer_made = True
+        return original_optim_init(optimizer, *args, **kwargs)
+
+    optim.Optimizer.__init__ = optimizer_init
     _state = state
     atexit.register(state.finish)
 

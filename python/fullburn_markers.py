@@ -163,6 +163,12 @@ class Markers:
             value = getattr(loader, key, None)
             if isinstance(value, (bool, int)):
                 data[key] = value
+        dataset = getattr(loader, "dataset", None)
+        if dataset is not None:  # "ImageFolder": the diagnosis can name fullburn.ImageLoader
+            data["dataset"] = type(dataset).__name__
+        swapped = getattr(loader, "_fullburn_swapped", None)
+        if swapped:  # fullburn tune's swap trial read it with fullburn.ImageLoader
+            data["swapped"] = swapped
         self._write({"kind": "event", "name": "dataloader", "rank": self.rank,
                      "time": time.time(), "data": data})
 

@@ -38,9 +38,10 @@ if [[ $mode != demo ]]; then
     libgtest-dev libgmock-dev     # tests
     python3 python3-pil           # bench/ scripts, examples/scenarios, python/fullburn_pack.py
     chromium                      # tests: the HTML report in a real browser
+    pybind11-dev python3-dev python3-numpy  # import fullburn (the module, built by the normal build)
   )
   if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
-    packages+=(python3-torch)     # tests: fullburn run on unchanged PyTorch scripts
+    packages+=(python3-torch python3-torchvision)  # tests: unchanged PyTorch scripts, ImageFolder
   fi
 fi
 if [[ $mode == bench ]]; then

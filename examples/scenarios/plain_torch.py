@@ -87,6 +87,8 @@ def main():
     p.add_argument("--save-mb", type=float, default=1, help="checkpoint size")
     p.add_argument("--save-dir", default=".", help="where checkpoint.pt goes")
     p.add_argument("--save-in-thread", action="store_true", help="save on a background thread")
+    p.add_argument("--manual-update", action="store_true",
+                   help="no optimizer object: update the parameters by hand after backward()")
     p.add_argument("--log-ms", type=float, default=0,
                    help="work after each optimizer step (synchronous logging, metrics)")
     a = p.parse_args()
@@ -107,7 +109,7 @@ def main():
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = None if a.manual_update else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     wrap = lambda loader, epoch: loader  # noqa: E731
     if a.markers:
         from fullburn_markers import steps  # on the path under fullburn run
@@ -128,6 +130,12 @@ def main():
         for i, (x, y) in enumerate(wrap(train, epoch)):
             loss = F.cross_entropy(model(x), y) / a.accumulate
             loss.backward()
+            if a.manual_update:  # as older examples do, with no optimizer object
+                with torch.no_grad():
+                    for p_ in model.parameters():
+                        p_ -= 0.1 * p_.grad
+                        p_.grad = None
+                continue
             if (i + 1) % a.accumulate == 0:
                 opt.step()
                 opt.zero_grad()

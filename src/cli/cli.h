@@ -58,6 +58,10 @@ std::string HostName();
 // python/ (fullburn_markers.py, the automatic markers): an installed
 // fullburn's share/fullburn/python, else the source tree's; "" if neither.
 std::string PythonDir();
+// The build tree's `import fullburn` package (BUILD/python), which fullburn
+// run puts on a job's PYTHONPATH ahead of the helpers; "" for an installed
+// fullburn or a build without the Python module.
+std::string PythonPackageDir();
 
 // fullburn-train beside this executable (the libtorch half), or "" if not built.
 std::string TrainingExecutable();

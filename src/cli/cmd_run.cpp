@@ -25,11 +25,14 @@ struct RunOptions : RecordOptions {
   std::vector<std::string> command;
 };
 
-// PYTHONPATH for the child: python/ (so `import fullburn_markers` works) and,
-// unless turned off, python/autosteps/, whose sitecustomize.py marks a
-// PyTorch job's steps with no change to it. The job's own PYTHONPATH follows.
+// PYTHONPATH for the child: python/ (so `import fullburn_markers` works), a
+// build tree's `import fullburn` package, and, unless turned off,
+// python/autosteps/, whose sitecustomize.py marks a PyTorch job's steps with
+// no change to it. The job's own PYTHONPATH follows.
 std::string ChildPythonPath(const std::string& python_dir, bool auto_steps) {
-  std::string path = auto_steps ? python_dir + "/autosteps:" + python_dir : python_dir;
+  std::string path = auto_steps ? python_dir + "/autosteps:" : "";
+  if (std::string package = PythonPackageDir(); !package.empty()) path += package + ":";
+  path += python_dir;
   const char* own = std::getenv("PYTHONPATH");
   if (own && *own) path += std::string(":") + own;
   return path;

@@ -77,6 +77,14 @@ std::string PythonDir() {
   return "";
 }
 
+std::string PythonPackageDir() {
+  // Only a build-tree fullburn: an installed one's package lives in the
+  // interpreter's site-packages (cmake --install --component python).
+  if (PythonDir() != FULLBURN_SOURCE_PYTHON_DIR) return "";
+  std::string dir = FULLBURN_BUILD_PYTHON_DIR;
+  return ::access((dir + "/fullburn/__init__.py").c_str(), R_OK) == 0 ? dir : "";
+}
+
 int& ExitCode() {
   static int code = 0;
   return code;

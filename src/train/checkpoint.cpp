@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include "fullburn/tensorfile.h"
 #include "fullburn/train.h"
 
 namespace fullburn {
@@ -45,25 +45,6 @@ std::optional<torch::ScalarType> DtypeOf(const std::string& name) {
   return std::nullopt;
 }
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-bool WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-std::string DirOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
-}
-
 // "step-00001234.safetensors" -> 1234; -1 for other names.
 int64_t StepOfName(const std::string& name) {
   const std::string prefix = "step-", suffix = ".safetensors";
@@ -78,106 +59,49 @@ int64_t StepOfName(const std::string& name) {
 }  // namespace
 
 Status WriteCheckpointFile(const std::string& path, const CheckpointState& state, int64_t* bytes) {
-  nlohmann::json header = nlohmann::json::object();
-  std::vector<torch::Tensor> data;
-  uint64_t offset = 0;
-  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<torch::Tensor> data;  // holds the host copies the records point into
+  std::vector<TensorRecord> records;
   for (const auto& [name, tensor] : state.tensors) {
     torch::Tensor t = tensor.to(torch::kCPU).contiguous();
     const char* dtype = DtypeName(t.scalar_type());
     if (!dtype) return Status::InvalidArgument("checkpoint: tensor " + name + " has an unsupported dtype");
-    uint64_t n = t.numel() * t.element_size();
-    header[name] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
-    crc = crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), n);
-    offset += n;
+    records.push_back({name, dtype, t.sizes().vec(), t.data_ptr(),
+                       static_cast<uint64_t>(t.numel() * t.element_size())});
     data.push_back(t);
   }
-  header["__metadata__"] = {{"format", "fullburn-checkpoint-1"},
-                            {"fullburn", state.state_json},
-                            {"crc32", std::to_string(crc)},
-                            {"data_bytes", std::to_string(offset)}};
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // safetensors pads the header to 8 bytes
-  uint64_t hlen = h.size();
-
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IoError(Errno("cannot write checkpoint " + tmp) + "; check checkpoint.dir");
-  bool ok = WriteAll(fd, &hlen, 8) && WriteAll(fd, h.data(), h.size());
-  for (const torch::Tensor& t : data)
-    ok = ok && WriteAll(fd, t.data_ptr(), t.numel() * t.element_size());
-  ok = ok && ::fsync(fd) == 0;
-  int saved = errno;
-  ::close(fd);
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    errno = saved;
-    return Status::IoError(Errno("cannot write checkpoint " + path) +
-                           " (disk full?); earlier checkpoints are untouched");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return Status::IoError(Errno("cannot rename checkpoint into " + path));
-  }
-  // The rename itself must reach the disk before the file counts as written.
-  int dfd = ::open(DirOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  if (bytes) *bytes = static_cast<int64_t>(8 + hlen + offset);
-  return Status::Ok();
+  Status s = WriteTensorFile(path, records,
+                             {{"format", "fullburn-checkpoint-1"}, {"fullburn", state.state_json}}, bytes);
+  if (!s.ok()) return Status::IoError("checkpoint: " + s.message() + "; check checkpoint.dir");
+  return s;
 }
 
 Result<CheckpointState> ReadCheckpointFile(const std::string& path) {
+  Result<TensorFile> file = ReadTensorFile(path);
+  if (!file.ok()) {
+    if (file.status().code() != Status::Code::kCorruption)
+      return Status(file.status().code() == Status::Code::kNotFound
+                        ? Status::NotFound("cannot open checkpoint " + path +
+                                           "; give an existing checkpoint file or a run id")
+                        : file.status());
+    return Status::Corruption("checkpoint " + file.status().message() + "; resume from an earlier checkpoint");
+  }
   auto bad = [&](const std::string& why) {
     return Status::Corruption("checkpoint " + path + " is unusable (" + why +
                               "): it was not written completely or was damaged; resume from an "
                               "earlier checkpoint");
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return Status::NotFound(Errno("cannot open checkpoint " + path) +
-                            "; give an existing checkpoint file or a run id");
-  struct stat st;
-  ::fstat(fd, &st);
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
-  size_t got = 0;
-  while (got < bytes.size()) {
-    ssize_t r = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  if (got != bytes.size()) return bad("short read");
-  if (bytes.size() < 8) return bad("shorter than its header");
-  uint64_t hlen;
-  std::memcpy(&hlen, bytes.data(), 8);
-  if (hlen > bytes.size() - 8) return bad("header runs past the end");
-  auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hlen), nullptr, false);
-  if (!header.is_object() || !header.contains("__metadata__")) return bad("header is not safetensors JSON");
-  const auto& meta = header["__metadata__"];
-  if (meta.value("format", "") != "fullburn-checkpoint-1") return bad("not a fullburn checkpoint");
-  const uint8_t* data = bytes.data() + 8 + hlen;
-  uint64_t data_bytes = bytes.size() - 8 - hlen;
-  if (std::to_string(data_bytes) != meta.value("data_bytes", ""))
-    return bad("size " + std::to_string(data_bytes) + " bytes of data, header says " + meta.value("data_bytes", "?"));
-  if (std::to_string(crc32_z(crc32(0L, Z_NULL, 0), data, data_bytes)) != meta.value("crc32", ""))
-    return bad("checksum mismatch");
+  if (file->metadata["format"] != "fullburn-checkpoint-1") return bad("not a fullburn checkpoint");
+  if (!file->metadata.count("crc32")) return bad("no checksum");
   CheckpointState out;
-  out.state_json = meta.value("fullburn", "{}");
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    auto dtype = DtypeOf(info.value("dtype", ""));
-    if (!dtype) return bad("tensor " + name + " has dtype " + info.value("dtype", "?"));
-    std::vector<int64_t> shape = info["shape"].get<std::vector<int64_t>>();
-    uint64_t begin = info["data_offsets"][0], end = info["data_offsets"][1];
-    if (begin > end || end > data_bytes) return bad("tensor " + name + " lies outside the file");
-    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(*dtype));
-    if (static_cast<uint64_t>(t.numel() * t.element_size()) != end - begin)
-      return bad("tensor " + name + " has the wrong size");
-    std::memcpy(t.data_ptr(), data + begin, end - begin);
-    out.tensors.emplace_back(name, t);
+  out.state_json = file->metadata.count("fullburn") ? file->metadata["fullburn"] : "{}";
+  for (const TensorFileEntry& e : file->tensors) {
+    auto dtype = DtypeOf(e.dtype);
+    if (!dtype) return bad("tensor " + e.name + " has dtype " + e.dtype);
+    torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(*dtype));
+    if (static_cast<uint64_t>(t.numel() * t.element_size()) != e.size)
+      return bad("tensor " + e.name + " has the wrong size");
+    std::memcpy(t.data_ptr(), file->Data(e), e.size);
+    out.tensors.emplace_back(e.name, t);
   }
   return out;
 }

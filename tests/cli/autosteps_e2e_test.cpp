@@ -113,6 +113,27 @@ TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations)
   EXPECT_NE(findings[0].evidence.find("num_workers=0"), std::string::npos);
 }
 
+// A loop with no optimizer object, updating its parameters by hand after
+// backward() as older examples do: each backward() ends a step (at the next
+// batch's fetch, so the update is in it), with its data wait and loss.
+TEST_F(AutoStepsE2E, ALoopThatUpdatesByHandGetsItsSteps) {
+  auto o = Run({"--workers", "0", "--epochs", "2", "--accumulate", "1", "--manual-update"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData run = Stored();
+  ASSERT_EQ(run.steps.size(), 32u) << o.err;  // 2 epochs of 16 batches
+  for (const StepRecord& s : run.steps) {
+    EXPECT_EQ(s.samples, 8);
+    ASSERT_TRUE(s.data_wait_s.has_value());
+    EXPECT_GT(*s.data_wait_s, 0.020);  // 8 samples x 3 ms
+    EXPECT_LE(*s.data_wait_s, s.step_s + 1e-6);
+    EXPECT_GT(s.loss, 0);
+    EXPECT_FALSE(s.lr > 0) << "no optimizer, no learning rate";
+  }
+  EXPECT_EQ(EventsOf(run, "evaluation").size(), 2u);  // still kept out of the steps
+  auto findings = Diagnose(run);
+  EXPECT_EQ(findings[0].cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+}
+
 // A job that marks its own steps (one per micro-batch here) is not counted
 // twice: its Markers take over from the automatic ones.
 TEST_F(AutoStepsE2E, AJobWithItsOwnMarkersIsCountedOnce) {
