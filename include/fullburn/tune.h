@@ -116,6 +116,10 @@ struct ScriptSettings {
   int num_workers = -1, prefetch_factor = -1, threads = -1;
   int persistent_workers = -1, pin_memory = -1;  // 0/1
   bool has_loader = false;
+  std::string dataset;  // the training DataLoader's dataset class ("ImageFolder")
+  // "fullburn": the trial's DataLoader was swapped for fullburn.ImageLoader
+  // (the automatic markers' "swapped" in its dataloader event); "" otherwise.
+  std::string loader;
   // One rank's (each rank of a data-parallel job applies FULLBURN_TUNE_SET itself).
   static ScriptSettings FromEvents(const std::vector<RunEvent>& events, int rank = 0);
 };

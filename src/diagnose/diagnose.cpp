@@ -14,7 +14,7 @@ const char* const kCauses[] = {
     "input_cpu",       "input_io",        "input_workers",  "h2d_copy",         "small_batch",
     "memory_headroom", "memory_pressure", "throttle_power", "throttle_thermal", "idle_phases",
     "uneven_ranks",    "communication",   "step_stalls",    "checkpoint_stall", "job_failed",
-    "loop_overhead",   "gpu_unused",      "host_sync",      "healthy"};
+    "loop_overhead",   "gpu_unused",      "host_sync",      "cpu_threads",      "healthy"};
 const size_t kCauseCount = sizeof(kCauses) / sizeof(kCauses[0]);
 
 namespace {
@@ -32,6 +32,48 @@ std::string WrappedCpuFix(const Facts& f) {
         "torch.set_num_threads({}) (OMP_NUM_THREADS), or train on a GPU{}",
         f.proc_cpu / 100, f.cores, f.RankCores(), unseen);
   return std::string("compute-bound on the CPU (no GPU sampled): train on a GPU") + unseen;
+}
+
+// A job that trains on the CPU (no GPU sampled) with fewer threads at work
+// than the cores it may use: steps that compute on the CPU would take up to
+// used / cores of their time with all of them (intra-op scaling is below
+// linear, so this is an upper bound, said with confidence 0.6).
+void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
+  const int cores = f.RankCores();
+  if (!f.gpus.empty() || !f.have_steps || cores < 2 || !(f.data_wait_share < kDataWaitShare))
+    return;
+  std::string ranks = f.ranks_per_node > 1
+                          ? fmt::format(" per rank ({} ranks share {})", f.ranks_per_node, f.cores)
+                          : "";
+  double used;
+  std::string evidence, fix;
+  if (f.trainer && f.device == "cpu") {
+    if (!(f.train_threads > 0 && f.train_threads < cores)) return;
+    used = f.train_threads;
+    evidence = fmt::format("train.threads = {} of {} cores{}", f.train_threads, cores, ranks);
+    fix = fmt::format("train.threads = 0 (this rank's share of the CPUs) or {}", cores);
+  } else if (!f.trainer) {
+    // Under a core in all: the loop waits on something other than the CPU
+    // (a sleep, a GPU NVML does not see), which threads would not speed up.
+    if (std::isnan(f.proc_cpu) || f.proc_cpu < kCpuThreadsMinBusy ||
+        f.proc_cpu > (cores - 0.5) * 100)
+      return;
+    used = f.proc_cpu / 100;
+    evidence = fmt::format("the job's processes used {:.1f} of {} cores{} (median proc.cpu_util {:.0f}%)",
+                           used, cores, ranks, f.proc_cpu);
+    fix = fmt::format(
+        "torch.set_num_threads({}) (or OMP_NUM_THREADS={}) before training; if it ran on a GPU, "
+        "NVML did not see it (fullburn version names the driver)",
+        cores, cores);
+  } else {
+    return;
+  }
+  out->push_back({"cpu_threads",
+                  fmt::format("Training on the CPU with {:.1f} of {} cores at work", used, cores),
+                  evidence + fmt::format("; no GPU sampled, data wait {} of step time (< {}), so "
+                                         "the steps compute on the CPU",
+                                         Pct(f.data_wait_share), Pct(kDataWaitShare)),
+                  1 - used / cores, 0.6, fix});
 }
 
 Finding Healthy(const Facts& f) {
@@ -97,6 +139,7 @@ std::vector<Finding> Diagnose(const RunData& run) {
   RankRules(f, &out);
   StallRule(f, &out);
   CheckpointRule(f, &out);
+  CpuThreadsRule(f, &out);
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) { return a.share_lost > b.share_lost; });
   bool problem = std::any_of(out.begin(), out.end(), [](const Finding& x) { return x.share_lost >= kMinShare; });
   if (!problem) out.push_back(Healthy(f));

@@ -458,6 +458,11 @@ std::string CpuReading(const Facts& f) {
 // The first DataLoader a wrapped job's markers described.
 void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
   for (const RunEvent& e : events) {
+    if (e.kind != "loader" || f->python_loader) continue;
+    auto data = nlohmann::json::parse(e.data, nullptr, false);
+    f->python_loader = data.is_object() && data.contains("python");
+  }
+  for (const RunEvent& e : events) {
     if (e.kind != "dataloader") continue;
     auto data = nlohmann::json::parse(e.data, nullptr, false);
     if (!data.is_object() || !data.contains("num_workers") ||
@@ -466,6 +471,8 @@ void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
     f->loader_workers = std::max(0, data["num_workers"].get<int>());
     if (data.contains("pin_memory") && data["pin_memory"].is_boolean())
       f->loader_pin_memory = data["pin_memory"].get<bool>() ? 1 : 0;
+    if (data.contains("dataset") && data["dataset"].is_string())
+      f->loader_dataset = data["dataset"].get<std::string>();
     return;
   }
 }

@@ -37,6 +37,13 @@ constexpr double kIdleGapSteps = 5;    // a gap between steps longer than this m
 constexpr double kIdleGapMin_s = 1.0;  // ...and this many seconds is an idle phase
 constexpr double kIdleShare = 0.10;    // of wall time idle outside steps
 constexpr double kMinShare = 0.05;     // smaller losses are not reported as problems
+// cpu_threads judges a wrapped job only when its processes keep at least this
+// much of a core busy (proc.cpu_util %): below it the loop waits, not computes.
+constexpr double kCpuThreadsMinBusy = 70;
+// fullburn.ImageLoader's images/s per core over torch's DataLoader's on the
+// same cores (bench/python_loader_vs_torch, docs/benchmarks.md): what the
+// swap is said to gain.
+constexpr double kPythonLoaderSpeedup = 3.3;  // 3.33x synthetic JPEGs, 4.40x photographs
 constexpr double kStallSteps = 3;      // a step whose work is this many medians is a stall
 constexpr int kStallWarmupSteps = 3;   // each rank's first steps (allocator, autotuning, compile)
 constexpr int kStallMinSteps = 10;     // steps needed for a median to judge against
@@ -166,6 +173,8 @@ struct Facts {
   // A wrapped job's torch DataLoader as python/fullburn_markers.py saw it (its
   // "dataloader" event); -1: not reported.
   int loader_workers = -1, loader_pin_memory = -1;
+  std::string loader_dataset;   // the DataLoader's dataset class, when the markers told
+  bool python_loader = false;   // a wrapped job fed by fullburn.ImageLoader (its loader events)
   // The job's GPUs were sampled, and none ever ran a kernel worth the name.
   bool GpuUnused() const;
 };

@@ -51,13 +51,33 @@ std::string LoaderSettingsFix(const Facts& f, int workers) {
       f.loader_workers);
 }
 
+// The swap of a wrapped job's ImageFolder + DataLoader for fullburn's loader
+// from Python (docs/python.md), with what it was measured to gain; "" for a
+// job fed by it already.
+std::string SwapNote(const Facts& f) {
+  if (f.trainer || f.python_loader) return "";
+  return fmt::format(
+      "; or {}swap the DataLoader for fullburn.ImageLoader, two lines: `import fullburn` and "
+      "`loader = fullburn.ImageLoader(root, batch_size)` in place of ImageFolder + DataLoader "
+      "(the same RandomResizedCrop, flip and Normalize, decoded on C++ threads: {:.1f}x the "
+      "DataLoader's images/s per core or more on this project's machine, docs/benchmarks.md){}",
+      f.loader_dataset == "ImageFolder" ? "(its dataset is an ImageFolder) " : "for an image folder, ",
+      kPythonLoaderSpeedup,
+      f.loader_dataset == "ImageFolder" ? "; fullburn tune -- CMD tries the swap as a trial" : "");
+}
+
 // What a wrapped job with idle cores should give its DataLoader; with the
 // DataLoader seen by the markers, the tuner can measure it on the script.
 std::string MoreWorkersFix(const Facts& f, int workers) {
+  if (f.python_loader)
+    return fmt::format(
+        "fullburn.ImageLoader(threads={}) (None: tuned while running), or pack the images once "
+        "(fullburn pack SRC DST --format raw) and read the pack, so each sample costs less",
+        workers);
   std::string fix = LoaderSettingsFix(f, workers);
   if (f.loader_workers >= 0)
     fix += "; fullburn tune -- CMD measures DataLoader settings on the script as it is";
-  return fix;
+  return fix + SwapNote(f);
 }
 
 // "batch 64 -> 256" when memory tells how far it can grow, else "".
@@ -175,10 +195,15 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
         Choose(f,
                "decode less: fullburn pack SRC DST --format raw --max-side 256 (decoding "
                "disappears), smaller source images, or more cores for the loader",
-               "decode and augment less on the CPU: pack the images once at the size you train "
-               "at (fullburn pack SRC DST --max-side 256; read by python/fullburn_pack.py's "
-               "PackDataset in place of ImageFolder), augment on the GPU (DALI, torchvision v2 "
-               "on tensors), more cores");
+               f.python_loader
+                   ? "decode less: pack the images once at the size you train at (fullburn pack "
+                     "SRC DST --format raw --max-side 256) and give fullburn.ImageLoader the "
+                     "pack, or more cores"
+                   : "decode and augment less on the CPU: pack the images once at the size you "
+                     "train at (fullburn pack SRC DST --max-side 256; read by "
+                     "python/fullburn_pack.py's PackDataset in place of ImageFolder), augment on "
+                     "the GPU (DALI, torchvision v2 on tensors), more cores" +
+                         SwapNote(f));
     if (f.cpu_of_quota)
       fix = fmt::format(
                 "the container's CPU limit ({:.3g} CPUs) is the ceiling: raise it (Kubernetes "

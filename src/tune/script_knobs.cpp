@@ -17,6 +17,9 @@ const std::vector<KnobDef>& ScriptKnobs() {
        "DataLoader workers kept from one epoch to the next"},
       {"pin_memory", "pin_memory", "DataLoader batches in pinned memory (CUDA)"},
       {"threads", "threads", "torch.set_num_threads of the training process"},
+      {"swap", "loader",
+       "fullburn.ImageLoader in place of an ImageFolder DataLoader (same augmentation, C++ "
+       "threads)"},
   };
   return knobs;
 }
@@ -39,6 +42,8 @@ ScriptSettings ScriptSettings::FromEvents(const std::vector<RunEvent>& events, i
       get(d, "prefetch_factor", &s.prefetch_factor);
       get(d, "persistent_workers", &s.persistent_workers);
       get(d, "pin_memory", &s.pin_memory);
+      if (d.contains("dataset") && d["dataset"].is_string()) s.dataset = d["dataset"].get<std::string>();
+      if (d.contains("swapped") && d["swapped"].is_string()) s.loader = "fullburn";
     } else if (e.kind == "torch" && !torch_seen) {
       torch_seen = true;
       get(d, "threads", &s.threads);
@@ -79,6 +84,17 @@ std::vector<Candidate> ScriptKnobCandidates(const std::string& knob, const Scrip
     out = Values("threads", {std::max(1, cores / 2), cores}, c.threads);
   } else if (!c.has_loader) {
     *skip = "the script's steps read no torch DataLoader";
+  } else if (knob == "swap") {
+    // The automatic markers swap only an ImageFolder whose transforms the
+    // loader reproduces (RandomResizedCrop or Resize + CenterCrop, flip,
+    // ToTensor, Normalize); any other fails the trial with its reason.
+    if (c.loader == "fullburn")
+      *skip = "already fullburn.ImageLoader";
+    else if (c.dataset != "ImageFolder")
+      *skip = c.dataset.empty() ? "the DataLoader's dataset was not recorded"
+                                : "its dataset is a " + c.dataset + ", not an ImageFolder";
+    else
+      out = {{"fullburn.ImageLoader", {{"loader", "fullburn"}}, std::nullopt}};
   } else if (knob == "workers") {
     // Twice the cores too: workers that wait on storage or the network
     // rather than decode (docs/diagnosis.md, input_workers).
@@ -104,9 +120,9 @@ std::vector<Candidate> ScriptKnobCandidates(const std::string& knob, const Scrip
 std::vector<std::string> ScriptKnobOrder(const std::vector<Finding>& findings,
                                          const std::vector<std::string>& selected) {
   if (InputBound(findings))
-    return OnlySelected({"workers", "prefetch", "persistent_workers", "pin_memory", "threads"},
-                        selected);
-  return OnlySelected({"threads", "workers", "pin_memory", "prefetch", "persistent_workers"},
+    return OnlySelected(
+        {"workers", "prefetch", "persistent_workers", "pin_memory", "swap", "threads"}, selected);
+  return OnlySelected({"threads", "workers", "pin_memory", "prefetch", "persistent_workers", "swap"},
                       selected);
 }
 
@@ -115,6 +131,8 @@ nlohmann::json ScriptSettingsJson(const std::map<std::string, std::string>& over
   for (const auto& [key, v] : overrides) {
     if (v == "true" || v == "false")
       j[key] = v == "true";
+    else if (key == "loader")
+      j[key] = v;
     else
       j[key] = std::stoi(v);
   }
@@ -123,14 +141,21 @@ nlohmann::json ScriptSettingsJson(const std::map<std::string, std::string>& over
 
 std::string ScriptAdvice(const std::map<std::string, std::string>& overrides) {
   std::string loader, threads;
+  bool swapped = false;
   for (const auto& [key, v] : overrides) {
     std::string value = v == "true" ? "True" : v == "false" ? "False" : v;
     if (key == "threads")
       threads = "torch.set_num_threads(" + value + ")";
+    else if (key == "loader")
+      swapped = v == "fullburn";
     else
       loader += (loader.empty() ? "" : ", ") + key + "=" + value;
   }
-  std::string out = loader.empty() ? "" : "DataLoader(" + loader + ")";
+  // Swapped, the DataLoader's own settings no longer apply.
+  std::string out =
+      swapped ? "import fullburn; loader = fullburn.ImageLoader(root, batch_size) in place of "
+                "ImageFolder + DataLoader (docs/python.md)"
+              : loader.empty() ? "" : "DataLoader(" + loader + ")";
   if (!threads.empty()) out += (out.empty() ? "" : "; ") + threads;
   return out.empty() ? "nothing to change" : out;
 }
@@ -138,6 +163,13 @@ std::string ScriptAdvice(const std::map<std::string, std::string>& overrides) {
 std::string ScriptSettingsMismatch(const std::map<std::string, std::string>& overrides,
                                    const ScriptSettings& recorded) {
   for (const auto& [key, v] : overrides) {
+    if (key == "loader") {
+      if (recorded.loader != v)
+        return "fullburn.ImageLoader was asked in place of the DataLoader and the run did not "
+               "take it (its transforms are not ones the loader reproduces; see the trial's log)";
+      continue;
+    }
+    if (recorded.loader == "fullburn") continue;  // swapped: the DataLoader's settings are moot
     int asked = v == "true" ? 1 : v == "false" ? 0 : std::stoi(v);
     int had = key == "num_workers"          ? recorded.num_workers
               : key == "prefetch_factor"    ? recorded.prefetch_factor

@@ -6,6 +6,7 @@
 #include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <tuple>
 
 namespace fullburn {
@@ -93,8 +94,11 @@ TEST(Diagnose, BusyGpuIsHealthyWithNoFalseAlarms) {
       R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu", "threads": 2}})";
   for (int c = 0; c < 4; ++c) cpu.m["host.cpu" + std::to_string(c) + ".util"] = Flat(60);
   auto h = cpu.Host(60).Wait(0.02).Run();
-  ASSERT_EQ(Causes(h), std::vector<std::string>{"healthy"});
-  EXPECT_NE(h[0].fix.find("compute-bound on the CPU with 2 of 4 cores: train.threads = 0"),
+  // Fewer threads than cores is a finding with its time, not a healthy run.
+  ASSERT_EQ(Causes(h), std::vector<std::string>{"cpu_threads"});
+  EXPECT_NEAR(h[0].share_lost, 0.5, 1e-9);  // 2 of 4 cores
+  EXPECT_NE(h[0].evidence.find("train.threads = 2 of 4 cores"), std::string::npos) << h[0].evidence;
+  EXPECT_NE(h[0].fix.find("train.threads = 0 (this rank's share of the CPUs) or 4"),
             std::string::npos)
       << h[0].fix;
   EXPECT_EQ(h[0].fix.find("tensor cores"), std::string::npos) << h[0].fix;
@@ -116,9 +120,11 @@ TEST(Diagnose, CpuAdviceCountsTheCoresOfOneRank) {
   cpu.run.config_json =
       R"({"train": {"precision": "fp32"}, "resolved": {"device": "cpu", "threads": 1,)"
       R"( "ranks_per_node": 2}})";
-  EXPECT_NE(cpu.Run()[0].fix.find("with 1 of 2 cores per rank (2 ranks share 4): train.threads"),
-            std::string::npos)
-      << cpu.Run()[0].fix;
+  auto one = cpu.Run();
+  ASSERT_EQ(one[0].cause, "cpu_threads");
+  EXPECT_NEAR(one[0].share_lost, 0.5, 1e-9);  // 1 of a rank's 2
+  EXPECT_NE(one[0].evidence.find("1 of 2 cores per rank (2 ranks share 4)"), std::string::npos)
+      << one[0].evidence;
   // Without the trainer's count: the ranks that recorded steps on the one
   // sampled node. Each of 4 ranks on 16 cores gets 3 loader threads, not 15.
   Case input;
@@ -144,10 +150,17 @@ TEST(Diagnose, WrappedJobWithoutAGpuGetsCpuAdvice) {
   for (int c = 0; c < 4; ++c) job.m["host.cpu" + std::to_string(c) + ".util"] = Flat(30);
   job.m["proc.cpu_util"] = Flat(100);
   auto f = job.Host(30).Wait(0.02).Run();
-  ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
-  EXPECT_NE(f[0].fix.find("used 1.0 of 4 cores: torch.set_num_threads(4)"), std::string::npos)
-      << f[0].fix;
+  ASSERT_EQ(Causes(f), std::vector<std::string>{"cpu_threads"});
+  EXPECT_NEAR(f[0].share_lost, 0.75, 1e-9);  // 1 of 4 cores at work
+  EXPECT_NE(f[0].evidence.find("used 1.0 of 4 cores"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("torch.set_num_threads(4)"), std::string::npos) << f[0].fix;
   EXPECT_EQ(f[0].fix.find("tensor cores"), std::string::npos) << f[0].fix;
+  // Input-bound, or under a core in all (the loop waits, not computes): not this.
+  Case input = job;
+  input.steps.clear();
+  EXPECT_FALSE(Has(input.Wait(0.4).Run(), "cpu_threads"));
+  job.m["proc.cpu_util"] = Flat(35);
+  EXPECT_FALSE(Has(job.Run(), "cpu_threads"));
   job.m["proc.cpu_util"] = Flat(390);
   auto busy = job.Run();
   EXPECT_NE(busy[0].fix.find("(no GPU sampled): train on a GPU"), std::string::npos) << busy[0].fix;
@@ -418,6 +431,54 @@ TEST(Diagnose, AWrappedJobsDataLoaderSettingsShapeTheFix) {
       EXPECT_NE(x.fix.find("DataLoader(pin_memory=False -> True)"), std::string::npos) << x.fix;
     }
   }
+}
+
+// An input-bound wrapped job is told the swap to fullburn.ImageLoader with
+// its measured gain, and the tuner's trial of it when its dataset is an
+// ImageFolder; a job fed by fullburn.ImageLoader already is told its threads
+// and a pack instead.
+TEST(Diagnose, AnInputBoundPyTorchJobIsToldTheSwapToFullburnsLoader) {
+  Case c;
+  c.run.config_json = R"({"interval_s": 1})";
+  for (int k = 0; k < 4; ++k) c.m["host.cpu" + std::to_string(k) + ".util"] = Flat(40);
+  c.Host(40, 2).Wait(0.3);
+  c.events.push_back({0.5, "dataloader", R"({"num_workers": 1, "dataset": "ImageFolder"})"});
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "input_workers");
+  EXPECT_NE(f[0].fix.find("(its dataset is an ImageFolder) swap the DataLoader for "
+                          "fullburn.ImageLoader, two lines: `import fullburn` and `loader = "
+                          "fullburn.ImageLoader(root, batch_size)`"),
+            std::string::npos)
+      << f[0].fix;
+  EXPECT_TRUE(std::regex_search(f[0].fix, std::regex("[0-9.]+x the DataLoader's images/s per core")))
+      << f[0].fix;
+  EXPECT_NE(f[0].fix.find("fullburn tune -- CMD tries the swap as a trial"), std::string::npos);
+  Case busy = c;
+  busy.Host(92);
+  auto b = busy.Run();
+  ASSERT_EQ(b[0].cause, "input_cpu");
+  EXPECT_NE(b[0].fix.find("swap the DataLoader for fullburn.ImageLoader"), std::string::npos)
+      << b[0].fix;
+  Case other;  // not an ImageFolder: the swap for an image folder, no trial
+  other.run.config_json = R"({"interval_s": 1})";
+  for (int k = 0; k < 4; ++k) other.m["host.cpu" + std::to_string(k) + ".util"] = Flat(40);
+  other.Host(40, 2).Wait(0.3);
+  other.events.push_back({0.5, "dataloader", R"({"num_workers": 1, "dataset": "Tokens"})"});
+  auto o = other.Run();
+  EXPECT_NE(o[0].fix.find("for an image folder, swap"), std::string::npos) << o[0].fix;
+  EXPECT_EQ(o[0].fix.find("tries the swap"), std::string::npos) << o[0].fix;
+  Case swapped = c;  // fed by fullburn.ImageLoader already
+  swapped.events.clear();
+  swapped.events.push_back({10, "loader", R"({"threads": 1, "python": "fullburn.ImageLoader"})"});
+  auto s = swapped.Run();
+  ASSERT_EQ(s[0].cause, "input_workers");
+  EXPECT_EQ(s[0].fix.find("swap"), std::string::npos) << s[0].fix;
+  EXPECT_NE(s[0].fix.find("fullburn.ImageLoader(threads=3)"), std::string::npos) << s[0].fix;
+  // fullburn train's own runs are never told to swap.
+  Case trainer;
+  for (int k = 0; k < 4; ++k) trainer.m["host.cpu" + std::to_string(k) + ".util"] = Flat(40);
+  auto t = trainer.Host(40, 2).Wait(0.3).Run();
+  EXPECT_EQ(t[0].fix.find("fullburn.ImageLoader"), std::string::npos) << t[0].fix;
 }
 
 TEST(Diagnose, HostToDeviceCopiesMeasuredAndInferred) {

@@ -239,6 +239,43 @@ TEST(TuneScriptKnobs, CandidatesFollowTheCoresAndWhatTorchAccepts) {
   EXPECT_FALSE(ParseKnobList("batch", ScriptKnobs()).ok());  // fullburn train's knob
 }
 
+// The swap to fullburn.ImageLoader: offered for an ImageFolder, taken or not
+// as the trial's dataloader event says, and said as the two lines to change.
+TEST(TuneScriptKnobs, TheSwapIsTriedForAnImageFolderAndCheckedAfter) {
+  std::vector<RunEvent> events = {
+      {1, "dataloader", R"({"num_workers": 2, "dataset": "ImageFolder", "rank": 0})"}};
+  ScriptContext ctx;
+  ctx.cores = 2;
+  ctx.current = ScriptSettings::FromEvents(events);
+  EXPECT_EQ(ctx.current.dataset, "ImageFolder");
+  std::string skip;
+  auto swap = ScriptKnobCandidates("swap", ctx, &skip);
+  ASSERT_EQ(swap.size(), 1u) << skip;
+  EXPECT_EQ(swap[0].overrides.at("loader"), "fullburn");
+  EXPECT_EQ(ScriptSettingsJson(swap[0].overrides).dump(), R"({"loader":"fullburn"})");
+  EXPECT_NE(ScriptAdvice({{"loader", "fullburn"}, {"num_workers", "2"}})
+                .find("loader = fullburn.ImageLoader(root, batch_size)"),
+            std::string::npos);
+  // The trial's run must show it took: "swapped" in its dataloader event.
+  EXPECT_NE(ScriptSettingsMismatch({{"loader", "fullburn"}}, ctx.current), "");
+  ScriptSettings took = ScriptSettings::FromEvents(
+      {{1, "dataloader", R"({"num_workers": 2, "dataset": "ImageFolder", "swapped": "fullburn.ImageLoader"})"}});
+  EXPECT_EQ(took.loader, "fullburn");
+  EXPECT_EQ(ScriptSettingsMismatch({{"loader", "fullburn"}, {"num_workers", "4"}}, took), "");
+  ctx.current = took;
+  skip.clear();
+  EXPECT_TRUE(ScriptKnobCandidates("swap", ctx, &skip).empty());
+  EXPECT_EQ(skip, "already fullburn.ImageLoader");
+  ctx.current = ScriptSettings::FromEvents({{1, "dataloader", R"({"num_workers": 2, "dataset": "Tokens"})"}});
+  skip.clear();
+  EXPECT_TRUE(ScriptKnobCandidates("swap", ctx, &skip).empty());
+  EXPECT_NE(skip.find("a Tokens, not an ImageFolder"), std::string::npos) << skip;
+  Finding input{"input_workers", "", "", 0.4, 0.9, ""};
+  auto order = ScriptKnobOrder({input}, {});
+  EXPECT_LT(std::find(order.begin(), order.end(), "workers"),
+            std::find(order.begin(), order.end(), "swap"));  // against the best worker count
+}
+
 TEST(TuneScriptKnobs, TheLoaderFirstWhenItIsTheBottleneck) {
   Finding input{"input_workers", "", "", 0.4, 0.9, ""};
   Finding healthy{"healthy", "", "", 0, 0.9, ""};
