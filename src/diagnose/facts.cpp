@@ -187,13 +187,15 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
   for (const auto& [rank, list] : by_rank) {
     RankFacts rf;
     rf.rank = rank;
-    std::vector<double> work;
+    std::vector<double> work, forward;
     double st = 0, dw = 0;
     for (const StepRecord* r : list) {
       work.push_back(r->step_s - r->comm_s.value_or(0));
+      if (r->forward_s) forward.push_back(*r->forward_s);
       if (r->data_wait_s) st += r->step_s, dw += *r->data_wait_s;
     }
     rf.work_s = Median(work);
+    if (!forward.empty()) rf.forward_s = Median(forward);
     if (st > 0) rf.data_wait_share = dw / st;
     if (const Series* series = Find(samples, RankPrefix(rank) + "proc.cpu_util");
         series && !series->empty())

@@ -63,6 +63,10 @@ struct GpuFacts {
 struct RankFacts {
   int rank = 0;
   double work_s = NAN;           // median step time outside communication
+  // Median forward time, where timed: the one phase with no communication
+  // in it (gradients all-reduced during backward put a fast rank's wait for
+  // a slow one inside its backward, where work_s cannot tell it apart).
+  double forward_s = NAN;
   double data_wait_share = NAN;  // of step time
   double proc_cpu = NAN;         // median % of one core of the rank's process tree
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "facts.h"
 #include "fullburn/diagnose.h"
@@ -97,10 +98,22 @@ const std::optional<Finding>& LiveDiagnosis::Update(double t) {
   double start = std::isnan(first_step_t_) ? first_t_ : first_step_t_;
   if (std::isnan(start) || t - start < kMinS || t - last_update_ < kEveryS) return top_;
   last_update_ = t;
-  double from = std::max(start, t - kWindowS);
-  // Steps read just now may end after the latest reading: nothing is cut at the end.
+  // Other ranks' steps reach rank 0 late, a straggler's latest (its own
+  // writer is slowed with it): "now" ends where every rank has reported, so
+  // the ranks are compared over the same stretch and a slow rank is not
+  // mistaken for a missing one.
+  double end = t;
+  std::map<int, double> reported;
+  for (const StepRecord& r : kept_.steps) reported[r.rank] = std::max(reported[r.rank], r.t);
+  if (reported.size() > 1)
+    for (const auto& [rank, latest] : reported)
+      if (latest >= t - kWindowS) end = std::min(end, latest);  // a rank silent a minute: gone
+  double from = std::max(start, end - kWindowS);
   Cut(&kept_, from, std::numeric_limits<double>::infinity());
   RunData d = kept_;
+  // Steps read just now may end after the latest reading: nothing is cut at
+  // the end unless another rank has not reported that far.
+  if (end < t) Cut(&d, from, end);
   Shift(&d, from);
   top_.reset();
   if (!std::isnan(first_step_t_) && d.steps.empty() && longest_step_s_ < kWindowS / 3) {

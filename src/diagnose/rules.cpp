@@ -575,14 +575,32 @@ double DataWaitStragglerRule(const Facts& f, std::vector<Finding>* out) {
 double StragglerRule(const Facts& f, std::vector<Finding>* out) {
   if (f.ranks.size() < 2) return 0;
   if (std::isnan(f.comm_share)) return DataWaitStragglerRule(f, out);
+  // Step time outside communication first; where gradients are reduced
+  // during backward a fast rank waits inside its backward, so its work reads
+  // like the slow rank's: then the forward, which holds no communication.
+  double RankFacts::*measure = &RankFacts::work_s;
+  const char* what = "step work";
+  auto apart = [&](double RankFacts::*m) {
+    auto [lo, hi] = std::minmax_element(f.ranks.begin(), f.ranks.end(),
+                                        [m](const RankFacts& a, const RankFacts& b) {
+                                          return a.*m < b.*m;
+                                        });
+    return (*hi).*m > 0 ? ((*hi).*m - (*lo).*m) / ((*hi).*m) : 0.0;
+  };
+  if (!(apart(measure) >= kUnevenRanks)) {
+    bool timed = std::all_of(f.ranks.begin(), f.ranks.end(),
+                             [](const RankFacts& r) { return r.forward_s > 0; });
+    if (!timed || !(apart(&RankFacts::forward_s) >= kUnevenRanks)) return 0;
+    measure = &RankFacts::forward_s;
+    what = "forward";
+  }
   auto [lo, hi] = std::minmax_element(
       f.ranks.begin(), f.ranks.end(),
-      [](const RankFacts& a, const RankFacts& b) { return a.work_s < b.work_s; });
-  double spread = (hi->work_s - lo->work_s) / hi->work_s;
-  if (!(hi->work_s > 0 && spread >= kUnevenRanks)) return 0;
+      [measure](const RankFacts& a, const RankFacts& b) { return a.*measure < b.*measure; });
+  double spread = ((*hi).*measure - (*lo).*measure) / ((*hi).*measure);
   double mean = 0;
-  for (const RankFacts& r : f.ranks) mean += r.work_s / f.ranks.size();
-  double share = 1 - mean / hi->work_s;
+  for (const RankFacts& r : f.ranks) mean += r.*measure / f.ranks.size();
+  double share = 1 - mean / ((*hi).*measure);
   std::string wait =
       std::isnan(hi->data_wait_share)
           ? ""
@@ -611,10 +629,9 @@ double StragglerRule(const Facts& f, std::vector<Finding>* out) {
   out->push_back(
       {"uneven_ranks",
        fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
-       fmt::format(
-           "median step work {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
-           hi->work_s * 1e3, hi->rank, lo->work_s * 1e3, lo->rank, Pct(spread), Pct(kUnevenRanks),
-           wait),
+       fmt::format("median {} {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
+                   what, (*hi).*measure * 1e3, hi->rank, (*lo).*measure * 1e3, lo->rank,
+                   Pct(spread), Pct(kUnevenRanks), wait),
        share, 0.8, fix});
   return share;
 }

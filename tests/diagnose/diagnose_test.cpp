@@ -1118,6 +1118,24 @@ TEST(Diagnose, StragglerRankFromStepRecords) {
             std::string::npos);  // no per-rank telemetry: not claimed
 }
 
+// Gradients all-reduced during backward: the fast rank waits inside its
+// backward, so both ranks' step time outside communication reads the same
+// (the rank-0 measurement of a straggler on the 2-core VM: 80 and 73 ms). The
+// forward, which holds no communication, tells them apart.
+TEST(Diagnose, StragglerFromTheForwardWhenTheWaitIsInsideBackward) {
+  Case c = TwoRanks(1.0, 1.0);
+  for (StepRecord& r : c.steps) r.forward_s = r.rank == 1 ? 0.34 : 0.18;
+  auto f = c.Run();
+  ASSERT_EQ(f[0].cause, "uneven_ranks");
+  EXPECT_NE(f[0].title.find("rank 1"), std::string::npos);
+  EXPECT_NE(f[0].evidence.find("median forward 340.0 ms on rank 1 vs 180.0 ms on rank 0"),
+            std::string::npos)
+      << f[0].evidence;
+  EXPECT_NEAR(f[0].share_lost, 1 - 0.26 / 0.34, 1e-9);
+  for (StepRecord& r : c.steps) r.forward_s = r.rank == 1 ? 0.185 : 0.18;  // 3% apart
+  EXPECT_FALSE(Has(c.Run(), "uneven_ranks"));
+}
+
 // Each rank's process tree is sampled (proc.*, rank1.proc.*): the straggler's
 // evidence says how busy its process was against the fastest rank's.
 TEST(Diagnose, StragglerEvidenceNamesEachRanksProcessCpu) {
