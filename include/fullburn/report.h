@@ -191,6 +191,11 @@ Series Downsample(const Series& s, size_t max_points, double gap_s);
 struct ReportRun {
   RunData data;
   std::vector<Finding> findings;
+  // From the profiler traces `fullburn run --profile` attached (the CLI
+  // reads them: this component does no I/O); empty: none.
+  std::string trace_steps;  // "20-25"
+  std::vector<Finding> trace_findings;
+  std::string trace_text;  // fullburn analyze's report
 };
 std::string RenderHtmlReport(const std::vector<ReportRun>& runs);
 std::string HtmlEscape(const std::string& s);

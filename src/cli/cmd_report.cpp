@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "cli.h"
+#include "traces.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
 #include "fullburn/tune.h"
@@ -80,6 +81,13 @@ Result<std::vector<ReportRun>> LoadRuns(const ReportOptions& o) {
     if (!data.ok()) return data.status();
     ReportRun r{std::move(*data), {}};
     r.findings = Diagnose(r.data);
+    RunTraces traces = AnalyzeRunTraces(r.data);
+    if (!traces.error.empty())
+      std::fprintf(stderr, "fullburn: run %lld's profiler trace could not be analysed: %s\n",
+                   static_cast<long long>(r.data.run.id), traces.error.c_str());
+    r.trace_steps = traces.steps;
+    r.trace_findings = traces.findings;
+    r.trace_text = traces.text;
     out.push_back(std::move(r));
   }
   return out;
@@ -109,13 +117,26 @@ int DiagnoseCommand(const ReportOptions& o) {
     r.findings = Diagnose(RunWindow(r.data, from, to));
     stretch = fmt::format(", from {} to {}", FormatDuration(from), FormatDuration(to));
   }
+  // A stretch of the run is not what the trace held: its findings only for the whole run.
+  bool traced = stretch.empty() && !r.trace_findings.empty();
   if (o.json) {
-    std::printf("%s\n", FindingsJson(r.findings).dump(2).c_str());
+    nlohmann::json j = FindingsJson(r.findings);
+    if (traced)
+      for (nlohmann::json f : FindingsJson(r.trace_findings)) {
+        f["source"] = "profiler trace, steps " + r.trace_steps;
+        j.push_back(f);
+      }
+    std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("run %lld \"%s\"%s\n", static_cast<long long>(r.data.run.id), r.data.run.name.c_str(),
               stretch.c_str());
   std::fputs(RenderFindings(r.findings, r.findings.size()).c_str(), stdout);
+  if (traced) {
+    std::printf("from the profiler trace of steps %s (fullburn analyze for all of it):\n",
+                r.trace_steps.c_str());
+    std::fputs(RenderFindings(r.trace_findings, r.trace_findings.size()).c_str(), stdout);
+  }
   return 0;
 }
 

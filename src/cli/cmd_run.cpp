@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
 #include "recording.h"
+#include "traces.h"
 
 namespace fullburn::cli {
 namespace {
@@ -22,6 +24,8 @@ struct RunOptions : RecordOptions {
   bool no_auto_steps = false;
   bool keep_orphans = false;
   double kill_wait_s = 10;
+  std::string profile;  // "A-B": trace those steps (docs/analyze.md)
+  bool profile_stacks = false;
   std::vector<std::string> command;
 };
 
@@ -66,8 +70,57 @@ void EndTheRest(const RunOptions& opts) {
                             : "");
 }
 
+// --profile A-B (or N: that step alone): the steps, 1 <= A <= B.
+Status ParseSteps(const std::string& text, int64_t* first, int64_t* last) {
+  size_t dash = text.find('-');
+  try {
+    size_t used = 0;
+    *first = std::stoll(text.substr(0, dash), &used);
+    if (used != (dash == std::string::npos ? text.size() : dash)) throw std::invalid_argument("");
+    *last = *first;
+    if (dash != std::string::npos) {
+      *last = std::stoll(text.substr(dash + 1), &used);
+      if (used != text.size() - dash - 1) throw std::invalid_argument("");
+    }
+  } catch (const std::exception&) {
+    return Status::InvalidArgument("--profile " + text +
+                                   " is not a range of steps: give A-B, as in --profile 20-25");
+  }
+  if (*first < 1 || *last < *first)
+    return Status::InvalidArgument("--profile " + text +
+                                   ": the steps count from 1 and A-B needs A <= B, as in 20-25");
+  return Status::Ok();
+}
+
+// At the end of a run with --profile: the trace's findings, or why there is none.
+void PrintTraces(const RunOptions& opts, RunStore* store, int64_t run_id, const std::string& dir) {
+  if (opts.profile.empty() || opts.quiet) return;
+  Result<RunData> data = store->LoadRun(std::to_string(run_id));
+  if (!data.ok()) return;
+  RunTraces t = AnalyzeRunTraces(*data);
+  if (t.paths.empty()) {
+    std::fprintf(stderr,
+                 "fullburn: --profile %s wrote no trace: the job took fewer steps, or they were "
+                 "not a PyTorch job's automatic markers' (a job's own Markers are not traced)\n",
+                 opts.profile.c_str());
+    return;
+  }
+  std::fprintf(stderr, "fullburn: the profiler's trace of steps %s: %s\n", t.steps.c_str(),
+               dir.c_str());
+  if (!t.error.empty()) {
+    std::fprintf(stderr, "fullburn: it could not be analysed: %s\n", t.error.c_str());
+    return;
+  }
+  std::fputs(RenderFindings(t.findings).c_str(), stderr);
+  std::fprintf(stderr, "fullburn: the whole analysis: fullburn analyze %s\n", dir.c_str());
+}
+
 int Run(const RunOptions& opts) {
   if (opts.command.empty()) return Fail("no command given: use fullburn run [options] -- CMD ARGS...");
+  int64_t profile_first = 0, profile_last = 0;
+  if (!opts.profile.empty())
+    if (Status s = ParseSteps(opts.profile, &profile_first, &profile_last); !s.ok())
+      return Fail(s.message(), 2);
   // First, so a signal that comes while we start up is passed on, not lost.
   InstallSignalForwarding();
   // GPUs before the store: a bad NVML library must not leave an empty run behind.
@@ -101,6 +154,16 @@ int Run(const RunOptions& opts) {
   if (!events_path.empty()) child_env.push_back(std::string(kEventsEnvVar) + "=" + events_path);
   if (!python_dir.empty())
     child_env.push_back("PYTHONPATH=" + ChildPythonPath(python_dir, auto_steps));
+  std::string trace_dir;
+  if (!opts.profile.empty()) {
+    trace_dir = TraceDir((*store)->path(), info.id);
+    std::error_code ec;
+    std::filesystem::create_directories(trace_dir, ec);
+    if (ec) return Fail("cannot make " + trace_dir + " for --profile's trace: " + ec.message());
+    child_env.push_back(fmt::format("FULLBURN_PROFILE={}-{}", profile_first, profile_last));
+    child_env.push_back("FULLBURN_PROFILE_DIR=" + trace_dir);
+    if (opts.profile_stacks) child_env.push_back("FULLBURN_PROFILE_STACKS=1");
+  }
   EventFileReader events(events_path);
   // Orphaned workers become ours: they stay in the job's tree while it runs
   // and are ended with it (EndLeftovers).
@@ -138,6 +201,7 @@ int Run(const RunOptions& opts) {
   (*store)->FinishRun(info.id, end, code, "finished");
 
   PrintRunEnd(rec);
+  PrintTraces(opts, store->get(), info.id, trace_dir);
   return code;
 }
 
@@ -163,6 +227,15 @@ void SetupRun(CLI::App& app) {
       ->default_val(10)
       ->check(CLI::Range(0.0, 3600.0))
       ->envname("FULLBURN_KILL_WAIT");
+  run->add_option("--profile", opts->profile,
+                  "Trace steps A-B of a PyTorch job with torch.profiler (CPU and CUDA "
+                  "activities), keep the trace beside the store and analyse it at the end "
+                  "(fullburn analyze), e.g. 20-25")
+      ->envname("FULLBURN_PROFILE");
+  run->add_flag("--profile-stacks", opts->profile_stacks,
+                "With --profile: record Python stacks too (larger traces; names the line of a "
+                "host sync)")
+      ->envname("FULLBURN_PROFILE_STACKS");
   run->add_option("--parent", opts->parent,
                   "Record the run as part of another (fullburn tune's trials)");
   run->add_option("command", opts->command, "The command to run, after --")->required();

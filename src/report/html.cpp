@@ -330,6 +330,11 @@ std::string RunHtml(const ReportRun& r) {
       out += "<p class=note>No telemetry samples were recorded for this run.</p>";
     out += "<h3>Findings</h3>" + FindingsHtml(r.findings) + BreakdownBar(r.data.steps);
   }
+  if (!r.trace_text.empty())
+    out += fmt::format(
+        "<h3>From the profiler trace (steps {})</h3>{}<details><summary>The trace's analysis "
+        "(fullburn analyze)</summary><pre>{}</pre></details>",
+        Escape(r.trace_steps), FindingsHtml(r.trace_findings), Escape(r.trace_text));
   auto pretty = [](const std::string& j) {
     auto parsed = nlohmann::json::parse(j, nullptr, false);
     return parsed.is_discarded() ? j : parsed.dump(2);

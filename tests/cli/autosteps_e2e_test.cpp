@@ -134,6 +134,43 @@ TEST_F(AutoStepsE2E, ALoopThatUpdatesByHandGetsItsSteps) {
   EXPECT_EQ(findings[0].cause.rfind("input_", 0), 0u) << RenderFindings(findings);
 }
 
+// --profile A-B: the automatic markers run torch.profiler over those steps,
+// the trace lands beside the store, and fullburn run, diagnose and report
+// analyse it (a CPU trace here: host ops only, and the analysis says so).
+TEST_F(AutoStepsE2E, ProfileTracesTheStepsAskedAndTheRunIsAnalysedWithIt) {
+  auto o = Run({"--workers", "0", "--epochs", "1"}, {"--profile", "3-5"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("the profiler's trace of steps 3-5"), std::string::npos) << o.err;
+  std::string trace = dir_ + "/traces/run-1/rank0.pt.trace.json";
+  ASSERT_TRUE(std::filesystem::exists(trace)) << o.err;
+  // Three steps, each marked as the profiler marks them, and no step after
+  // them but the sliver that closes the last (left out of the analysis).
+  std::string text = testing::ReadText(trace);
+  for (int n : {0, 1, 2})
+    EXPECT_NE(text.find("ProfilerStep#" + std::to_string(n)), std::string::npos) << n;
+  EXPECT_EQ(text.find("ProfilerStep#4"), std::string::npos);
+  RunData run = Stored();
+  EXPECT_EQ(EventsOf(run, "profile").size(), 1u);
+  EXPECT_EQ(run.steps.size(), 8u);  // profiling does not change the steps
+  auto diagnosed = RunToEnd({FULLBURN_BIN, "diagnose", "last", "--store", store_});
+  ASSERT_EQ(diagnosed.code, 0) << diagnosed.err;
+  EXPECT_NE(diagnosed.out.find("from the profiler trace of steps 3-5"), std::string::npos)
+      << diagnosed.out;
+  auto json = RunToEnd({FULLBURN_BIN, "diagnose", "last", "--json", "--store", store_});
+  EXPECT_NE(json.out.find("\"source\": \"profiler trace, steps 3-5\""), std::string::npos)
+      << json.out;
+  std::string html = dir_ + "/r.html";
+  ASSERT_EQ(RunToEnd({FULLBURN_BIN, "report", "last", "-o", html, "--store", store_}).code, 0);
+  EXPECT_NE(testing::ReadText(html).find("From the profiler trace (steps 3-5)"), std::string::npos);
+  // A bad range is one line and exit 2, before anything runs.
+  auto bad = Run({}, {"--profile", "5-3"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("needs A <= B"), std::string::npos) << bad.err;
+  // Fewer steps than asked: said, not silent.
+  auto past = Run({"--workers", "0", "--epochs", "1"}, {"--profile", "50-60"});
+  EXPECT_NE(past.err.find("--profile 50-60 wrote no trace"), std::string::npos) << past.err;
+}
+
 // A job that marks its own steps (one per micro-batch here) is not counted
 // twice: its Markers take over from the automatic ones.
 TEST_F(AutoStepsE2E, AJobWithItsOwnMarkersIsCountedOnce) {
