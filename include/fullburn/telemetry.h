@@ -72,9 +72,15 @@ struct GpuProcess {
   std::string name;
 };
 
+// A Prometheus label: name and value.
+using PromLabel = std::pair<std::string, std::string>;
+
 struct GpuInfo {
   int index = 0;
   std::string name, uuid;
+  // The job holding the GPU now, as Prometheus labels (GpuHolders, for
+  // fullburn serve): exported on every series of this GPU. Usually empty.
+  std::vector<PromLabel> labels;
 };
 
 struct GpuSample {
@@ -87,8 +93,17 @@ struct GpuSample {
   Value pcie_tx_bytes_per_s, pcie_rx_bytes_per_s;
   Value proc_mem_used_bytes;       // memory of the monitored process tree
   Value sm_active, tensor_active;  // percent, from GPM (Hopper and newer)
+  // Derived from the readings above, for a cluster's view: 1 or 0, absent
+  // when what they rest on is. held: a compute process has a context on the
+  // GPU (NVML's process list); held_idle: held while utilization is under
+  // kHeldIdleUtilPct; throttled: a slowdown clock-event reason is set.
+  Value held, held_idle, throttled;
   std::vector<GpuProcess> processes;
 };
+
+// Utilization under which a held GPU counts as idle: the diagnosis's
+// gpu_unused threshold (no kernel in 95% of NVML's sample period).
+constexpr double kHeldIdleUtilPct = 5;
 
 struct Snapshot {
   double unix_time = 0;
@@ -240,6 +255,74 @@ class GpuSource {
   std::vector<GpuInfo> gpus_;
   std::string reason_, library_path_, driver_version_;
 };
+
+// ---- Who holds a GPU ----------------------------------------------------------
+
+// A process as the kernel and its scheduler name it, read from /proc/PID
+// (stat, status, environ, cgroup) through an Env, so tests replay recorded
+// files. NVML reports host PIDs; a process in a PID namespace of its own (a
+// container, `unshare --pid`) has another PID there: the last of ns_pids.
+// Empty strings: not known.
+struct ProcessOwner {
+  int pid = 0;
+  std::vector<int> ns_pids;  // `NSpid:`: the pid here first, the innermost namespace's last
+  int ppid = 0;
+  uint64_t start_ticks = 0;
+  double start_unix = 0;    // boot time (/proc/stat btime) + start ticks
+  std::string user;         // SLURM_JOB_USER, else the uid's name (/etc/passwd), else "uid N"
+  std::string hpc_job;      // SLURM_JOB_ID, else job_<id> in a Slurm cgroup path
+  std::string partition;    // SLURM_JOB_PARTITION
+  std::string pod_uid;      // ...kubepods...pod<uid>... in the cgroup path
+  std::string pod;          // in a pod: POD_NAME, else HOSTNAME (the pod's name)
+  std::string kube_namespace;  // POD_NAMESPACE, else the service account's namespace file
+};
+// NotFound when the process is gone.
+Result<ProcessOwner> ReadProcessOwner(const Env& env, int pid);
+// The pids of a `NSpid:` line of /proc/PID/status (empty without one).
+std::vector<int> ParseNsPids(const std::string& status);
+// A Slurm job id or a Kubernetes pod uid from /proc/PID/cgroup's text.
+std::string SlurmJobFromCgroup(const std::string& cgroup);
+std::string PodUidFromCgroup(const std::string& cgroup);
+
+// A run being recorded on this host, as the store has it: the pid of its
+// recorder (fullburn run, train), or of the job `fullburn attach` follows,
+// as that process saw it (inside a container: the container's pid).
+struct RecordedJob {
+  int64_t run = 0;
+  int pid = 0;
+  double start_time = 0;  // Unix seconds: the run's start
+  bool attached = false;
+};
+
+// The labels of the job holding each GPU, for every series of that GPU:
+// `run` (a recorded run whose recorder is the holding process or one of its
+// ancestors, or whose attached pid is), `hpc_job`, `user`, `partition`
+// (Slurm), `namespace`, `pod` (Kubernetes). A GPU held by several processes
+// is labelled with the one using the most memory. A recorder's pid is
+// matched on the host's pid and on the innermost namespace's, and only when
+// that process started before its run (a recorder at most
+// kRecorderStartSlackS before): a reused pid, or a container's pid 1 against
+// the host's init, never matches. Not thread-safe: one caller at a time.
+class GpuHolders {
+ public:
+  static constexpr double kRecorderStartSlackS = 300;
+  explicit GpuHolders(const Env* env) : env_(env) {}
+  // One list of labels per GPU, in the order of `gpus` (empty: unknown or free).
+  std::vector<std::vector<PromLabel>> Labels(const std::vector<GpuSample>& gpus,
+                                         const std::vector<RecordedJob>& runs);
+
+ private:
+  const ProcessOwner* Owner(int pid);
+  std::string MatchRun(int pid, const std::vector<RecordedJob>& runs);
+  const Env* env_;
+  std::unordered_map<int, ProcessOwner> owners_;  // this call's reads
+};
+// The label names GpuHolders sets, in order, with their meaning (docs/metrics.md).
+struct LabelDef {
+  const char* name;
+  const char* meaning;
+};
+const std::vector<LabelDef>& GpuHolderLabels();
 
 // ---- Sampler ----------------------------------------------------------------
 

@@ -79,6 +79,7 @@ void SetupLaunch(CLI::App& app);
 void SetupData(CLI::App& app);  // make-dataset, bench
 void SetupTune(CLI::App& app);
 void SetupAnalyze(CLI::App& app);  // fullburn analyze TRACE...
+void SetupFleet(CLI::App& app);    // fullburn fleet --prometheus URL
 // `fullburn train|export-weights ...`: argv as main got it; handed to fullburn-train.
 int Train(int argc, char** argv);
 

@@ -95,10 +95,22 @@ int Serve(const ServeOptions& opts) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
+  // Who holds each GPU is read at each scrape, from the snapshot's processes.
+  GpuHolders holders(Env::Default());
+  std::mutex holders_mu;
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     std::optional<Snapshot> s = sampler.Latest();
-    std::string text = s ? RenderPrometheus(*s, gpu_info, hostname) : "";
-    if (jobs) text += RenderJobsPrometheus(jobs->Jobs(), hostname);
+    std::vector<JobNow> running = jobs ? jobs->Jobs() : std::vector<JobNow>();
+    std::string text;
+    if (s) {
+      std::vector<GpuInfo> labelled = gpu_info;
+      {
+        std::lock_guard<std::mutex> lock(holders_mu);
+        LabelHolders(s->gpus, holders.Labels(s->gpus, RecordedJobs(running)), &labelled);
+      }
+      text = RenderPrometheus(*s, labelled, hostname);
+    }
+    if (jobs) text += RenderJobsPrometheus(running, hostname);
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {

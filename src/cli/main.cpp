@@ -14,7 +14,7 @@ namespace {
 const char* const kCommands[] = {"run",    "attach",       "watch",  "runs",  "diagnose",
                                  "report", "compare",      "launch", "serve", "metrics",
                                  "bench",  "make-dataset", "pack",   "tune",  "version",
-                                 "analyze"};
+                                 "analyze", "fleet"};
 
 std::string TrainingHalf() {
   std::string path = fullburn::cli::TrainingExecutable();
@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   SetupData(app);
   SetupTune(app);
   SetupAnalyze(app);
+  SetupFleet(app);
   // Listed for --help; main() hands `train` to Train() before parsing.
   app.add_subcommand("train", "Train a model (libtorch): CONFIG.toml key=value ... (fullburn train --help)");
   app.add_subcommand("export-weights", "CHECKPOINT OUT.safetensors: a checkpoint's model weights for Python");

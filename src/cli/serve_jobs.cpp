@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 namespace fullburn::cli {
 
@@ -96,6 +97,24 @@ void JobsWatcher::Poll() {
 std::vector<JobNow> JobsWatcher::Jobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   return jobs_;
+}
+
+std::vector<RecordedJob> RecordedJobs(const std::vector<JobNow>& jobs) {
+  std::vector<RecordedJob> out;
+  for (const JobNow& j : jobs) {
+    if (j.run.recorder_pid > 0) out.push_back({j.run.id, j.run.recorder_pid, j.run.start_time, false});
+    nlohmann::json config = nlohmann::json::parse(j.run.config_json, nullptr, false);
+    if (config.is_object() && config.contains("attached_pid") && config["attached_pid"].is_number_integer())
+      out.push_back({j.run.id, config["attached_pid"].get<int>(), j.run.start_time, true});
+  }
+  return out;
+}
+
+void LabelHolders(const std::vector<GpuSample>& gpus, const std::vector<std::vector<PromLabel>>& labels,
+                  std::vector<GpuInfo>* info) {
+  for (size_t i = 0; i < gpus.size() && i < labels.size(); ++i)
+    for (GpuInfo& g : *info)
+      if (g.index == gpus[i].index) g.labels = labels[i];
 }
 
 }  // namespace fullburn::cli

@@ -60,4 +60,11 @@ class JobsWatcher {
   std::vector<JobNow> jobs_;  // under mu_
 };
 
+// The runs of `jobs` as GpuHolders matches them: each recorder's pid, and
+// the pid `fullburn attach` follows (its config's attached_pid).
+std::vector<RecordedJob> RecordedJobs(const std::vector<JobNow>& jobs);
+// Gives each GPU of `info` the labels found for the sample of the same index.
+void LabelHolders(const std::vector<GpuSample>& gpus, const std::vector<std::vector<PromLabel>>& labels,
+                  std::vector<GpuInfo>* info);
+
 }  // namespace fullburn::cli

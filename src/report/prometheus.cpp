@@ -1,7 +1,7 @@
 // Prometheus text exposition. GPU metrics use dcgm-exporter's DCGM field names
 // and units where one exists, with the labels dashboards built for
-// dcgm-exporter expect (gpu, UUID, modelName, Hostname); everything else is
-// under fullburn_.
+// dcgm-exporter expect (gpu, UUID, modelName, Hostname, and the holding job's
+// hpc_job, namespace and pod); everything else is under fullburn_.
 #include <fmt/format.h>
 
 #include <functional>
@@ -59,14 +59,15 @@ std::string RenderPrometheus(const Snapshot& s, const std::vector<GpuInfo>& gpus
     if (!def) continue;
     std::string labels;
     if (def->scope == MetricScope::kGpu) {
-      std::string model, uuid;
+      const GpuInfo* info = nullptr;
       for (const GpuInfo& g : gpus)
-        if (g.index == index && rank == s.rank) {
-          model = g.name;
-          uuid = g.uuid;
-        }
-      labels = fmt::format("gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",", index, Escape(uuid),
-                           Escape(model));
+        if (g.index == index && rank == s.rank) info = &g;
+      labels = fmt::format("gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",", index,
+                           Escape(info ? info->uuid : ""), Escape(info ? info->name : ""));
+      // The job holding it (fullburn serve): dcgm-exporter's hpc_job, pod and namespace.
+      if (info)
+        for (const auto& [name, value] : info->labels)
+          labels += fmt::format("{}=\"{}\",", name, Escape(value));
     } else if (def->scope == MetricScope::kCore) {
       labels = fmt::format("cpu=\"{}\",", index);
     }

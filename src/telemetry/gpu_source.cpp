@@ -45,8 +45,9 @@ Value FromUnsigned(nvml::Return (*fn)(nvml::Device, unsigned*), nvml::Device d, 
   return v * scale;
 }
 
-// Sums the memory of the monitored tree's processes on this GPU.
-void CollectProcesses(const nvml::Api& api, nvml::Device h, const std::vector<int>& tree_pids,
+// Sums the memory of the monitored tree's processes on this GPU. False when
+// NVML could not list them.
+bool CollectProcesses(const nvml::Api& api, nvml::Device h, const std::vector<int>& tree_pids,
                       GpuSample* g) {
   std::vector<GpuProcess> procs;
   bool ok = false;
@@ -75,7 +76,7 @@ void CollectProcesses(const nvml::Api& api, nvml::Device h, const std::vector<in
     if (r == nvml::kSuccess) ok = true;
     else if (r != nvml::kInsufficientSize) break;
   }
-  if (!ok) return;
+  if (!ok) return false;
   if (!tree_pids.empty()) {
     double sum = 0;
     for (const GpuProcess& p : procs)
@@ -84,6 +85,17 @@ void CollectProcesses(const nvml::Api& api, nvml::Device h, const std::vector<in
     g->proc_mem_used_bytes = sum;
   }
   g->processes = std::move(procs);
+  return true;
+}
+
+// The states a cluster's view counts GPU-hours by (GpuSample::held, ...).
+void DeriveStates(bool listed, GpuSample* g) {
+  if (listed) {
+    g->held = g->processes.empty() ? 0 : 1;
+    if (g->util) g->held_idle = *g->held == 1 && *g->util < kHeldIdleUtilPct ? 1 : 0;
+  }
+  if (g->throttle_reasons)
+    g->throttled = IsThrottled(static_cast<uint64_t>(*g->throttle_reasons)) ? 1 : 0;
 }
 
 // SM and tensor activity over the window since the previous GPM sample.
@@ -267,7 +279,7 @@ void GpuSource::CollectOne(Device& d, const std::vector<int>& tree_pids, double 
   unsigned long long reasons = 0;
   if (api.DeviceGetClocksEventReasons && api.DeviceGetClocksEventReasons(h, &reasons) == 0)
     g->throttle_reasons = static_cast<double>(reasons);
-  CollectProcesses(api, h, tree_pids, g);
+  DeriveStates(CollectProcesses(api, h, tree_pids, g), g);
   if (d.gpm && (d.gpm_prev_time < 0 || mono_now - d.gpm_prev_time >= kGpmMinInterval))
     CollectGpm(api, h, &d.gpm_prev, &d.gpm_next, &d.gpm_prev_time, mono_now, g);
 }

@@ -17,6 +17,20 @@ uint64_t ThreadCpuNanos() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
 }
 
+// NVML lists host PIDs. A recorder in a PID namespace of its own (a
+// container) sees none of them as a process: its tree's share of a GPU
+// cannot be told, and a sum of 0 would be a guess. (A host PID that happens
+// to be some process here still reads 0.)
+void ForgetUnmatchable(const Env& env, std::vector<GpuSample>* gpus) {
+  for (GpuSample& g : *gpus) {
+    if (!g.proc_mem_used_bytes || *g.proc_mem_used_bytes != 0 || g.processes.empty()) continue;
+    bool any_here = false;
+    for (const GpuProcess& p : g.processes)
+      any_here = any_here || ReadProcessIdentity(env, p.pid).ok();
+    if (!any_here) g.proc_mem_used_bytes.reset();
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -55,6 +69,7 @@ Snapshot Sampler::SampleOnce() {
     s.proc = std::move(p);
   }
   if (gpus_ && gpus_->available()) s.gpus = gpus_->Collect(pids, s.mono_time);
+  if (!pids.empty()) ForgetUnmatchable(*env_, &s.gpus);
   collect_cpu_ns_ += ThreadCpuNanos() - cpu_start;
   ++samples_;
   {

@@ -2,6 +2,7 @@
 // readings are scripted per call.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -205,6 +206,58 @@ TEST_F(GpuSourceTest, NoGpus) {
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE((*r)->available());
   EXPECT_EQ((*r)->unavailable_reason(), "NVML found no NVIDIA GPU");
+}
+
+// The states a cluster's view counts by: held (a process listed), held and
+// idle (under 5%), throttled (a slowdown reason), each call's own.
+TEST_F(GpuSourceTest, HeldIdleAndThrottledFollowTheReadings) {
+  Script(R"({"gpus": [{
+    "util": [0, 4, 5, 0], "mem_util": [0], "mem_used": [1073741824], "mem_total": 4294967296,
+    "throttle": [0, 4, 1, 64],
+    "processes": [[{"pid": 4242, "mem": 1073741824}], [{"pid": 4242, "mem": 1}],
+                  [{"pid": 4242, "mem": 1}], []]}]})");
+  auto src = Open();
+  ASSERT_TRUE(src && src->available());
+  struct Want {
+    double held, held_idle, throttled;
+  } want[] = {{1, 1, 0}, {1, 1, 1}, {1, 0, 0}, {0, 0, 1}};  // 0x4 power cap, 0x1 idle, 0x40 thermal
+  for (int call = 0; call < 4; ++call) {
+    GpuSample g = src->Collect({}, call).at(0);
+    ASSERT_TRUE(g.held && g.held_idle && g.throttled) << call;
+    EXPECT_EQ(*g.held, want[call].held) << call;
+    EXPECT_EQ(*g.held_idle, want[call].held_idle) << call;
+    EXPECT_EQ(*g.throttled, want[call].throttled) << call;
+  }
+  // Unknown inputs leave them absent: no process list, no utilization.
+  Script(R"({"gpus": [{"util": [0], "mem_util": [0], "errors": {"processes": 999, "util": 999}}]})");
+  src = Open();
+  GpuSample g = src->Collect({}, 0).at(0);
+  EXPECT_FALSE(g.held.has_value());
+  EXPECT_FALSE(g.held_idle.has_value());
+  EXPECT_FALSE(g.throttled.has_value());
+}
+
+// NVML lists host PIDs. When none of them is a process in this PID
+// namespace (a recorder in a container), the tree's share is unknown, not 0.
+TEST_F(GpuSourceTest, TreeMemoryIsAbsentWhenNoListedPidIsAProcessHere) {
+  // Above the kernel's largest pid (4194304): never a process.
+  Script(R"({"gpus": [{"util": [50], "mem_util": [0],
+    "processes": [[{"pid": 999999001, "mem": 1000}, {"pid": 999999002, "mem": 2000}]]}]})");
+  auto src = Open();
+  ASSERT_TRUE(src && src->available());
+  SamplerOptions options;
+  options.root_pid = static_cast<int>(::getpid());
+  Sampler sampler(Env::Default(), src.get(), options);
+  Snapshot s = sampler.SampleOnce();
+  ASSERT_EQ(s.gpus.size(), 1u);
+  EXPECT_FALSE(s.gpus[0].proc_mem_used_bytes.has_value());
+  // A listed pid that is a process here (init) but not the tree's: a true 0.
+  Script(R"({"gpus": [{"util": [50], "mem_util": [0], "processes": [[{"pid": 1, "mem": 1000}]]}]})");
+  src = Open();
+  Sampler again(Env::Default(), src.get(), options);
+  s = again.SampleOnce();
+  ASSERT_TRUE(s.gpus[0].proc_mem_used_bytes.has_value());
+  EXPECT_EQ(*s.gpus[0].proc_mem_used_bytes, 0);
 }
 
 }  // namespace

@@ -1,0 +1,197 @@
+// fullburn fleet --html: one self-contained page, readable offline and
+// attachable to a ticket: the totals, the lost hours by cause, the fleet's
+// utilization over time (uPlot, inlined as the run report does) and the
+// ranked table.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+
+#include "fullburn/fleet.h"
+
+// The report's embedded uPlot (src/CMakeLists.txt, cmake/embed.cmake).
+extern const char kUplotJs[];
+extern const char kUplotCss[];
+
+namespace fullburn {
+namespace {
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+std::string Hours(double h) {
+  double a = std::fabs(h);
+  if (a >= 100) return fmt::format("{:.0f}", h);
+  if (a >= 1) return fmt::format("{:.1f}", h);
+  if (a >= 0.01 || a == 0) return fmt::format("{:.3f}", h);
+  return fmt::format("{:.5f}", h);
+}
+
+std::string Pct(double part, double whole) {
+  return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-";
+}
+
+std::string Utc(double t) {
+  std::time_t secs = static_cast<std::time_t>(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+const char* const kColors[] = {"#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b",
+                               "#eeca3b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac"};
+
+std::string CauseBar(const FleetHours& t) {
+  if (t.lost <= 0) return "";
+  std::vector<std::pair<std::string, double>> causes(t.lost_by_cause.begin(), t.lost_by_cause.end());
+  std::stable_sort(causes.begin(), causes.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string bar = "<div class=bar>", legend = "<div class=legend>", table =
+      "<table class=causes><tr><th>cause</th><th>GPU-hours</th><th>share of lost</th><th>what to "
+      "do</th></tr>";
+  for (size_t i = 0; i < causes.size(); ++i) {
+    const auto& [cause, hours] = causes[i];
+    const char* color = kColors[i % (sizeof kColors / sizeof kColors[0])];
+    bar += fmt::format("<span style=\"width:{:.2f}%;background:{}\" title=\"{}\"></span>",
+                       100 * hours / t.lost, color, Escape(cause));
+    legend += fmt::format("<span><i style=\"background:{}\"></i>{}</span>", color, Escape(cause));
+    table += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", Escape(cause),
+                         Hours(hours), Pct(hours, t.lost), Escape(FleetFix(cause)));
+  }
+  return bar + "</div>" + legend + "</div>" + table + "</table>";
+}
+
+std::string RowsTable(const std::vector<FleetRow>& rows, const std::string& by, size_t top) {
+  const bool jobs = by == "job" || by == "user";
+  std::string out = fmt::format(
+      "<table class=rows><tr><th>#</th><th>{}</th><th>user</th><th>nodes</th><th>GPUs</th>"
+      "<th>{}</th><th>used</th><th>lost h</th><th>verdict</th><th>fix</th></tr>",
+      Escape(by), jobs ? "held h" : "available h");
+  for (size_t i = 0; i < rows.size() && i < top; ++i) {
+    const FleetRow& r = rows[i];
+    auto user = r.identity.find("user");
+    std::string nodes;
+    for (size_t k = 0; k < r.nodes.size() && k < 3; ++k) nodes += (k ? ", " : "") + r.nodes[k];
+    if (r.nodes.size() > 3) nodes += fmt::format(" +{}", r.nodes.size() - 3);
+    out += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
+        i + 1, Escape(r.key), Escape(user == r.identity.end() ? "-" : user->second), Escape(nodes),
+        r.gpus, Hours(jobs ? r.hours.held : r.hours.available), Pct(r.hours.used, r.hours.available),
+        Hours(r.hours.lost), r.healthy ? "ok" : "lost", Escape(r.healthy ? "healthy" : r.top_cause),
+        Escape(r.fix));
+  }
+  return out + "</table>";
+}
+
+nlohmann::json Series(const std::vector<double>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (double x : v) a.push_back(std::isnan(x) ? nlohmann::json() : nlohmann::json(x));
+  return a;
+}
+
+const char kStyle[] = R"(
+body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;max-width:1250px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px}
+table{border-collapse:collapse}th,td{padding:3px 10px;text-align:left;vertical-align:top}
+table.rows tr:nth-child(even),table.causes tr:nth-child(even){background:#f4f4f4}
+td.lost{color:#c0392b;font-weight:600}td.ok{color:#2e7d32;font-weight:600}
+.bar{display:flex;height:22px;width:100%;max-width:900px;border:1px solid #ccc;margin:8px 0}
+.bar span{display:block;height:100%}.legend span{margin-right:14px;font-size:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}.note{color:#a15c00}
+)";
+
+const char kScript[] = R"(
+(function(){
+  var D = JSON.parse(document.getElementById('fb-data').textContent);
+  var box = document.getElementById('charts'), drawn = 0;
+  var width = Math.max(480, Math.min(1150, (window.innerWidth || 1200) - 50));
+  var colors = ['#4c78a8','#e45756','#54a24b','#f58518'];
+  D.charts.forEach(function(c){
+    var div = document.createElement('div');
+    box.appendChild(div);
+    var series = [{label: 'time'}], data = [D.times];
+    c.series.forEach(function(s, i){
+      series.push({label: s.label, stroke: colors[i % colors.length], width: 1.5, spanGaps: false,
+                   value: function(u, v){ return v == null ? '-' : v.toFixed(1); }});
+      data.push(s.v);
+    });
+    new uPlot({title: c.title, width: width, height: 240, scales: {x: {time: true}},
+               cursor: {sync: {key: 'fleet'}, drag: {x: true, y: false}},
+               axes: [{}, {label: c.unit, size: 60}], series: series}, data, div);
+    drawn++;
+  });
+  document.body.setAttribute('data-charts-drawn', String(drawn));
+})();
+)";
+
+}  // namespace
+
+std::string RenderFleetHtml(const FleetReport& r, const std::string& by, size_t top) {
+  nlohmann::json data{
+      {"times", r.times},
+      {"charts",
+       {{{"title", "Fleet GPU utilization (sampled GPUs, weighted by time)"},
+         {"unit", "%"},
+         {"series", {{{"label", "utilization"}, {"v", Series(r.util_pct)}}}}},
+        {{"title", "GPUs"},
+         {"unit", "GPUs"},
+         {"series",
+          {{{"label", "sampled"}, {"v", Series(r.gpus_sampled)}},
+           {{"label", "held and idle"}, {"v", Series(r.gpus_held_idle)}}}}}}}};
+  std::string json = data.dump();
+  // JSON inside <script>: "</" would end the element early.
+  for (size_t pos = 0; (pos = json.find("</", pos)) != std::string::npos; pos += 3)
+    json.replace(pos, 2, "<\\/");
+  const FleetHours& t = r.total;
+  std::string title = "fullburn fleet: " + r.url;
+  std::string out = "<!doctype html><html lang=en><head><meta charset=utf-8><title>" +
+                    Escape(title) + "</title><style>" + kUplotCss + kStyle +
+                    "</style></head><body><h1>" + Escape(title) + "</h1>";
+  out += fmt::format(
+      "<p>{} to {}, {} GPUs on {} nodes.</p><table class=totals><tr><th>GPU-hours "
+      "available</th><td>{}</td></tr><tr><th>used (weighted by utilization)</th><td>{} "
+      "({})</td></tr><tr><th>lost</th><td>{}</td></tr><tr><th>held and idle</th><td>{}</td></tr>"
+      "<tr><th>throttled</th><td>{}</td></tr><tr><th>unknown (no sample)</th><td>{}</td></tr>"
+      "</table>",
+      Utc(r.start), Utc(r.end), r.gpus, r.nodes.size(), Hours(t.available), Hours(t.used),
+      Pct(t.used, t.available), Hours(t.lost), Hours(t.held_idle), Hours(t.throttled),
+      Hours(r.unknown));
+  out += "<h2>Lost GPU-hours by cause</h2>" + CauseBar(t);
+  out += "<h2>Over time</h2><div id=charts></div>";
+  out += fmt::format("<h2>Top {} by GPU-hours lost</h2>", by == "gpu" ? "GPUs" : Escape(by) + "s") +
+         RowsTable(FleetRows(r, by), by, top);
+  std::string flagged;
+  for (const FleetNode& n : r.node_flags) {
+    if (n.throttles_more)
+      flagged += fmt::format("<li>{} throttles: {} of its GPU time</li>", Escape(n.host),
+                             Pct(n.throttled_share, 1));
+    if (n.idles_more)
+      flagged += fmt::format("<li>{} idles: {} of its GPU time unused</li>", Escape(n.host),
+                             Pct(n.idle_share, 1));
+  }
+  if (!flagged.empty()) out += "<h2>Nodes that stand out</h2><ul>" + flagged + "</ul>";
+  if (!r.notes.empty()) {
+    out += "<h2>Notes</h2><ul>";
+    for (const std::string& n : r.notes) out += "<li class=note>" + Escape(n) + "</li>";
+    out += "</ul>";
+  }
+  out += "<script type=\"application/json\" id=fb-data>" + json + "</script>";
+  out += std::string("<script>") + kUplotJs + "</script><script>" + kScript +
+         "</script></body></html>\n";
+  return out;
+}
+
+}  // namespace fullburn

@@ -1,0 +1,399 @@
+// fullburn fleet's parts without a Prometheus: the answer parser, the
+// GPU-hours accounting on hand-made series (every expected number derived
+// here from the series, not read back), the renderers, and the client's
+// one-line errors against a small HTTP server standing in for a broken,
+// locked or wrong server. The real Prometheus is in fleet_e2e_test.cpp.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <cmath>
+#include <thread>
+
+#include "fullburn/fleet.h"
+
+namespace fullburn {
+namespace {
+
+// ---- the parser ----
+
+TEST(PromParse, RangeAnswerOnTheGrid) {
+  std::string body = R"({"status":"success","data":{"resultType":"matrix","result":[
+    {"metric":{"__name__":"x","Hostname":"node \"a\"","pod":"caf\u00e9\\1"},
+     "values":[[1000,"1"],[1020,"NaN"],[1030,"2.5"]]},
+    {"metric":{"gpu":"1"},"values":[[1010,"+Inf"]]}]},
+    "warnings":["something"]})";
+  Result<PromMatrix> m = ParsePromMatrix(body, 1000, 10);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_EQ(m->size(), 2u);
+  const PromSeries& a = m->at(0);
+  EXPECT_EQ(a.labels.at("Hostname"), "node \"a\"");
+  EXPECT_EQ(a.labels.at("pod"), "caf\xc3\xa9\\1");
+  EXPECT_EQ(a.labels.count("__name__"), 0u);
+  EXPECT_EQ(a.first, 0);
+  EXPECT_EQ(a.At(0), 1);
+  EXPECT_TRUE(std::isnan(a.At(1)));  // no point at 1010
+  EXPECT_TRUE(std::isnan(a.At(2)));  // "NaN"
+  EXPECT_EQ(a.At(3), 2.5);
+  EXPECT_TRUE(std::isnan(a.At(4)));
+  EXPECT_EQ(m->at(1).first, 1);
+  EXPECT_TRUE(std::isinf(m->at(1).At(1)));
+}
+
+TEST(PromParse, InstantVectorAndEmptyResult) {
+  Result<PromMatrix> m = ParsePromMatrix(
+      R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1.7e9,"1700000000.25"]}]}})",
+      0, 0);
+  ASSERT_TRUE(m.ok());
+  EXPECT_DOUBLE_EQ(m->at(0).At(0), 1700000000.25);
+  m = ParsePromMatrix(R"({"status":"success","data":{"resultType":"matrix","result":[]}})", 0, 1);
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->empty());
+}
+
+TEST(PromParse, ErrorsAreOneLine) {
+  Result<PromMatrix> m = ParsePromMatrix(
+      R"({"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected \"}\""})", 0,
+      1);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(),
+            "Prometheus refused the query (bad_data): 1:5: parse error: unexpected \"}\"");
+  for (const char* bad : {"<html><body>Grafana</body></html>", "{\"status\":\"success\"",
+                          R"({"status":"success","data":{"result":[{"metric":{"a":1}}]}})", ""}) {
+    m = ParsePromMatrix(bad, 0, 1);
+    ASSERT_FALSE(m.ok()) << bad;
+    EXPECT_NE(m.status().message().find("is the URL a Prometheus server?"), std::string::npos)
+        << m.status().message();
+  }
+}
+
+TEST(Durations, PrometheusUnits) {
+  EXPECT_EQ(*ParsePromDuration("7d"), 7 * 86400);
+  EXPECT_EQ(*ParsePromDuration("36h"), 36 * 3600);
+  EXPECT_EQ(*ParsePromDuration("1m30s"), 90);
+  EXPECT_EQ(*ParsePromDuration("250ms"), 0.25);
+  EXPECT_EQ(*ParsePromDuration("1w"), 7 * 86400);
+  for (const char* bad : {"7", "7x", "d", "", "-1d", "0s"}) EXPECT_FALSE(ParsePromDuration(bad).ok()) << bad;
+}
+
+// ---- the accounting ----
+
+// A grid of 10 buckets of 60 s; targets scraped every 15 s (4 samples a bucket).
+class Accounting : public ::testing::Test {
+ protected:
+  static constexpr int kBuckets = 10;
+  static constexpr double kStep = 60, kInterval = 15, kHour = 3600;
+  void SetUp() override {
+    in_.url = "http://prom:9090";
+    in_.start = 1'700'000'000;
+    in_.step_s = kStep;
+    in_.buckets = kBuckets;
+    in_.end = in_.start + kBuckets * kStep;
+    for (const char* node : {"node-a", "node-b", "node-c"})
+      in_.intervals[std::string("fullburn\x1f") + node + ":9400"] = kInterval;
+  }
+  static std::map<std::string, std::string> Gpu(const std::string& node, int gpu,
+                                                std::map<std::string, std::string> more = {}) {
+    more["Hostname"] = node;
+    more["gpu"] = std::to_string(gpu);
+    more["UUID"] = "GPU-" + node + "-" + std::to_string(gpu);
+    more["job"] = "fullburn";
+    more["instance"] = node + ":9400";
+    return more;
+  }
+  static PromSeries Flat(std::map<std::string, std::string> labels, double v, int from = 0,
+                         int to = kBuckets, std::vector<int> missing = {}) {
+    PromSeries s;
+    s.labels = std::move(labels);
+    s.first = from;
+    for (int b = from; b < to; ++b)
+      s.values.push_back(std::count(missing.begin(), missing.end(), b) ? NAN : v);
+    return s;
+  }
+  // A GPU's five series: every sample at `util`, held or not, held-idle or not, throttled or not.
+  void AddGpu(const std::map<std::string, std::string>& labels, double util, bool held, bool idle,
+              bool throttled, std::vector<int> missing = {}) {
+    in_.samples.push_back(Flat(labels, 4, 0, kBuckets, missing));
+    in_.util_sum.push_back(Flat(labels, 4 * util, 0, kBuckets, missing));
+    in_.held.push_back(Flat(labels, held ? 4 : 0, 0, kBuckets, missing));
+    in_.held_idle.push_back(Flat(labels, idle ? 4 : 0, 0, kBuckets, missing));
+    in_.throttled.push_back(Flat(labels, throttled ? 4 : 0, 0, kBuckets, missing));
+  }
+  FleetInput in_;
+};
+
+const FleetRow* Row(const std::vector<FleetRow>& rows, const std::string& key) {
+  for (const FleetRow& r : rows)
+    if (r.key == key) return &r;
+  return nullptr;
+}
+
+TEST_F(Accounting, HoursAddUpAndLostHoursGoToTheirCauses) {
+  // node-a: held by Slurm job 101 and idle throughout.
+  AddGpu(Gpu("node-a", 0, {{"hpc_job", "101"}, {"user", "alice"}}), 0, true, true, false);
+  // node-b: recorded run 7 at 30%, bucket 3 never scraped; diagnosed
+  // input_workers from bucket 5 on (none before: still starting).
+  AddGpu(Gpu("node-b", 0, {{"run", "7"}}), 30, true, false, false, {3});
+  PromSeries cause = Flat({{"Hostname", "node-b"}, {"run", "7"}, {"name", "train.py"},
+                           {"cause", "input_workers"}, {"job", "fullburn"}},
+                          4, 5, kBuckets);
+  in_.causes.push_back(cause);
+  // node-c: Slurm job 303 busy at 97% but throttled; and a free GPU.
+  AddGpu(Gpu("node-c", 0, {{"hpc_job", "303"}, {"user", "carol"}}), 97, true, false, true);
+  AddGpu(Gpu("node-c", 1), 0, false, false, false);
+
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const double per_bucket = 4 * kInterval / kHour;  // GPU-hours a sampled bucket stands for
+  const double a = 10 * per_bucket, b = 9 * per_bucket, c = 10 * per_bucket;
+  EXPECT_EQ(r->gpus, 4);
+  EXPECT_NEAR(r->total.available, a + b + c + c, 1e-12);
+  EXPECT_NEAR(r->total.used, 0.3 * b + 0.97 * c, 1e-12);
+  EXPECT_NEAR(r->total.lost, r->total.available - r->total.used, 1e-12);
+  double causes = 0;
+  for (const auto& [cause, hours] : r->total.lost_by_cause) causes += hours;
+  EXPECT_NEAR(causes, r->total.lost, 1e-12);
+  EXPECT_NEAR(r->total.lost_by_cause.at(kCauseIdleHeld), a, 1e-12);
+  EXPECT_NEAR(r->total.lost_by_cause.at(kCauseNotHeld), c, 1e-12);
+  EXPECT_NEAR(r->total.lost_by_cause.at("input_workers"), 5 * 0.7 * per_bucket, 1e-12);
+  // run 7's 4 undiagnosed buckets, and job 303's 3%.
+  EXPECT_NEAR(r->total.lost_by_cause.at(kCauseUndiagnosed),
+              4 * 0.7 * per_bucket + 0.03 * c, 1e-12);
+  EXPECT_NEAR(r->total.throttled, c, 1e-12);
+  // Bucket 3 of node-b was not scraped: unknown, not idle.
+  EXPECT_NEAR(r->unknown, per_bucket, 1e-12);
+
+  ASSERT_EQ(r->jobs.size(), 3u);  // the free GPU is no job's
+  EXPECT_EQ(r->jobs[0].key, "slurm job 101");
+  EXPECT_EQ(r->jobs[0].identity.at("user"), "alice");
+  EXPECT_EQ(r->jobs[0].top_cause, kCauseIdleHeld);
+  EXPECT_FALSE(r->jobs[0].healthy);
+  EXPECT_EQ(r->jobs[1].key, "run 7 on node-b");
+  EXPECT_EQ(r->jobs[1].top_cause, "input_workers");
+  EXPECT_EQ(r->jobs[1].identity.at("name"), "train.py");
+  EXPECT_NE(r->jobs[1].fix.find("num_workers"), std::string::npos);
+  EXPECT_EQ(r->jobs[2].key, "slurm job 303");
+  EXPECT_TRUE(r->jobs[2].healthy);
+  EXPECT_NEAR(r->jobs[2].hours.held, c, 1e-12);
+  // Users own what their jobs held.
+  EXPECT_NEAR(Row(r->users, "alice")->hours.lost, a, 1e-12);
+  // node-c throttles (half its GPU time) while the others never do.
+  bool flagged = false;
+  for (const FleetNode& n : r->node_flags) {
+    EXPECT_EQ(n.throttles_more, n.host == "node-c") << n.host;
+    flagged |= n.throttles_more;
+  }
+  EXPECT_TRUE(flagged);
+  // The fleet over time: bucket 3 has 3 GPUs sampled, the others 4.
+  ASSERT_EQ(r->gpus_sampled.size(), static_cast<size_t>(kBuckets));
+  EXPECT_NEAR(r->gpus_sampled[3], 3, 1e-9);
+  EXPECT_NEAR(r->gpus_sampled[4], 4, 1e-9);
+  EXPECT_NEAR(r->util_pct[4], (30 + 97) / 4.0, 1e-9);
+  EXPECT_NEAR(r->gpus_held_idle[4], 1, 1e-9);
+}
+
+TEST_F(Accounting, GapsAreUnknownAndSaidSo) {
+  // Half of node-a's scrapes missed in every bucket (2 of 4), and bucket 7 not at all.
+  in_.samples.push_back(Flat(Gpu("node-a", 0), 2, 0, kBuckets, {7}));
+  in_.util_sum.push_back(Flat(Gpu("node-a", 0), 2 * 50, 0, kBuckets, {7}));
+  in_.samples.push_back(Flat(Gpu("node-b", 0), 4));
+  in_.util_sum.push_back(Flat(Gpu("node-b", 0), 4 * 50));
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const double sample = kInterval / kHour;
+  EXPECT_NEAR(r->total.available, (9 * 2 + 10 * 4) * sample, 1e-12);
+  EXPECT_NEAR(r->unknown, 2 * 10 * 4 * sample - r->total.available, 1e-12);
+  EXPECT_NEAR(r->total.used, r->total.available / 2, 1e-12);  // never counted idle
+  // No held state: the lost hours are 'unreported', and the report says why.
+  EXPECT_NEAR(r->total.lost_by_cause.at(kCauseUnreported), r->total.lost, 1e-12);
+  std::string notes;
+  for (const std::string& n : r->notes) notes += n + "\n";
+  EXPECT_NE(notes.find("have no sample"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("have no fullburn_gpu_held"), std::string::npos) << notes;
+}
+
+TEST_F(Accounting, DataStartingLateIsStated) {
+  // Prometheus has nothing before bucket 6 (its retention, or no scrape yet).
+  in_.samples.push_back(Flat(Gpu("node-a", 0), 4, 6));
+  in_.util_sum.push_back(Flat(Gpu("node-a", 0), 400, 6));
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ(r->effective_start, in_.start + 6 * kStep);
+  EXPECT_NEAR(r->unknown, 0, 1e-12);  // the time before the data is not a gap
+  ASSERT_FALSE(r->notes.empty());
+  EXPECT_NE(r->notes[0].find("Prometheus has nothing older"), std::string::npos) << r->notes[0];
+}
+
+TEST_F(Accounting, IntervalFromTheSamplesWithoutATarget) {
+  in_.intervals.clear();  // backfilled data, or nodes since removed
+  in_.samples.push_back(Flat(Gpu("node-a", 0), 4));
+  in_.util_sum.push_back(Flat(Gpu("node-a", 0), 400));
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->total.available, kBuckets * kStep / kHour, 1e-12);  // 15 s a sample
+  std::string notes;
+  for (const std::string& n : r->notes) notes += n + "\n";
+  EXPECT_NE(notes.find("no active scrape target"), std::string::npos) << notes;
+}
+
+TEST_F(Accounting, TheSameGpuFromTwoScrapeJobsIsRefused) {
+  AddGpu(Gpu("node-a", 0), 50, true, false, false);
+  auto dcgm = Gpu("node-a", 0);
+  dcgm["job"] = "dcgm-exporter";
+  in_.samples.push_back(Flat(dcgm, 4));
+  in_.util_sum.push_back(Flat(dcgm, 200));
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--match 'job=\"fullburn\"'"), std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(r.status().message().find('\n'), std::string::npos);
+}
+
+TEST_F(Accounting, Renderers) {
+  AddGpu(Gpu("node-a", 0, {{"hpc_job", "101"}, {"user", "alice"}}), 0, true, true, false);
+  AddGpu(Gpu("node-b", 0, {{"hpc_job", "202"}, {"user", "bob"}}), 95, true, false, false);
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_TRUE(r.ok());
+  std::string text = RenderFleetText(*r, "job", 10);
+  EXPECT_NE(text.find("2 GPUs on 2 nodes"), std::string::npos) << text;
+  size_t first = text.find("slurm job 101"), second = text.find("slurm job 202");
+  ASSERT_NE(first, std::string::npos) << text;
+  EXPECT_LT(first, second) << text;
+  EXPECT_NE(text.find("healthy"), std::string::npos) << text;
+  EXPECT_NE(RenderFleetText(*r, "user", 1).find("... 1 more (--top)"), std::string::npos);
+  nlohmann::json j = FleetJson(*r);
+  EXPECT_EQ(j["gpus"], 2);
+  EXPECT_EQ(j["jobs"][0]["identity"]["hpc_job"], "101");
+  EXPECT_DOUBLE_EQ(j["hours"]["available"].get<double>(), r->total.available);
+  EXPECT_EQ(j["over_time"]["times"].size(), static_cast<size_t>(kBuckets));
+  std::string html = RenderFleetHtml(*r, "job", 10);
+  EXPECT_NE(html.find("uPlot"), std::string::npos);
+  EXPECT_NE(html.find("slurm job 101"), std::string::npos);
+  // Self-contained: nothing is fetched from elsewhere.
+  EXPECT_EQ(html.find("src=\"http"), std::string::npos);
+  EXPECT_EQ(html.find("href=\"http"), std::string::npos);
+}
+
+// ---- the client's errors ----
+
+// A server on a free loopback port, on its own thread, stopped on exit.
+class FakeServer {
+ public:
+  FakeServer() {
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::yield();
+  }
+  ~FakeServer() {
+    server_.stop();
+    thread_.join();
+  }
+  httplib::Server& server() { return server_; }
+  std::string Url(const std::string& path = "") const {
+    return "http://127.0.0.1:" + std::to_string(port_) + path;
+  }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+PromConnection Conn(const std::string& url, const std::string& token = "",
+                    const std::string& user = "", const std::string& password = "") {
+  PromConnection c;
+  c.url = url;
+  c.bearer_token = token;
+  c.user = user;
+  c.password = password;
+  return c;
+}
+
+std::string ErrorOf(const PromConnection& c) {
+  Result<PromClient> client = PromClient::Open(c);
+  if (!client.ok()) return client.status().message();
+  FleetQuery q;
+  q.window_s = 3600;
+  Result<FleetReport> r = QueryFleet(*client, q);
+  return r.ok() ? "" : r.status().message();
+}
+
+const char kTimeAnswer[] =
+    R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"1700000000"]}]}})";
+
+TEST(PromClientErrors, BadUrlsAndUnreachableServers) {
+  EXPECT_NE(ErrorOf(Conn("prometheus:9090")).find("is not an http:// or https:// URL"), std::string::npos);
+  EXPECT_NE(ErrorOf(Conn("http:///x")).find("names no host"), std::string::npos);
+  int closed_port;
+  {
+    FakeServer s;
+    closed_port = std::stoi(s.Url().substr(s.Url().rfind(':') + 1));
+  }
+  std::string e = ErrorOf(Conn("http://127.0.0.1:" + std::to_string(closed_port)));
+  EXPECT_NE(e.find("cannot reach Prometheus at http://127.0.0.1:"), std::string::npos) << e;
+  EXPECT_NE(e.find("is it running"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
+TEST(PromClientErrors, CredentialsRefused) {
+  FakeServer s;
+  s.server().Get("/api/v1/query", [](const httplib::Request& req, httplib::Response& res) {
+    if (req.get_header_value("Authorization") != "Bearer s3cret") {
+      res.status = 401;
+      res.set_content("Unauthorized\n", "text/plain");
+      return;
+    }
+    res.set_content(kTimeAnswer, "application/json");
+  });
+  std::string e = ErrorOf(Conn(s.Url()));
+  EXPECT_NE(e.find("refused the request (401 Unauthorized)"), std::string::npos) << e;
+  EXPECT_NE(e.find("FULLBURN_PROMETHEUS_TOKEN"), std::string::npos) << e;
+  PromConnection with_token = Conn(s.Url(), "s3cret");
+  e = ErrorOf(with_token);
+  // Past the credentials: this stand-in has no other endpoint.
+  EXPECT_EQ(e.find("refused the request"), std::string::npos) << e;
+  PromConnection both = Conn(s.Url(), "s3cret", "bob", "pw");
+  EXPECT_NE(ErrorOf(both).find("keep one"), std::string::npos);
+}
+
+TEST(PromClientErrors, BasicAuthAndForbidden) {
+  FakeServer s;
+  s.server().Get("/prom/api/v1/query", [](const httplib::Request& req, httplib::Response& res) {
+    // "bob:pw" in base64
+    res.status = req.get_header_value("Authorization") == "Basic Ym9iOnB3" ? 403 : 401;
+  });
+  PromConnection c = Conn(s.Url("/prom/"), "", "bob", "pw");
+  std::string e = ErrorOf(c);
+  EXPECT_NE(e.find("(403 Forbidden)"), std::string::npos) << e;  // the path prefix was kept
+}
+
+TEST(PromClientErrors, NotPrometheus) {
+  FakeServer s;
+  s.server().Get("/api/v1/query", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("<html>Grafana</html>", "text/html");
+  });
+  std::string e = ErrorOf(Conn(s.Url()));
+  EXPECT_NE(e.find("is the URL a Prometheus server?"), std::string::npos) << e;
+  FakeServer empty;
+  e = ErrorOf(Conn(empty.Url()));
+  EXPECT_NE(e.find("has no Prometheus API (/api/v1/query: 404)"), std::string::npos) << e;
+  EXPECT_NE(ErrorOf(Conn("https://" + empty.Url().substr(7))).find("TLS"), std::string::npos);
+}
+
+TEST(PromClientErrors, ServerWithoutFullburnsSeries) {
+  FakeServer s;
+  s.server().Get("/api/v1/query", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kTimeAnswer, "application/json");
+  });
+  s.server().Get("/api/v1/label/__name__/values",
+                 [](const httplib::Request&, httplib::Response& res) {
+                   res.set_content(R"({"status":"success","data":[]})", "application/json");
+                 });
+  std::string e = ErrorOf(Conn(s.Url()));
+  EXPECT_NE(e.find("has no DCGM_FI_DEV_GPU_UTIL series (GPU utilization): scrape `fullburn serve`"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fullburn
