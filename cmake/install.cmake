@@ -10,6 +10,12 @@ include(CMakePackageConfigHelpers)
 
 set(FULLBURN_EXPORTED fullburn_common fullburn_telemetry fullburn_pipeline fullburn_store
     fullburn_dist_env fullburn_diagnose fullburn_config fullburn_report fullburn_tensorfile)
+if(TARGET fullburn_analyze)  # profiler traces; fullburn::train links it where it was built
+  list(APPEND FULLBURN_EXPORTED fullburn_analyze)
+  set(FULLBURN_WITH_ANALYZE ON)
+else()
+  set(FULLBURN_WITH_ANALYZE OFF)
+endif()
 set(FULLBURN_PROGRAMS fullburn)
 if(FULLBURN_HAVE_TORCH)
   list(APPEND FULLBURN_EXPORTED fullburn_models fullburn_dist fullburn_train)

@@ -24,6 +24,10 @@ std::string IdleEvidence(const RankReport& r, double us) {
 }
 
 std::string LoaderFix(const HostSummary& h) {
+  if (h.data_loader_name == "fullburn.next_batch")  // fullburn train profile.steps
+    return "fullburn train's loader does not keep up: more data.threads while the host has idle "
+           "cores (0 tunes them), a pack (fullburn pack) or data.cache_mb for the decode, "
+           "data.prefetch for bursts";
   if (h.data_loader_name.find("_SingleProcessDataLoaderIter") != std::string::npos)
     return "the DataLoader loads in the training process (num_workers=0): "
            "DataLoader(num_workers=cores - 1, pin_memory=True, persistent_workers=True); "

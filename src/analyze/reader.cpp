@@ -163,7 +163,8 @@ bool Contains(std::string_view s, std::string_view part) {
 }
 
 bool IsDataLoader(std::string_view name) {
-  return StartsWith(name, "enumerate(DataLoader)") ||
+  // fullburn.next_batch: fullburn train's wait for its loader (profile.steps).
+  return StartsWith(name, "enumerate(DataLoader)") || name == "fullburn.next_batch" ||
          (Contains(name, "DataLoader") && Contains(name, "__next__"));
 }
 bool IsOptimizerStep(std::string_view name) {

@@ -147,6 +147,11 @@ const std::vector<OptionDef>& TrainOptions() {
        "found it; needs eval.*)"},
       {"checkpoint.async", T::kBool, "true",
        "Write on a background thread; the loop is blocked only for the snapshot"},
+      // profile
+      {"profile.steps", T::kString, "",
+       "Trace optimizer steps A-B with torch's profiler (e.g. 20-25): one Chrome trace per rank "
+       "beside the run store (traces/run-ID), analysed as fullburn analyze does in the summary, "
+       "fullburn diagnose and fullburn report; empty: off"},
       // eval: the held-out loss and accuracy, recorded as the run's evaluation events
       {"eval.every_steps", T::kInt, "0", "Evaluate every N optimizer steps; 0: off", "", ">=0"},
       {"eval.every_epochs", T::kInt, "0",

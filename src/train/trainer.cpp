@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "../cli/traces.h"
 #include "fullburn/diagnose.h"
 
 namespace fullburn {
@@ -415,8 +416,17 @@ Status Trainer::Run() {
   if (!opt_.quiet && rank_.rank == 0) {
     auto steps = store_->LoadSteps(run_.id);
     if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
-    if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok())
+    if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok()) {
       std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
+      cli::RunTraces traces = cli::AnalyzeRunTraces(*stored);  // profile.steps
+      if (!traces.error.empty())
+        std::fprintf(stderr, "  the profiler trace could not be analysed: %s\n",
+                     traces.error.c_str());
+      else if (!traces.paths.empty())
+        std::fprintf(stderr, "  from the profiler trace of steps %s (fullburn analyze %s):\n%s",
+                     traces.steps.c_str(), traces.paths.front().c_str(),
+                     RenderFindings(traces.findings, traces.findings.size()).c_str());
+    }
     if (!eval.empty()) std::fprintf(stderr, "  %s\n", EvaluationLine(eval).c_str());
     if (!best_checkpoint_.empty() && std::filesystem::exists(best_checkpoint_))
       std::fprintf(stderr, "  best held-out loss %.4f: %s\n", best_val_loss_,

@@ -8,6 +8,8 @@
 #include <map>
 #include <mutex>
 
+#include <ATen/record_function.h>
+
 #include "cuda_graph.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/dist_torch.h"
@@ -121,6 +123,19 @@ class Trainer {
   Status GatherSenders();
   Status OpenCheckpoints();
   Status Loop();
+  // profile.steps (trainer_profile.cpp): torch's profiler over steps A-B.
+  Status SetupProfile();
+  void ProfileBeforeStep();
+  // The step's ProfilerStep#N scope while the profiler runs, else null.
+  std::unique_ptr<at::RecordFunction> ProfileStepScope() const;
+  // A named span in the trace while the profiler runs (the batch wait, the
+  // optimizer step, under the names the analysis reads), else null.
+  std::unique_ptr<at::RecordFunction> ProfileScope(const std::string& name) const;
+  // Stops the profiler after step B, or when the loop ended before it, and
+  // writes the trace and its `profile` event.
+  void ProfileAfterStep(bool loop_ended);
+  int64_t profile_first_ = 0, profile_last_ = 0;  // 0: off
+  bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);
   struct StepOutcome {

@@ -38,6 +38,7 @@ torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int a
 }
 
 Status Trainer::NextBatch(TrainBatch* b, double* wait_s) {
+  auto traced = ProfileScope("fullburn.next_batch");  // a data-loader span to the analysis
   double w0 = MonoNow();
   while (!source_->Next(b)) {
     if (!source_->status().ok()) return source_->status();
@@ -90,6 +91,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     if (double clip = cfg_.Float("train.clip_grad_norm"); clip > 0)
       torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
     ckpt_->BeforeUpdate();
+    auto traced = ProfileScope("Optimizer.step#" + cfg_.Str("optim.name") + ".step");
     optim_->Step(lr);
   }
   if (dp_)
@@ -292,6 +294,8 @@ Status Trainer::Loop() {
     bool timed = (step_ + 1) % time_every == 0 || step_ == 0;
     Status s;
     try {
+      ProfileBeforeStep();
+      auto profiled_step = ProfileStepScope();
       s = TrainStep(timed, &rec);
     } catch (const std::exception& e) {
       exit_code = kExitFailed;
@@ -311,6 +315,7 @@ Status Trainer::Loop() {
       live_steps_.push_back(rec);
     }
     last = rec;
+    ProfileAfterStep(false);
     Progress(rec, false);
     FlushSteps(false);
     // Evaluation first, so a checkpoint of this step holds its best-so-far.
@@ -328,6 +333,7 @@ Status Trainer::Loop() {
         (every_s > 0 && now - last_ckpt_time_ >= every_s))
       Checkpoint(false);
   }
+  ProfileAfterStep(true);  // the loop ended (steps, signal, time limit) before step B
   if (last.step > 0) Progress(last, true);
   return Status::Ok();
 }

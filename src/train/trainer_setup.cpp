@@ -277,6 +277,7 @@ void Trainer::SetupOptimization(const OptimizerOptions& oo) {
 
 Status Trainer::Setup() {
   if (Status s = SetupDevice(); !s.ok()) return s;
+  if (Status s = SetupProfile(); !s.ok()) return s;
   if (Status s = SetupData(); !s.ok()) return s;
   if (Status s = ConnectRanks(); !s.ok()) return s;
   accumulate_ = cfg_.Int("train.accumulate");

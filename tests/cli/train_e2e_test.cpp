@@ -147,6 +147,60 @@ TEST_F(TrainE2E, MlpLearnsAndEveryStepIsRecorded) {
   EXPECT_GT(nlohmann::json::parse(trace.out)["traceEvents"].size(), 150u * 5);
 }
 
+// profile.steps: torch's profiler over the steps asked, its trace beside the
+// store with a ProfilerStep#N per step, analysed at the end and by diagnose.
+TEST_F(TrainE2E, ProfileStepsTracesTheStepsAskedAndTheRunIsAnalysedWithThem) {
+  std::vector<std::string> argv = {FULLBURN_BIN, "train", "--store", store_};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  argv.insert(argv.end(), {"train.steps=12", "profile.steps=4-6", "eval.at_end=false"});
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("from the profiler trace of steps 4-6"), std::string::npos) << o.err;
+  auto run = Store()->GetRun("last").value();
+  nlohmann::json profile;
+  std::vector<RunEvent> events = Store()->LoadEvents(run.id).value();
+  for (const RunEvent& e : events)
+    if (e.kind == "profile") profile = nlohmann::json::parse(e.data);
+  ASSERT_FALSE(profile.empty());
+  EXPECT_EQ(profile["first_step"], 4);
+  EXPECT_EQ(profile["last_step"], 6);
+  std::string path = profile["path"];
+  EXPECT_EQ(path, fs::absolute(dir_ + "/traces/run-" + std::to_string(run.id) +
+                               "/rank0.pt.trace.json").string());
+  auto trace = nlohmann::json::parse(testing::ReadText(path));
+  std::set<std::string> steps;
+  size_t ops = 0, waits = 0, updates = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    std::string name = e.value("name", "");
+    if (name.rfind("ProfilerStep#", 0) == 0) steps.insert(name);
+    else ++ops;
+    waits += name == "fullburn.next_batch";  // read by the analysis as data-loader spans
+    updates += name == "Optimizer.step#sgd.step";
+  }
+  EXPECT_EQ(waits, 3u);
+  EXPECT_EQ(updates, 3u);
+  // Steps 4-6, and the sliver of 7 that closes 6 (the analysis drops a last step).
+  EXPECT_EQ(steps, (std::set<std::string>{"ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6",
+                                          "ProfilerStep#7"}));
+  EXPECT_GT(ops, 3u * 10);  // the MLP's forward, backward and optimizer ops
+  auto analyzed = RunToEnd({FULLBURN_BIN, "analyze", path, "--json"});
+  ASSERT_EQ(analyzed.code, 0) << analyzed.err;
+  EXPECT_NE(analyzed.out.find("\"rank\""), std::string::npos);
+  auto diag = RunToEnd({FULLBURN_BIN, "diagnose", "last", "--store", store_});
+  ASSERT_EQ(diag.code, 0) << diag.err;
+  EXPECT_NE(diag.out.find("from the profiler trace of steps 4-6"), std::string::npos) << diag.out;
+
+  // Steps past the run's end: traced to its last step.
+  auto short_run = Train({"train.steps=5", "profile.steps=4-50", "eval.at_end=false"});
+  ASSERT_EQ(short_run.code, 0) << short_run.err;
+  nlohmann::json cut;
+  events = Store()->LoadEvents(Store()->GetRun("last").value().id).value();
+  for (const RunEvent& e : events)
+    if (e.kind == "profile") cut = nlohmann::json::parse(e.data);
+  ASSERT_FALSE(cut.empty());
+  EXPECT_EQ(cut["last_step"], 5);
+}
+
 TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
   std::string data = dir_ + "/images";
   ASSERT_FALSE(MakeImages("images/train", 4, 48, "48x48").empty());
@@ -760,6 +814,8 @@ TEST_F(TrainE2E, BadConfigsAreOneLineErrors) {
       {{"model.name=gpt"}, "does not train on data.source = synthetic"},
       {{"train.precision=fp16"}, "needs a CUDA device"},
       {{"train.cuda_graphs=true"}, "train.cuda_graphs needs CUDA"},
+      {{"profile.steps=6-2"}, "profile.steps = '6-2'"},
+      {{"profile.steps=20"}, "as A-B with 1 <= A <= B"},
       {{dir_ + "/missing.toml"}, "cannot be read"},
   };
   for (const Case& c : cases) {
