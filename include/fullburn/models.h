@@ -15,8 +15,10 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fullburn/status.h"
 
@@ -27,6 +29,25 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor input) = 0;
 };
 
+// Activation checkpointing (model.checkpoint): fn(x) runs without keeping
+// its intermediate activations, only x; backward runs it again, with the CPU
+// and CUDA random generators (dropout) and autocast as the forward had them,
+// and back-propagates through the recomputed graph, so gradients are those of
+// fn(x) itself (bit-equal on CPU). `params`: what fn reads that needs
+// gradients; `buffers`: state fn updates (BatchNorm's running statistics),
+// put back after the recompute. Without grad mode it is fn(x). fn is kept
+// until backward: capture by value.
+torch::Tensor CheckpointForward(std::function<torch::Tensor(const torch::Tensor&)> fn,
+                                const torch::Tensor& x, const std::vector<torch::Tensor>& params,
+                                const std::vector<torch::Tensor>& buffers = {});
+// A sub-module of a program's own Model, checkpointed:
+//   x = fullburn::Checkpointed(block_, x);  // in forward(), for a ModuleHolder block_
+template <typename Holder>
+torch::Tensor Checkpointed(Holder module, const torch::Tensor& x) {
+  return CheckpointForward([module](const torch::Tensor& t) mutable { return module->forward(t); },
+                           x, module->parameters(), module->buffers());
+}
+
 struct ModelSpec {
   std::string name = "resnet18";  // resnet18 | resnet50 | mlp | lstm | gpt
   int64_t num_classes = 10;       // classes, or the vocabulary for gpt
@@ -36,6 +57,9 @@ struct ModelSpec {
   int64_t seq_len = 128;          // gpt context (positional table size)
   int64_t hidden = 512, layers = 2, heads = 4;
   double dropout = 0;
+  // Activation checkpointing: "none", or "blocks" (each GPT block, each ResNet
+  // stage recomputed in backward).
+  std::string checkpoint = "none";
 };
 
 Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& spec);

@@ -81,10 +81,13 @@ TORCH_MODULE(GptBlock);
 // GPT-2's init with scaled residual projections).
 class Gpt : public Model {
  public:
-  explicit Gpt(const ModelSpec& s) : dropout_(s.dropout) {
+  explicit Gpt(const ModelSpec& s) : dropout_(s.dropout), checkpoint_(s.checkpoint == "blocks") {
     wte_ = register_module("wte", nn::Embedding(s.vocab, s.hidden));
     wpe_ = register_module("wpe", nn::Embedding(s.seq_len, s.hidden));
-    for (int64_t i = 0; i < s.layers; ++i) blocks_->push_back(GptBlock(s.hidden, s.heads, s.dropout));
+    for (int64_t i = 0; i < s.layers; ++i) {
+      block_list_.push_back(GptBlock(s.hidden, s.heads, s.dropout));
+      blocks_->push_back(block_list_.back());
+    }
     register_module("h", blocks_);
     ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({s.hidden})));
     torch::NoGradGuard no_grad;
@@ -104,14 +107,21 @@ class Gpt : public Model {
     int64_t t = tokens.size(1);
     torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));
     torch::Tensor x = torch::dropout(wte_(tokens) + wpe_(pos), dropout_, is_training());
-    x = ln_f_(blocks_->forward(x));
+    if (checkpoint_ && is_training()) {
+      for (GptBlock& block : block_list_) x = Checkpointed(block, x);
+    } else {
+      x = blocks_->forward(x);
+    }
+    x = ln_f_(x);
     return Linear(x, wte_->weight, {});
   }
 
  private:
   double dropout_;
+  bool checkpoint_;
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
   nn::Sequential blocks_;
+  std::vector<GptBlock> block_list_;  // blocks_'s, for checkpointing them one by one
   nn::LayerNorm ln_f_{nullptr};
 };
 
@@ -132,6 +142,11 @@ std::shared_ptr<Model> MakeGpt(const ModelSpec& s) { return std::make_shared<Gpt
 
 Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& s) {
   if (s.num_classes < 1) return Status::InvalidArgument("the model needs at least one class");
+  if (s.checkpoint != "none" && s.checkpoint != "blocks")
+    return Status::InvalidArgument("model.checkpoint = '" + s.checkpoint + "': use none or blocks");
+  if (s.checkpoint == "blocks" && (s.name == "mlp" || s.name == "lstm"))
+    return Status::InvalidArgument("model.checkpoint = blocks recomputes gpt blocks and resnet "
+                                   "stages; " + s.name + " has none: set model.checkpoint = none");
   if (s.name == "resnet18" || s.name == "resnet50") return MakeResNet(s);
   if (s.name == "mlp") {
     if (s.in_features <= 0) return Status::InvalidArgument("mlp needs the input size (in_features)");

@@ -75,10 +75,12 @@ class ResNet : public Model {
       }
     }
   }
+  void SetCheckpoint(bool on) { checkpoint_ = on; }  // each stage recomputed in backward
   torch::Tensor forward(torch::Tensor x) override {
     x = torch::relu(bn1_(conv1_(x)));
     x = torch::max_pool2d(x, 3, 2, 1);
-    for (auto& layer : layers_) x = layer->forward(x);
+    for (auto& layer : layers_)
+      x = checkpoint_ && is_training() ? Checkpointed(layer, x) : layer->forward(x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc_(x);
   }
@@ -87,14 +89,19 @@ class ResNet : public Model {
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
   std::vector<nn::Sequential> layers_;
+  bool checkpoint_ = false;
   FastLinear fc_{nullptr};
 };
 
 }  // namespace
 
 std::shared_ptr<Model> MakeResNet(const ModelSpec& s) {
-  if (s.name == "resnet50") return std::make_shared<ResNet>(std::vector<int>{3, 4, 6, 3}, true, s.width, s.num_classes);
-  return std::make_shared<ResNet>(std::vector<int>{2, 2, 2, 2}, false, s.width, s.num_classes);
+  std::shared_ptr<ResNet> m =
+      s.name == "resnet50"
+          ? std::make_shared<ResNet>(std::vector<int>{3, 4, 6, 3}, true, s.width, s.num_classes)
+          : std::make_shared<ResNet>(std::vector<int>{2, 2, 2, 2}, false, s.width, s.num_classes);
+  m->SetCheckpoint(s.checkpoint == "blocks");
+  return m;
 }
 
 }  // namespace fullburn

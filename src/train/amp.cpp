@@ -1,41 +1,14 @@
 // Autocast guard and the dynamic loss scaler.
 #include <ATen/autocast_mode.h>
-#include <torch/version.h>
 
+#include "../models/autocast_state.h"
 #include "fullburn/train.h"
 
 namespace fullburn {
-namespace {
-
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-// libtorch >= 2.4: one API keyed by device type.
-bool Enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
-void SetEnabled(torch::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
-torch::ScalarType Dtype(torch::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
-void SetDtype(torch::DeviceType d, torch::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
-#else
-// libtorch 1.13 .. 2.3: separate CPU and GPU calls.
-bool Enabled(torch::DeviceType d) {
-  return d == torch::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
-}
-void SetEnabled(torch::DeviceType d, bool on) {
-  if (d == torch::kCPU)
-    at::autocast::set_cpu_enabled(on);
-  else
-    at::autocast::set_enabled(on);
-}
-torch::ScalarType Dtype(torch::DeviceType d) {
-  return d == torch::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
-}
-void SetDtype(torch::DeviceType d, torch::ScalarType t) {
-  if (d == torch::kCPU)
-    at::autocast::set_autocast_cpu_dtype(t);
-  else
-    at::autocast::set_autocast_gpu_dtype(t);
-}
-#endif
-
-}  // namespace
+using autocast_state::Dtype;
+using autocast_state::Enabled;
+using autocast_state::SetDtype;
+using autocast_state::SetEnabled;
 
 AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<torch::ScalarType> dtype)
     : device_(device) {

@@ -56,6 +56,11 @@ const std::vector<OptionDef>& TrainOptions() {
       {"model.layers", T::kInt, "2", "mlp hidden layers, lstm layers, gpt blocks", "", ">0"},
       {"model.heads", T::kInt, "4", "gpt attention heads (must divide model.hidden)", "", ">0"},
       {"model.dropout", T::kFloat, "0", "Dropout probability (mlp, lstm, gpt)", "", ">=0"},
+      {"model.checkpoint", T::kString, "none",
+       "Activation checkpointing: blocks keeps only each GPT block's or ResNet stage's input "
+       "and recomputes the block in backward (same dropout), trading a second forward for "
+       "activation memory (a larger batch, a longer sequence)",
+       "none|blocks"},
       // train
       {"train.device", T::kString, "auto",
        "auto (cuda when libtorch sees a GPU), cpu, cuda, cuda:N"},

@@ -315,6 +315,7 @@ Status Trainer::BuildModel(const BatchSource& source) {
     ms.layers = cfg_.Int("model.layers");
     ms.heads = cfg_.Int("model.heads");
     ms.dropout = cfg_.Float("model.dropout");
+    ms.checkpoint = cfg_.Str("model.checkpoint");
     auto m = MakeModel(ms);
     if (!m.ok()) {
       exit_code = kExitUsage;

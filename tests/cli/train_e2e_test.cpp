@@ -201,6 +201,24 @@ TEST_F(TrainE2E, ProfileStepsTracesTheStepsAskedAndTheRunIsAnalysedWithThem) {
   EXPECT_EQ(cut["last_step"], 5);
 }
 
+// model.checkpoint = blocks recomputes each ResNet stage in backward: the
+// same losses, step for step, as keeping the activations.
+TEST_F(TrainE2E, ActivationCheckpointingTrainsToTheSameLosses) {
+  std::vector<std::vector<double>> losses;
+  for (const char* mode : {"model.checkpoint=none", "model.checkpoint=blocks"}) {
+    auto o = Train({"model.name=resnet18", "model.width=0.125", "data.source=synthetic",
+                    "data.image_size=32", "data.synthetic_samples=256", "train.steps=4",
+                    "train.threads=1", "eval.at_end=false", "checkpoint.at_end=false", mode},
+                   /*tiny=*/false);
+    ASSERT_EQ(o.code, 0) << o.err;
+    std::vector<double> run;
+    for (const StepRecord& r : Steps(Store()->GetRun("last").value().id)) run.push_back(r.loss);
+    losses.push_back(run);
+  }
+  ASSERT_EQ(losses[0].size(), 4u);
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
 TEST_F(TrainE2E, SmallResNetLearnsTheSyntheticImages) {
   std::string data = dir_ + "/images";
   ASSERT_FALSE(MakeImages("images/train", 4, 48, "48x48").empty());

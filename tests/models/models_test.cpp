@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "fullburn/models.h"
+#include "fullburn/train.h"
 #include "../../src/models/models_internal.h"
 
 namespace fullburn {
@@ -135,6 +136,135 @@ TEST(Models, OneDnnLinearEqualsTheBlasLinear) {
   FastLinear fl(16, 4);
   auto names = fl->named_parameters().keys();
   EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias"}));  // nn.Linear's names
+}
+
+
+// --- Activation checkpointing (model.checkpoint = blocks).
+
+struct Pass {
+  torch::Tensor loss;
+  std::vector<torch::Tensor> grads;
+  torch::Tensor next_draw;  // the RNG after the step: the recompute must not move it
+};
+
+// One training forward and backward from seed 7, of a model built from seed 3.
+Pass TrainPass(ModelSpec s, const torch::Tensor& input, const torch::Tensor& target) {
+  torch::manual_seed(3);
+  auto m = Make(s);
+  m->train();
+  torch::manual_seed(7);
+  torch::Tensor logits = m->forward(input);
+  torch::Tensor loss =
+      torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+  loss.backward();
+  Pass p{loss.detach(), {}, torch::rand({4})};
+  for (const auto& param : m->parameters()) p.grads.push_back(param.grad());
+  for (const auto& b : m->buffers()) p.grads.push_back(b.clone());  // BatchNorm's statistics
+  return p;
+}
+
+void ExpectSamePass(const Pass& plain, const Pass& ckpt) {
+  EXPECT_TRUE(torch::equal(plain.loss, ckpt.loss));
+  ASSERT_EQ(plain.grads.size(), ckpt.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    ASSERT_TRUE(plain.grads[i].defined() && ckpt.grads[i].defined()) << i;
+    EXPECT_TRUE(torch::equal(plain.grads[i], ckpt.grads[i])) << "tensor " << i;
+  }
+  EXPECT_TRUE(torch::equal(plain.next_draw, ckpt.next_draw));
+}
+
+TEST(ActivationCheckpoint, GptGradientsAreBitEqualWithDropoutRecomputedAlike) {
+  ModelSpec s;
+  s.name = "gpt";
+  s.num_classes = s.vocab = 64;
+  s.seq_len = 32;
+  s.hidden = 32;
+  s.layers = 3;
+  s.heads = 4;
+  s.dropout = 0.2;  // the recompute must draw the same masks
+  torch::manual_seed(1);
+  torch::Tensor tokens = torch::randint(64, {2, 32});
+  torch::Tensor targets = torch::randint(64, {2, 32});
+  Pass plain = TrainPass(s, tokens, targets);
+  s.checkpoint = "blocks";
+  Pass ckpt = TrainPass(s, tokens, targets);
+  ExpectSamePass(plain, ckpt);
+}
+
+TEST(ActivationCheckpoint, ResNetStagesGiveTheSameGradientsAndBatchNormStatistics) {
+  ModelSpec s;
+  s.width = 0.125;
+  torch::manual_seed(1);
+  torch::Tensor images = torch::randn({4, 3, 32, 32});
+  torch::Tensor labels = torch::randint(10, {4});
+  Pass plain = TrainPass(s, images, labels);
+  s.checkpoint = "blocks";
+  Pass ckpt = TrainPass(s, images, labels);
+  ExpectSamePass(plain, ckpt);  // running statistics updated once, not twice
+}
+
+TEST(ActivationCheckpoint, AProgramsOwnSubModuleAndNoGradEvaluation) {
+  torch::manual_seed(5);
+  torch::nn::Sequential block(torch::nn::Linear(8, 16), torch::nn::Functional(torch::gelu, "none"),
+                              torch::nn::Linear(16, 8));
+  torch::Tensor x = torch::randn({3, 8}, torch::requires_grad());
+  block->forward(x).pow(2).sum().backward();
+  std::vector<torch::Tensor> want{x.grad().clone()};
+  for (auto& p : block->parameters()) {
+    want.push_back(p.grad().clone());
+    p.mutable_grad() = torch::Tensor();
+  }
+  x.mutable_grad() = torch::Tensor();
+  Checkpointed(block, x).pow(2).sum().backward();
+  std::vector<torch::Tensor> got{x.grad()};
+  for (auto& p : block->parameters()) got.push_back(p.grad());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << i;
+  torch::NoGradGuard no_grad;  // evaluation: just the forward
+  EXPECT_FALSE(Checkpointed(block, x).requires_grad());
+}
+
+TEST(ActivationCheckpoint, BadSpecsAreRefused) {
+  ModelSpec s;
+  s.name = "mlp";
+  s.in_features = 4;
+  s.checkpoint = "blocks";
+  auto m = MakeModel(s);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("set model.checkpoint = none"), std::string::npos);
+  s.name = "gpt";
+  s.checkpoint = "every";
+  EXPECT_FALSE(MakeModel(s).ok());
+}
+
+// The measure: GPT at seq 1024 with 12 layers, peak memory of a
+// training forward and backward, from the counting CPU allocator.
+TEST(ActivationCheckpoint, GptAtSeq1024With12LayersPeaksAtLeast40PercentLower) {
+  auto activation_peak = [](const std::string& checkpoint) {
+    ModelSpec s;
+    s.name = "gpt";
+    s.num_classes = s.vocab = 64;
+    s.seq_len = 1024;
+    s.hidden = 64;
+    s.layers = 12;
+    s.heads = 4;
+    s.checkpoint = checkpoint;
+    torch::manual_seed(3);
+    auto m = Make(s);
+    m->train();
+    torch::Tensor tokens = torch::randint(64, {1, 1024});
+    ResetCpuPeakBytes();
+    int64_t before = CpuBytesInUse();
+    torch::Tensor logits = m->forward(tokens);
+    torch::cross_entropy_loss(logits.reshape({-1, 64}), tokens.reshape({-1})).backward();
+    return CpuPeakBytes() - before;
+  };
+  int64_t plain = activation_peak("none");
+  int64_t ckpt = activation_peak("blocks");
+  EXPECT_GT(plain, 0);
+  EXPECT_LE(ckpt, 0.6 * plain) << "checkpointed " << ckpt / 1048576 << " MiB, plain "
+                               << plain / 1048576 << " MiB";
+  std::printf("activation peak: %.1f MiB plain, %.1f MiB checkpointed (%.0f%% lower)\n",
+              plain / 1048576.0, ckpt / 1048576.0, 100.0 * (1 - double(ckpt) / plain));
 }
 
 }  // namespace
