@@ -38,7 +38,7 @@ if [[ $mode != demo ]]; then
     libgtest-dev libgmock-dev     # tests
     python3 python3-pil           # bench/ scripts, examples/scenarios, python/fullburn_pack.py
     chromium                      # tests: the HTML report in a real browser
-    prometheus                    # tests: fullburn fleet against the real engine, promtool checks
+    prometheus openssl            # tests: fullburn fleet against the real engine (TLS), promtool checks
     pybind11-dev python3-dev python3-numpy  # import fullburn (the module, built by the normal build)
   )
   if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then

@@ -92,10 +92,15 @@ Result<std::string> PromClient::Get(
   // server's compression costs it more time than the transfer saves.
   httplib::Headers headers = {{"Accept-Encoding", "identity"}};
   httplib::Result res = http.Get(prefix_ + path, query, headers);
-  if (!res)
-    return Status::Unavailable("cannot reach Prometheus at " + c_.url + " (" +
-                               WhyUnreachable(res.error()) +
-                               "): is it running, and is --prometheus its address?");
+  if (!res) {
+    httplib::Error e = res.error();
+    bool tls = e == httplib::Error::SSLServerVerification || e == httplib::Error::SSLLoadingCerts;
+    return Status::Unavailable(
+        "cannot reach Prometheus at " + c_.url + " (" + WhyUnreachable(e) + "): " +
+        (tls ? "give the CA that signed its certificate with --ca-file or "
+               "FULLBURN_PROMETHEUS_CA_FILE"
+             : "is it running, and is --prometheus its address?"));
+  }
   int code = res->status;
   if (code == 401 || code == 403)
     return Status::InvalidArgument(

@@ -279,6 +279,74 @@ TEST_F(FleetE2E, FleetRanksHeldIdleStarvedAndHealthyGpus) {
   EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
 }
 
+// Prometheus behind TLS and basic auth (its --web.config.file), as a cluster
+// exposes it: fullburn fleet verifies the server's certificate against the CA
+// file it is given, sends the credentials from the environment, and says
+// which one is missing when the server refuses. Time: about 10 s of scrapes.
+TEST_F(FleetE2E, HttpsWithBasicAuthAgainstTheRealEngine) {
+  const std::string cert = dir_ + "/cert.pem", key = dir_ + "/key.pem";
+  auto made = testing::RunToEnd({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                                 "-days", "1", "-subj", "/CN=127.0.0.1", "-addext",
+                                 "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert});
+  ASSERT_EQ(made.code, 0) << "openssl (scripts/install-deps.sh installs it): " << made.err;
+  Background job;
+  testing::Start(&job, {"sleep", "120"}, "tls_job");
+  Background serve;
+  int serve_port = Serve(&serve, Gpu("tls", 60, job.pid, 4), dir_ + "/s.db", "serve_tls");
+  ASSERT_GT(serve_port, 0) << serve.Err();
+  const int prom_port = FreePort();
+  std::ofstream(dir_ + "/prometheus.yml")
+      << "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n"
+         "  - job_name: fullburn\n    static_configs:\n      - targets: ['127.0.0.1:"
+      << serve_port << "']\n";
+  // bcrypt of "fleet-secret" (Python's crypt.crypt with a $2b$05$ salt).
+  std::ofstream(dir_ + "/web.yml")
+      << "tls_server_config:\n  cert_file: " << cert << "\n  key_file: " << key
+      << "\nbasic_auth_users:\n  fleet: '$2b$05$abcdefghijklmnopqrstuuiz1Y.0Qtk59V/ZKMvf0YaAfVnLcEY7q'\n";
+  Background prom;
+  testing::Start(&prom,
+                 {"prometheus", "--config.file=" + dir_ + "/prometheus.yml",
+                  "--web.config.file=" + dir_ + "/web.yml", "--storage.tsdb.path=" + dir_ + "/data",
+                  "--web.listen-address=127.0.0.1:" + std::to_string(prom_port)},
+                 "prometheus_tls");
+  const std::string url = "https://127.0.0.1:" + std::to_string(prom_port);
+  const std::vector<std::string> creds = {"env", "FULLBURN_PROMETHEUS_USER=fleet",
+                                          "FULLBURN_PROMETHEUS_PASSWORD=fleet-secret",
+                                          "FULLBURN_PROMETHEUS_CA_FILE=" + cert};
+  auto fleet = [&](std::vector<std::string> env, const std::string& window) {
+    env.insert(env.end(), {FULLBURN_BIN, "fleet", "--prometheus", url, "--window", window,
+                           "--json", "--timeout", "5"});
+    return testing::RunToEnd(env);
+  };
+  // Ten seconds of scrapes, read back through TLS and basic auth.
+  testing::Outcome o;
+  bool answered = testing::WaitFor(
+      [&] {
+        o = fleet(creds, "10s");
+        if (o.code != 0) return false;
+        json r = json::parse(o.out, nullptr, false);
+        return !r.is_discarded() && r["hours"]["available"].get<double>() * 3600 >= 8;
+      },
+      60);
+  ASSERT_TRUE(answered) << o.err << prom.Err().substr(0, 2000);
+  json r = json::parse(o.out);
+  EXPECT_EQ(r["gpus"], 1);
+  EXPECT_NEAR(r["hours"]["used"].get<double>() / r["hours"]["available"].get<double>(), 0.60, 0.01);
+
+  // No password: the server's 401, with the variables to set.
+  o = fleet({"env", "FULLBURN_PROMETHEUS_USER=fleet", "FULLBURN_PROMETHEUS_CA_FILE=" + cert}, "10s");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.err.find("refused the request (401 Unauthorized)"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("FULLBURN_PROMETHEUS_PASSWORD"), std::string::npos) << o.err;
+  EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  // No CA file: the self-signed certificate is not trusted, and nothing is sent.
+  o = fleet({"env", "FULLBURN_PROMETHEUS_USER=fleet", "FULLBURN_PROMETHEUS_PASSWORD=fleet-secret"},
+            "10s");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.err.find("certificate"), std::string::npos) << o.err;
+  EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+}
+
 // A job recorded inside a PID namespace of its own: `fullburn run` there is
 // pid 1 and the store has that pid; NVML (and serve, on the host) sees the
 // job's host pid. Serve maps it through NSpid and labels the GPU's series.
