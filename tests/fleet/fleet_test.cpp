@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <cmath>
 #include <thread>
 
@@ -377,6 +378,61 @@ TEST(PromClientErrors, NotPrometheus) {
   e = ErrorOf(Conn(empty.Url()));
   EXPECT_NE(e.find("has no Prometheus API (/api/v1/query: 404)"), std::string::npos) << e;
   EXPECT_NE(ErrorOf(Conn("https://" + empty.Url().substr(7))).find("TLS"), std::string::npos);
+}
+
+// A Prometheus whose clock is an hour behind this machine's: the window
+// follows the server's clock (its samples' stamps), and the report says how
+// far apart the two are.
+TEST(PromClientErrors, ThisMachinesClockApartFromPrometheusIsStated) {
+  FakeServer s;
+  const double skew = 3600;
+  auto server_now = [&] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+               .count() -
+           skew;
+  };
+  s.server().Get("/api/v1/query", [&](const httplib::Request&, httplib::Response& res) {
+    std::string t = std::to_string(server_now());
+    res.set_content(R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[)" +
+                        t + ",\"" + t + "\"]}]}}",
+                    "application/json");
+  });
+  s.server().Get("/api/v1/targets", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(
+        R"({"status":"success","data":{"activeTargets":[{"labels":{"job":"fullburn","instance":"n1:9400"},"scrapeInterval":"15s"}]}})",
+        "application/json");
+  });
+  s.server().Get("/api/v1/label/__name__/values", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"success","data":["DCGM_FI_DEV_GPU_UTIL"]})", "application/json");
+  });
+  // Every range query: one GPU, one sample at 50% in each bucket.
+  s.server().Get("/api/v1/query_range", [](const httplib::Request& req, httplib::Response& res) {
+    double start = std::stod(req.get_param_value("start"));
+    double end = std::stod(req.get_param_value("end"));
+    double step = std::stod(req.get_param_value("step"));
+    bool sum = req.get_param_value("query").rfind("sum_over_time", 0) == 0;
+    std::string values;
+    for (double t = start; t <= end + 1e-6; t += step)
+      values += (values.empty() ? "" : ",") + std::string("[") + std::to_string(t) + ",\"" +
+                (sum ? "50" : "1") + "\"]";
+    res.set_content(
+        R"({"status":"success","data":{"resultType":"matrix","result":[{"metric":{"job":"fullburn","instance":"n1:9400","Hostname":"n1","gpu":"0","UUID":"GPU-1"},"values":[)" +
+            values + "]}]}}",
+        "application/json");
+  });
+  Result<PromClient> client = PromClient::Open(Conn(s.Url()));
+  ASSERT_TRUE(client.ok()) << client.status().message();
+  FleetQuery q;
+  q.window_s = 60;
+  Result<FleetReport> r = QueryFleet(*client, q);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::string notes;
+  for (const std::string& n : r->notes) notes += n + "\n";
+  EXPECT_NE(notes.find("this machine's clock is +3600 s off Prometheus's"), std::string::npos)
+      << notes;
+  // The window is the server's last minute, not this machine's.
+  EXPECT_NEAR(r->end, server_now() - 15, 5);
+  EXPECT_NEAR(r->total.used / r->total.available, 0.5, 1e-9);
 }
 
 TEST(PromClientErrors, ServerWithoutFullburnsSeries) {
