@@ -8,6 +8,7 @@
 #include <cmath>
 #include <ctime>
 
+#include "format.h"
 #include "fullburn/fleet.h"
 
 // The report's embedded uPlot (src/CMakeLists.txt, cmake/embed.cmake).
@@ -16,6 +17,10 @@ extern const char kUplotCss[];
 
 namespace fullburn {
 namespace {
+
+using fleet_format::Hours;
+using fleet_format::Pct;
+using fleet_format::Utc;
 
 std::string Escape(const std::string& s) {
   std::string out;
@@ -27,27 +32,6 @@ std::string Escape(const std::string& s) {
     else out += c;
   }
   return out;
-}
-
-std::string Hours(double h) {
-  double a = std::fabs(h);
-  if (a >= 100) return fmt::format("{:.0f}", h);
-  if (a >= 1) return fmt::format("{:.1f}", h);
-  if (a >= 0.01 || a == 0) return fmt::format("{:.3f}", h);
-  return fmt::format("{:.5f}", h);
-}
-
-std::string Pct(double part, double whole) {
-  return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-";
-}
-
-std::string Utc(double t) {
-  std::time_t secs = static_cast<std::time_t>(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
-  return buf;
 }
 
 const char* const kColors[] = {"#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b",

@@ -11,10 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "format.h"
 #include "fullburn/fleet.h"
 
 namespace fullburn {
 namespace {
+
+using fleet_format::Utc;
 
 constexpr const char* kUtil = "DCGM_FI_DEV_GPU_UTIL";
 constexpr const char* kHeld = "fullburn_gpu_held";
@@ -67,15 +70,6 @@ Result<std::set<std::string>> Present(const PromClient& client, const std::vecto
   for (const nlohmann::json& n : j["data"])
     if (n.is_string()) out.insert(n.get<std::string>());
   return out;
-}
-
-std::string Utc(double t) {
-  std::time_t secs = static_cast<std::time_t>(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
-  return buf;
 }
 
 }  // namespace

@@ -6,32 +6,15 @@
 #include <cmath>
 #include <ctime>
 
+#include "format.h"
 #include "fullburn/fleet.h"
 
 namespace fullburn {
 namespace {
 
-// GPU-hours with the digits that matter: a week of a fleet, or a minute of a test.
-std::string Hours(double h) {
-  double a = std::fabs(h);
-  if (a >= 100) return fmt::format("{:.0f}", h);
-  if (a >= 1) return fmt::format("{:.1f}", h);
-  if (a >= 0.01 || a == 0) return fmt::format("{:.3f}", h);
-  return fmt::format("{:.5f}", h);
-}
-
-std::string Pct(double part, double whole) {
-  return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-";
-}
-
-std::string Utc(double t) {
-  std::time_t secs = static_cast<std::time_t>(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
-}
+using fleet_format::Hours;
+using fleet_format::Pct;
+using fleet_format::Utc;
 
 std::string Span(double s) {
   if (s >= 86400) return fmt::format("{:.1f} d", s / 86400);
@@ -85,7 +68,7 @@ nlohmann::json RowsJson(const std::vector<FleetRow>& rows) {
 
 std::string RenderFleetText(const FleetReport& r, const std::string& by, size_t top) {
   const FleetHours& t = r.total;
-  std::string out = fmt::format("fullburn fleet: {}, {} to {} UTC ({}, buckets of {})\n", r.url,
+  std::string out = fmt::format("fullburn fleet: {}, {} to {} ({}, buckets of {})\n", r.url,
                                 Utc(r.start), Utc(r.end), Span(r.end - r.start), Span(r.step_s));
   out += fmt::format("{} GPUs on {} nodes\n", r.gpus, r.nodes.size());
   out += fmt::format(
