@@ -82,6 +82,16 @@ class DataParallel {
   // The optimizer's zero_grad for attached parameters: zeroes the buckets,
   // keeping .grad a view of them (set_to_none would free them each step).
   void ZeroGradients();
+  // ZeRO stage 1 (dist.shard = optimizer): the rank that keeps the optimizer
+  // state of each of `params` and updates it, the same on every rank: the
+  // largest first, each to the rank holding the fewest elements so far.
+  static std::vector<int> ShardOwners(const std::vector<torch::Tensor>& params, int world_size);
+  // Every rank's `tensors` take the values of their owner's (`owner[i]`):
+  // one broadcast per owner rank and dtype, its tensors flattened into one
+  // buffer. After each rank updated the parameters it owns; and to gather
+  // the optimizer state for a checkpoint.
+  Status BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
+                             const std::vector<int>& owner);
   // True on every rank if `local` is true on any (inf/NaN found, out of memory).
   Result<bool> AnyRank(bool local);
   // The smallest value over ranks (a batch size every rank can hold).

@@ -120,6 +120,17 @@ class Optimizer {
   void SetSteps(int64_t steps) { steps_ = steps; }
   void ZeroGrad();
   std::vector<torch::Tensor> params() const;
+  std::vector<std::string> names() const;  // the parameters', in params() order
+  // ZeRO stage 1 (dist.shard = optimizer): only the parameters marked true
+  // (params() order) are updated by Step and StepGated and keep state, so
+  // this rank holds its share of the state; the others' new values come from
+  // the rank that owns them (DataParallel::BroadcastFromOwners). Drops the
+  // state of parameters it does not own (a full checkpoint, re-sharded).
+  void SetOwned(const std::vector<bool>& owned);
+  // The state slots kept per parameter: ".momentum" (SGD, LARS with
+  // momentum), ".exp_avg" and ".exp_avg_sq" (AdamW), or none.
+  std::vector<std::string> StateSlots() const;
+  int64_t StateBytes() const;  // the state this rank holds
   int64_t steps() const { return steps_; }
   // "<param>.<state>" -> tensor, and the step count.
   std::vector<std::pair<std::string, torch::Tensor>> State() const;
@@ -129,6 +140,7 @@ class Optimizer {
   struct Param {
     std::string name;
     torch::Tensor p, buf1, buf2;  // momentum / exp_avg, exp_avg_sq
+    bool owned = true;            // updated here (always, unsharded)
   };
   OptimizerOptions o_;
   std::vector<Param> params_;

@@ -5,9 +5,11 @@
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -381,6 +383,63 @@ Status DataParallel::Broadcast(const std::vector<torch::Tensor>& tensors) {
     for (const torch::Tensor& t : tensors) {
       std::vector<torch::Tensor> one = {t.detach()};
       impl_->group->broadcast(one)->wait();
+    }
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+  return Status::Ok();
+}
+
+std::vector<int> DataParallel::ShardOwners(const std::vector<torch::Tensor>& params,
+                                           int world_size) {
+  // Largest first, each to the rank holding the fewest elements so far: the
+  // ranks end within one parameter of each other.
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  std::vector<int64_t> held(std::max(1, world_size), 0);
+  std::vector<int> owner(params.size(), 0);
+  for (size_t i : order) {
+    int r = static_cast<int>(std::min_element(held.begin(), held.end()) - held.begin());
+    owner[i] = r;
+    held[r] += params[i].numel();
+  }
+  return owner;
+}
+
+Status DataParallel::BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
+                                         const std::vector<int>& owner) {
+  try {
+    torch::NoGradGuard no_grad;
+    const int me = rank();
+    for (int root = 0; root < world_size(); ++root) {
+      // One buffer per dtype (a bf16 model's float32 norms, say).
+      std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
+      for (size_t i = 0; i < tensors.size(); ++i)
+        if (owner[i] == root) by_type[tensors[i].scalar_type()].push_back(tensors[i]);
+      for (auto& [type, group] : by_type) {
+        int64_t total = 0;
+        for (const torch::Tensor& t : group) total += t.numel();
+        torch::Tensor flat;
+        if (me == root) {
+          std::vector<torch::Tensor> pieces;
+          for (const torch::Tensor& t : group) pieces.push_back(t.detach().reshape(-1));
+          flat = torch::cat(pieces);
+        } else {
+          flat = torch::empty({total}, group[0].options());
+        }
+        std::vector<torch::Tensor> one = {flat};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = root;
+        impl_->group->broadcast(one, opts)->wait();
+        if (me == root) continue;
+        int64_t offset = 0;
+        for (const torch::Tensor& t : group) {
+          t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+          offset += t.numel();
+        }
+      }
     }
   } catch (const std::exception& e) {
     return impl_->Lost(e);

@@ -35,6 +35,33 @@ std::vector<torch::Tensor> Optimizer::params() const {
   return out;
 }
 
+std::vector<std::string> Optimizer::names() const {
+  std::vector<std::string> out;
+  for (const Param& p : params_) out.push_back(p.name);
+  return out;
+}
+
+void Optimizer::SetOwned(const std::vector<bool>& owned) {
+  for (size_t i = 0; i < params_.size() && i < owned.size(); ++i) {
+    params_[i].owned = owned[i];
+    if (!owned[i]) params_[i].buf1 = params_[i].buf2 = torch::Tensor();
+  }
+}
+
+std::vector<std::string> Optimizer::StateSlots() const {
+  if (o_.name == "adamw") return {".exp_avg", ".exp_avg_sq"};
+  if (o_.momentum != 0) return {".momentum"};
+  return {};
+}
+
+int64_t Optimizer::StateBytes() const {
+  int64_t bytes = 0;
+  for (const Param& p : params_)
+    for (const torch::Tensor* b : {&p.buf1, &p.buf2})
+      if (b->defined()) bytes += b->numel() * b->element_size();
+  return bytes;
+}
+
 void Optimizer::ZeroGrad() {
   for (Param& p : params_)
     if (p.p.grad().defined()) p.p.mutable_grad() = torch::Tensor();  // set_to_none, as torch 2.x
@@ -46,7 +73,7 @@ void Optimizer::Step(double lr) {
   const double wd = o_.weight_decay;
   for (Param& s : params_) {
     torch::Tensor g = s.p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || !s.owned) continue;
     if (o_.name == "adamw") {
       if (!s.buf1.defined()) {
         s.buf1 = torch::zeros_like(s.p);
@@ -77,6 +104,7 @@ void Optimizer::InitState() {
   torch::NoGradGuard no_grad;
   bool adamw = o_.name == "adamw";
   for (Param& s : params_) {
+    if (!s.owned) continue;
     if ((adamw || o_.momentum != 0) && !s.buf1.defined()) s.buf1 = torch::zeros_like(s.p);
     if (adamw && !s.buf2.defined()) s.buf2 = torch::zeros_like(s.p);
   }
@@ -97,7 +125,7 @@ void Optimizer::StepGated(const torch::Tensor& lr, const torch::Tensor& keep,
     torch::Tensor step_size = step_lr / bc1, decay = 1 - step_lr * wd;
     for (Param& s : params_) {
       torch::Tensor g = s.p.grad();
-      if (!g.defined()) continue;
+      if (!g.defined() || !s.owned) continue;
       if (wd != 0) s.p.mul_(decay);
       s.buf1.lerp_(g, w1);  // beta1 * m + (1 - beta1) * g, or m when kept back
       s.buf2.lerp_(g * g, w2);
@@ -110,7 +138,7 @@ void Optimizer::StepGated(const torch::Tensor& lr, const torch::Tensor& keep,
   torch::Tensor momentum = 1 - keep * (1 - o_.momentum);
   for (Param& s : params_) {
     torch::Tensor g = s.p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || !s.owned) continue;
     torch::Tensor d = SgdDirection(s.p, g, o_);
     if (o_.momentum != 0) {
       s.buf1.mul_(momentum).add_(d * keep);

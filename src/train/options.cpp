@@ -180,6 +180,11 @@ const std::vector<OptionDef>& TrainOptions() {
        "All-reduce buckets during backward (false: after it, for comparison)"},
       {"dist.compress", T::kString, "none", "Gradients sent in 16 bits: none, fp16 or bf16",
        "none|fp16|bf16"},
+      {"dist.shard", T::kString, "none",
+       "ZeRO stage 1: optimizer shards the optimizer state over the ranks (each updates the "
+       "parameters it owns, about 1/N of them, and broadcasts them); checkpoints gather it, so "
+       "they resume at any world size. none: every rank keeps all of it",
+       "none|optimizer"},
   };
   return kOptions;
 }

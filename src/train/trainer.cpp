@@ -393,6 +393,10 @@ Status Trainer::Run() {
       exit_code = kExitUsage;
       return r;
     }
+  if (Status r = SetupSharding(); !r.ok()) {
+    exit_code = kExitUsage;
+    return r;
+  }
   if (Status b = BeginRun(); !b.ok()) {
     exit_code = kExitFailed;
     return b;

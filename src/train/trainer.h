@@ -135,6 +135,14 @@ class Trainer {
   // writes the trace and its `profile` event.
   void ProfileAfterStep(bool loop_ended);
   int64_t profile_first_ = 0, profile_last_ = 0;  // 0: off
+  // dist.shard = optimizer (trainer_state.cpp): each rank updates the
+  // parameters it owns and keeps only their optimizer state.
+  Status SetupSharding();
+  // Every rank: the whole optimizer state, each tensor from its owner, for
+  // rank 0's checkpoint (collective: every rank checkpoints at the same steps).
+  Status GatherOptimizerState();
+  std::vector<int> shard_owner_;  // empty: not sharded
+  std::vector<std::pair<std::string, torch::Tensor>> gathered_state_;
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);

@@ -159,8 +159,8 @@ void Trainer::KeepIfBest(nlohmann::json* eval) {
     return;
   best_val_loss_ = (*eval)["val_loss"].get<double>();
   (*eval)["best"] = true;
+  Checkpoint(false);  // on every rank: a sharded state is gathered first
   if (rank_.rank != 0) return;
-  Checkpoint(false);
   ckpt_->Protect(step_);
   best_step_ = step_;
   best_checkpoint_ = CheckpointPath(ckpt_dir_, step_);

@@ -93,6 +93,9 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     ckpt_->BeforeUpdate();
     auto traced = ProfileScope("Optimizer.step#" + cfg_.Str("optim.name") + ".step");
     optim_->Step(lr);
+    // Sharded: this rank updated its parameters; the others come from their owners.
+    if (!shard_owner_.empty())
+      if (Status s = dp_->BroadcastFromOwners(optim_->params(), shard_owner_); !s.ok()) return s;
   }
   if (dp_)
     dp_->ZeroGradients();  // in place: the gradients are views of the buckets
@@ -334,6 +337,12 @@ Status Trainer::Loop() {
       Checkpoint(false);
   }
   ProfileAfterStep(true);  // the loop ended (steps, signal, time limit) before step B
+  if (dp_) {  // what each rank's optimizer holds: 1/N of the state when sharded
+    nlohmann::json j{{"rank", rank_.rank},
+                     {"state_bytes", optim_->StateBytes()},
+                     {"sharded", !shard_owner_.empty()}};
+    RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});
+  }
   if (last.step > 0) Progress(last, true);
   return Status::Ok();
 }

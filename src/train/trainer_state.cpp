@@ -21,7 +21,11 @@ CheckpointState Trainer::Snapshot() {
   for (auto& p : ctx_.model->named_parameters())
     s.until_update.emplace_back("model." + p.key(), p.value());
   for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
-  for (auto& [name, t] : optim_->State()) s.until_update.emplace_back("optim." + name, t);
+  if (shard_owner_.empty()) {
+    for (auto& [name, t] : optim_->State()) s.until_update.emplace_back("optim." + name, t);
+  } else {  // gathered for this checkpoint: no step changes these tensors
+    for (auto& [name, t] : gathered_state_) s.tensors.emplace_back("optim." + name, t);
+  }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -96,13 +100,29 @@ Status Trainer::Restore() {
 }
 
 void Trainer::Checkpoint(bool final_one) {
-  if (rank_.rank != 0) return;  // every rank holds the same weights
+  // Sharded, the state is gathered from every rank first: they all come
+  // here at the same steps (step-based triggers, a shared stop, evaluations).
+  if (!shard_owner_.empty() && step_ != last_ckpt_step_) {
+    if (Status s = GatherOptimizerState(); !s.ok()) {
+      std::fprintf(stderr, "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints "
+                           "are intact\n",
+                   static_cast<long long>(step_), s.message().c_str());
+      if (rank_.rank == 0 && final_one) FinalCheckpointLost();
+      return;
+    }
+  }
+  if (rank_.rank != 0) {
+    last_ckpt_step_ = step_;
+    gathered_state_.clear();
+    return;  // every rank holds the same weights
+  }
   bool saved = true;
   if (step_ != last_ckpt_step_) {
     last_ckpt_step_ = step_;
     last_ckpt_time_ = MonoNow();
     try {
       ckpt_->Save(step_, Snapshot());
+      gathered_state_.clear();
     } catch (const std::exception& e) {  // the previous checkpoint stands
       std::string what = e.what();
       std::fprintf(
@@ -135,6 +155,50 @@ void Trainer::FinalCheckpointLost() {
                "fullburn: the final checkpoint (step %lld) was not written, so the trained weights "
                "are not saved; free space in checkpoint.dir; %s\n",
                static_cast<long long>(step_), newest.c_str());
+}
+
+}  // namespace fullburn
+
+namespace fullburn {
+
+Status Trainer::SetupSharding() {
+  if (cfg_.Str("dist.shard") == "none" || !dp_) return Status::Ok();
+  if (cfg_.Bool("train.cuda_graphs"))
+    return Status::InvalidArgument(
+        "dist.shard = optimizer does not run inside a CUDA graph yet: set train.cuda_graphs = "
+        "false or dist.shard = none");
+  if (cfg_.Float("checkpoint.every_minutes") > 0)
+    return Status::InvalidArgument(
+        "dist.shard = optimizer gathers the state from every rank at each checkpoint, so the "
+        "ranks must checkpoint at the same steps: use checkpoint.every_steps instead of "
+        "checkpoint.every_minutes");
+  shard_owner_ = DataParallel::ShardOwners(optim_->params(), dp_->world_size());
+  std::vector<bool> owned;
+  for (int owner : shard_owner_) owned.push_back(owner == dp_->rank());
+  optim_->SetOwned(owned);  // a resumed run's full state, re-sharded
+  return Status::Ok();
+}
+
+Status Trainer::GatherOptimizerState() {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> mine;
+  for (auto& [name, t] : optim_->State()) mine[name] = t;
+  std::vector<torch::Tensor> params = optim_->params();
+  std::vector<std::string> names = optim_->names();
+  std::vector<torch::Tensor> tensors;
+  std::vector<int> owner;
+  gathered_state_.clear();
+  for (size_t i = 0; i < params.size(); ++i)
+    for (const std::string& slot : optim_->StateSlots()) {
+      auto it = mine.find(names[i] + slot);
+      // Not owned here, or never stepped: zeros, which is also what a state
+      // created on the first step starts from.
+      torch::Tensor t = it != mine.end() ? it->second.clone() : torch::zeros_like(params[i]);
+      tensors.push_back(t);
+      owner.push_back(shard_owner_[i]);
+      gathered_state_.emplace_back(names[i] + slot, t);
+    }
+  return dp_->BroadcastFromOwners(tensors, owner);
 }
 
 }  // namespace fullburn
