@@ -57,8 +57,9 @@ struct ModelSpec {
   int64_t seq_len = 128;          // gpt context (positional table size)
   int64_t hidden = 512, layers = 2, heads = 4;
   double dropout = 0;
-  // Activation checkpointing: "none", or "blocks" (each GPT block, each ResNet
-  // stage recomputed in backward).
+  // Activation checkpointing: "none"; "blocks" (each GPT block, each ResNet
+  // stage recomputed in backward); "every_K" (segments of K blocks or stages,
+  // each keeping only its input: less memory, a larger recompute at a time).
   std::string checkpoint = "none";
 };
 

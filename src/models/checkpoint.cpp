@@ -6,6 +6,7 @@
 
 #include "autocast_state.h"
 #include "fullburn/models.h"
+#include "models_internal.h"
 
 namespace fullburn {
 namespace {
@@ -149,6 +150,16 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 };
 
 }  // namespace
+
+int CheckpointSegment(const std::string& checkpoint) {
+  if (checkpoint == "none") return 0;
+  if (checkpoint == "blocks") return 1;
+  if (checkpoint.rfind("every_", 0) != 0) return -1;
+  const std::string k = checkpoint.substr(6);
+  if (k.empty() || k.size() > 4 || k.find_first_not_of("0123456789") != std::string::npos) return -1;
+  int n = std::stoi(k);
+  return n >= 1 ? n : -1;
+}
 
 torch::Tensor CheckpointForward(std::function<torch::Tensor(const torch::Tensor&)> fn,
                                 const torch::Tensor& x, const std::vector<torch::Tensor>& params,

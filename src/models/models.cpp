@@ -1,6 +1,7 @@
 // MLP, LSTM classifier, GPT decoder and the factory.
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "models_internal.h"
@@ -81,7 +82,7 @@ TORCH_MODULE(GptBlock);
 // GPT-2's init with scaled residual projections).
 class Gpt : public Model {
  public:
-  explicit Gpt(const ModelSpec& s) : dropout_(s.dropout), checkpoint_(s.checkpoint == "blocks") {
+  explicit Gpt(const ModelSpec& s) : dropout_(s.dropout), segment_(CheckpointSegment(s.checkpoint)) {
     wte_ = register_module("wte", nn::Embedding(s.vocab, s.hidden));
     wpe_ = register_module("wpe", nn::Embedding(s.seq_len, s.hidden));
     for (int64_t i = 0; i < s.layers; ++i) {
@@ -107,8 +108,22 @@ class Gpt : public Model {
     int64_t t = tokens.size(1);
     torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));
     torch::Tensor x = torch::dropout(wte_(tokens) + wpe_(pos), dropout_, is_training());
-    if (checkpoint_ && is_training()) {
-      for (GptBlock& block : block_list_) x = Checkpointed(block, x);
+    if (segment_ > 0 && is_training()) {
+      // Segments of segment_ blocks, each keeping only its input.
+      for (size_t first = 0; first < block_list_.size(); first += segment_) {
+        std::vector<GptBlock> seg(block_list_.begin() + first,
+                                  block_list_.begin() + std::min(block_list_.size(), first + segment_));
+        std::vector<torch::Tensor> params;
+        for (GptBlock& b : seg)
+          for (const torch::Tensor& p : b->parameters()) params.push_back(p);
+        x = CheckpointForward(
+            [seg](const torch::Tensor& in) mutable {
+              torch::Tensor y = in;
+              for (GptBlock& b : seg) y = b->forward(y);
+              return y;
+            },
+            x, params);
+      }
     } else {
       x = blocks_->forward(x);
     }
@@ -118,7 +133,7 @@ class Gpt : public Model {
 
  private:
   double dropout_;
-  bool checkpoint_;
+  size_t segment_;  // blocks per recomputed segment; 0: none
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
   nn::Sequential blocks_;
   std::vector<GptBlock> block_list_;  // blocks_'s, for checkpointing them one by one
@@ -142,11 +157,14 @@ std::shared_ptr<Model> MakeGpt(const ModelSpec& s) { return std::make_shared<Gpt
 
 Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& s) {
   if (s.num_classes < 1) return Status::InvalidArgument("the model needs at least one class");
-  if (s.checkpoint != "none" && s.checkpoint != "blocks")
-    return Status::InvalidArgument("model.checkpoint = '" + s.checkpoint + "': use none or blocks");
-  if (s.checkpoint == "blocks" && (s.name == "mlp" || s.name == "lstm"))
-    return Status::InvalidArgument("model.checkpoint = blocks recomputes gpt blocks and resnet "
-                                   "stages; " + s.name + " has none: set model.checkpoint = none");
+  if (CheckpointSegment(s.checkpoint) < 0)
+    return Status::InvalidArgument("model.checkpoint = '" + s.checkpoint +
+                                   "': use none, blocks or every_K (K blocks per recomputed "
+                                   "segment, e.g. every_2)");
+  if (s.checkpoint != "none" && (s.name == "mlp" || s.name == "lstm"))
+    return Status::InvalidArgument("model.checkpoint = " + s.checkpoint +
+                                   " recomputes gpt blocks and resnet stages; " + s.name +
+                                   " has none: set model.checkpoint = none");
   if (s.name == "resnet18" || s.name == "resnet50") return MakeResNet(s);
   if (s.name == "mlp") {
     if (s.in_features <= 0) return Status::InvalidArgument("mlp needs the input size (in_features)");

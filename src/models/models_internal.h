@@ -5,6 +5,9 @@
 
 namespace fullburn {
 
+// model.checkpoint: blocks per recomputed segment (blocks: 1, every_K: K), 0
+// for none, -1 when the value is not one of them.
+int CheckpointSegment(const std::string& checkpoint);
 std::shared_ptr<Model> MakeResNet(const ModelSpec& spec);
 std::shared_ptr<Model> MakeMlp(const ModelSpec& spec);
 std::shared_ptr<Model> MakeLstm(const ModelSpec& spec);

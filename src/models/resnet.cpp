@@ -1,6 +1,8 @@
 // ResNet-18/50 in torchvision's layout (module names, strides on the 3x3 conv
 // of bottlenecks as in torchvision >= 0.4, He init, zero-free BN init), with a
 // width multiplier for small CPU runs.
+#include <algorithm>
+
 #include "models_internal.h"
 
 namespace fullburn {
@@ -75,12 +77,32 @@ class ResNet : public Model {
       }
     }
   }
-  void SetCheckpoint(bool on) { checkpoint_ = on; }  // each stage recomputed in backward
+  void SetCheckpoint(size_t segment) { segment_ = segment; }  // stages per recomputed segment
   torch::Tensor forward(torch::Tensor x) override {
     x = torch::relu(bn1_(conv1_(x)));
     x = torch::max_pool2d(x, 3, 2, 1);
-    for (auto& layer : layers_)
-      x = checkpoint_ && is_training() ? Checkpointed(layer, x) : layer->forward(x);
+    if (segment_ == 0 || !is_training()) {
+      for (auto& layer : layers_) x = layer->forward(x);
+    } else {
+      // Segments of segment_ stages, each keeping only its input; BatchNorm's
+      // statistics are put back after the recompute.
+      for (size_t first = 0; first < layers_.size(); first += segment_) {
+        std::vector<nn::Sequential> seg(layers_.begin() + first,
+                                        layers_.begin() + std::min(layers_.size(), first + segment_));
+        std::vector<torch::Tensor> params, buffers;
+        for (nn::Sequential& l : seg) {
+          for (const torch::Tensor& p : l->parameters()) params.push_back(p);
+          for (const torch::Tensor& b : l->buffers()) buffers.push_back(b);
+        }
+        x = CheckpointForward(
+            [seg](const torch::Tensor& in) mutable {
+              torch::Tensor y = in;
+              for (nn::Sequential& l : seg) y = l->forward(y);
+              return y;
+            },
+            x, params, buffers);
+      }
+    }
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc_(x);
   }
@@ -89,7 +111,7 @@ class ResNet : public Model {
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
   std::vector<nn::Sequential> layers_;
-  bool checkpoint_ = false;
+  size_t segment_ = 0;  // stages per recomputed segment; 0: none
   FastLinear fc_{nullptr};
 };
 
@@ -100,7 +122,7 @@ std::shared_ptr<Model> MakeResNet(const ModelSpec& s) {
       s.name == "resnet50"
           ? std::make_shared<ResNet>(std::vector<int>{3, 4, 6, 3}, true, s.width, s.num_classes)
           : std::make_shared<ResNet>(std::vector<int>{2, 2, 2, 2}, false, s.width, s.num_classes);
-  m->SetCheckpoint(s.checkpoint == "blocks");
+  m->SetCheckpoint(static_cast<size_t>(std::max(0, CheckpointSegment(s.checkpoint))));
   return m;
 }
 

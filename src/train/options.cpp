@@ -59,8 +59,8 @@ const std::vector<OptionDef>& TrainOptions() {
       {"model.checkpoint", T::kString, "none",
        "Activation checkpointing: blocks keeps only each GPT block's or ResNet stage's input "
        "and recomputes the block in backward (same dropout), trading a second forward for "
-       "activation memory (a larger batch, a longer sequence)",
-       "none|blocks"},
+       "activation memory (a larger batch, a longer sequence); every_K does so for segments "
+       "of K blocks (fewer inputs kept); none: keep every activation"},
       // train
       {"train.device", T::kString, "auto",
        "auto (cuda when libtorch sees a GPU), cpu, cuda, cuda:N"},

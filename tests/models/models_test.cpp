@@ -186,9 +186,11 @@ TEST(ActivationCheckpoint, GptGradientsAreBitEqualWithDropoutRecomputedAlike) {
   torch::Tensor tokens = torch::randint(64, {2, 32});
   torch::Tensor targets = torch::randint(64, {2, 32});
   Pass plain = TrainPass(s, tokens, targets);
-  s.checkpoint = "blocks";
-  Pass ckpt = TrainPass(s, tokens, targets);
-  ExpectSamePass(plain, ckpt);
+  for (const char* mode : {"blocks", "every_2"}) {
+    SCOPED_TRACE(mode);
+    s.checkpoint = mode;
+    ExpectSamePass(plain, TrainPass(s, tokens, targets));
+  }
 }
 
 TEST(ActivationCheckpoint, ResNetStagesGiveTheSameGradientsAndBatchNormStatistics) {
@@ -198,9 +200,11 @@ TEST(ActivationCheckpoint, ResNetStagesGiveTheSameGradientsAndBatchNormStatistic
   torch::Tensor images = torch::randn({4, 3, 32, 32});
   torch::Tensor labels = torch::randint(10, {4});
   Pass plain = TrainPass(s, images, labels);
-  s.checkpoint = "blocks";
-  Pass ckpt = TrainPass(s, images, labels);
-  ExpectSamePass(plain, ckpt);  // running statistics updated once, not twice
+  for (const char* mode : {"blocks", "every_2"}) {
+    SCOPED_TRACE(mode);
+    s.checkpoint = mode;
+    ExpectSamePass(plain, TrainPass(s, images, labels));  // running statistics updated once
+  }
 }
 
 TEST(ActivationCheckpoint, AProgramsOwnSubModuleAndNoGradEvaluation) {
@@ -232,8 +236,12 @@ TEST(ActivationCheckpoint, BadSpecsAreRefused) {
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("set model.checkpoint = none"), std::string::npos);
   s.name = "gpt";
-  s.checkpoint = "every";
-  EXPECT_FALSE(MakeModel(s).ok());
+  for (const char* bad : {"every", "every_0", "every_x", "block"}) {
+    s.checkpoint = bad;
+    auto refused = MakeModel(s);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("use none, blocks or every_K"), std::string::npos);
+  }
 }
 
 // The measure: GPT at seq 1024 with 12 layers, peak memory of a
@@ -259,12 +267,14 @@ TEST(ActivationCheckpoint, GptAtSeq1024With12LayersPeaksAtLeast40PercentLower) {
     return CpuPeakBytes() - before;
   };
   int64_t plain = activation_peak("none");
-  int64_t ckpt = activation_peak("blocks");
   EXPECT_GT(plain, 0);
-  EXPECT_LE(ckpt, 0.6 * plain) << "checkpointed " << ckpt / 1048576 << " MiB, plain "
-                               << plain / 1048576 << " MiB";
-  std::printf("activation peak: %.1f MiB plain, %.1f MiB checkpointed (%.0f%% lower)\n",
-              plain / 1048576.0, ckpt / 1048576.0, 100.0 * (1 - double(ckpt) / plain));
+  for (const char* mode : {"blocks", "every_4"}) {
+    int64_t ckpt = activation_peak(mode);
+    EXPECT_LE(ckpt, 0.6 * plain) << mode << ": checkpointed " << ckpt / 1048576 << " MiB, plain "
+                                 << plain / 1048576 << " MiB";
+    std::printf("activation peak: %.1f MiB plain, %.1f MiB with %s (%.0f%% lower)\n",
+                plain / 1048576.0, ckpt / 1048576.0, mode, 100.0 * (1 - double(ckpt) / plain));
+  }
 }
 
 }  // namespace
