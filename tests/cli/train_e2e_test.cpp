@@ -1278,6 +1278,12 @@ TEST(TuneTrainE2E, TuningFromABadStartWritesAConfigTrainTakes) {
     const auto& t = trials[i];
     kept |= t["verdict"].get<std::string>().rfind("kept", 0) == 0;
     if (t["status"] == "skipped") continue;
+    // How many steps fit in a trial is the machine's speed, which this test
+    // does not control: a trial too short on a busy machine is recorded as
+    // such (and the tuner lengthens the next ones); any other failure is not.
+    if (t["status"] == "failed" &&
+        t["reason"].get<std::string>().find("too few to measure") != std::string::npos)
+      continue;
     EXPECT_EQ(t["status"], "ok") << t.dump();
     RunInfo run = db->GetRun(std::to_string(t["run_id"].get<int64_t>())).value();
     EXPECT_EQ(run.parent_id, tuning.id);
