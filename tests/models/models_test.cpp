@@ -141,6 +141,17 @@ TEST(Models, OneDnnLinearEqualsTheBlasLinear) {
 
 // --- Activation checkpointing (model.checkpoint = blocks).
 
+ModelSpec GptSpec(int64_t vocab, int64_t seq_len, int64_t hidden, int64_t layers) {
+  ModelSpec s;
+  s.name = "gpt";
+  s.num_classes = s.vocab = vocab;
+  s.seq_len = seq_len;
+  s.hidden = hidden;
+  s.layers = layers;
+  s.heads = 4;
+  return s;
+}
+
 struct Pass {
   torch::Tensor loss;
   std::vector<torch::Tensor> grads;
@@ -174,13 +185,7 @@ void ExpectSamePass(const Pass& plain, const Pass& ckpt) {
 }
 
 TEST(ActivationCheckpoint, GptGradientsAreBitEqualWithDropoutRecomputedAlike) {
-  ModelSpec s;
-  s.name = "gpt";
-  s.num_classes = s.vocab = 64;
-  s.seq_len = 32;
-  s.hidden = 32;
-  s.layers = 3;
-  s.heads = 4;
+  ModelSpec s = GptSpec(64, 32, 32, 3);
   s.dropout = 0.2;  // the recompute must draw the same masks
   torch::manual_seed(1);
   torch::Tensor tokens = torch::randint(64, {2, 32});
@@ -248,13 +253,7 @@ TEST(ActivationCheckpoint, BadSpecsAreRefused) {
 // training forward and backward, from the counting CPU allocator.
 TEST(ActivationCheckpoint, GptAtSeq1024With12LayersPeaksAtLeast40PercentLower) {
   auto activation_peak = [](const std::string& checkpoint) {
-    ModelSpec s;
-    s.name = "gpt";
-    s.num_classes = s.vocab = 64;
-    s.seq_len = 1024;
-    s.hidden = 64;
-    s.layers = 12;
-    s.heads = 4;
+    ModelSpec s = GptSpec(64, 1024, 64, 12);
     s.checkpoint = checkpoint;
     torch::manual_seed(3);
     auto m = Make(s);
