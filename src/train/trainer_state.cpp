@@ -192,8 +192,9 @@ Status Trainer::GatherOptimizerState() {
     for (const std::string& slot : optim_->StateSlots()) {
       auto it = mine.find(names[i] + slot);
       // Not owned here, or never stepped: zeros, which is also what a state
-      // created on the first step starts from.
-      torch::Tensor t = it != mine.end() ? it->second.clone() : torch::zeros_like(params[i]);
+      // created on the first step starts from. An owned one is only read (the
+      // broadcast's source, then Save's copy), so it is not cloned.
+      torch::Tensor t = it != mine.end() ? it->second : torch::zeros_like(params[i]);
       tensors.push_back(t);
       owner.push_back(shard_owner_[i]);
       gathered_state_.emplace_back(names[i] + slot, t);
