@@ -21,6 +21,15 @@
 //   ZeroGradients (in place); a .grad set to none or replaced is copied into
 //   its slot at the next backward and the view restored (counted in
 //   DistStats::grad_copies).
+// - ShardGradients (ZeRO stage 2, after Attach) changes where gradients go:
+//   each is reduced to the one rank that owns it (a bucket's parameters are
+//   ordered by owner and each owner's part reduced to it: c10d's
+//   reduce_scatter wants equal chunks and Gloo has none), the owner keeps it
+//   in a compact buffer its .grad views, and every other rank sets that
+//   .grad to none as soon as backward's value is copied into the bucket.
+//   Buckets then exist only from a bucket's first gradient to its reduce.
+//   After FinishGradients a rank holds only its owned gradients, which are
+//   the mean over ranks; ZeroGradients sets every .grad to none.
 // - SetSync(false) before a micro-batch's backward is DDP's no_sync: gradients
 //   accumulate locally and nothing is sent. FinishGradients after the last
 //   micro-batch waits for every bucket; .grad is then the average.
@@ -55,6 +64,7 @@ struct DistStats {
   int64_t started_after = 0;
   double wait_s = 0;        // FinishGradients blocked on communication, in total
   int64_t grad_copies = 0;  // gradients copied into a bucket (not already a view of it)
+  int64_t grad_bytes = 0;   // gradient bytes this rank holds after the last FinishGradients
 };
 
 class DataParallel {
@@ -75,6 +85,9 @@ class DataParallel {
   // Registers the gradient hooks; `params` in registration order.
   Status Attach(const std::vector<torch::Tensor>& params);
   size_t bucket_count() const;
+  // ZeRO stage 2: `owner[i]` (ShardOwners) keeps the gradient of `params[i]`;
+  // an attached parameter not in `params` is all-reduced and kept everywhere.
+  Status ShardGradients(const std::vector<torch::Tensor>& params, const std::vector<int>& owner);
   void SetSync(bool sync);
   // After the synced backward: waits for the buckets, .grad = mean over ranks.
   // `wait_s` (optional): time blocked on communication in this call.

@@ -17,6 +17,7 @@
 #ifdef FULLBURN_TORCH_NCCL
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -93,13 +94,24 @@ using Group = c10d::Backend;
 using Group = c10d::ProcessGroup;
 #endif
 
+// Sharded gradients: consecutive parameters of a bucket reduced to one rank
+// (owner -1: all-reduced and kept everywhere, a parameter no optimizer owns).
+struct Segment {
+  int owner = -1;
+  size_t first = 0, end = 0;  // slots in Bucket::params
+  int64_t offset = 0, numel = 0;
+};
+
 struct Bucket {
   std::vector<size_t> params;    // indices into Impl::params
   std::vector<int64_t> offsets;  // of each parameter in `flat`
-  torch::Tensor flat;            // the gradients, side by side
-  torch::Tensor wire;            // what is sent (flat, or a 16-bit copy)
-  size_t pending = 0;            // gradients not yet copied in
-  c10::intrusive_ptr<c10d::Work> work;
+  int64_t numel = 0;
+  torch::TensorOptions options;
+  torch::Tensor flat;  // the gradients, side by side (sharded: only from backward to the reduce)
+  torch::Tensor wire;  // what is sent (flat, or a 16-bit copy)
+  size_t pending = 0;  // gradients not yet copied in
+  std::vector<Segment> segments;  // sharded only, by owner
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
 };
 
 }  // namespace
@@ -119,6 +131,9 @@ struct DataParallel::Impl {
   std::vector<int64_t> offset_of;  // of each parameter's gradient in its bucket's `flat`
   std::vector<bool> ready;
   std::vector<Bucket> buckets;
+  // ZeRO stage 2: the rank each gradient is reduced to and kept on; empty
+  // while every gradient is all-reduced and kept everywhere.
+  std::vector<int> grad_owner;
   size_t next_to_start = 0;
   bool sync = true;
   bool in_finish = false;
@@ -147,19 +162,24 @@ struct DataParallel::Impl {
                     missing.empty() ? "" : "; not responding: rank " + missing, options.timeout_s));
   }
 
-  // Parameter `index`'s slot in its bucket, shaped and strided like the
-  // parameter (channels_last stays channels_last), so it can be the .grad.
-  torch::Tensor BucketView(size_t index) {
+  bool sharded() const { return !grad_owner.empty(); }
+
+  // Parameter `index`'s slot at `offset` of a flat buffer, shaped and strided
+  // like the parameter (channels_last stays channels_last), so it can be the .grad.
+  torch::Tensor SlotView(const torch::Tensor& flat, int64_t offset, size_t index) {
     const torch::Tensor& p = params[index];
-    torch::Tensor slot = buckets[bucket_of[index]].flat.narrow(0, offset_of[index], p.numel());
+    torch::Tensor slot = flat.narrow(0, offset, p.numel());
     if (p.is_non_overlapping_and_dense()) return slot.as_strided(p.sizes(), p.strides());
     return slot.view(p.sizes());
+  }
+  torch::Tensor BucketView(size_t index) {
+    return SlotView(buckets[bucket_of[index]].flat, offset_of[index], index);
   }
 
   // Whether parameter `index`'s .grad already is its bucket slot.
   bool GradIsBucketSlot(size_t index) {
     const torch::Tensor& grad = params[index].grad();
-    if (!grad.defined()) return false;
+    if (!grad.defined() || !buckets[bucket_of[index]].flat.defined()) return false;
     torch::Tensor view = BucketView(index);
     return grad.data_ptr() == view.data_ptr() && grad.strides() == view.strides();
   }
@@ -172,8 +192,22 @@ struct DataParallel::Impl {
         b.wire = b.flat;
       else
         b.wire = b.flat.to(options.compress == "bf16" ? torch::kBFloat16 : torch::kHalf);
-      std::vector<torch::Tensor> tensors = {b.wire};
-      b.work = group->allreduce(tensors);
+      if (!sharded()) {
+        std::vector<torch::Tensor> tensors = {b.wire};
+        b.works.push_back(group->allreduce(tensors));
+      }
+      // c10d's reduce_scatter wants equal chunks (Gloo's has none in 1.13):
+      // a reduce to each owner moves the same bytes over a ring.
+      for (const Segment& seg : b.segments) {
+        std::vector<torch::Tensor> part = {b.wire.narrow(0, seg.offset, seg.numel)};
+        if (seg.owner < 0) {
+          b.works.push_back(group->allreduce(part));
+        } else {
+          c10d::ReduceOptions opts;
+          opts.rootRank = seg.owner;
+          b.works.push_back(group->reduce(part, opts));
+        }
+      }
       (in_finish ? stats.started_after : stats.started_in_backward)++;
     }
   }
@@ -184,6 +218,23 @@ struct DataParallel::Impl {
     if (!sync || ready[index]) return;
     ready[index] = true;
     Bucket& b = buckets[bucket_of[index]];
+    if (sharded()) {
+      // The bucket lives from the first gradient to the reduce; the
+      // parameter's own gradient is freed as soon as it is copied in.
+      if (!b.flat.defined()) b.flat = torch::empty({b.numel}, b.options);
+      torch::NoGradGuard no_grad;
+      torch::Tensor view = BucketView(index);
+      const torch::Tensor& grad = params[index].grad();
+      if (grad.defined()) {
+        view.copy_(grad);
+        ++stats.grad_copies;
+        params[index].mutable_grad() = torch::Tensor();
+      } else {
+        view.zero_();
+      }
+      if (--b.pending == 0 && (options.overlap || in_finish)) StartReadyBuckets();
+      return;
+    }
     // After the first step .grad is the bucket slot itself (DDP's
     // gradient_as_bucket_view): autograd accumulated into it in place.
     if (!GradIsBucketSlot(index)) {
@@ -197,6 +248,22 @@ struct DataParallel::Impl {
       }
     }
     if (--b.pending == 0 && (options.overlap || in_finish)) StartReadyBuckets();
+  }
+
+  // Sharded, after the bucket's reduces: this rank's segments move into a
+  // compact buffer its .grads view, and the bucket is freed.
+  void KeepOwnedGradients(Bucket* b) {
+    for (const Segment& seg : b->segments) {
+      if (seg.owner >= 0 && seg.owner != rank.rank) continue;
+      torch::Tensor mine = b->wire.narrow(0, seg.offset, seg.numel)
+                               .to(b->options.dtype(), /*non_blocking=*/false, /*copy=*/true);
+      stats.grad_bytes += mine.numel() * mine.element_size();
+      for (size_t slot = seg.first; slot < seg.end; ++slot) {
+        size_t index = b->params[slot];
+        params[index].mutable_grad() = SlotView(mine, b->offsets[slot] - seg.offset, index);
+      }
+    }
+    b->flat = b->wire = torch::Tensor();
   }
 };
 
@@ -218,7 +285,8 @@ struct GradReadyHook : torch::autograd::FunctionPostHook {
 // order), so all ranks decide from the same list.
 std::vector<std::string> ExchangeAll(c10d::Store& store, const RankInfo& rank,
                                      const std::string& key, const std::string& value) {
-  store.set(key + "/" + std::to_string(rank.rank), std::vector<uint8_t>(value.begin(), value.end()));
+  store.set(key + "/" + std::to_string(rank.rank),
+            std::vector<uint8_t>(value.begin(), value.end()));
   std::vector<std::string> all;
   for (int r = 0; r < rank.world_size; ++r) {
     std::vector<uint8_t> other = store.get(key + "/" + std::to_string(r));
@@ -267,8 +335,9 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Connect(const RankInfo& rank
   if (backend == "nccl") {
 #ifdef FULLBURN_TORCH_NCCL
     if (!device.is_cuda())
-      return Status::InvalidArgument("dist.backend = nccl reduces CUDA tensors, but the device is " +
-                                     device.str() + ": use dist.backend = gloo on CPU");
+      return Status::InvalidArgument(
+          "dist.backend = nccl reduces CUDA tensors, but the device is " + device.str() +
+          ": use dist.backend = gloo on CPU");
     impl->control_device = device;
 #else
     if (options.backend == "auto") {
@@ -472,8 +541,9 @@ Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
   }
   for (Bucket& b : buckets) {
     if (b.params.empty()) continue;
-    int64_t n = b.offsets.back() + params[b.params.back()].numel();
-    b.flat = torch::zeros({n}, params[b.params.front()].options().requires_grad(false));
+    b.numel = b.offsets.back() + params[b.params.back()].numel();
+    b.options = params[b.params.front()].options().requires_grad(false);
+    b.flat = torch::zeros({b.numel}, b.options);
     b.pending = b.params.size();
     m.buckets.push_back(std::move(b));
   }
@@ -489,6 +559,45 @@ Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
     m.accumulators.push_back(acc);
   }
   m.stats.buckets = static_cast<int64_t>(m.buckets.size());
+  return Status::Ok();
+}
+
+Status DataParallel::ShardGradients(const std::vector<torch::Tensor>& params,
+                                    const std::vector<int>& owner) {
+  Impl& m = *impl_;
+  if (m.params.empty())
+    return Status::InvalidArgument("DataParallel::ShardGradients before Attach");
+  std::map<const void*, int> owner_of;
+  for (size_t i = 0; i < params.size() && i < owner.size(); ++i)
+    owner_of[params[i].unsafeGetTensorImpl()] = owner[i];
+  m.grad_owner.assign(m.params.size(), -1);
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    auto it = owner_of.find(m.params[i].unsafeGetTensorImpl());
+    if (it != owner_of.end()) m.grad_owner[i] = it->second;
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < m.buckets.size(); ++k) {
+    Bucket& b = m.buckets[k];
+    // Each owner's parameters side by side: one reduce per owner.
+    std::stable_sort(b.params.begin(), b.params.end(),
+                     [&](size_t x, size_t y) { return m.grad_owner[x] < m.grad_owner[y]; });
+    b.segments.clear();
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < b.params.size(); ++slot) {
+      size_t index = b.params[slot];
+      b.offsets[slot] = offset;
+      m.offset_of[index] = offset;
+      int who = m.grad_owner[index];
+      if (b.segments.empty() || b.segments.back().owner != who)
+        b.segments.push_back({who, slot, slot, offset, 0});
+      b.segments.back().end = slot + 1;
+      b.segments.back().numel += m.params[index].numel();
+      offset += m.params[index].numel();
+    }
+    b.flat = b.wire = torch::Tensor();
+  }
+  for (torch::Tensor& p : m.params)
+    if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
   return Status::Ok();
 }
 
@@ -508,8 +617,14 @@ Status DataParallel::FinishGradients(double* wait_s) {
       m.StartReadyBuckets();
     }
     torch::NoGradGuard no_grad;
+    m.stats.grad_bytes = 0;
     for (Bucket& b : m.buckets) {
-      b.work->wait();
+      for (auto& work : b.works) work->wait();
+      if (m.sharded()) {
+        m.KeepOwnedGradients(&b);
+        continue;
+      }
+      m.stats.grad_bytes += b.flat.numel() * b.flat.element_size();
       if (b.wire.data_ptr() != b.flat.data_ptr()) b.flat.copy_(b.wire);
       // The averages stay where they are: .grad becomes the bucket slot, and
       // a separate gradient tensor (after set-to-none) is freed.
@@ -522,7 +637,7 @@ Status DataParallel::FinishGradients(double* wait_s) {
   std::lock_guard<std::mutex> lock(m.mu);
   for (Bucket& b : m.buckets) {
     b.pending = b.params.size();
-    b.work.reset();
+    b.works.clear();
   }
   std::fill(m.ready.begin(), m.ready.end(), false);
   m.next_to_start = 0;
@@ -536,6 +651,11 @@ Status DataParallel::FinishGradients(double* wait_s) {
 void DataParallel::ZeroGradients() {
   Impl& m = *impl_;
   torch::NoGradGuard no_grad;
+  if (m.sharded()) {  // no buckets between steps: every gradient set to none
+    for (size_t i = 0; i < m.params.size(); ++i)
+      if (m.params[i].grad().defined()) m.params[i].mutable_grad() = torch::Tensor();
+    return;
+  }
   for (Bucket& b : m.buckets) {
     b.flat.zero_();
     for (size_t index : b.params)  // a .grad that is not its bucket slot: set to none
@@ -647,9 +767,9 @@ Result<bool> DataParallel::AnyRank(bool local) {
 
 Result<int64_t> DataParallel::MinOverRanks(int64_t local) {
   try {
-    std::vector<torch::Tensor> t = {torch::full(
-        {1}, static_cast<double>(local),
-        torch::TensorOptions(impl_->control_device).dtype(torch::kDouble))};
+    std::vector<torch::Tensor> t = {
+        torch::full({1}, static_cast<double>(local),
+                    torch::TensorOptions(impl_->control_device).dtype(torch::kDouble))};
     impl_->group->allreduce(t, {c10d::ReduceOp::MIN})->wait();
     return static_cast<int64_t>(t[0].item<double>());
   } catch (const std::exception& e) {

@@ -181,10 +181,12 @@ const std::vector<OptionDef>& TrainOptions() {
       {"dist.compress", T::kString, "none", "Gradients sent in 16 bits: none, fp16 or bf16",
        "none|fp16|bf16"},
       {"dist.shard", T::kString, "none",
-       "ZeRO stage 1: optimizer shards the optimizer state over the ranks (each updates the "
-       "parameters it owns, about 1/N of them, and broadcasts them); checkpoints gather it, so "
-       "they resume at any world size. none: every rank keeps all of it",
-       "none|optimizer"},
+       "ZeRO stages (docs/memory.md). optimizer (stage 1): each rank keeps the optimizer state "
+       "of the parameters it owns, about 1/N, updates them and broadcasts them; gradients "
+       "(stage 2): also each gradient is reduced to its owner only, the others free theirs. "
+       "Checkpoints gather the state, so they resume at any world size. none: every rank keeps "
+       "everything",
+       "none|optimizer|gradients"},
   };
   return kOptions;
 }

@@ -138,10 +138,12 @@ class Trainer {
   // dist.shard = optimizer (trainer_state.cpp): each rank updates the
   // parameters it owns and keeps only their optimizer state.
   Status SetupSharding();
+  Status ClipShardedGradients(double max_norm);
   // Every rank: the whole optimizer state, each tensor from its owner, for
   // rank 0's checkpoint (collective: every rank checkpoints at the same steps).
   Status GatherOptimizerState();
   std::vector<int> shard_owner_;  // empty: not sharded
+  bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
   std::vector<std::pair<std::string, torch::Tensor>> gathered_state_;
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);

@@ -85,11 +85,21 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
       torch::stack({loss_sum.to(torch::kFloat) / accumulate_, found_inf.to(torch::kFloat)}).cpu();
   double loss = both[0].item<double>();
   bool bad = both[1].item<double>() != 0;
+  if (grads_sharded_) {  // each rank checked only its own gradients
+    Result<bool> any = dp_->AnyRank(bad);
+    if (!any.ok()) return any.status();
+    bad = *any;
+  }
   bool skip = scaler_->Update(bad);
   double lr = schedule_.At(step_ + 1);
   if (!skip) {
-    if (double clip = cfg_.Float("train.clip_grad_norm"); clip > 0)
-      torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
+    if (double clip = cfg_.Float("train.clip_grad_norm"); clip > 0) {
+      if (grads_sharded_) {
+        if (Status s = ClipShardedGradients(clip); !s.ok()) return s;
+      } else {
+        torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
+      }
+    }
     ckpt_->BeforeUpdate();
     auto traced = ProfileScope("Optimizer.step#" + cfg_.Str("optim.name") + ".step");
     optim_->Step(lr);
@@ -337,9 +347,11 @@ Status Trainer::Loop() {
       Checkpoint(false);
   }
   ProfileAfterStep(true);  // the loop ended (steps, signal, time limit) before step B
-  if (dp_) {  // what each rank's optimizer holds: 1/N of the state when sharded
+  if (dp_) {               // what each rank holds: 1/N of the state (and gradients) when sharded
     nlohmann::json j{{"rank", rank_.rank},
                      {"state_bytes", optim_->StateBytes()},
+                     {"grad_bytes", dp_->stats().grad_bytes},
+                     {"shard", cfg_.Str("dist.shard")},
                      {"sharded", !shard_owner_.empty()}};
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});
   }

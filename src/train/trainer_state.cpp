@@ -104,8 +104,9 @@ void Trainer::Checkpoint(bool final_one) {
   // here at the same steps (step-based triggers, a shared stop, evaluations).
   if (!shard_owner_.empty() && step_ != last_ckpt_step_) {
     if (Status s = GatherOptimizerState(); !s.ok()) {
-      std::fprintf(stderr, "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints "
-                           "are intact\n",
+      std::fprintf(stderr,
+                   "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints "
+                   "are intact\n",
                    static_cast<long long>(step_), s.message().c_str());
       if (rank_.rank == 0 && final_one) FinalCheckpointLost();
       return;
@@ -162,20 +163,50 @@ void Trainer::FinalCheckpointLost() {
 namespace fullburn {
 
 Status Trainer::SetupSharding() {
-  if (cfg_.Str("dist.shard") == "none" || !dp_) return Status::Ok();
+  const std::string shard = cfg_.Str("dist.shard");
+  if (shard == "none") return Status::Ok();
+  if (!dp_) {
+    if (rank_.rank == 0 && !opt_.quiet)
+      std::fprintf(stderr,
+                   "fullburn: dist.shard = %s does nothing on one rank (every state is whole "
+                   "here); training unsharded\n",
+                   shard.c_str());
+    return Status::Ok();
+  }
   if (cfg_.Bool("train.cuda_graphs"))
-    return Status::InvalidArgument(
-        "dist.shard = optimizer does not run inside a CUDA graph yet: set train.cuda_graphs = "
-        "false or dist.shard = none");
+    return Status::InvalidArgument("dist.shard = " + shard +
+                                   " does not run inside a CUDA graph yet: set train.cuda_graphs "
+                                   "= false or dist.shard = none");
   if (cfg_.Float("checkpoint.every_minutes") > 0)
     return Status::InvalidArgument(
-        "dist.shard = optimizer gathers the state from every rank at each checkpoint, so the "
-        "ranks must checkpoint at the same steps: use checkpoint.every_steps instead of "
-        "checkpoint.every_minutes");
+        "dist.shard = " + shard +
+        " gathers the state from every rank at each checkpoint, so the ranks must checkpoint at "
+        "the same steps: use checkpoint.every_steps instead of checkpoint.every_minutes");
   shard_owner_ = DataParallel::ShardOwners(optim_->params(), dp_->world_size());
   std::vector<bool> owned;
   for (int owner : shard_owner_) owned.push_back(owner == dp_->rank());
   optim_->SetOwned(owned);  // a resumed run's full state, re-sharded
+  if (shard == "gradients") {
+    if (Status s = dp_->ShardGradients(optim_->params(), shard_owner_); !s.ok()) return s;
+    grads_sharded_ = true;
+  }
+  return Status::Ok();
+}
+
+// clip_grad_norm_ over gradients spread across the ranks: the squared norms
+// of each rank's own gradients summed over ranks, then the same scale.
+Status Trainer::ClipShardedGradients(double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> squares;
+  for (const torch::Tensor& p : optim_->params())
+    if (p.grad().defined()) squares.push_back(p.grad().to(torch::kDouble).pow(2).sum());
+  double local = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();  // one read
+  Result<std::vector<double>> total = dp_->SumOverRanks({local});
+  if (!total.ok()) return total.status();
+  double coef = max_norm / (std::sqrt((*total)[0]) + 1e-6);
+  if (coef < 1)
+    for (const torch::Tensor& p : optim_->params())
+      if (p.grad().defined()) p.grad().mul_(coef);
   return Status::Ok();
 }
 

@@ -165,15 +165,18 @@ TEST_F(TrainE2E, ProfileStepsTracesTheStepsAskedAndTheRunIsAnalysedWithThem) {
   EXPECT_EQ(profile["first_step"], 4);
   EXPECT_EQ(profile["last_step"], 6);
   std::string path = profile["path"];
-  EXPECT_EQ(path, fs::absolute(dir_ + "/traces/run-" + std::to_string(run.id) +
-                               "/rank0.pt.trace.json").string());
+  EXPECT_EQ(path,
+            fs::absolute(dir_ + "/traces/run-" + std::to_string(run.id) + "/rank0.pt.trace.json")
+                .string());
   auto trace = nlohmann::json::parse(testing::ReadText(path));
   std::set<std::string> steps;
   size_t ops = 0, waits = 0, updates = 0;
   for (const auto& e : trace["traceEvents"]) {
     std::string name = e.value("name", "");
-    if (name.rfind("ProfilerStep#", 0) == 0) steps.insert(name);
-    else ++ops;
+    if (name.rfind("ProfilerStep#", 0) == 0)
+      steps.insert(name);
+    else
+      ++ops;
     waits += name == "fullburn.next_batch";  // read by the analysis as data-loader spans
     updates += name == "Optimizer.step#sgd.step";
   }
@@ -406,11 +409,11 @@ TEST_F(TrainE2E, EvaluationDuringTrainingChangesNothingInTraining) {
 // Images generated in device memory (what the GPU throughput runs use), kept
 // channels_last: the model learns them like a folder's.
 TEST_F(TrainE2E, ResNetLearnsSyntheticImagesHeldInDeviceMemory) {
-  auto o = Train({"model.name=resnet18", "data.source=synthetic", "data.synthetic_samples=384",
-                  "data.image_size=16", "data.classes=4", "model.width=0.125",
-                  "model.channels_last=true", "train.batch_size=16", "train.epochs=3",
-                  "optim.lr=0.05", "train.threads=1"},
-                 /*tiny=*/false);
+  auto o = Train(
+      {"model.name=resnet18", "data.source=synthetic", "data.synthetic_samples=384",
+       "data.image_size=16", "data.classes=4", "model.width=0.125", "model.channels_last=true",
+       "train.batch_size=16", "train.epochs=3", "optim.lr=0.05", "train.threads=1"},
+      /*tiny=*/false);
   ASSERT_EQ(o.code, 0) << o.err;
   auto run = Store()->GetRun("last").value();
   EXPECT_EQ(Steps(run.id).size(), 3u * 384 / 16);
@@ -468,30 +471,26 @@ std::map<std::string, torch::Tensor> CheckpointWeights(RunStore* store, int64_t 
   return out;
 }
 
-// dist.shard = optimizer (ZeRO stage 1): each of 3 ranks keeps a third of
-// AdamW's state and updates its parameters; the weights and the state the
-// checkpoint gathers equal plain data parallel's, and a run saved by 3
-// sharded ranks resumes on 2 with the same losses as the plain run's does.
-TEST_F(TrainE2E, ShardedOptimizerStateTrainsLikeDataParallelAndResumesOnTwoRanks) {
-  auto launch = [&](int ranks, std::vector<std::string> args) {
-    std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", std::to_string(ranks),
-                                     "--",         FULLBURN_BIN, "train", "-q", "--store", store_};
-    argv.insert(argv.end(), kTiny.begin(), kTiny.end());
-    for (const char* a : {"optim.name=adamw", "optim.lr=0.01", "train.batch_size=16",
-                          "eval.at_end=false"})
-      argv.push_back(a);
+// Runs of `fullburn launch` with the data-parallel test's settings.
+class ShardedE2E : public TrainE2E {
+ protected:
+  int64_t Launch(int ranks, const std::vector<std::string>& base, std::vector<std::string> args) {
+    std::vector<std::string> argv = {FULLBURN_BIN, "launch",     "--nproc", std::to_string(ranks),
+                                     "--",         FULLBURN_BIN, "train",   "-q",
+                                     "--store",    store_};
+    argv.insert(argv.end(), base.begin(), base.end());
     argv.insert(argv.end(), args.begin(), args.end());
     auto o = RunToEnd(argv, 300);
     EXPECT_EQ(o.code, 0) << o.err;
     return Store()->GetRun("last").value().id;
-  };
-  auto rank0_losses = [&](int64_t run) {
+  }
+  std::vector<double> Rank0Losses(int64_t run) {
     std::vector<double> out;
     for (const StepRecord& r : Steps(run))
       if (r.rank == 0) out.push_back(r.loss);
     return out;
-  };
-  auto checkpoint = [&](int64_t run) {
+  }
+  std::map<std::string, torch::Tensor> LastCheckpoint(int64_t run) {
     std::vector<CheckpointRecord> cks = Store()->LoadCheckpoints(run).value();
     std::map<std::string, torch::Tensor> out;
     if (cks.empty()) return out;
@@ -499,66 +498,124 @@ TEST_F(TrainE2E, ShardedOptimizerStateTrainsLikeDataParallelAndResumesOnTwoRanks
     if (state.ok())
       for (auto& [name, t] : state->tensors) out[name] = t;
     return out;
-  };
-  int64_t plain = launch(3, {"train.steps=6", "dist.shard=none"});
-  int64_t sharded = launch(3, {"train.steps=6", "dist.shard=optimizer"});
-  std::vector<double> a = rank0_losses(plain), b = rank0_losses(sharded);
-  ASSERT_EQ(a.size(), 6u);
-  ASSERT_EQ(b.size(), 6u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
-  auto ca = checkpoint(plain), cb = checkpoint(sharded);
-  size_t optim_tensors = 0;
-  for (auto& [name, t] : ca) {
-    if (name.rfind("model.", 0) != 0 && name.rfind("optim.", 0) != 0) continue;
-    ASSERT_TRUE(cb.count(name)) << name << ": the sharded checkpoint lacks it";
-    EXPECT_LT((t - cb[name]).abs().max().item<double>(), 1e-5) << name;
-    optim_tensors += name.rfind("optim.", 0) == 0;
   }
-  EXPECT_GT(optim_tensors, 0u);
-  // Each rank's optimizer state: a third of the whole, within the largest
-  // parameter's (AdamW: 8 bytes per element).
-  int64_t whole = 0, largest = 0;
-  for (auto& [name, t] : ca)
-    if (name.rfind("model.", 0) == 0) {
-      whole += 8 * t.numel();
-      largest = std::max<int64_t>(largest, 8 * t.numel());
+  // The sharded run's weights and optimizer state equal the plain run's.
+  void ExpectSameState(int64_t plain, int64_t sharded) {
+    auto ca = LastCheckpoint(plain), cb = LastCheckpoint(sharded);
+    size_t optim_tensors = 0;
+    for (auto& [name, t] : ca) {
+      if (name.rfind("model.", 0) != 0 && name.rfind("optim.", 0) != 0) continue;
+      ASSERT_TRUE(cb.count(name)) << name << ": the sharded checkpoint lacks it";
+      EXPECT_LT((t - cb[name]).abs().max().item<double>(), 1e-5) << name;
+      optim_tensors += name.rfind("optim.", 0) == 0;
     }
-  std::map<int, int64_t> held;
-  std::vector<RunEvent> events = Store()->LoadEvents(sharded).value();
-  for (const RunEvent& e : events)
-    if (e.kind == "optimizer_state") {
-      auto j = nlohmann::json::parse(e.data);
-      EXPECT_TRUE(j["sharded"].get<bool>());
-      held[j["rank"].get<int>()] = j["state_bytes"].get<int64_t>();
-    }
-  ASSERT_EQ(held.size(), 3u);
-  int64_t sum = 0;
-  for (auto& [rank, bytes] : held) {
-    EXPECT_LE(bytes, whole / 3 + largest) << "rank " << rank;
-    sum += bytes;
+    EXPECT_GT(optim_tensors, 0u);
   }
-  EXPECT_EQ(sum, whole);
+  // What each rank held at the end, from its optimizer_state event.
+  std::map<int, nlohmann::json> Held(int64_t run) {
+    std::map<int, nlohmann::json> held;
+    std::vector<RunEvent> events = Store()->LoadEvents(run).value();
+    for (const RunEvent& e : events)
+      if (e.kind == "optimizer_state") {
+        auto j = nlohmann::json::parse(e.data);
+        held[j["rank"].get<int>()] = j;
+      }
+    return held;
+  }
+};
 
-  // Saved by 3 ranks, resumed on 2: the gathered state re-shards.
-  int64_t plain2 = launch(2, {"--resume", std::to_string(plain), "train.steps=10"});
-  int64_t sharded2 =
-      launch(2, {"--resume", std::to_string(sharded), "train.steps=10", "dist.shard=optimizer"});
-  a = rank0_losses(plain2);
-  b = rank0_losses(sharded2);
-  ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 4u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 7;
+// dist.shard = optimizer and gradients (ZeRO stages 1 and 2): each of 3
+// ranks keeps a third of AdamW's state (and of the gradients) and updates
+// its parameters; losses, weights and the state the checkpoint gathers
+// equal plain data parallel's with the gradient norm clipped, and a run
+// saved by 3 sharded ranks resumes on 2 with the same losses as the plain
+// run's does.
+TEST_F(ShardedE2E, ShardedStatesTrainLikeDataParallelAndResumeOnTwoRanks) {
+  std::vector<std::string> base = kTiny;
+  for (const char* a : {"optim.name=adamw", "optim.lr=0.01", "train.batch_size=16",
+                        "eval.at_end=false", "train.clip_grad_norm=0.05"})
+    base.push_back(a);
+  int64_t plain = Launch(3, base, {"train.steps=6", "dist.shard=none"});
+  std::vector<double> a = Rank0Losses(plain);
+  ASSERT_EQ(a.size(), 6u);
+  // AdamW's state: 8 bytes per element; gradients 4.
+  int64_t params = 0, largest = 0;
+  for (auto& [name, t] : LastCheckpoint(plain))
+    if (name.rfind("model.", 0) == 0) {
+      params += t.numel();
+      largest = std::max<int64_t>(largest, t.numel());
+    }
+  for (const char* shard : {"optimizer", "gradients"}) {
+    SCOPED_TRACE(shard);
+    int64_t sharded = Launch(3, base, {"train.steps=6", std::string("dist.shard=") + shard});
+    std::vector<double> b = Rank0Losses(sharded);
+    ASSERT_EQ(b.size(), 6u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
+    ExpectSameState(plain, sharded);
+    // Each rank's share: a third of the whole, within the largest parameter's.
+    std::map<int, nlohmann::json> held = Held(sharded);
+    ASSERT_EQ(held.size(), 3u);
+    int64_t state_sum = 0, grad_sum = 0;
+    for (auto& [rank, j] : held) {
+      EXPECT_TRUE(j["sharded"].get<bool>());
+      int64_t state = j["state_bytes"].get<int64_t>(), grads = j["grad_bytes"].get<int64_t>();
+      EXPECT_LE(state, 8 * (params / 3 + largest)) << "rank " << rank;
+      if (std::string(shard) == "gradients") {
+        EXPECT_LE(grads, 4 * (params / 3 + largest)) << "rank " << rank;
+      } else {
+        EXPECT_EQ(grads, 4 * params) << "rank " << rank;  // stage 1 keeps every gradient
+      }
+      state_sum += state;
+      grad_sum += grads;
+    }
+    EXPECT_EQ(state_sum, 8 * params);
+    if (std::string(shard) == "gradients") EXPECT_EQ(grad_sum, 4 * params);
+
+    // Saved by 3 ranks, resumed on 2: the gathered state re-shards.
+    int64_t plain2 = Launch(2, base, {"--resume", std::to_string(plain), "train.steps=10"});
+    int64_t sharded2 = Launch(2, base,
+                              {"--resume", std::to_string(sharded), "train.steps=10",
+                               std::string("dist.shard=") + shard});
+    std::vector<double> a2 = Rank0Losses(plain2), b2 = Rank0Losses(sharded2);
+    ASSERT_EQ(a2.size(), 4u);
+    ASSERT_EQ(b2.size(), 4u);
+    for (size_t i = 0; i < a2.size(); ++i) EXPECT_NEAR(a2[i], b2[i], 1e-5) << "step " << i + 7;
+  }
 
   // Checkpoints by the clock would need the ranks to agree on the moment.
-  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN,
-                                   "train", "-q", "--store", store_};
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
+                                   FULLBURN_BIN, "train",  "-q",      "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
-  argv.insert(argv.end(), {"dist.shard=optimizer", "checkpoint.every_minutes=5"});
+  argv.insert(argv.end(), {"dist.shard=gradients", "checkpoint.every_minutes=5"});
   auto refused = RunToEnd(argv, 300);
   EXPECT_NE(refused.code, 0);
   EXPECT_NE(refused.err.find("use checkpoint.every_steps instead of checkpoint.every_minutes"),
             std::string::npos)
       << refused.err;
+}
+
+// A small GPT (token file, dropout, two micro-batches a step) on 2 ranks: 5 steps with
+// each stage give the plain run's losses and weights.
+TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnTwoRanks) {
+  std::string tokens = dir_ + "/tokens.bin";
+  auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "20000"}, 120);
+  ASSERT_EQ(made.code, 0) << made.err;
+  std::vector<std::string> base = {
+      "model.name=gpt",    "data.source=tokens", "data.path=" + tokens, "data.seq_len=32",
+      "model.hidden=32",   "model.layers=2",     "model.heads=4",       "model.dropout=0.1",
+      "train.threads=1",   "train.batch_size=4", "optim.name=adamw",    "optim.lr=0.003",
+      "eval.at_end=false", "train.steps=5",      "train.accumulate=2"};
+  int64_t plain = Launch(2, base, {"dist.shard=none"});
+  std::vector<double> a = Rank0Losses(plain);
+  ASSERT_EQ(a.size(), 5u);
+  for (const char* shard : {"optimizer", "gradients"}) {
+    SCOPED_TRACE(shard);
+    int64_t sharded = Launch(2, base, {std::string("dist.shard=") + shard});
+    std::vector<double> b = Rank0Losses(sharded);
+    ASSERT_EQ(b.size(), 5u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
+    ExpectSameState(plain, sharded);
+  }
 }
 
 // Two "nodes": the ranks are started by hand (torchrun's variables) with
@@ -1289,8 +1346,7 @@ TEST(TuneTrainE2E, TuningFromABadStartWritesAConfigTrainTakes) {
     EXPECT_EQ(run.parent_id, tuning.id);
     // Measured from the run's stored steps (how many fit in a trial is the
     // machine's speed: a slow setting is measured roughly, from 3).
-    EXPECT_GE(db->LoadSteps(run.id).value().size(),
-              std::max<size_t>(3, t["steps"].get<size_t>()))
+    EXPECT_GE(db->LoadSteps(run.id).value().size(), std::max<size_t>(3, t["steps"].get<size_t>()))
         << t.dump();
   }
   // A kept value beat the start beyond the noise; with none kept the start

@@ -46,7 +46,8 @@ class DdpTest : public ::testing::Test {
   double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
     EXPECT_EQ(a.size(), b.size());
     double d = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+      d = std::max(d, std::fabs(double(a[i]) - b[i]));
     return d;
   }
   std::string dir_;
@@ -64,7 +65,8 @@ TEST_F(DdpTest, TwoAndThreeRanksMatchOneProcessOnTheGlobalBatch) {
     for (int r = 1; r < world; ++r) {
       std::vector<float> other = Params(name, r);
       ASSERT_EQ(other.size(), r0.size());
-      EXPECT_EQ(std::memcmp(other.data(), r0.data(), r0.size() * sizeof(float)), 0) << "rank " << r << " differs";
+      EXPECT_EQ(std::memcmp(other.data(), r0.data(), r0.size() * sizeof(float)), 0)
+          << "rank " << r << " differs";
     }
     EXPECT_LT(MaxDiff(r0, reference), 1e-5) << world << " ranks";
   }
@@ -94,7 +96,9 @@ TEST_F(DdpTest, BucketsStartDuringBackward) {
   auto o = Run(2, {"--steps", "3", "--bucket-mb", "0.002"}, "overlap");
   ASSERT_EQ(o.code, 0) << o.err;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(o.out, m, std::regex("stats buckets=(\\d+) in_backward=(\\d+) after=(\\d+)"))) << o.out;
+  ASSERT_TRUE(std::regex_search(o.out, m,
+                                std::regex("stats buckets=(\\d+) in_backward=(\\d+) after=(\\d+)")))
+      << o.out;
   int buckets = std::stoi(m[1]), during = std::stoi(m[2]), after = std::stoi(m[3]);
   EXPECT_GE(buckets, 3);
   EXPECT_GE(during, 3 * (buckets - 1));  // 3 steps
@@ -120,7 +124,8 @@ TEST_F(DdpTest, GradientsAreViewsOfTheBucketsAndCopiedOnlyOnce) {
   ASSERT_EQ(none.code, 0) << none.err;
   std::smatch m;
   const int kParams = 6;  // three Linear layers
-  ASSERT_TRUE(std::regex_search(views.out, m, std::regex("copies=(\\d+) views=(\\d+)"))) << views.out;
+  ASSERT_TRUE(std::regex_search(views.out, m, std::regex("copies=(\\d+) views=(\\d+)")))
+      << views.out;
   EXPECT_EQ(std::stoi(m[1]), kParams);
   EXPECT_EQ(std::stoi(m[2]), kParams);
   ASSERT_TRUE(std::regex_search(none.out, m, std::regex("copies=(\\d+) views=(\\d+)"))) << none.out;
@@ -140,27 +145,71 @@ TEST_F(DdpTest, Fp16CompressionStaysClose) {
 
 TEST_F(DdpTest, ALostRankStopsTheOthersWithinTheTimeout) {
   // Started directly (not by fullburn launch, which would stop the survivor
-  // itself): rank 1 dies at step 2, rank 0 must notice and exit.
-  std::vector<testing::Background> ranks(2);
-  std::string port = std::to_string(29600 + ::getpid() % 300);
-  for (int r = 0; r < 2; ++r) {
-    ::setenv("RANK", std::to_string(r).c_str(), 1);
-    ::setenv("WORLD_SIZE", "2", 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", port.c_str(), 1);
-    testing::Start(&ranks[r], {DDP_WORKER, "--steps", "50", "--die-rank", "1", "--die-step", "2", "--timeout", "10",
-                               "--out", dir_ + "/lost"},
-                   "lost_rank" + std::to_string(r));
+  // itself): rank 1 dies at step 2, rank 0 must notice and exit; the same
+  // with sharded gradients (reduces to each owner, then broadcasts).
+  for (bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "sharded gradients" : "all-reduce");
+    std::vector<testing::Background> ranks(2);
+    std::string port = std::to_string(29600 + (::getpid() + (sharded ? 150 : 0)) % 300);
+    for (int r = 0; r < 2; ++r) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", "2", 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      std::vector<std::string> argv = {DDP_WORKER, "--steps",    "50",          "--die-rank",
+                                       "1",        "--die-step", "2",           "--timeout",
+                                       "10",       "--out",      dir_ + "/lost"};
+      if (sharded) argv.push_back("--shard-grads");
+      testing::Start(&ranks[r], argv,
+                     std::string(sharded ? "lost_sharded" : "lost_rank") + std::to_string(r));
+    }
+    for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+    EXPECT_EQ(ranks[1].Wait(60), 9);
+    auto start = std::chrono::steady_clock::now();
+    int code = ranks[0].Wait(60);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
+    EXPECT_EQ(code, 1);
+    EXPECT_NE(ranks[0].Err().find("lost contact with the other ranks"), std::string::npos)
+        << ranks[0].Err();
+    EXPECT_NE(ranks[0].Err().find("not responding: rank 1"), std::string::npos) << ranks[0].Err();
+    EXPECT_FALSE(std::ifstream(dir_ + "/lost.0").good());  // no result file from a failed job
   }
-  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
-  EXPECT_EQ(ranks[1].Wait(60), 9);
-  auto start = std::chrono::steady_clock::now();
-  int code = ranks[0].Wait(60);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
-  EXPECT_EQ(code, 1);
-  EXPECT_NE(ranks[0].Err().find("lost contact with the other ranks"), std::string::npos) << ranks[0].Err();
-  EXPECT_NE(ranks[0].Err().find("not responding: rank 1"), std::string::npos) << ranks[0].Err();
-  EXPECT_FALSE(std::ifstream(dir_ + "/lost.0").good());  // no result file from a failed job
+}
+
+// ZeRO stage 2: each gradient reduced to its owner only (several buckets,
+// each split by owner), the others freed; the owners' updates, broadcast,
+// give the single process's weights, with and without accumulation.
+TEST_F(DdpTest, ShardedGradientsMatchOneProcessAndEachRankHoldsItsShare) {
+  for (int accumulate : {1, 2}) {
+    std::vector<std::string> job = {"--steps", "6", "--accumulate", std::to_string(accumulate)};
+    ASSERT_EQ(Run(0, job, "single").code, 0);
+    std::vector<float> reference = Params("single", 0);
+    int64_t total = static_cast<int64_t>(reference.size());
+    job.push_back("--shard-grads");
+    for (int world : {2, 3}) {
+      SCOPED_TRACE(std::to_string(world) + " ranks, accumulate " + std::to_string(accumulate));
+      std::string name = "zero2_" + std::to_string(world);
+      auto o = Run(world, job, name);
+      ASSERT_EQ(o.code, 0) << o.err;
+      for (int r = 0; r < world; ++r) EXPECT_LT(MaxDiff(Params(name, r), reference), 1e-5) << r;
+      // Every rank's "held N" line: its own gradients, within the largest
+      // parameter (32x32) of an equal share, and all of them once in total.
+      std::regex held("held (\\d+)");
+      int64_t sum = 0;
+      int lines = 0;
+      for (auto it = std::sregex_iterator(o.out.begin(), o.out.end(), held);
+           it != std::sregex_iterator(); ++it, ++lines) {
+        int64_t n = std::stoll((*it)[1]);
+        EXPECT_LE(n, total / world + 32 * 32);
+        sum += n;
+      }
+      EXPECT_EQ(lines, world) << o.out;
+      EXPECT_EQ(sum, total);
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(o.out, m, std::regex("in_backward=(\\d+)"))) << o.out;
+      EXPECT_GT(std::stoi(m[1]), 0);  // the reduces overlap backward as the all-reduces do
+    }
+  }
 }
 
 // A listening loopback socket on a free port that child processes do not
@@ -179,9 +228,10 @@ int ListenOnLoopback(int* port) {
 }
 
 TEST_F(DdpTest, BadRendezvousIsAClearError) {
-  auto mismatch = RunToEnd({FULLBURN_BIN, "launch", "--nproc", "2", "--", "sh", "-c",
-                            std::string(DDP_WORKER) + " --steps 1 --out " + dir_ + "/m --config-hash h$RANK"},
-                           60);
+  auto mismatch =
+      RunToEnd({FULLBURN_BIN, "launch", "--nproc", "2", "--", "sh", "-c",
+                std::string(DDP_WORKER) + " --steps 1 --out " + dir_ + "/m --config-hash h$RANK"},
+               60);
   EXPECT_NE(mismatch.code, 0);
   EXPECT_NE(mismatch.err.find("config differs"), std::string::npos) << mismatch.err;
   // Nobody at the master: rank 1 gives up after the timeout with the address.
@@ -192,7 +242,8 @@ TEST_F(DdpTest, BadRendezvousIsAClearError) {
   auto alone = RunToEnd({DDP_WORKER, "--steps", "1", "--timeout", "2", "--out", dir_ + "/a"}, 60);
   for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
   EXPECT_EQ(alone.code, 1);
-  EXPECT_NE(alone.err.find("cannot meet the other ranks at 127.0.0.1:9"), std::string::npos) << alone.err;
+  EXPECT_NE(alone.err.find("cannot meet the other ranks at 127.0.0.1:9"), std::string::npos)
+      << alone.err;
 
   // Rank 0 cannot serve the rendezvous on a port something else holds.
   int port = 0, fd = ListenOnLoopback(&port);

@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   int skip_step = static_cast<int>(Arg(argc, argv, "--skip-step", -1));
   int die_rank = static_cast<int>(Arg(argc, argv, "--die-rank", -1));
   int die_step = static_cast<int>(Arg(argc, argv, "--die-step", -1));
+  bool shard_grads = Flag(argc, argv, "--shard-grads");  // ZeRO stage 2
 
   fullburn::RankInfo me;
   std::unique_ptr<fullburn::DataParallel> dp;
@@ -78,12 +79,18 @@ int main(int argc, char** argv) {
   }
   // Each rank starts from different weights: the broadcast must fix that.
   torch::manual_seed(1 + me.rank);
-  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32),
-                              torch::nn::Tanh(), torch::nn::Linear(32, 4));
+  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 4));
   std::vector<torch::Tensor> params = model->parameters();
   if (dp) {
     if (auto s = dp->Broadcast(params); !s.ok()) return Fail(s.message());
     if (auto s = dp->Attach(params); !s.ok()) return Fail(s.message());
+  }
+  std::vector<int> owner(params.size(), me.rank);  // unsharded: every rank updates everything
+  if (dp && shard_grads) {
+    owner = fullburn::DataParallel::ShardOwners(params, me.world_size);
+    if (auto s = dp->ShardGradients(params, owner); !s.ok()) return Fail(s.message());
   }
   int world = single ? 1 : me.world_size;
   int shard = kGlobalBatch / world, micro = shard / accumulate;
@@ -98,7 +105,8 @@ int main(int argc, char** argv) {
     for (int k = 0; k < accumulate; ++k) {
       int64_t from = static_cast<int64_t>(me.rank) * shard + k * micro;
       if (dp) dp->SetSync(k == accumulate - 1);
-      torch::Tensor loss = torch::mse_loss(model->forward(x.narrow(0, from, micro)), y.narrow(0, from, micro));
+      torch::Tensor loss =
+          torch::mse_loss(model->forward(x.narrow(0, from, micro)), y.narrow(0, from, micro));
       (loss / accumulate).backward();
     }
     if (dp) {
@@ -112,7 +120,19 @@ int main(int argc, char** argv) {
     }
     if (skip) continue;  // as the loss scaler does on inf/NaN
     torch::NoGradGuard no_grad;
-    for (torch::Tensor& p : params) p.sub_(0.1 * p.grad());
+    int64_t held = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& g = params[i].grad();
+      if (owner[i] != me.rank) {
+        if (g.defined()) return Fail("a gradient this rank does not own was kept");
+        continue;
+      }
+      params[i].sub_(0.1 * g);
+      held += g.numel();
+    }
+    if (step == 0) std::printf("held %lld\n", static_cast<long long>(held));
+    if (dp && shard_grads)
+      if (auto s = dp->BroadcastFromOwners(params, owner); !s.ok()) return Fail(s.message());
   }
   std::ofstream f(out + "." + std::to_string(me.rank), std::ios::binary);
   for (const torch::Tensor& p : params) {
@@ -124,7 +144,8 @@ int main(int argc, char** argv) {
     int views = 0;
     for (const torch::Tensor& p : params)
       for (const torch::Tensor& q : params)
-        if (&p != &q && p.grad().defined() && q.grad().defined() && p.grad().is_alias_of(q.grad())) {
+        if (&p != &q && p.grad().defined() && q.grad().defined() &&
+            p.grad().is_alias_of(q.grad())) {
           ++views;
           break;
         }
