@@ -27,7 +27,10 @@
 //   reduce_scatter wants equal chunks and Gloo has none), the owner keeps it
 //   in a compact buffer its .grad views, and every other rank sets that
 //   .grad to none as soon as backward's value is copied into the bucket.
-//   Buckets then exist only from a bucket's first gradient to its reduce.
+//   Buckets then exist only from a bucket's first gradient to its reduce,
+//   and at most two reduces run at once: the hook that would start a third
+//   waits for the oldest (as DeepSpeed's stage 2 does), so the gradients'
+//   peak is a few buckets plus the rank's share, not every gradient.
 //   After FinishGradients a rank holds only its owned gradients, which are
 //   the mean over ranks; ZeroGradients sets every .grad to none.
 // - SetSync(false) before a micro-batch's backward is DDP's no_sync: gradients

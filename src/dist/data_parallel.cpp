@@ -135,6 +135,8 @@ struct DataParallel::Impl {
   // while every gradient is all-reduced and kept everywhere.
   std::vector<int> grad_owner;
   size_t next_to_start = 0;
+  size_t next_to_keep = 0;  // sharded: the oldest bucket whose reduces may still run
+  std::string hook_error;   // a collective that failed inside backward
   bool sync = true;
   bool in_finish = false;
   DistStats stats;
@@ -210,6 +212,27 @@ struct DataParallel::Impl {
       }
       (in_finish ? stats.started_after : stats.started_in_backward)++;
     }
+    // Sharded: at most kBucketsInFlight buckets exist at once during
+    // backward (DeepSpeed's stage 2 waits in the hook the same way), so the
+    // gradients' peak is those buckets plus this rank's share.
+    // A failed collective is reported by FinishGradients (a throw here would
+    // surface from backward without the lost rank's name).
+    try {
+      while (sharded() && !in_finish && hook_error.empty() &&
+             next_to_start - next_to_keep > kBucketsInFlight)
+        FinishBucket(&buckets[next_to_keep++]);
+    } catch (const std::exception& e) {
+      hook_error = e.what();
+    }
+  }
+
+  static constexpr size_t kBucketsInFlight = 2;
+
+  // Waits for a started bucket; sharded, keeps this rank's part and frees it.
+  void FinishBucket(Bucket* b) {
+    for (auto& work : b->works) work->wait();
+    b->works.clear();
+    if (sharded()) KeepOwnedGradients(b);
   }
 
   // A parameter's gradient is final for this backward.
@@ -257,7 +280,6 @@ struct DataParallel::Impl {
       if (seg.owner >= 0 && seg.owner != rank.rank) continue;
       torch::Tensor mine = b->wire.narrow(0, seg.offset, seg.numel)
                                .to(b->options.dtype(), /*non_blocking=*/false, /*copy=*/true);
-      stats.grad_bytes += mine.numel() * mine.element_size();
       for (size_t slot = seg.first; slot < seg.end; ++slot) {
         size_t index = b->params[slot];
         params[index].mutable_grad() = SlotView(mine, b->offsets[slot] - seg.offset, index);
@@ -616,21 +638,25 @@ Status DataParallel::FinishGradients(double* wait_s) {
       std::lock_guard<std::mutex> lock(m.mu);
       m.StartReadyBuckets();
     }
+    if (!m.hook_error.empty()) throw std::runtime_error(m.hook_error);
     torch::NoGradGuard no_grad;
-    m.stats.grad_bytes = 0;
-    for (Bucket& b : m.buckets) {
-      for (auto& work : b.works) work->wait();
-      if (m.sharded()) {
-        m.KeepOwnedGradients(&b);
-        continue;
+    int64_t held = 0;
+    if (m.sharded()) {
+      while (m.next_to_keep < m.buckets.size()) m.FinishBucket(&m.buckets[m.next_to_keep++]);
+      for (const torch::Tensor& p : m.params)
+        if (p.grad().defined()) held += p.grad().numel() * p.grad().element_size();
+    } else {
+      for (Bucket& b : m.buckets) {
+        for (auto& work : b.works) work->wait();
+        held += b.flat.numel() * b.flat.element_size();
+        if (b.wire.data_ptr() != b.flat.data_ptr()) b.flat.copy_(b.wire);
+        // The averages stay where they are: .grad becomes the bucket slot, and
+        // a separate gradient tensor (after set-to-none) is freed.
+        for (size_t index : b.params)
+          if (!m.GradIsBucketSlot(index)) m.params[index].mutable_grad() = m.BucketView(index);
       }
-      m.stats.grad_bytes += b.flat.numel() * b.flat.element_size();
-      if (b.wire.data_ptr() != b.flat.data_ptr()) b.flat.copy_(b.wire);
-      // The averages stay where they are: .grad becomes the bucket slot, and
-      // a separate gradient tensor (after set-to-none) is freed.
-      for (size_t index : b.params)
-        if (!m.GradIsBucketSlot(index)) m.params[index].mutable_grad() = m.BucketView(index);
     }
+    m.stats.grad_bytes = held;
   } catch (const std::exception& e) {
     return m.Lost(e);
   }
@@ -640,7 +666,8 @@ Status DataParallel::FinishGradients(double* wait_s) {
     b.works.clear();
   }
   std::fill(m.ready.begin(), m.ready.end(), false);
-  m.next_to_start = 0;
+  m.next_to_start = m.next_to_keep = 0;
+  m.hook_error.clear();
   m.in_finish = false;
   double waited = Now() - start;
   m.stats.wait_s += waited;

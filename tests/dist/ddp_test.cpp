@@ -206,8 +206,10 @@ TEST_F(DdpTest, ShardedGradientsMatchOneProcessAndEachRankHoldsItsShare) {
       EXPECT_EQ(lines, world) << o.out;
       EXPECT_EQ(sum, total);
       std::smatch m;
-      ASSERT_TRUE(std::regex_search(o.out, m, std::regex("in_backward=(\\d+)"))) << o.out;
-      EXPECT_GT(std::stoi(m[1]), 0);  // the reduces overlap backward as the all-reduces do
+      ASSERT_TRUE(std::regex_search(o.out, m, std::regex("buckets=(\\d+) in_backward=(\\d+)")))
+          << o.out;
+      EXPECT_GE(std::stoi(m[1]), 3);  // more than the two reduces allowed in flight
+      EXPECT_GT(std::stoi(m[2]), 0);  // the reduces overlap backward as the all-reduces do
     }
   }
 }
