@@ -27,6 +27,10 @@ namespace fullburn {
 class Model : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(torch::Tensor input) = 0;
+  // Switches activation checkpointing on a built model (model.checkpoint's
+  // values: the memory model probes each); false where the model has no
+  // blocks to checkpoint: a program's own model unless it overrides this.
+  virtual bool SetCheckpointing(const std::string& /*mode*/) { return false; }
 };
 
 // Activation checkpointing (model.checkpoint): fn(x) runs without keeping

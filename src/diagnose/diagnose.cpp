@@ -59,8 +59,9 @@ void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
         f.proc_cpu > (cores - 0.5) * 100)
       return;
     used = f.proc_cpu / 100;
-    evidence = fmt::format("the job's processes used {:.1f} of {} cores{} (median proc.cpu_util {:.0f}%)",
-                           used, cores, ranks, f.proc_cpu);
+    evidence =
+        fmt::format("the job's processes used {:.1f} of {} cores{} (median proc.cpu_util {:.0f}%)",
+                    used, cores, ranks, f.proc_cpu);
     fix = fmt::format(
         "torch.set_num_threads({}) (or OMP_NUM_THREADS={}) before training; if it ran on a GPU, "
         "NVML did not see it (fullburn version names the driver)",
@@ -77,10 +78,11 @@ void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
 }
 
 Finding Healthy(const Facts& f) {
-  std::string evidence = !std::isnan(f.gpu_util) ? fmt::format("GPU utilization median {:.0f}%", f.gpu_util)
-                         : f.have_steps ? fmt::format("data wait {} of step time (< {})", Pct(f.data_wait_share),
-                                                      Pct(kDataWaitShare))
-                                        : "no GPU readings and no step records: nothing pointed to a bottleneck";
+  std::string evidence =
+      !std::isnan(f.gpu_util) ? fmt::format("GPU utilization median {:.0f}%", f.gpu_util)
+      : f.have_steps ? fmt::format("data wait {} of step time (< {})", Pct(f.data_wait_share),
+                                   Pct(kDataWaitShare))
+                     : "no GPU readings and no step records: nothing pointed to a bottleneck";
   if (f.have_steps && !std::isnan(f.gpu_util))
     evidence += fmt::format("; data wait {} of step time", Pct(f.data_wait_share));
   if (f.interrupted)
@@ -120,8 +122,12 @@ Finding Healthy(const Facts& f) {
   else if (f.trainer)
     fix = "compute-bound: nothing to fix in the input or memory";
   else
-    fix = "compute-bound: if the model runs in fp32, torch.autocast(dtype=torch.bfloat16) uses tensor cores";
-  return {"healthy", "No bottleneck found", evidence, 0, f.have_steps || !f.gpus.empty() ? 0.8 : 0.3, fix};
+    fix =
+        "compute-bound: if the model runs in fp32, torch.autocast(dtype=torch.bfloat16) uses "
+        "tensor cores";
+  return {
+      "healthy", "No bottleneck found", evidence, 0, f.have_steps || !f.gpus.empty() ? 0.8 : 0.3,
+      fix};
 }
 
 }  // namespace
@@ -140,8 +146,10 @@ std::vector<Finding> Diagnose(const RunData& run) {
   StallRule(f, &out);
   CheckpointRule(f, &out);
   CpuThreadsRule(f, &out);
-  std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) { return a.share_lost > b.share_lost; });
-  bool problem = std::any_of(out.begin(), out.end(), [](const Finding& x) { return x.share_lost >= kMinShare; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Finding& a, const Finding& b) { return a.share_lost > b.share_lost; });
+  bool problem = std::any_of(out.begin(), out.end(),
+                             [](const Finding& x) { return x.share_lost >= kMinShare; });
   if (!problem) out.push_back(Healthy(f));
   if (!f.other_gpus.empty())
     out.front().evidence +=
@@ -164,7 +172,8 @@ std::string RenderFindings(const std::vector<Finding>& findings, size_t max_show
   for (size_t i = 0; i < findings.size() && i < max_shown; ++i) {
     const Finding& x = findings[i];
     s += fmt::format("    [{}] {}{}\n      why: {}\n      fix: {}\n", x.cause, x.title,
-                     x.share_lost > 0 ? fmt::format(" (~{} of the time)", Pct(x.share_lost)) : "", x.evidence, x.fix);
+                     x.share_lost > 0 ? fmt::format(" (~{} of the time)", Pct(x.share_lost)) : "",
+                     x.evidence, x.fix);
   }
   if (findings.size() > max_shown)
     s += fmt::format("    ({} more: fullburn diagnose RUN)\n", findings.size() - max_shown);

@@ -481,6 +481,58 @@ void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
 
 namespace {
 
+// The first out-of-memory's `memory` event; else, when a batch-size trial ran
+// out of memory, the setting whose predicted largest micro-batch is the
+// largest (at least twice the chosen one).
+void GatherMemoryModel(const std::vector<RunEvent>& events, Facts* f) {
+  bool search_oom = false;
+  for (const RunEvent& e : events) {
+    if (e.kind != "batch_size_trial") continue;
+    auto t = nlohmann::json::parse(e.data, nullptr, false);
+    search_oom |= t.is_object() && t.value("error", std::string()) == "out of memory";
+  }
+  for (const RunEvent& e : events) {
+    if (e.kind != "memory") continue;
+    auto j = nlohmann::json::parse(e.data, nullptr, false);
+    if (!j.is_object() || !j.contains("predicted") || !j["predicted"].is_object()) continue;
+    Facts::MemoryModelFacts m;
+    m.oom = j.value("oom", false);
+    m.rank = j.value("rank", 0);
+    m.batch = j.value("batch", int64_t{0});
+    m.limit = j.value("limit_bytes", int64_t{0});
+    const nlohmann::json& p = j["predicted"];
+    m.total = p.value("total", int64_t{0});
+    m.weights = p.value("weights", int64_t{0});
+    m.gradients = p.value("gradients", int64_t{0});
+    m.optimizer = p.value("optimizer", int64_t{0});
+    m.activations = p.value("activations", int64_t{0});
+    if (m.oom) {
+      m.fix = j.value("fix", std::string());
+      m.fix_bytes = j.value("fix_bytes", int64_t{0});
+      m.fits_batch = j.value("fits_batch", int64_t{0});
+      f->memory_model = m;
+      return;
+    }
+    if (!search_oom || f->memory_model || !j.contains("settings")) continue;
+    const std::string shard = j.value("shard", std::string("none")),
+                      ckpt = j.value("checkpoint", std::string("none"));
+    for (const nlohmann::json& s : j["settings"]) {
+      int64_t largest = s.value("largest_batch", int64_t{0});
+      if (largest < 2 * m.batch || largest <= m.fix_batch) continue;
+      std::string fix;
+      if (s.value("shard", shard) != shard) fix = "dist.shard = " + s.value("shard", shard);
+      if (s.value("checkpoint", ckpt) != ckpt)
+        fix += (fix.empty() ? "" : " and ") + ("model.checkpoint = " + s.value("checkpoint", ckpt));
+      m.fix = fix;
+      m.fix_batch = largest;
+      m.fix_bytes = s.value("bytes", int64_t{0});
+    }
+    if (m.fix.empty()) continue;
+    m.search_limited = true;
+    f->memory_model = m;
+  }
+}
+
 void GatherFailure(const RunData& d, Facts* f) {
   std::set<int> ranks;
   for (const RunEvent& e : d.events) {
@@ -512,6 +564,7 @@ Facts Gather(const RunData& d) {
   GatherHost(training, d.samples, &f);
   GatherSteps(d.steps, training, &f);
   GatherDataLoader(d.events, &f);
+  GatherMemoryModel(d.events, &f);
   GatherCheckpoints(d, &f);
   GatherStalls(d, &f);
   f.running = !d.run.end_time.has_value();

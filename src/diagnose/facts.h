@@ -16,17 +16,17 @@ namespace fullburn::diagnose {
 constexpr double kDataWaitShare = 0.10;  // of step time: the input pipeline is a bottleneck
 constexpr double kH2dShare = 0.10;       // of step time: copies to the device are a bottleneck
 constexpr double kCommShare = 0.10;      // of step time: communication not hidden behind backward
-constexpr double kLoopShare = 0.10;  // of step time: the loop's own work outside the step's phases
-constexpr double kCpuSaturated = 80;     // host.cpu_util %, all cores
+constexpr double kLoopShare = 0.10;   // of step time: the loop's own work outside the step's phases
+constexpr double kCpuSaturated = 80;  // host.cpu_util %, all cores
 constexpr double kCpuThrottled = 25;  // host.cpu_throttled %: kubernetes-mixin's CPUThrottlingHigh
-constexpr double kLauncherBusy = 80;     // proc.cpu_util %, one core: the launching thread is busy
-constexpr double kIoWait = 10;           // host.cpu_iowait %
-constexpr double kGpuLowUtil = 50;       // gpuN.util %, median
-constexpr double kGpuBusy = 80;          // gpuN.util %, median: healthy
-constexpr double kGpuIdle = 10;          // gpuN.util %: a sample of an idle GPU
-constexpr double kGpuUnused = 5;         // gpuN.util %: never above this over a run, not used
-constexpr double kPcieBusy = 12e9;       // bytes/s host-to-device: about half a Gen4 x16 link
-constexpr double kMemHeadroom = 0.5;     // peak GPU memory / total below this: the batch can grow
+constexpr double kLauncherBusy = 80;  // proc.cpu_util %, one core: the launching thread is busy
+constexpr double kIoWait = 10;        // host.cpu_iowait %
+constexpr double kGpuLowUtil = 50;    // gpuN.util %, median
+constexpr double kGpuBusy = 80;       // gpuN.util %, median: healthy
+constexpr double kGpuIdle = 10;       // gpuN.util %: a sample of an idle GPU
+constexpr double kGpuUnused = 5;      // gpuN.util %: never above this over a run, not used
+constexpr double kPcieBusy = 12e9;    // bytes/s host-to-device: about half a Gen4 x16 link
+constexpr double kMemHeadroom = 0.5;  // peak GPU memory / total below this: the batch can grow
 constexpr double kMemNearFull = 0.95;    // peak GPU memory / total above this: near OOM
 constexpr double kHostMemLow = 0.05;     // host available / total below this
 constexpr double kSwapShare = 0.10;      // share of samples swapping
@@ -44,9 +44,9 @@ constexpr double kCpuThreadsMinBusy = 70;
 // same cores (bench/python_loader_vs_torch, docs/benchmarks.md): what the
 // swap is said to gain.
 constexpr double kPythonLoaderSpeedup = 3.3;  // 3.33x synthetic JPEGs, 4.40x photographs
-constexpr double kStallSteps = 3;      // a step whose work is this many medians is a stall
-constexpr int kStallWarmupSteps = 3;   // each rank's first steps (allocator, autotuning, compile)
-constexpr int kStallMinSteps = 10;     // steps needed for a median to judge against
+constexpr double kStallSteps = 3;             // a step whose work is this many medians is a stall
+constexpr int kStallWarmupSteps = 3;  // each rank's first steps (allocator, autotuning, compile)
+constexpr int kStallMinSteps = 10;    // steps needed for a median to judge against
 constexpr double kCheckpointTarget = 0.02;  // the share of wall time a checkpoint period aims at
 constexpr double kSlowWrite = 500e6;        // bytes/s: below this a save waited on its disk
 
@@ -62,7 +62,7 @@ struct GpuFacts {
 
 struct RankFacts {
   int rank = 0;
-  double work_s = NAN;           // median step time outside communication
+  double work_s = NAN;  // median step time outside communication
   // Median forward time, where timed: the one phase with no communication
   // in it (gradients all-reduced during backward put a fast rank's wait for
   // a slow one inside its backward, where work_s cannot tell it apart).
@@ -73,7 +73,7 @@ struct RankFacts {
 
 struct IdleSpan {
   double start = 0, end = 0;
-  std::string what;  // start-up, evaluation, checkpoint, end, between steps
+  std::string what;    // start-up, evaluation, checkpoint, end, between steps
   double saves_s = 0;  // checkpoint saves inside it: checkpoint_stall's, not idle_phases'
 };
 
@@ -106,25 +106,25 @@ struct CheckpointFacts {
 // rank's steps after its warm-up; in data-parallel training every rank
 // waits for a stalled one.
 struct StallFacts {
-  int judged = 0;              // steps judged
-  int stalls = 0;              // of them, stalled
-  double median_s = NAN;       // median work per step
-  double longest_s = 0;        // the longest stalled step's work
-  double excess_s = 0;         // over the stalls: work beyond the median
-  int64_t period = 0;          // > 0: the stalls recur every `period` steps
-  std::vector<int64_t> first;  // the first stalled step numbers (up to 4)
-  std::string phase;           // the step phase that grew most ("backward"), or ""
+  int judged = 0;                   // steps judged
+  int stalls = 0;                   // of them, stalled
+  double median_s = NAN;            // median work per step
+  double longest_s = 0;             // the longest stalled step's work
+  double excess_s = 0;              // over the stalls: work beyond the median
+  int64_t period = 0;               // > 0: the stalls recur every `period` steps
+  std::vector<int64_t> first;       // the first stalled step numbers (up to 4)
+  std::string phase;                // the step phase that grew most ("backward"), or ""
   int beside_background_saves = 0;  // stalls that overlapped a save on another thread
 };
 
 struct Facts {
-  bool trainer = false;  // a fullburn train run (knobs are config keys), else a wrapped job
-  bool attached = false;  // fullburn attach: a job started elsewhere, no step markers possible
-  std::vector<GpuFacts> gpus;           // the job's GPUs
+  bool trainer = false;        // a fullburn train run (knobs are config keys), else a wrapped job
+  bool attached = false;       // fullburn attach: a job started elsewhere, no step markers possible
+  std::vector<GpuFacts> gpus;  // the job's GPUs
   std::vector<std::string> other_gpus;  // sampled, but no process of the job ran there
-  double gpu_util = NAN;        // mean over GPUs of the median
-  double mem_peak_share = NAN;  // max over GPUs
-  double pcie_rx = NAN;         // max over GPUs of the median
+  double gpu_util = NAN;                // mean over GPUs of the median
+  double mem_peak_share = NAN;          // max over GPUs
+  double pcie_rx = NAN;                 // max over GPUs of the median
   // Host readings: the worst node's (every node's first rank samples its
   // host), with the rank that sampled it; -1 when there was no reading.
   double cpu = NAN, iowait = NAN, proc_cpu = NAN;
@@ -160,11 +160,26 @@ struct Facts {
     int64_t last_step = 0;  // that rank's last step before it (0: none)
     double t = NAN;         // seconds into the run
   } failure;
+  // fullburn train's memory model (its `memory` events, docs/memory.md): an
+  // out-of-memory in a step with the setting that would fit, or a micro-batch
+  // the search held down for memory that another setting would raise.
+  struct MemoryModelFacts {
+    bool oom = false;
+    bool search_limited = false;  // a batch-size trial ran out of memory
+    int rank = 0;
+    int64_t batch = 0, total = 0, limit = 0;
+    int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
+    std::string fix;  // "dist.shard = gradients", "model.checkpoint = blocks", or ""
+    int64_t fix_bytes = 0;
+    int64_t fits_batch = 0;  // oom: the largest micro-batch that fits as configured
+    int64_t fix_batch = 0;   // search: the largest micro-batch with `fix`
+  };
+  std::optional<MemoryModelFacts> memory_model;
   std::optional<int> exit_code;
   double wall_s = 0;
   bool running = false;      // no end recorded: still going, or its recorder was killed
   bool interrupted = false;  // the latter (the store found the recorder gone)
-  bool killed = false;  // exit code 137: SIGKILL, the kernel's OOM killer's signal
+  bool killed = false;       // exit code 137: SIGKILL, the kernel's OOM killer's signal
   std::string precision;
   std::string device;     // where fullburn train ran ("cpu", "cuda:0"), from the run's config
   int train_threads = 0;  // its intra-op threads (0: not recorded)
@@ -177,8 +192,8 @@ struct Facts {
   // A wrapped job's torch DataLoader as python/fullburn_markers.py saw it (its
   // "dataloader" event); -1: not reported.
   int loader_workers = -1, loader_pin_memory = -1;
-  std::string loader_dataset;   // the DataLoader's dataset class, when the markers told
-  bool python_loader = false;   // a wrapped job fed by fullburn.ImageLoader (its loader events)
+  std::string loader_dataset;  // the DataLoader's dataset class, when the markers told
+  bool python_loader = false;  // a wrapped job fed by fullburn.ImageLoader (its loader events)
   // The job's GPUs were sampled, and none ever ran a kernel worth the name.
   bool GpuUnused() const;
 };

@@ -61,7 +61,8 @@ std::string SwapNote(const Facts& f) {
       "`loader = fullburn.ImageLoader(root, batch_size)` in place of ImageFolder + DataLoader "
       "(the same RandomResizedCrop, flip and Normalize, decoded on C++ threads: {:.1f}x the "
       "DataLoader's images/s per core or more on this project's machine, docs/benchmarks.md){}",
-      f.loader_dataset == "ImageFolder" ? "(its dataset is an ImageFolder) " : "for an image folder, ",
+      f.loader_dataset == "ImageFolder" ? "(its dataset is an ImageFolder) "
+                                        : "for an image folder, ",
       kPythonLoaderSpeedup,
       f.loader_dataset == "ImageFolder" ? "; fullburn tune -- CMD tries the swap as a trial" : "");
 }
@@ -114,9 +115,8 @@ void GpuUseRule(const Facts& f, std::vector<Finding>* out) {
   if (!f.GpuUnused()) return;
   double util_max = 0;
   for (const GpuFacts& g : f.gpus) util_max = std::max(util_max, g.util_max);
-  std::string evidence =
-      fmt::format("GPU utilization never above {:.0f}% over the run (< {:.0f}%)", util_max,
-                  kGpuUnused);
+  std::string evidence = fmt::format("GPU utilization never above {:.0f}% over the run (< {:.0f}%)",
+                                     util_max, kGpuUnused);
   if (!std::isnan(f.proc_cpu))
     evidence += fmt::format("; the job's processes used {:.0f}% of a core", f.proc_cpu);
   if (!std::isnan(f.cpu)) evidence += "; " + CpuReading(f);
@@ -130,8 +130,7 @@ void GpuUseRule(const Facts& f, std::vector<Finding>* out) {
             "torch.cuda.is_available() and CUDA_VISIBLE_DEVICES in the job's environment; a "
             "job meant for the CPU needs no GPU findings";
   out->push_back({"gpu_unused", "The job did not use the GPU", evidence,
-                  1 - (std::isnan(f.gpu_util) ? 0 : f.gpu_util) / 100, on_cpu ? 0.95 : 0.85,
-                  fix});
+                  1 - (std::isnan(f.gpu_util) ? 0 : f.gpu_util) / 100, on_cpu ? 0.95 : 0.85, fix});
 }
 
 void InputRules(const Facts& f, std::vector<Finding>* out) {
@@ -359,7 +358,46 @@ void TransferRules(const Facts& f, std::vector<Finding>* out) {
   }
 }
 
+namespace {
+
+std::string Mib(int64_t bytes) {
+  double g = static_cast<double>(bytes) / (1 << 30);
+  return g >= 1 ? fmt::format("{:.2f} GiB", g)
+                : fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+// fullburn train's memory model: an out-of-memory with the setting that
+// would have fitted, or a micro-batch held down that a setting would raise.
+void MemoryModelRule(const Facts& f, std::vector<Finding>* out) {
+  if (!f.memory_model) return;
+  const Facts::MemoryModelFacts& m = *f.memory_model;
+  std::string parts = fmt::format(
+      "memory model{}: {} per rank at micro-batch {} (weights {}, gradients {}, optimizer {}, "
+      "activations {}){}",
+      m.rank > 0 ? fmt::format(" of rank {}", m.rank) : "", Mib(m.total), m.batch, Mib(m.weights),
+      Mib(m.gradients), Mib(m.optimizer), Mib(m.activations),
+      m.limit > 0 ? " of the " + Mib(m.limit) + " limit" : "");
+  if (m.oom) {
+    std::string fix;
+    if (!m.fix.empty()) fix = fmt::format("{} (predicted {} per rank)", m.fix, Mib(m.fix_bytes));
+    if (m.fits_batch > 0)
+      fix += fmt::format("{}train.batch_size = {} with a larger train.accumulate",
+                         fix.empty() ? "" : ", or ", m.fits_batch);
+    if (fix.empty()) fix = "lower train.batch_size and raise train.accumulate";
+    out->push_back({"memory_pressure", fmt::format("Out of memory at micro-batch {}", m.batch),
+                    parts, 1.0, 0.9, fix});
+    return;
+  }
+  out->push_back({"memory_pressure", fmt::format("Micro-batch {} held down by memory", m.batch),
+                  parts + "; the batch-size search ran out of memory above it", 0, 0.6,
+                  fmt::format("{}: micro-batch up to {} (predicted {} per rank at {})", m.fix,
+                              m.fix_batch, Mib(m.fix_bytes), m.batch)});
+}
+
+}  // namespace
+
 void MemoryRules(const Facts& f, std::vector<Finding>* out) {
+  MemoryModelRule(f, out);
   if (f.mem_peak_share < kMemHeadroom && !f.GpuUnused()) {
     std::string batch = BatchSuggestion(f);
     out->push_back(
@@ -581,10 +619,9 @@ double StragglerRule(const Facts& f, std::vector<Finding>* out) {
   double RankFacts::*measure = &RankFacts::work_s;
   const char* what = "step work";
   auto apart = [&](double RankFacts::*m) {
-    auto [lo, hi] = std::minmax_element(f.ranks.begin(), f.ranks.end(),
-                                        [m](const RankFacts& a, const RankFacts& b) {
-                                          return a.*m < b.*m;
-                                        });
+    auto [lo, hi] =
+        std::minmax_element(f.ranks.begin(), f.ranks.end(),
+                            [m](const RankFacts& a, const RankFacts& b) { return a.*m < b.*m; });
     return (*hi).*m > 0 ? ((*hi).*m - (*lo).*m) / ((*hi).*m) : 0.0;
   };
   if (!(apart(measure) >= kUnevenRanks)) {

@@ -104,6 +104,12 @@ class Gpt : public Model {
       }
     }
   }
+  bool SetCheckpointing(const std::string& mode) override {
+    int segment = CheckpointSegment(mode);
+    if (segment < 0) return false;
+    segment_ = static_cast<size_t>(segment);
+    return true;
+  }
   torch::Tensor forward(torch::Tensor tokens) override {
     int64_t t = tokens.size(1);
     torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));

@@ -77,7 +77,12 @@ class ResNet : public Model {
       }
     }
   }
-  void SetCheckpoint(size_t segment) { segment_ = segment; }  // stages per recomputed segment
+  bool SetCheckpointing(const std::string& mode) override {
+    int segment = CheckpointSegment(mode);  // stages per recomputed segment
+    if (segment < 0) return false;
+    segment_ = static_cast<size_t>(segment);
+    return true;
+  }
   torch::Tensor forward(torch::Tensor x) override {
     x = torch::relu(bn1_(conv1_(x)));
     x = torch::max_pool2d(x, 3, 2, 1);
@@ -122,7 +127,7 @@ std::shared_ptr<Model> MakeResNet(const ModelSpec& s) {
       s.name == "resnet50"
           ? std::make_shared<ResNet>(std::vector<int>{3, 4, 6, 3}, true, s.width, s.num_classes)
           : std::make_shared<ResNet>(std::vector<int>{2, 2, 2, 2}, false, s.width, s.num_classes);
-  m->SetCheckpoint(static_cast<size_t>(std::max(0, CheckpointSegment(s.checkpoint))));
+  m->SetCheckpointing(s.checkpoint);
   return m;
 }
 

@@ -108,6 +108,11 @@ const std::vector<OptionDef>& TrainOptions() {
        "CPU only: a memory budget (MiB) that stands in for device memory; allocations past it fail "
        "as an out-of-memory would. 0: none",
        "", ">=0"},
+      {"train.memory_report", T::kBool, "false",
+       "Probe the memory a step adds per sample (two extra forward and backward passes at a "
+       "quarter and half of the micro-batch, with and without model.checkpoint = blocks) and "
+       "record each rank's predicted and measured peak by part (a memory event; docs/memory.md). "
+       "Always on with train.batch_size = auto"},
       {"train.max_batch_size", T::kInt, "4096", "Upper bound of the batch-size search", "", ">0"},
       {"train.max_skipped_steps", T::kInt, "20",
        "Consecutive steps skipped for inf/NaN before the run stops as diverged", "", ">0"},

@@ -397,6 +397,29 @@ Status Trainer::Run() {
     exit_code = kExitUsage;
     return r;
   }
+  if (MemoryReportWanted()) {
+    try {
+      if (Status r = ProbeMemory(batch_); !r.ok()) {
+        exit_code = kExitFailed;
+        return r;
+      }
+    } catch (const std::exception& e) {
+      // The report is advice: a probe that does not fit (the run holds more
+      // than the search's trials did) leaves it out, and training goes on.
+      exit_code = kExitFailed;
+      if (!IsOutOfMemory(e)) {
+        std::string what = e.what();
+        return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
+      }
+      exit_code = 0;
+      memory_.reset();
+      std::fprintf(stderr,
+                   "fullburn: rank %d: no memory report: probing half the micro-batch ran out of "
+                   "memory (%s); the steps may too\n",
+                   rank_.rank, DescribeOutOfMemory(e).c_str());
+    }
+    if (batch_searched_) PrintBatchTable();
+  }
   if (Status b = BeginRun(); !b.ok()) {
     exit_code = kExitFailed;
     return b;

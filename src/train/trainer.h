@@ -16,6 +16,7 @@
 #include "fullburn/report.h"
 #include "fullburn/store.h"
 #include "fullburn/train.h"
+#include "memory_model.h"
 #include "sources.h"
 
 namespace fullburn {
@@ -142,6 +143,22 @@ class Trainer {
   // Every rank: the whole optimizer state, each tensor from its owner, for
   // rank 0's checkpoint (collective: every rank checkpoints at the same steps).
   Status GatherOptimizerState();
+  // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
+  bool MemoryReportWanted() const;
+  Status DrawProbeBatch(TrainBatch* probe);
+  Status ProbeMemory(int64_t batch);
+  void StartMemoryCount();
+  void CountOtherMemory();
+  int64_t ModelBudget() const;  // bytes the model's prediction may take
+  nlohmann::json MemoryJson(bool measured) const;
+  void RecordMemory();
+  void PrintBatchTable();
+  // After an out-of-memory in a step: the model's parts and the setting that
+  // would fit, for the error; records a `memory` event. "" if it cannot tell.
+  std::string OutOfMemoryAdvice();
+  std::optional<MemoryModel> memory_;
+  int64_t memory_other_ = 0;  // in use at the start besides weights and buckets
+  bool batch_searched_ = false;  // train.batch_size = auto (the config then holds the size)
   std::vector<int> shard_owner_;  // empty: not sharded
   bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
   std::vector<std::pair<std::string, torch::Tensor>> gathered_state_;

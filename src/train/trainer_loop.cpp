@@ -295,6 +295,7 @@ Status Trainer::Loop() {
   next_batch_ = 0;
   source_->StartEpoch(static_cast<int>(epoch_), epoch_skip_);
   ctx_.model->train();
+  StartMemoryCount();
   StepRecord last;
   while (step_ < total_steps_) {
     Result<bool> stop = StopHere(limit_s);
@@ -312,11 +313,18 @@ Status Trainer::Loop() {
       s = TrainStep(timed, &rec);
     } catch (const std::exception& e) {
       exit_code = kExitFailed;
-      if (IsOutOfMemory(e))
-        return Status::ResourceExhausted(fmt::format(
-            "out of memory at step {} with micro-batch {}: lower train.batch_size (or use auto) "
-            "and raise train.accumulate to keep the effective batch; checkpoints so far are intact",
-            step_ + 1, batch_));
+      if (IsOutOfMemory(e)) {
+        for (torch::Tensor& p : ctx_.model->parameters()) p.mutable_grad() = torch::Tensor();
+        std::string advice = OutOfMemoryAdvice();
+        if (advice.empty())
+          advice =
+              ": lower train.batch_size (or use auto) and raise train.accumulate to keep the "
+              "effective batch";
+        return Status::ResourceExhausted(
+            fmt::format("out of memory at step {} with micro-batch {}{}; checkpoints so far are "
+                        "intact",
+                        step_ + 1, batch_, advice));
+      }
       std::string what = e.what();
       return Status::Internal("step " + std::to_string(step_ + 1) +
                               " failed: " + what.substr(0, what.find('\n')));
@@ -347,7 +355,8 @@ Status Trainer::Loop() {
       Checkpoint(false);
   }
   ProfileAfterStep(true);  // the loop ended (steps, signal, time limit) before step B
-  if (dp_) {               // what each rank holds: 1/N of the state (and gradients) when sharded
+  RecordMemory();
+  if (dp_) {  // what each rank holds: 1/N of the state (and gradients) when sharded
     nlohmann::json j{{"rank", rank_.rank},
                      {"state_bytes", optim_->StateBytes()},
                      {"grad_bytes", dp_->stats().grad_bytes},

@@ -100,6 +100,9 @@ Status Trainer::SetupDevice() {
     else
       SetCpuMemoryBudget(mb << 20);
   }
+  // Counting from before the model is built, so the measured peak includes
+  // the weights.
+  if (MemoryReportWanted() && !ctx_.device.is_cuda()) ResetCpuPeakBytes();
   return Status::Ok();
 }
 
@@ -232,6 +235,7 @@ Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
     batch_ = cfg_.Int("train.batch_size");
     return Status::Ok();
   }
+  batch_searched_ = true;
   if (Status s = SearchBatch(oo); !s.ok()) return s;
   nlohmann::json chosen = {{"batch", batch_}};
   if (dp_) {  // every rank takes the smallest size that fits everywhere

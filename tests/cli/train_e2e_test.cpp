@@ -569,7 +569,9 @@ TEST_F(ShardedE2E, ShardedStatesTrainLikeDataParallelAndResumeOnTwoRanks) {
       grad_sum += grads;
     }
     EXPECT_EQ(state_sum, 8 * params);
-    if (std::string(shard) == "gradients") EXPECT_EQ(grad_sum, 4 * params);
+    if (std::string(shard) == "gradients") {
+      EXPECT_EQ(grad_sum, 4 * params);
+    }
 
     // Saved by 3 ranks, resumed on 2: the gathered state re-shards.
     int64_t plain2 = Launch(2, base, {"--resume", std::to_string(plain), "train.steps=10"});
@@ -616,6 +618,106 @@ TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnTwoRanks) {
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
     ExpectSameState(plain, sharded);
   }
+}
+
+// The memory model (docs/memory.md) against the counting allocator: each
+// rank's predicted peak within 15% of the measured one, for every
+// dist.shard setting on 2 ranks and for checkpointing on one; and sharding
+// the gradients lowers both the prediction and the measurement.
+TEST_F(ShardedE2E, MemoryModelPredictsEachRanksPeakWithin15Percent) {
+  std::string tokens = dir_ + "/tokens.bin";
+  auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "40000"}, 120);
+  ASSERT_EQ(made.code, 0) << made.err;
+  std::vector<std::string> base = {
+      "model.name=gpt",     "data.source=tokens",     "data.path=" + tokens,
+      "data.seq_len=64",    "model.hidden=128",       "model.layers=3",
+      "model.heads=4",      "train.threads=1",        "train.batch_size=8",
+      "optim.name=adamw",   "eval.at_end=false",      "train.steps=3",
+      "dist.bucket_mb=0.1", "train.memory_report=true"};
+  auto memory_events = [&](int64_t run) {
+    std::vector<nlohmann::json> out;
+    std::vector<RunEvent> events = Store()->LoadEvents(run).value();
+    for (const RunEvent& e : events)
+      if (e.kind == "memory") out.push_back(nlohmann::json::parse(e.data));
+    return out;
+  };
+  std::map<std::string, std::pair<int64_t, int64_t>> by_setting;  // predicted, measured
+  auto check = [&](int64_t run, size_t ranks, const std::string& label) {
+    std::vector<nlohmann::json> events = memory_events(run);
+    ASSERT_EQ(events.size(), ranks) << label;
+    for (const nlohmann::json& j : events) {
+      int64_t predicted = j["predicted"]["total"].get<int64_t>();
+      int64_t measured = j["measured_peak_bytes"].get<int64_t>();
+      ASSERT_GT(measured, 0) << label;
+      double ratio = static_cast<double>(predicted) / measured;
+      EXPECT_NEAR(ratio, 1.0, 0.15) << label << " rank " << j["rank"] << ": predicted "
+                                    << predicted << ", measured " << measured << "\n"
+                                    << j.dump();
+      by_setting[label] = {predicted, measured};
+    }
+  };
+  for (const char* shard : {"none", "optimizer", "gradients"}) {
+    SCOPED_TRACE(shard);
+    check(Launch(2, base, {std::string("dist.shard=") + shard}), 2, shard);
+  }
+  EXPECT_LT(by_setting["gradients"].first, by_setting["none"].first);
+  EXPECT_LT(by_setting["gradients"].second, by_setting["none"].second);
+  EXPECT_LT(by_setting["optimizer"].second, by_setting["none"].second);
+  for (const char* ckpt : {"none", "blocks"}) {
+    SCOPED_TRACE(ckpt);
+    std::vector<std::string> argv = {FULLBURN_BIN, "train", "-q", "--store", store_};
+    argv.insert(argv.end(), base.begin(), base.end());
+    argv.push_back(std::string("model.checkpoint=") + ckpt);
+    auto o = RunToEnd(argv, 300);
+    ASSERT_EQ(o.code, 0) << o.err;
+    check(Store()->GetRun("last").value().id, 1, std::string("one rank, ") + ckpt);
+  }
+  EXPECT_LT(by_setting["one rank, blocks"].second, 0.7 * by_setting["one rank, none"].second);
+}
+
+// Out of memory in a step under a budget: the error and the diagnosis give
+// the memory model's parts and name the setting that fits; with
+// train.batch_size = auto the search prints the largest micro-batch by
+// setting and the diagnosis says which one would raise it.
+TEST_F(ShardedE2E, OutOfMemoryNamesTheSettingThatFits) {
+  std::string tokens = dir_ + "/tokens.bin";
+  auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "40000"}, 120);
+  ASSERT_EQ(made.code, 0) << made.err;
+  std::vector<std::string> argv = {FULLBURN_BIN,       "train",          "-q",
+                                   "--store",          store_,           "model.name=gpt",
+                                   "data.source=tokens", "data.path=" + tokens, "data.seq_len=128",
+                                   "model.hidden=128", "model.layers=4", "model.heads=4",
+                                   "train.threads=1",  "optim.name=adamw", "eval.at_end=false",
+                                   "train.steps=2",    "train.memory_budget_mb=80"};
+  std::vector<std::string> fixed = argv;
+  fixed.push_back("train.batch_size=16");
+  auto o = RunToEnd(fixed, 300);
+  EXPECT_EQ(o.code, 1);
+  EXPECT_NE(o.err.find("out of memory at step 1 with micro-batch 16 (memory model: "),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("model.checkpoint = blocks fits"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("train.batch_size = 8 with train.accumulate = 2 keeps the effective batch"),
+            std::string::npos)
+      << o.err;
+  auto d = RunToEnd({FULLBURN_BIN, "diagnose", "--store", store_, "last"}, 60);
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.out.find("[memory_pressure] Out of memory at micro-batch 16"), std::string::npos)
+      << d.out;
+  EXPECT_NE(d.out.find("fix: model.checkpoint = blocks (predicted"), std::string::npos) << d.out;
+
+  std::vector<std::string> search = argv;
+  search.push_back("train.batch_size=auto");
+  search.erase(std::find(search.begin(), search.end(), "-q"));
+  auto a = RunToEnd(search, 300);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("the largest micro-batch by memory setting"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("model.checkpoint = blocks"), std::string::npos) << a.err;
+  d = RunToEnd({FULLBURN_BIN, "diagnose", "--store", store_, "last"}, 60);
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.out.find("held down by memory"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("fix: model.checkpoint = blocks: micro-batch up to"), std::string::npos)
+      << d.out;
 }
 
 // Two "nodes": the ranks are started by hand (torchrun's variables) with

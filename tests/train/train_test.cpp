@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../../src/train/memory_model.h"
 #include "../../src/train/trainer.h"
 #include "replay_env.h"
 
@@ -268,6 +269,42 @@ TEST(MemoryBudget, AllocationsPastTheBudgetFailAsOutOfMemory) {
   SetCpuMemoryBudget(0);
   torch::Tensor fine = torch::empty({128 << 20}, torch::kByte);  // no budget: fine
   EXPECT_EQ(fine.numel(), 128 << 20);
+}
+
+// The memory model's arithmetic: each part by setting, and the largest
+// micro-batch under a limit.
+TEST(MemoryModel, PartsBySettingAndTheLargestBatchUnderALimit) {
+  MemoryModel m;
+  m.weight_bytes = m.grad_bytes = 4000;
+  m.largest_grad_bytes = 1000;
+  m.state_bytes = 8000;
+  m.largest_state_bytes = 2000;
+  m.bucket_bytes = 100;
+  m.world = 4;
+  m.activations["none"] = {500, 100};
+  m.activations["blocks"] = {500, 30};
+  MemoryParts none = m.Predict(10, "none", "none");
+  EXPECT_EQ(none.weights, 4000);
+  EXPECT_EQ(none.gradients, 4000);  // data parallel keeps the buckets
+  EXPECT_EQ(none.optimizer, 8000);
+  EXPECT_EQ(none.activations, 1500);
+  MemoryParts opt = m.Predict(10, "optimizer", "none");
+  EXPECT_EQ(opt.optimizer, 8000 / 4 + 2000);
+  EXPECT_EQ(opt.gradients, 4000);
+  MemoryParts grads = m.Predict(10, "gradients", "blocks");
+  EXPECT_EQ(grads.gradients, 4000 / 4 + 1000 + 3 * 100);
+  EXPECT_EQ(grads.activations, 800);
+  // 17500 at batch 10 as configured; a limit of 18000 allows 15.
+  EXPECT_EQ(none.total(), 17500);
+  EXPECT_EQ(m.LargestBatch(18000, "none", "none", 1000), 15);
+  EXPECT_EQ(m.LargestBatch(18000, "none", "none", 12), 12);  // capped
+  EXPECT_EQ(m.LargestBatch(16000, "none", "none", 1000), 0);  // not even one sample
+  EXPECT_EQ(m.LargestBatch(18000, "gradients", "blocks", 1000),
+            (18000 - 4000 - 2300 - 4000 - 500) / 30);
+  m.world = 1;  // one process: gradients are made inside the probed step
+  EXPECT_EQ(m.Predict(10, "gradients", "none").gradients, 0);
+  EXPECT_EQ(m.Predict(10, "gradients", "none").optimizer, 8000);
+  EXPECT_EQ(m.ShardSettings(), std::vector<std::string>{"none"});
 }
 
 TEST(BatchSearch, FindsTheLargestBatchUnderABudgetAndRecovers) {

@@ -1,0 +1,200 @@
+// The memory model and its probe (docs/memory.md).
+#include "memory_model.h"
+
+#include <algorithm>
+
+#ifdef FULLBURN_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "trainer.h"
+
+namespace fullburn {
+
+MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
+                                 const std::string& checkpoint) const {
+  MemoryParts m;
+  m.weights = weight_bytes;
+  const bool sharded = world > 1 && shard != "none";
+  // Sharded, a rank keeps its owners' share: 1/N, within one parameter.
+  m.optimizer = sharded ? state_bytes / world + largest_state_bytes : state_bytes;
+  if (world == 1) {
+    // One process sets gradients to none after each step: they are made
+    // during backward as activations are freed, inside the probed step.
+    m.gradients = 0;
+  } else if (shard == "gradients") {
+    // The rank's own gradients, and the buckets in flight (three at most:
+    // the one filling and two reducing) in place of the rest.
+    m.gradients = std::min(grad_bytes, grad_bytes / world + largest_grad_bytes + 3 * bucket_bytes);
+  } else {
+    m.gradients = grad_bytes;  // the buckets, kept between steps
+  }
+  auto fit = activations.find(checkpoint);
+  if (fit != activations.end())
+    m.activations = static_cast<int64_t>(std::max(0.0, fit->second.At(batch)));
+  return m;
+}
+
+int64_t MemoryModel::LargestBatch(int64_t limit, const std::string& shard,
+                                  const std::string& checkpoint, int64_t max_batch) const {
+  auto fits = [&](int64_t b) { return Predict(b, shard, checkpoint).total() <= limit; };
+  if (max_batch < 1 || !fits(1)) return 0;
+  int64_t lo = 1, hi = max_batch;  // fits(lo); the answer is in [lo, hi]
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+std::vector<std::string> MemoryModel::ShardSettings() const {
+  if (world < 2) return {"none"};
+  return {"none", "optimizer", "gradients"};
+}
+
+MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optimizer& optimizer,
+                           int world, double bucket_mb) {
+  MemoryModel m;
+  m.world = std::max(1, world);
+  m.bucket_bytes = static_cast<int64_t>(bucket_mb * 1e6);
+  const int64_t slots = static_cast<int64_t>(optimizer.StateSlots().size());
+  for (const torch::Tensor& p : params) {
+    int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    m.weight_bytes += bytes;
+    if (!p.requires_grad()) continue;
+    m.grad_bytes += bytes;
+    m.largest_grad_bytes = std::max(m.largest_grad_bytes, bytes);
+    m.state_bytes += slots * bytes;  // the state takes the parameter's dtype
+    m.largest_state_bytes = std::max(m.largest_state_bytes, slots * bytes);
+  }
+  return m;
+}
+
+void ResetDevicePeak(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef FULLBURN_TORCH_CUDA
+    c10::cuda::CUDACachingAllocator::resetPeakStats(
+        device.has_index() ? device.index() : c10::cuda::current_device());
+#endif
+    return;
+  }
+  ResetCpuPeakBytes();
+}
+
+namespace {
+#ifdef FULLBURN_TORCH_CUDA
+c10::cuda::CUDACachingAllocator::Stat AllocatedBytes(const torch::Device& device) {
+  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+      device.has_index() ? device.index() : c10::cuda::current_device());
+  return stats
+      .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+}
+#endif
+}  // namespace
+
+int64_t DevicePeakBytes(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef FULLBURN_TORCH_CUDA
+    return AllocatedBytes(device).peak;
+#else
+    return 0;
+#endif
+  }
+  return CpuPeakBytes();
+}
+
+int64_t DeviceBytesInUse(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef FULLBURN_TORCH_CUDA
+    return AllocatedBytes(device).current;
+#else
+    return 0;
+#endif
+  }
+  return CpuBytesInUse();
+}
+
+int64_t DeviceMemoryLimit(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef FULLBURN_TORCH_CUDA
+    size_t free = 0, total = 0;
+    c10::cuda::CUDAGuard guard(device);
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return static_cast<int64_t>(total);
+#endif
+    return 0;
+  }
+  return CpuMemoryBudget();
+}
+
+int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch) {
+  torch::Tensor idx =
+      torch::randint(probe.inputs.size(0), {batch},
+                     torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
+  TrainBatch b;
+  b.inputs = probe.inputs.index_select(0, idx);
+  if (ctx->channels_last && b.inputs.dim() == 4)
+    b.inputs = b.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
+  b.targets = probe.targets.index_select(0, idx);
+  b.samples = batch;
+  // The probe leaves no trace: gradients, BatchNorm statistics and the CPU
+  // generator (dropout, sampling) are put back.
+  std::vector<torch::Tensor> params = ctx->model->parameters();
+  std::vector<torch::Tensor> saved_grads, buffers = ctx->model->buffers(), saved_buffers;
+  for (torch::Tensor& p : params) {
+    saved_grads.push_back(p.grad());
+    p.mutable_grad() = torch::Tensor();
+  }
+  for (const torch::Tensor& t : buffers) saved_buffers.push_back(t.clone());
+  torch::Tensor rng;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  auto restore = [&] {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = saved_grads[i];
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved_buffers[i]);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  };
+  if (ctx->device.is_cuda()) FreeDeviceCache(ctx->device);
+  int64_t before = DeviceBytesInUse(ctx->device);
+  ResetDevicePeak(ctx->device);
+  try {
+    LossScaler scaler(LossScalerOptions{});
+    ForwardBackward(*ctx, b, 1, scaler, false, nullptr);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  if (ctx->device.is_cuda()) FreeDeviceCache(ctx->device);
+  int64_t peak = DevicePeakBytes(ctx->device) - before;
+  restore();
+  return peak;
+}
+
+ActivationFit ProbeActivations(StepContext* ctx, const TrainBatch& probe, int64_t small,
+                               int64_t large) {
+  // Each size twice, the smaller reading kept: the first pass of a shape
+  // may allocate what later ones reuse (oneDNN's and cuDNN's workspaces).
+  auto measure = [&](int64_t batch) {
+    int64_t a = ProbeStepBytes(ctx, probe, batch);
+    return std::min(a, ProbeStepBytes(ctx, probe, batch));
+  };
+  double p_small = static_cast<double>(measure(small));
+  double p_large = static_cast<double>(measure(large));
+  ActivationFit fit;
+  fit.per_sample = std::max(0.0, (p_large - p_small) / static_cast<double>(large - small));
+  fit.fixed = p_small - fit.per_sample * static_cast<double>(small);
+  return fit;
+}
+
+}  // namespace fullburn

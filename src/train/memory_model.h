@@ -1,0 +1,77 @@
+// Internal to train: the memory model (docs/memory.md). What one rank holds
+// at the peak of a training step, by part, for each dist.shard and
+// model.checkpoint setting, from the parameters, the optimizer and a probe
+// of the activation memory a step adds per sample.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fullburn/status.h"
+#include "fullburn/train.h"
+
+namespace fullburn {
+
+struct StepContext;
+struct TrainBatch;
+
+struct MemoryParts {
+  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
+  int64_t total() const { return weights + gradients + optimizer + activations; }
+};
+
+// A step's activations, fitted from two probes: fixed + per_sample * batch.
+struct ActivationFit {
+  double fixed = 0, per_sample = 0;
+  double At(int64_t batch) const { return fixed + per_sample * static_cast<double>(batch); }
+};
+
+struct MemoryModel {
+  int64_t weight_bytes = 0;        // every parameter
+  int64_t grad_bytes = 0;          // the trainable ones' gradients
+  int64_t largest_grad_bytes = 0;  // one shard may exceed 1/N by this
+  int64_t state_bytes = 0;         // the optimizer's state for every parameter
+  int64_t largest_state_bytes = 0;
+  int64_t bucket_bytes = 0;  // dist.bucket_mb
+  int world = 1;
+  std::map<std::string, ActivationFit> activations;  // by model.checkpoint mode probed
+
+  // One rank at micro-batch `batch`; `checkpoint` must have been probed.
+  MemoryParts Predict(int64_t batch, const std::string& shard, const std::string& checkpoint) const;
+  // The largest micro-batch (at most `max_batch`) whose prediction is within
+  // `limit` bytes; 0 when not even one sample fits.
+  int64_t LargestBatch(int64_t limit, const std::string& shard, const std::string& checkpoint,
+                       int64_t max_batch) const;
+  // The dist.shard values that mean something here (all of them with 2+ ranks).
+  std::vector<std::string> ShardSettings() const;
+};
+
+// The parameter and optimizer parts (activations are probed).
+MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optimizer& optimizer,
+                           int world, double bucket_mb);
+
+// Peak accounting on the training device: the counting allocator on CPU
+// (installed by the first reset), the caching allocator's statistics on CUDA.
+void ResetDevicePeak(const torch::Device& device);
+int64_t DevicePeakBytes(const torch::Device& device);
+int64_t DeviceBytesInUse(const torch::Device& device);
+// The memory one rank may use: train.memory_budget_mb on CPU (0: no limit),
+// the GPU's total on CUDA.
+int64_t DeviceMemoryLimit(const torch::Device& device);
+
+// The bytes a forward and backward at `batch` (samples drawn from `probe`)
+// adds above what was in use before it, gradients set to none first and
+// after: activations, gradients and temporaries. Gradients, BatchNorm
+// statistics and the CPU generator are put back. A data-parallel caller
+// turns gradient sync off first (the other ranks do not probe). Throws what
+// the step throws (an out-of-memory among them).
+int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch);
+// Probes at `small` and `large` (> small) and fits the line through them,
+// for the model's current checkpoint mode.
+ActivationFit ProbeActivations(StepContext* ctx, const TrainBatch& probe, int64_t small,
+                               int64_t large);
+
+}  // namespace fullburn

@@ -1,0 +1,238 @@
+// `fullburn train`: the memory model applied to the run (docs/memory.md):
+// train.memory_report's probe and `memory` event, the batch search's table
+// of the largest micro-batch by setting, and the advice after an
+// out-of-memory.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "memory_model.h"
+#include "trainer.h"
+
+namespace fullburn {
+namespace {
+
+std::string GiB(int64_t bytes) {
+  double g = static_cast<double>(bytes) / (1 << 30);
+  return g >= 1 ? fmt::format("{:.2f} GiB", g)
+                : fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+nlohmann::json PartsJson(const MemoryParts& m) {
+  return {{"weights", m.weights},
+          {"gradients", m.gradients},
+          {"optimizer", m.optimizer},
+          {"activations", m.activations},
+          {"total", m.total()}};
+}
+
+// A change of setting and what it costs, cheapest first: the optimizer's
+// shard sends what data parallel sends; the gradients' adds waits in
+// backward; checkpointing recomputes forward (about a third more compute).
+struct Setting {
+  std::string shard, checkpoint;
+  std::string Describe(const std::string& cur_shard, const std::string& cur_ckpt) const {
+    std::string out;
+    if (shard != cur_shard) out = "dist.shard = " + shard;
+    if (checkpoint != cur_ckpt)
+      out += (out.empty() ? "" : " and ") + ("model.checkpoint = " + checkpoint);
+    return out;
+  }
+};
+
+// The probed checkpoint modes, the run's own first.
+std::vector<std::string> Modes(const MemoryModel& m, const std::string& current) {
+  std::vector<std::string> out = {current};
+  for (const auto& [mode, fit] : m.activations)
+    if (mode != current) out.push_back(mode);
+  return out;
+}
+
+}  // namespace
+
+bool Trainer::MemoryReportWanted() const {
+  return cfg_.Bool("train.memory_report") || batch_searched_ || cfg_.IsAuto("train.batch_size");
+}
+
+// A batch of the run's own source (a second source would hold a second
+// copy of an in-memory dataset); the loop starts the epoch over after it.
+Status Trainer::DrawProbeBatch(TrainBatch* probe) {
+  source_->StartEpoch(static_cast<int>(epoch_), epoch_skip_);
+  if (!source_->Next(probe))
+    return source_->status().ok() ? Status::Internal("the data source gave no batch to probe")
+                                  : source_->status();
+  return Status::Ok();
+}
+
+// Fits the activations of the model's checkpoint mode and, for a model with
+// blocks, of checkpointing each block. Sync is off: no rank waits for this
+// one's gradients.
+Status Trainer::ProbeMemory(int64_t batch) {
+  TrainBatch probe;
+  if (Status s = DrawProbeBatch(&probe); !s.ok()) return s;
+  if (dp_) dp_->SetSync(false);
+  MemoryModel m = MemoryModelFor(ctx_.model->parameters(), *optim_, rank_.world_size,
+                                 cfg_.Float("dist.bucket_mb"));
+  memory_ = m;
+  CountOtherMemory();
+  memory_.reset();  // until the probe has filled in the activations
+  int64_t small = std::max<int64_t>(1, batch / 4), large = std::max(small + 1, batch / 2);
+  const std::string current = cfg_.Str("model.checkpoint");
+  m.activations[current] = ProbeActivations(&ctx_, probe, small, large);
+  if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
+    try {
+      m.activations["blocks"] = ProbeActivations(&ctx_, probe, small, large);
+    } catch (...) {
+      ctx_.model->SetCheckpointing(current);
+      throw;
+    }
+    ctx_.model->SetCheckpointing(current);
+  }
+  memory_ = m;
+  return Status::Ok();
+}
+
+// What the run holds besides the training state (the data source's
+// buffers, the evaluation set): not the model's, but within the same limit.
+void Trainer::CountOtherMemory() {
+  memory_other_ = DeviceBytesInUse(ctx_.device) - memory_->weight_bytes -
+                  (dp_ && !grads_sharded_ ? memory_->grad_bytes : 0);
+}
+
+int64_t Trainer::ModelBudget() const {
+  // The batch-size search's 10% headroom, less what the run holds besides.
+  return DeviceMemoryLimit(ctx_.device) * 9 / 10 - std::max<int64_t>(0, memory_other_);
+}
+
+void Trainer::StartMemoryCount() {
+  if (!memory_) return;
+  CountOtherMemory();
+  ResetDevicePeak(ctx_.device);
+}
+
+nlohmann::json Trainer::MemoryJson(bool measured) const {
+  const std::string shard = cfg_.Str("dist.shard"), ckpt = cfg_.Str("model.checkpoint");
+  const int64_t limit = DeviceMemoryLimit(ctx_.device);
+  nlohmann::json j{{"rank", rank_.rank},
+                   {"world", rank_.world_size},
+                   {"batch", batch_},
+                   {"shard", shard},
+                   {"checkpoint", ckpt},
+                   {"limit_bytes", limit},
+                   {"per_sample_bytes", memory_->activations.at(ckpt).per_sample},
+                   {"predicted", PartsJson(memory_->Predict(batch_, shard, ckpt))}};
+  if (measured) j["measured_peak_bytes"] = DevicePeakBytes(ctx_.device) - memory_other_;
+  nlohmann::json settings = nlohmann::json::array();
+  for (const std::string& s : memory_->ShardSettings())
+    for (const std::string& c : Modes(*memory_, ckpt)) {
+      nlohmann::json one{
+          {"shard", s}, {"checkpoint", c}, {"bytes", memory_->Predict(batch_, s, c).total()}};
+      if (limit > 0) one["largest_batch"] = memory_->LargestBatch(ModelBudget(), s, c, 1 << 20);
+      settings.push_back(one);
+    }
+  j["settings"] = settings;
+  return j;
+}
+
+void Trainer::RecordMemory() {
+  if (!memory_) return;
+  nlohmann::json j = MemoryJson(true);
+  RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j.dump()});
+  if (rank_.rank == 0 && !opt_.quiet)
+    std::fprintf(stderr, "fullburn: memory per rank: predicted %s, measured peak %s\n",
+                 GiB(j["predicted"]["total"].get<int64_t>()).c_str(),
+                 GiB(j["measured_peak_bytes"].get<int64_t>()).c_str());
+}
+
+void Trainer::PrintBatchTable() {
+  if (!memory_ || rank_.rank != 0) return;
+  const int64_t limit = DeviceMemoryLimit(ctx_.device);
+  if (limit <= 0) return;
+  const std::string shard = cfg_.Str("dist.shard"), ckpt = cfg_.Str("model.checkpoint");
+  std::fprintf(stderr,
+               "fullburn: the largest micro-batch by memory setting (memory model: %s limit, 10%% "
+               "headroom, %s held besides the model):\n",
+               GiB(limit).c_str(), GiB(std::max<int64_t>(0, memory_other_)).c_str());
+  for (const std::string& s : memory_->ShardSettings())
+    for (const std::string& c : Modes(*memory_, ckpt)) {
+      std::string label = Setting{s, c}.Describe(shard, ckpt);
+      std::fprintf(stderr, "  %-48s %lld\n", label.empty() ? "as configured" : label.c_str(),
+                   static_cast<long long>(memory_->LargestBatch(ModelBudget(), s, c, 1 << 20)));
+    }
+}
+
+std::string Trainer::OutOfMemoryAdvice() {
+  const std::string shard = cfg_.Str("dist.shard"), ckpt = cfg_.Str("model.checkpoint");
+  if (!memory_ || !memory_->activations.count(ckpt)) {
+    try {
+      if (ctx_.device.is_cuda()) FreeDeviceCache(ctx_.device);
+      if (Status s = ProbeMemory(std::max<int64_t>(2, batch_ / 2)); !s.ok()) return "";
+    } catch (const std::exception&) {
+      return "";  // even a quarter of the batch does not fit: the plain advice
+    }
+  }
+  const int64_t limit = DeviceMemoryLimit(ctx_.device);
+  MemoryParts now = memory_->Predict(batch_, shard, ckpt);
+  std::string advice = fmt::format(
+      " (memory model: {} per rank, weights {}, gradients {}, optimizer {}, activations {}{})",
+      GiB(now.total()), GiB(now.weights), GiB(now.gradients), GiB(now.optimizer),
+      GiB(now.activations), limit > 0 ? ", limit " + GiB(limit) : "");
+  // The cheapest change that fits at this micro-batch, with 10% headroom.
+  std::vector<Setting> order;
+  for (const std::string& s : memory_->ShardSettings())
+    if (s != shard) order.push_back({s, ckpt});
+  for (const auto& [c, fit] : memory_->activations)
+    if (c != ckpt) {
+      order.push_back({shard, c});
+      for (const std::string& s : memory_->ShardSettings())
+        if (s != shard) order.push_back({s, c});
+    }
+  std::string fix;
+  int64_t fix_bytes = 0;
+  for (const Setting& o : order) {
+    int64_t bytes = memory_->Predict(batch_, o.shard, o.checkpoint).total();
+    if (limit > 0 && bytes > ModelBudget()) continue;
+    if (limit <= 0 && (fix_bytes == 0 || bytes < fix_bytes) && bytes < now.total() * 9 / 10) {
+      fix = o.Describe(shard, ckpt);  // no known limit: the smallest
+      fix_bytes = bytes;
+      continue;
+    }
+    if (limit > 0) {
+      fix = o.Describe(shard, ckpt);
+      fix_bytes = bytes;
+      break;
+    }
+  }
+  int64_t smaller = limit > 0 ? memory_->LargestBatch(ModelBudget(), shard, ckpt, batch_ - 1) : 0;
+  std::string out = advice + ": ";
+  if (!fix.empty())
+    out += fmt::format("{} {} ({} per rank), or ", fix, limit > 0 ? "fits" : "needs least",
+                       GiB(fix_bytes));
+  if (smaller > 0) {
+    // A divisor of the effective batch keeps it exactly, if one is near.
+    const int64_t effective = batch_ * accumulate_;
+    int64_t micro = smaller;
+    for (int64_t k = smaller; k * 2 > smaller; --k)
+      if (effective % k == 0) {
+        micro = k;
+        break;
+      }
+    smaller = micro;
+    int64_t acc = (effective + micro - 1) / micro;
+    out += fmt::format("train.batch_size = {} with train.accumulate = {} {} the effective batch",
+                       micro, acc, effective % micro == 0 ? "keeps" : "about keeps");
+  } else {
+    out +=
+        "lower train.batch_size (or use auto) and raise train.accumulate to keep the effective "
+        "batch";
+  }
+  nlohmann::json j = MemoryJson(false);
+  j["oom"] = true;
+  j["fix"] = fix;
+  j["fix_bytes"] = fix_bytes;
+  if (smaller > 0) j["fits_batch"] = smaller;
+  RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j.dump()});
+  return out;
+}
+
+}  // namespace fullburn
