@@ -29,6 +29,7 @@ packages=(
   libjpeg62-turbo-dev libpng-dev  # input pipeline (JPEG, PNG)
   zlib1g-dev                      # checksums, gzip
   libsimdjson-dev                 # fullburn analyze: profiler traces
+  libdeflate-dev                  # fullburn analyze: the CRC-32 of .json.gz traces
 )
 if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)

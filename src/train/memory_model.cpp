@@ -23,12 +23,15 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
   m.optimizer = sharded ? state_bytes / world + largest_state_bytes : state_bytes;
   if (world == 1) {
     // One process sets gradients to none after each step: they are made
-    // during backward as activations are freed, inside the probed step.
+    // during backward as activations are freed, inside the probed step
+    // (probed with gradients set to none).
     m.gradients = 0;
   } else if (shard == "gradients") {
-    // The rank's own gradients, and the buckets in flight (three at most:
-    // the one filling and two reducing) in place of the rest.
-    m.gradients = std::min(grad_bytes, grad_bytes / world + largest_grad_bytes + 3 * bucket_bytes);
+    // Between steps no gradient is kept; at the peak (backward's start, all
+    // activations alive) the first buckets are filling. The rank's own
+    // gradients come later, as activations are freed (with several ranks
+    // the probe accumulates in place: its line is activations alone).
+    m.gradients = std::min(grad_bytes, 2 * bucket_bytes);
   } else {
     m.gradients = grad_bytes;  // the buckets, kept between steps
   }
@@ -76,32 +79,36 @@ MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optim
   return m;
 }
 
+namespace {
+#ifdef FULLBURN_TORCH_CUDA
+c10::DeviceIndex CudaIndex(const torch::Device& device) {
+  return device.has_index() ? device.index() : c10::cuda::current_device();
+}
+// The caching allocator's bytes allocated to tensors (max_memory_allocated's
+// counter): peak or current. By `auto` and index 0 (StatType::AGGREGATE, all
+// pools), so the code stays the same where torch 2.x moved the stat types.
+int64_t CudaAllocatedBytes(const torch::Device& device, bool peak) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+  const auto& all = stats.allocated_bytes[0];
+  return peak ? all.peak : all.current;
+}
+#endif
+}  // namespace
+
 void ResetDevicePeak(const torch::Device& device) {
   if (device.is_cuda()) {
 #ifdef FULLBURN_TORCH_CUDA
-    c10::cuda::CUDACachingAllocator::resetPeakStats(
-        device.has_index() ? device.index() : c10::cuda::current_device());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device));
 #endif
     return;
   }
   ResetCpuPeakBytes();
 }
 
-namespace {
-#ifdef FULLBURN_TORCH_CUDA
-c10::cuda::CUDACachingAllocator::Stat AllocatedBytes(const torch::Device& device) {
-  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
-      device.has_index() ? device.index() : c10::cuda::current_device());
-  return stats
-      .allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
-}
-#endif
-}  // namespace
-
 int64_t DevicePeakBytes(const torch::Device& device) {
   if (device.is_cuda()) {
 #ifdef FULLBURN_TORCH_CUDA
-    return AllocatedBytes(device).peak;
+    return CudaAllocatedBytes(device, true);
 #else
     return 0;
 #endif
@@ -112,7 +119,7 @@ int64_t DevicePeakBytes(const torch::Device& device) {
 int64_t DeviceBytesInUse(const torch::Device& device) {
   if (device.is_cuda()) {
 #ifdef FULLBURN_TORCH_CUDA
-    return AllocatedBytes(device).current;
+    return CudaAllocatedBytes(device, false);
 #else
     return 0;
 #endif
@@ -124,7 +131,7 @@ int64_t DeviceMemoryLimit(const torch::Device& device) {
   if (device.is_cuda()) {
 #ifdef FULLBURN_TORCH_CUDA
     size_t free = 0, total = 0;
-    c10::cuda::CUDAGuard guard(device);
+    c10::cuda::CUDAGuard guard(CudaIndex(device));
     if (cudaMemGetInfo(&free, &total) == cudaSuccess) return static_cast<int64_t>(total);
 #endif
     return 0;
@@ -132,7 +139,8 @@ int64_t DeviceMemoryLimit(const torch::Device& device) {
   return CpuMemoryBudget();
 }
 
-int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch) {
+int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,
+                       bool grads_in_place) {
   torch::Tensor idx =
       torch::randint(probe.inputs.size(0), {batch},
                      torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
@@ -148,7 +156,9 @@ int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch)
   std::vector<torch::Tensor> saved_grads, buffers = ctx->model->buffers(), saved_buffers;
   for (torch::Tensor& p : params) {
     saved_grads.push_back(p.grad());
-    p.mutable_grad() = torch::Tensor();
+    // In place: zeros allocated before `before`, so only activations and
+    // temporaries are counted (data parallel's buckets hold gradients for good).
+    p.mutable_grad() = grads_in_place && p.requires_grad() ? torch::zeros_like(p) : torch::Tensor();
   }
   for (const torch::Tensor& t : buffers) saved_buffers.push_back(t.clone());
   torch::Tensor rng;
@@ -182,12 +192,12 @@ int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch)
 }
 
 ActivationFit ProbeActivations(StepContext* ctx, const TrainBatch& probe, int64_t small,
-                               int64_t large) {
+                               int64_t large, bool grads_in_place) {
   // Each size twice, the smaller reading kept: the first pass of a shape
   // may allocate what later ones reuse (oneDNN's and cuDNN's workspaces).
   auto measure = [&](int64_t batch) {
-    int64_t a = ProbeStepBytes(ctx, probe, batch);
-    return std::min(a, ProbeStepBytes(ctx, probe, batch));
+    int64_t a = ProbeStepBytes(ctx, probe, batch, grads_in_place);
+    return std::min(a, ProbeStepBytes(ctx, probe, batch, grads_in_place));
   };
   double p_small = static_cast<double>(measure(small));
   double p_large = static_cast<double>(measure(large));

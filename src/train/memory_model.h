@@ -63,15 +63,20 @@ int64_t DeviceBytesInUse(const torch::Device& device);
 int64_t DeviceMemoryLimit(const torch::Device& device);
 
 // The bytes a forward and backward at `batch` (samples drawn from `probe`)
-// adds above what was in use before it, gradients set to none first and
-// after: activations, gradients and temporaries. Gradients, BatchNorm
+// adds above what was in use before it: activations and temporaries, and
+// gradients unless `grads_in_place` (below). Gradients, BatchNorm
 // statistics and the CPU generator are put back. A data-parallel caller
 // turns gradient sync off first (the other ranks do not probe). Throws what
 // the step throws (an out-of-memory among them).
-int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch);
+// `grads_in_place`: every gradient exists (zeros) before the pass, as data
+// parallel's buckets make them, so the line is activations alone; else they
+// are none first, as one process's set-to-none leaves them, and the
+// gradients backward makes are in the line.
+int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,
+                       bool grads_in_place);
 // Probes at `small` and `large` (> small) and fits the line through them,
 // for the model's current checkpoint mode.
 ActivationFit ProbeActivations(StepContext* ctx, const TrainBatch& probe, int64_t small,
-                               int64_t large);
+                               int64_t large, bool grads_in_place);
 
 }  // namespace fullburn

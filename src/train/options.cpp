@@ -109,8 +109,8 @@ const std::vector<OptionDef>& TrainOptions() {
        "as an out-of-memory would. 0: none",
        "", ">=0"},
       {"train.memory_report", T::kBool, "false",
-       "Probe the memory a step adds per sample (two extra forward and backward passes at a "
-       "quarter and half of the micro-batch, with and without model.checkpoint = blocks) and "
+       "Probe the memory a step adds per sample (two extra forward and backward passes at "
+       "half and all of the micro-batch, with and without model.checkpoint = blocks) and "
        "record each rank's predicted and measured peak by part (a memory event; docs/memory.md). "
        "Always on with train.batch_size = auto"},
       {"train.max_batch_size", T::kInt, "4096", "Upper bound of the batch-size search", "", ">0"},

@@ -414,7 +414,7 @@ Status Trainer::Run() {
       exit_code = 0;
       memory_.reset();
       std::fprintf(stderr,
-                   "fullburn: rank %d: no memory report: probing half the micro-batch ran out of "
+                   "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
                    "memory (%s); the steps may too\n",
                    rank_.rank, DescribeOutOfMemory(e).c_str());
     }

@@ -76,12 +76,14 @@ Status Trainer::ProbeMemory(int64_t batch) {
   memory_ = m;
   CountOtherMemory();
   memory_.reset();  // until the probe has filled in the activations
-  int64_t small = std::max<int64_t>(1, batch / 4), large = std::max(small + 1, batch / 2);
+  // Half and all of `batch`: the run's own micro-batch at start, so the line
+  // is read where it is used; after an out-of-memory a quarter of it.
+  int64_t small = std::max<int64_t>(1, batch / 2), large = std::max(small + 1, batch);
   const std::string current = cfg_.Str("model.checkpoint");
-  m.activations[current] = ProbeActivations(&ctx_, probe, small, large);
+  m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr);
   if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
     try {
-      m.activations["blocks"] = ProbeActivations(&ctx_, probe, small, large);
+      m.activations["blocks"] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr);
     } catch (...) {
       ctx_.model->SetCheckpointing(current);
       throw;
@@ -166,7 +168,7 @@ std::string Trainer::OutOfMemoryAdvice() {
   if (!memory_ || !memory_->activations.count(ckpt)) {
     try {
       if (ctx_.device.is_cuda()) FreeDeviceCache(ctx_.device);
-      if (Status s = ProbeMemory(std::max<int64_t>(2, batch_ / 2)); !s.ok()) return "";
+      if (Status s = ProbeMemory(std::max<int64_t>(2, batch_ / 4)); !s.ok()) return "";
     } catch (const std::exception&) {
       return "";  // even a quarter of the batch does not fit: the plain advice
     }

@@ -507,6 +507,39 @@ TEST(Analyze, GzipAndTopLevelKeysInAnyOrder) {
   EXPECT_DOUBLE_EQ(r.temporal.idle_us, 90);
 }
 
+// gzip members as tools write them: concatenated (cat a.gz b.gz), with the
+// optional header fields (extra field, file name, comment, header CRC), and
+// zero padding after the last one.
+TEST(Analyze, GzipMembersWithEveryHeaderFieldAndPadding) {
+  TraceBuilder b;
+  b.Kernel(0, 10, 100);
+  b.Kernel(5, 200, 100);
+  std::string text = b.Text();
+  std::string first = TempPath("a.gz"), second = TempPath("b.gz");
+  size_t half = text.size() / 2;
+  WriteGzip(first, text.substr(0, half));
+  WriteGzip(second, text.substr(half));
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  std::string a = read(first), b2 = read(second);
+  // The second member's header: FHCRC|FEXTRA|FNAME|FCOMMENT (2|4|8|16), then
+  // the fields in RFC 1952's order, before its deflate data.
+  std::string header = b2.substr(0, 10);
+  header[3] = static_cast<char>(2 | 4 | 8 | 16);
+  header += std::string("\x03\x00", 2) + "abc";  // XLEN 3, extra data
+  header += std::string("trace.json\0", 11);  // FNAME
+  header += std::string("a comment\0", 10);   // FCOMMENT
+  header += std::string("\x00\x00", 2);       // FHCRC (skipped: the trailer checks the text)
+  std::string joined = a + header + b2.substr(10) + std::string(16, '\0');
+  std::string path = TempPath("joined.json.gz");
+  WriteFile(path, joined);
+  RankReport r = Analyze(path);
+  EXPECT_DOUBLE_EQ(r.temporal.span_us, 290);
+  EXPECT_DOUBLE_EQ(r.temporal.idle_us, 90);
+}
+
 // Names full of quotes, backslashes and brackets, at every offset, over
 // more text than one read block (1 MB), so escapes fall across every
 // boundary the reader has.
@@ -588,6 +621,13 @@ TEST(Analyze, BadInputsAreOneLineErrors) {
     gz.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   WriteFile(p, gz.substr(0, gz.size() / 2));
+  ExpectError(p, "truncated gzip");
+  // Whole, but a byte of the text's checksum flipped; or cut in the trailer.
+  std::string flipped = gz;
+  flipped[flipped.size() - 6] ^= 0x10;
+  WriteFile(p, flipped);
+  ExpectError(p, "gzip checksum mismatch");
+  WriteFile(p, gz.substr(0, gz.size() - 3));
   ExpectError(p, "truncated gzip");
   ExpectError(TempPath("missing.json"), "No such file");
 }
