@@ -104,8 +104,7 @@ class DataParallel {
   static std::vector<int> ShardOwners(const std::vector<torch::Tensor>& params, int world_size);
   // Every rank's `tensors` take the values of their owner's (`owner[i]`):
   // one broadcast per owner rank and dtype, its tensors flattened into one
-  // buffer. After each rank updated the parameters it owns; and to gather
-  // the optimizer state for a checkpoint.
+  // buffer. After each rank updated the parameters it owns.
   Status BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
                              const std::vector<int>& owner);
   // True on every rank if `local` is true on any (inf/NaN found, out of memory).

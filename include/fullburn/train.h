@@ -213,6 +213,14 @@ struct CheckpointState {
 Status WriteCheckpointFile(const std::string& path, const CheckpointState& state, int64_t* bytes);
 // Reads and verifies (size, header, checksum); errors name the file and why.
 Result<CheckpointState> ReadCheckpointFile(const std::string& path);
+// Sharded optimizer state (dist.shard): each rank's own part of a step's
+// optimizer state, in a file beside the step's checkpoint (whose metadata
+// says how many: "optim_shards").
+std::string OptimizerShardPath(const std::string& checkpoint_path, int rank, int world);
+// ReadCheckpointFile, and for a sharded checkpoint every rank's state file
+// beside it, verified each, their tensors added: the whole state, whatever
+// world size wrote it. A missing or damaged part is an error naming it.
+Result<CheckpointState> ReadCheckpointWithShards(const std::string& path);
 
 // The asynchronous writer: Save() copies `tensors` to host memory (a write
 // still in flight is waited for first); the writer thread copies

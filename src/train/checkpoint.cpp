@@ -106,6 +106,50 @@ Result<CheckpointState> ReadCheckpointFile(const std::string& path) {
   return out;
 }
 
+std::string OptimizerShardPath(const std::string& checkpoint_path, int rank, int world) {
+  // "step-00000040.safetensors" -> "step-00000040.optim-1-of-3.safetensors":
+  // not a step's name to ListCheckpoints.
+  std::string base = checkpoint_path;
+  const std::string suffix = ".safetensors";
+  if (base.size() > suffix.size() && base.compare(base.size() - suffix.size(), suffix.size(), suffix) == 0)
+    base.resize(base.size() - suffix.size());
+  return base + ".optim-" + std::to_string(rank) + "-of-" + std::to_string(world) + suffix;
+}
+
+Result<CheckpointState> ReadCheckpointWithShards(const std::string& path) {
+  Result<CheckpointState> main = ReadCheckpointFile(path);
+  if (!main.ok()) return main;
+  nlohmann::json meta = nlohmann::json::parse(main->state_json, nullptr, false);
+  int world = meta.is_object() ? meta.value("optim_shards", 0) : 0;
+  for (int r = 0; r < world; ++r) {
+    std::string part = OptimizerShardPath(path, r, world);
+    Result<CheckpointState> shard = ReadCheckpointFile(part);
+    if (!shard.ok())
+      return Status::Corruption("checkpoint " + path + " was saved by " + std::to_string(world) +
+                                " ranks, and rank " + std::to_string(r) +
+                                "'s optimizer state is unusable (" + shard.status().message() +
+                                "): keep every *.optim-*-of-" + std::to_string(world) +
+                                ".safetensors file beside it, or resume from an earlier one");
+    for (auto& t : shard->tensors) main->tensors.push_back(std::move(t));
+  }
+  return main;
+}
+
+// The optimizer-state files beside a step's checkpoint (any world size).
+static void RemoveOptimizerShards(const std::string& checkpoint_path) {
+  size_t slash = checkpoint_path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : checkpoint_path.substr(0, slash);
+  std::string name = checkpoint_path.substr(slash == std::string::npos ? 0 : slash + 1);
+  std::string prefix = name.substr(0, name.size() - std::string(".safetensors").size()) + ".optim-";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> doomed;
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) doomed.push_back(dir + "/" + e->d_name);
+    ::closedir(d);
+    for (const std::string& p : doomed) ::unlink(p.c_str());
+  }
+}
+
 std::vector<std::string> ListCheckpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -264,8 +308,10 @@ void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s
     }
     int kept = 0;
     for (const std::string& path : ListCheckpoints(dir_))
-      if (StepOfName(path.substr(path.rfind('/') + 1)) != kept_step && kept++ >= keep_)
+      if (StepOfName(path.substr(path.rfind('/') + 1)) != kept_step && kept++ >= keep_) {
         ::unlink(path.c_str());
+        RemoveOptimizerShards(path);  // a sharded run's state beside it
+      }
   }
   if (done_) done_(w);
 }

@@ -189,8 +189,8 @@ const std::vector<OptionDef>& TrainOptions() {
        "ZeRO stages (docs/memory.md). optimizer (stage 1): each rank keeps the optimizer state "
        "of the parameters it owns, about 1/N, updates them and broadcasts them; gradients "
        "(stage 2): also each gradient is reduced to its owner only, the others free theirs. "
-       "Checkpoints gather the state, so they resume at any world size. none: every rank keeps "
-       "everything",
+       "Each rank writes its part of a checkpoint beside the step's file; any world size resumes "
+       "it. none: every rank keeps everything",
        "none|optimizer|gradients"},
   };
   return kOptions;

@@ -53,7 +53,7 @@ Status Trainer::OpenStoreAndResume() {
     }
     for (size_t i = 0; i < candidates.size(); ++i) {
       const std::string& c = candidates[i];
-      auto state = ReadCheckpointFile(c);
+      auto state = ReadCheckpointWithShards(c);  // a sharded run's parts beside it
       if (!state.ok()) {
         // A file named by hand has no earlier one to fall back on.
         if (candidates.size() == 1) return state.status();

@@ -140,9 +140,9 @@ class Trainer {
   // parameters it owns and keeps only their optimizer state.
   Status SetupSharding();
   Status ClipShardedGradients(double max_norm);
-  // Every rank: the whole optimizer state, each tensor from its owner, for
-  // rank 0's checkpoint (collective: every rank checkpoints at the same steps).
-  Status GatherOptimizerState();
+  // Sharded: this rank's optimizer state beside the step's checkpoint.
+  Status WriteOptimizerShard();
+  double shard_write_s_ = 0;  // the loop's time writing them, in total
   // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
   bool MemoryReportWanted() const;
   Status DrawProbeBatch(TrainBatch* probe);
@@ -161,7 +161,6 @@ class Trainer {
   bool batch_searched_ = false;  // train.batch_size = auto (the config then holds the size)
   std::vector<int> shard_owner_;  // empty: not sharded
   bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
-  std::vector<std::pair<std::string, torch::Tensor>> gathered_state_;
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);

@@ -361,6 +361,7 @@ Status Trainer::Loop() {
                      {"state_bytes", optim_->StateBytes()},
                      {"grad_bytes", dp_->stats().grad_bytes},
                      {"shard", cfg_.Str("dist.shard")},
+                     {"shard_write_s", shard_write_s_},
                      {"sharded", !shard_owner_.empty()}};
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});
   }

@@ -21,11 +21,9 @@ CheckpointState Trainer::Snapshot() {
   for (auto& p : ctx_.model->named_parameters())
     s.until_update.emplace_back("model." + p.key(), p.value());
   for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
-  if (shard_owner_.empty()) {
+  // Sharded, each rank wrote its own part beside this file (WriteOptimizerShard).
+  if (shard_owner_.empty())
     for (auto& [name, t] : optim_->State()) s.until_update.emplace_back("optim." + name, t);
-  } else {  // gathered for this checkpoint: no step changes these tensors
-    for (auto& [name, t] : gathered_state_) s.tensors.emplace_back("optim." + name, t);
-  }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -39,6 +37,7 @@ CheckpointState Trainer::Snapshot() {
                       {"scaler_growth_tracker", scaler_->growth_tracker()},
                       {"skipped_steps", skipped_},
                       {"run_id", run_.id},
+                      {"optim_shards", shard_owner_.empty() ? 0 : rank_.world_size},
                       {"config", cfg_.ToJson()}};
   if (std::isfinite(best_val_loss_))
     meta.update({{"best_val_loss", best_val_loss_},
@@ -100,21 +99,27 @@ Status Trainer::Restore() {
 }
 
 void Trainer::Checkpoint(bool final_one) {
-  // Sharded, the state is gathered from every rank first: they all come
-  // here at the same steps (step-based triggers, a shared stop, evaluations).
+  // Sharded, every rank first writes the state it owns beside the step's
+  // file; rank 0 writes that file only once every part landed, so a
+  // checkpoint is whole or absent. The ranks all come here at the same steps
+  // (step-based triggers, a shared stop, evaluations).
   if (!shard_owner_.empty() && step_ != last_ckpt_step_) {
-    if (Status s = GatherOptimizerState(); !s.ok()) {
+    Status s = WriteOptimizerShard();
+    Result<bool> any_failed = dp_->AnyRank(!s.ok());
+    if (!s.ok() || !any_failed.ok() || *any_failed) {
       std::fprintf(stderr,
                    "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints "
                    "are intact\n",
-                   static_cast<long long>(step_), s.message().c_str());
+                   static_cast<long long>(step_),
+                   !s.ok()                ? s.message().c_str()
+                   : !any_failed.ok()     ? any_failed.status().message().c_str()
+                                          : "another rank could not write its optimizer state");
       if (rank_.rank == 0 && final_one) FinalCheckpointLost();
       return;
     }
   }
   if (rank_.rank != 0) {
     last_ckpt_step_ = step_;
-    gathered_state_.clear();
     return;  // every rank holds the same weights
   }
   bool saved = true;
@@ -123,7 +128,6 @@ void Trainer::Checkpoint(bool final_one) {
     last_ckpt_time_ = MonoNow();
     try {
       ckpt_->Save(step_, Snapshot());
-      gathered_state_.clear();
     } catch (const std::exception& e) {  // the previous checkpoint stands
       std::string what = e.what();
       std::fprintf(
@@ -210,27 +214,21 @@ Status Trainer::ClipShardedGradients(double max_norm) {
   return Status::Ok();
 }
 
-Status Trainer::GatherOptimizerState() {
-  torch::NoGradGuard no_grad;
-  std::map<std::string, torch::Tensor> mine;
-  for (auto& [name, t] : optim_->State()) mine[name] = t;
-  std::vector<torch::Tensor> params = optim_->params();
-  std::vector<std::string> names = optim_->names();
-  std::vector<torch::Tensor> tensors;
-  std::vector<int> owner;
-  gathered_state_.clear();
-  for (size_t i = 0; i < params.size(); ++i)
-    for (const std::string& slot : optim_->StateSlots()) {
-      auto it = mine.find(names[i] + slot);
-      // Not owned here, or never stepped: zeros, which is also what a state
-      // created on the first step starts from. An owned one is only read (the
-      // broadcast's source, then Save's copy), so it is not cloned.
-      torch::Tensor t = it != mine.end() ? it->second : torch::zeros_like(params[i]);
-      tensors.push_back(t);
-      owner.push_back(shard_owner_[i]);
-      gathered_state_.emplace_back(names[i] + slot, t);
-    }
-  return dp_->BroadcastFromOwners(tensors, owner);
+// This rank's optimizer state (the parameters it owns) beside the step's
+// checkpoint, written before the step's file; on the loop's thread: the
+// optimizer's next step would change it.
+Status Trainer::WriteOptimizerShard() {
+  CheckpointState mine;
+  for (auto& [name, t] : optim_->State()) mine.tensors.emplace_back("optim." + name, t);
+  mine.state_json =
+      nlohmann::json{{"step", step_}, {"rank", rank_.rank}, {"world", rank_.world_size}}.dump();
+  int64_t bytes = 0;
+  double start = MonoNow();
+  Status s = WriteCheckpointFile(
+      OptimizerShardPath(CheckpointPath(ckpt_dir_, step_), rank_.rank, rank_.world_size), mine,
+      &bytes);
+  shard_write_s_ += MonoNow() - start;
+  return s;
 }
 
 }  // namespace fullburn

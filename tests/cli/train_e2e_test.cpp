@@ -494,7 +494,7 @@ class ShardedE2E : public TrainE2E {
     std::vector<CheckpointRecord> cks = Store()->LoadCheckpoints(run).value();
     std::map<std::string, torch::Tensor> out;
     if (cks.empty()) return out;
-    auto state = ReadCheckpointFile(cks.back().path);
+    auto state = ReadCheckpointWithShards(cks.back().path);  // a sharded run's parts too
     if (state.ok())
       for (auto& [name, t] : state->tensors) out[name] = t;
     return out;
@@ -533,7 +533,8 @@ class ShardedE2E : public TrainE2E {
 TEST_F(ShardedE2E, ShardedStatesTrainLikeDataParallelAndResumeOnTwoRanks) {
   std::vector<std::string> base = kTiny;
   for (const char* a : {"optim.name=adamw", "optim.lr=0.01", "train.batch_size=16",
-                        "eval.at_end=false", "train.clip_grad_norm=0.05"})
+                        "eval.at_end=false", "train.clip_grad_norm=0.05", "checkpoint.every_steps=2",
+                        "checkpoint.keep=2"})
     base.push_back(a);
   int64_t plain = Launch(3, base, {"train.steps=6", "dist.shard=none"});
   std::vector<double> a = Rank0Losses(plain);
@@ -572,6 +573,33 @@ TEST_F(ShardedE2E, ShardedStatesTrainLikeDataParallelAndResumeOnTwoRanks) {
     if (std::string(shard) == "gradients") {
       EXPECT_EQ(grad_sum, 4 * params);
     }
+    // On disk: the step's file without optimizer state, and beside it each
+    // rank's own part, at most a third plus one parameter's.
+    std::string main = Store()->LoadCheckpoints(sharded).value().back().path;
+    auto alone = ReadCheckpointFile(main);
+    ASSERT_TRUE(alone.ok()) << alone.status().message();
+    for (auto& [name, t] : alone->tensors) EXPECT_NE(name.rfind("optim.", 0), 0u) << name;
+    for (int r = 0; r < 3; ++r) {
+      auto part = ReadCheckpointFile(OptimizerShardPath(main, r, 3));
+      ASSERT_TRUE(part.ok()) << part.status().message();
+      int64_t bytes = 0;
+      for (auto& [name, t] : part->tensors) bytes += t.numel() * t.element_size();
+      EXPECT_LE(bytes, 8 * (params / 3 + largest)) << "rank " << r;
+      EXPECT_GT(bytes, 0) << "rank " << r;
+    }
+    // Checkpoints at steps 2, 4, 6, the newest 2 kept: step 2's parts went
+    // with its file, and nothing else is left in the folder.
+    std::set<std::string> files;
+    for (const auto& e : fs::directory_iterator(fs::path(main).parent_path()))
+      files.insert(e.path().filename().string());
+    std::set<std::string> expected;
+    for (const char* step : {"00000004", "00000006"}) {
+      expected.insert(std::string("step-") + step + ".safetensors");
+      for (int r = 0; r < 3; ++r)
+        expected.insert(std::string("step-") + step + ".optim-" + std::to_string(r) +
+                        "-of-3.safetensors");
+    }
+    EXPECT_EQ(files, expected);
 
     // Saved by 3 ranks, resumed on 2: the gathered state re-shards.
     int64_t plain2 = Launch(2, base, {"--resume", std::to_string(plain), "train.steps=10"});
@@ -583,6 +611,24 @@ TEST_F(ShardedE2E, ShardedStatesTrainLikeDataParallelAndResumeOnTwoRanks) {
     ASSERT_EQ(b2.size(), 4u);
     for (size_t i = 0; i < a2.size(); ++i) EXPECT_NEAR(a2[i], b2[i], 1e-5) << "step " << i + 7;
   }
+
+  // A part missing beside a checkpoint named by hand: a one-line error that
+  // names the rank and the files to keep; nothing trains.
+  std::string main = Store()->LoadCheckpoints(Launch(3, base, {"train.steps=2",
+                                                               "dist.shard=gradients"}))
+                         .value()
+                         .back()
+                         .path;
+  fs::remove(OptimizerShardPath(main, 1, 3));
+  std::vector<std::string> resume = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN,
+                                     "train", "-q", "--store", store_, "--resume", main};
+  resume.insert(resume.end(), base.begin(), base.end());
+  resume.insert(resume.end(), {"dist.shard=gradients", "train.steps=4"});
+  auto broken = RunToEnd(resume, 300);
+  EXPECT_NE(broken.code, 0);
+  EXPECT_NE(broken.err.find("was saved by 3 ranks, and rank 1's optimizer state is unusable"),
+            std::string::npos)
+      << broken.err;
 
   // Checkpoints by the clock would need the ranks to agree on the moment.
   std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
