@@ -479,6 +479,15 @@ class Scanner {
     return Status::Ok();
   }
 
+  // Reads on to the end of the file after the trace's closing brace, so a
+  // .json.gz member's trailer (checksum, length) is checked even when the
+  // last text came out before it: a cut or damaged file is an error.
+  Status Drain() {
+    pos_ = end_;
+    while (Fill()) pos_ = end_;
+    return status_;
+  }
+
  private:
   bool Fill() {
     if (!status_.ok() || eof_) return false;
@@ -668,6 +677,7 @@ Result<RawTrace> ReadTrace(const std::string& path) {
   t.path = path;
   Scanner scanner(src->get(), &t);
   Status s = scanner.Run();
+  if (s.ok()) s = scanner.Drain();
   if (!s.ok()) return s;
   return t;
 }

@@ -564,7 +564,11 @@ Facts Gather(const RunData& d) {
   GatherHost(training, d.samples, &f);
   GatherSteps(d.steps, training, &f);
   GatherDataLoader(d.events, &f);
-  GatherMemoryModel(d.events, &f);
+  try {
+    GatherMemoryModel(d.events, &f);
+  } catch (const nlohmann::json::exception&) {  // a malformed memory event: left out
+    f.memory_model.reset();
+  }
   GatherCheckpoints(d, &f);
   GatherStalls(d, &f);
   f.running = !d.run.end_time.has_value();

@@ -135,8 +135,8 @@ struct DataParallel::Impl {
   // while every gradient is all-reduced and kept everywhere.
   std::vector<int> grad_owner;
   size_t next_to_start = 0;
-  size_t next_to_keep = 0;  // sharded: the oldest bucket whose reduces may still run
-  std::string hook_error;   // a collective that failed inside backward
+  size_t next_to_keep = 0;        // sharded: the oldest bucket whose reduces may still run
+  std::exception_ptr hook_error;  // what failed inside backward (a collective, out of memory)
   bool sync = true;
   bool in_finish = false;
   DistStats stats;
@@ -218,11 +218,11 @@ struct DataParallel::Impl {
     // A failed collective is reported by FinishGradients (a throw here would
     // surface from backward without the lost rank's name).
     try {
-      while (sharded() && !in_finish && hook_error.empty() &&
+      while (sharded() && !in_finish && !hook_error &&
              next_to_start - next_to_keep > kBucketsInFlight)
         FinishBucket(&buckets[next_to_keep++]);
-    } catch (const std::exception& e) {
-      hook_error = e.what();
+    } catch (const std::exception&) {
+      hook_error = std::current_exception();
     }
   }
 
@@ -638,7 +638,7 @@ Status DataParallel::FinishGradients(double* wait_s) {
       std::lock_guard<std::mutex> lock(m.mu);
       m.StartReadyBuckets();
     }
-    if (!m.hook_error.empty()) throw std::runtime_error(m.hook_error);
+    if (m.hook_error) std::rethrow_exception(m.hook_error);
     torch::NoGradGuard no_grad;
     int64_t held = 0;
     if (m.sharded()) {
@@ -657,6 +657,10 @@ Status DataParallel::FinishGradients(double* wait_s) {
       }
     }
     m.stats.grad_bytes = held;
+  } catch (const c10::OutOfMemoryError&) {
+    // Stage 2 allocates buckets and kept parts here: out of memory is the
+    // step's, reported with the memory model's advice, not a lost rank.
+    throw;
   } catch (const std::exception& e) {
     return m.Lost(e);
   }
@@ -667,7 +671,7 @@ Status DataParallel::FinishGradients(double* wait_s) {
   }
   std::fill(m.ready.begin(), m.ready.end(), false);
   m.next_to_start = m.next_to_keep = 0;
-  m.hook_error.clear();
+  m.hook_error = nullptr;
   m.in_finish = false;
   double waited = Now() - start;
   m.stats.wait_s += waited;

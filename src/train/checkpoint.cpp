@@ -1,5 +1,6 @@
 // Checkpoints as safetensors files, written atomically, checksummed, and
 // optionally on a background thread.
+#include <ATen/Parallel.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +10,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include "fullburn/tensorfile.h"
@@ -24,22 +24,32 @@ double Now() {
 
 const char* DtypeName(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat: return "F32";
-    case torch::kDouble: return "F64";
-    case torch::kHalf: return "F16";
-    case torch::kBFloat16: return "BF16";
-    case torch::kLong: return "I64";
-    case torch::kInt: return "I32";
-    case torch::kByte: return "U8";
-    case torch::kBool: return "BOOL";
-    default: return nullptr;
+    case torch::kFloat:
+      return "F32";
+    case torch::kDouble:
+      return "F64";
+    case torch::kHalf:
+      return "F16";
+    case torch::kBFloat16:
+      return "BF16";
+    case torch::kLong:
+      return "I64";
+    case torch::kInt:
+      return "I32";
+    case torch::kByte:
+      return "U8";
+    case torch::kBool:
+      return "BOOL";
+    default:
+      return nullptr;
   }
 }
 
 std::optional<torch::ScalarType> DtypeOf(const std::string& name) {
   static const std::pair<const char*, torch::ScalarType> kTypes[] = {
-      {"F32", torch::kFloat}, {"F64", torch::kDouble}, {"F16", torch::kHalf}, {"BF16", torch::kBFloat16},
-      {"I64", torch::kLong},  {"I32", torch::kInt},    {"U8", torch::kByte},  {"BOOL", torch::kBool}};
+      {"F32", torch::kFloat},     {"F64", torch::kDouble}, {"F16", torch::kHalf},
+      {"BF16", torch::kBFloat16}, {"I64", torch::kLong},   {"I32", torch::kInt},
+      {"U8", torch::kByte},       {"BOOL", torch::kBool}};
   for (const auto& [n, t] : kTypes)
     if (name == n) return t;
   return std::nullopt;
@@ -64,13 +74,14 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointState& state
   for (const auto& [name, tensor] : state.tensors) {
     torch::Tensor t = tensor.to(torch::kCPU).contiguous();
     const char* dtype = DtypeName(t.scalar_type());
-    if (!dtype) return Status::InvalidArgument("checkpoint: tensor " + name + " has an unsupported dtype");
+    if (!dtype)
+      return Status::InvalidArgument("checkpoint: tensor " + name + " has an unsupported dtype");
     records.push_back({name, dtype, t.sizes().vec(), t.data_ptr(),
                        static_cast<uint64_t>(t.numel() * t.element_size())});
     data.push_back(t);
   }
-  Status s = WriteTensorFile(path, records,
-                             {{"format", "fullburn-checkpoint-1"}, {"fullburn", state.state_json}}, bytes);
+  Status s = WriteTensorFile(
+      path, records, {{"format", "fullburn-checkpoint-1"}, {"fullburn", state.state_json}}, bytes);
   if (!s.ok()) return Status::IoError("checkpoint: " + s.message() + "; check checkpoint.dir");
   return s;
 }
@@ -83,7 +94,8 @@ Result<CheckpointState> ReadCheckpointFile(const std::string& path) {
                         ? Status::NotFound("cannot open checkpoint " + path +
                                            "; give an existing checkpoint file or a run id")
                         : file.status());
-    return Status::Corruption("checkpoint " + file.status().message() + "; resume from an earlier checkpoint");
+    return Status::Corruption("checkpoint " + file.status().message() +
+                              "; resume from an earlier checkpoint");
   }
   auto bad = [&](const std::string& why) {
     return Status::Corruption("checkpoint " + path + " is unusable (" + why +
@@ -111,7 +123,8 @@ std::string OptimizerShardPath(const std::string& checkpoint_path, int rank, int
   // not a step's name to ListCheckpoints.
   std::string base = checkpoint_path;
   const std::string suffix = ".safetensors";
-  if (base.size() > suffix.size() && base.compare(base.size() - suffix.size(), suffix.size(), suffix) == 0)
+  if (base.size() > suffix.size() &&
+      base.compare(base.size() - suffix.size(), suffix.size(), suffix) == 0)
     base.resize(base.size() - suffix.size());
   return base + ".optim-" + std::to_string(rank) + "-of-" + std::to_string(world) + suffix;
 }
@@ -120,16 +133,29 @@ Result<CheckpointState> ReadCheckpointWithShards(const std::string& path) {
   Result<CheckpointState> main = ReadCheckpointFile(path);
   if (!main.ok()) return main;
   nlohmann::json meta = nlohmann::json::parse(main->state_json, nullptr, false);
-  int world = meta.is_object() ? meta.value("optim_shards", 0) : 0;
-  for (int r = 0; r < world; ++r) {
-    std::string part = OptimizerShardPath(path, r, world);
-    Result<CheckpointState> shard = ReadCheckpointFile(part);
-    if (!shard.ok())
+  auto number = [](const nlohmann::json& j, const char* key) -> int64_t {
+    return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>()
+                                                                          : -1;
+  };
+  const int64_t world = number(meta, "optim_shards"), step = number(meta, "step"),
+                run = number(meta, "run_id");
+  for (int64_t r = 0; r < world; ++r) {
+    std::string part = OptimizerShardPath(path, static_cast<int>(r), static_cast<int>(world));
+    auto unusable = [&](const std::string& why) {
       return Status::Corruption("checkpoint " + path + " was saved by " + std::to_string(world) +
                                 " ranks, and rank " + std::to_string(r) +
-                                "'s optimizer state is unusable (" + shard.status().message() +
+                                "'s optimizer state is unusable (" + why +
                                 "): keep every *.optim-*-of-" + std::to_string(world) +
                                 ".safetensors file beside it, or resume from an earlier one");
+    };
+    Result<CheckpointState> shard = ReadCheckpointFile(part);
+    if (!shard.ok()) return unusable(shard.status().message());
+    // A part left by another run or attempt under the same name is not this one's.
+    nlohmann::json m = nlohmann::json::parse(shard->state_json, nullptr, false);
+    if (number(m, "step") != step || number(m, "world") != world || number(m, "rank") != r ||
+        number(m, "run_id") != run)
+      return unusable(part +
+                      " belongs to another checkpoint (step, world size, rank or run differ)");
     for (auto& t : shard->tensors) main->tensors.push_back(std::move(t));
   }
   return main;
@@ -199,7 +225,8 @@ torch::Tensor& CheckpointWriter::Staging(const std::string& name, const torch::T
   return host;
 }
 
-void CheckpointWriter::Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel) {
+void CheckpointWriter::Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
+                             bool parallel) {
   for (auto& [name, t] : *tensors) {
     torch::Tensor& host = staging_.at(name);  // made by Save on the caller's thread
     torch::Tensor src = t.detach();

@@ -21,7 +21,11 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
   const bool sharded = world > 1 && shard != "none";
   // Sharded, a rank keeps its owners' share: 1/N, within one parameter.
   m.optimizer = sharded ? state_bytes / world + largest_state_bytes : state_bytes;
-  if (world == 1) {
+  if (accumulate > 1 && (world == 1 || shard == "gradients")) {
+    // Micro-batches after the first run with every gradient alive (one
+    // process's, or stage 2's unsent no-sync ones).
+    m.gradients = grad_bytes;
+  } else if (world == 1) {
     // One process sets gradients to none after each step: they are made
     // during backward as activations are freed, inside the probed step
     // (probed with gradients set to none).
@@ -141,6 +145,12 @@ int64_t DeviceMemoryLimit(const torch::Device& device) {
 
 int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,
                        bool grads_in_place) {
+  torch::Tensor rng;  // before the sample draw, which advances it too
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
   torch::Tensor idx =
       torch::randint(probe.inputs.size(0), {batch},
                      torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
@@ -161,12 +171,6 @@ int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,
     p.mutable_grad() = grads_in_place && p.requires_grad() ? torch::zeros_like(p) : torch::Tensor();
   }
   for (const torch::Tensor& t : buffers) saved_buffers.push_back(t.clone());
-  torch::Tensor rng;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
   auto restore = [&] {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = saved_grads[i];

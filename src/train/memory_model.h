@@ -37,6 +37,7 @@ struct MemoryModel {
   int64_t largest_state_bytes = 0;
   int64_t bucket_bytes = 0;  // dist.bucket_mb
   int world = 1;
+  int64_t accumulate = 1;  // train.accumulate: above 1 gradients live across micro-batches
   std::map<std::string, ActivationFit> activations;  // by model.checkpoint mode probed
 
   // One rank at micro-batch `batch`; `checkpoint` must have been probed.

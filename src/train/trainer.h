@@ -1,14 +1,14 @@
 // The trainer's internals shared by its files (train component only).
 #pragma once
 
+#include <ATen/record_function.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
-
-#include <ATen/record_function.h>
 
 #include "cuda_graph.h"
 #include "fullburn/diagnose.h"
@@ -142,6 +142,7 @@ class Trainer {
   Status ClipShardedGradients(double max_norm);
   // Sharded: this rank's optimizer state beside the step's checkpoint.
   Status WriteOptimizerShard();
+  Status CheckOptimizerShardsVisible() const;
   double shard_write_s_ = 0;  // the loop's time writing them, in total
   // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
   bool MemoryReportWanted() const;
@@ -157,10 +158,10 @@ class Trainer {
   // would fit, for the error; records a `memory` event. "" if it cannot tell.
   std::string OutOfMemoryAdvice();
   std::optional<MemoryModel> memory_;
-  int64_t memory_other_ = 0;  // in use at the start besides weights and buckets
-  bool batch_searched_ = false;  // train.batch_size = auto (the config then holds the size)
+  int64_t memory_other_ = 0;      // in use at the start besides weights and buckets
+  bool batch_searched_ = false;   // train.batch_size = auto (the config then holds the size)
   std::vector<int> shard_owner_;  // empty: not sharded
-  bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
+  bool grads_sharded_ = false;    // dist.shard = gradients: each rank keeps its owned gradients
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);

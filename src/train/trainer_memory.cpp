@@ -58,10 +58,14 @@ bool Trainer::MemoryReportWanted() const {
 // copy of an in-memory dataset); the loop starts the epoch over after it.
 Status Trainer::DrawProbeBatch(TrainBatch* probe) {
   source_->StartEpoch(static_cast<int>(epoch_), epoch_skip_);
-  if (!source_->Next(probe))
-    return source_->status().ok() ? Status::Internal("the data source gave no batch to probe")
-                                  : source_->status();
-  return Status::Ok();
+  if (source_->Next(probe)) return Status::Ok();
+  if (!source_->status().ok()) return source_->status();
+  // A checkpoint at an epoch's end resumes with nothing left of it: any
+  // batch does for a probe.
+  source_->StartEpoch(static_cast<int>(epoch_) + 1, 0);
+  if (source_->Next(probe)) return Status::Ok();
+  return source_->status().ok() ? Status::Internal("the data source gave no batch to probe")
+                                : source_->status();
 }
 
 // Fits the activations of the model's checkpoint mode and, for a model with
@@ -73,6 +77,7 @@ Status Trainer::ProbeMemory(int64_t batch) {
   if (dp_) dp_->SetSync(false);
   MemoryModel m = MemoryModelFor(ctx_.model->parameters(), *optim_, rank_.world_size,
                                  cfg_.Float("dist.bucket_mb"));
+  m.accumulate = accumulate_;
   memory_ = m;
   CountOtherMemory();
   memory_.reset();  // until the probe has filled in the activations
@@ -97,7 +102,8 @@ Status Trainer::ProbeMemory(int64_t batch) {
 // What the run holds besides the training state (the data source's
 // buffers, the evaluation set): not the model's, but within the same limit.
 void Trainer::CountOtherMemory() {
-  memory_other_ = DeviceBytesInUse(ctx_.device) - memory_->weight_bytes -
+  // (A resumed run's optimizer state is the model's, already in use.)
+  memory_other_ = DeviceBytesInUse(ctx_.device) - memory_->weight_bytes - optim_->StateBytes() -
                   (dp_ && !grads_sharded_ ? memory_->grad_bytes : 0);
 }
 
@@ -205,7 +211,10 @@ std::string Trainer::OutOfMemoryAdvice() {
       break;
     }
   }
-  int64_t smaller = limit > 0 ? memory_->LargestBatch(ModelBudget(), shard, ckpt, batch_ - 1) : 0;
+  MemoryModel accumulating = *memory_;  // the advice raises train.accumulate
+  accumulating.accumulate = std::max<int64_t>(2, accumulate_);
+  int64_t smaller =
+      limit > 0 ? accumulating.LargestBatch(ModelBudget(), shard, ckpt, batch_ - 1) : 0;
   std::string out = advice + ": ";
   if (!fix.empty())
     out += fmt::format("{} {} ({} per rank), or ", fix, limit > 0 ? "fits" : "needs least",

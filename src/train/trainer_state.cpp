@@ -106,14 +106,26 @@ void Trainer::Checkpoint(bool final_one) {
   if (!shard_owner_.empty() && step_ != last_ckpt_step_) {
     Status s = WriteOptimizerShard();
     Result<bool> any_failed = dp_->AnyRank(!s.ok());
+    // Every part is written; rank 0 writes the step's file only where it
+    // sees them all (ranks on several nodes need one checkpoint.dir they
+    // share), and tells the others.
+    if (any_failed.ok() && !*any_failed) {
+      Status visible = rank_.rank == 0 ? CheckOptimizerShardsVisible() : Status::Ok();
+      any_failed = dp_->AnyRank(!visible.ok());
+      if (!visible.ok()) s = visible;
+    }
+    if (!any_failed.ok() || *any_failed || !s.ok())  // no step file will name this part
+      std::remove(OptimizerShardPath(CheckpointPath(ckpt_dir_, step_), rank_.rank, rank_.world_size)
+                      .c_str());
     if (!s.ok() || !any_failed.ok() || *any_failed) {
       std::fprintf(stderr,
                    "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints "
                    "are intact\n",
                    static_cast<long long>(step_),
-                   !s.ok()                ? s.message().c_str()
-                   : !any_failed.ok()     ? any_failed.status().message().c_str()
-                                          : "another rank could not write its optimizer state");
+                   !s.ok() ? s.message().c_str()
+                   : !any_failed.ok()
+                       ? any_failed.status().message().c_str()
+                       : "another rank's part was not written, or rank 0 cannot see it");
       if (rank_.rank == 0 && final_one) FinalCheckpointLost();
       return;
     }
@@ -203,7 +215,9 @@ Status Trainer::ClipShardedGradients(double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> squares;
   for (const torch::Tensor& p : optim_->params())
-    if (p.grad().defined()) squares.push_back(p.grad().to(torch::kDouble).pow(2).sum());
+    if (p.grad().defined())  // the norm in double, without a double copy of the gradient
+      squares.push_back(
+          at::linalg_vector_norm(p.grad(), 2, c10::nullopt, false, torch::kDouble).square());
   double local = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();  // one read
   Result<std::vector<double>> total = dp_->SumOverRanks({local});
   if (!total.ok()) return total.status();
@@ -214,14 +228,30 @@ Status Trainer::ClipShardedGradients(double max_norm) {
   return Status::Ok();
 }
 
+Status Trainer::CheckOptimizerShardsVisible() const {
+  std::string main = CheckpointPath(ckpt_dir_, step_);
+  for (int r = 0; r < rank_.world_size; ++r) {
+    std::string part = OptimizerShardPath(main, r, rank_.world_size);
+    if (!std::filesystem::exists(part))
+      return Status::IoError("rank " + std::to_string(r) + "'s optimizer state " + part +
+                             " is not visible to rank 0: with dist.shard every rank must write "
+                             "into one checkpoint.dir they share");
+  }
+  return Status::Ok();
+}
+
 // This rank's optimizer state (the parameters it owns) beside the step's
 // checkpoint, written before the step's file; on the loop's thread: the
 // optimizer's next step would change it.
 Status Trainer::WriteOptimizerShard() {
   CheckpointState mine;
   for (auto& [name, t] : optim_->State()) mine.tensors.emplace_back("optim." + name, t);
-  mine.state_json =
-      nlohmann::json{{"step", step_}, {"rank", rank_.rank}, {"world", rank_.world_size}}.dump();
+  mine.state_json = nlohmann::json{
+      {"step", step_},
+      {"rank", rank_.rank},
+      {"world", rank_.world_size},
+      {"run_id",
+       run_.id}}.dump();
   int64_t bytes = 0;
   double start = MonoNow();
   Status s = WriteCheckpointFile(
