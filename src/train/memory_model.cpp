@@ -109,27 +109,20 @@ void ResetDevicePeak(const torch::Device& device) {
   ResetCpuPeakBytes();
 }
 
-int64_t DevicePeakBytes(const torch::Device& device) {
-  if (device.is_cuda()) {
+namespace {
+// Tensor bytes on the device: the peak since the last reset, or now.
+int64_t DeviceAllocated(const torch::Device& device, bool peak) {
+  if (!device.is_cuda()) return peak ? CpuPeakBytes() : CpuBytesInUse();
 #ifdef FULLBURN_TORCH_CUDA
-    return CudaAllocatedBytes(device, true);
+  return CudaAllocatedBytes(device, peak);
 #else
-    return 0;
+  return 0;
 #endif
-  }
-  return CpuPeakBytes();
 }
+}  // namespace
 
-int64_t DeviceBytesInUse(const torch::Device& device) {
-  if (device.is_cuda()) {
-#ifdef FULLBURN_TORCH_CUDA
-    return CudaAllocatedBytes(device, false);
-#else
-    return 0;
-#endif
-  }
-  return CpuBytesInUse();
-}
+int64_t DevicePeakBytes(const torch::Device& device) { return DeviceAllocated(device, true); }
+int64_t DeviceBytesInUse(const torch::Device& device) { return DeviceAllocated(device, false); }
 
 int64_t DeviceMemoryLimit(const torch::Device& device) {
   if (device.is_cuda()) {
