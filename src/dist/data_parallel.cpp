@@ -228,11 +228,16 @@ struct DataParallel::Impl {
 
   static constexpr size_t kBucketsInFlight = 2;
 
-  // Waits for a started bucket; sharded, keeps this rank's part and frees it.
+  // Sharded: waits for a started bucket, keeps this rank's part, frees it.
   void FinishBucket(Bucket* b) {
     for (auto& work : b->works) work->wait();
     b->works.clear();
-    if (sharded()) KeepOwnedGradients(b);
+    KeepOwnedGradients(b);
+  }
+
+  void SetGradientsToNone() {
+    for (torch::Tensor& p : params)
+      if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
   }
 
   // A parameter's gradient is final for this backward.
@@ -618,8 +623,7 @@ Status DataParallel::ShardGradients(const std::vector<torch::Tensor>& params,
     }
     b.flat = b.wire = torch::Tensor();
   }
-  for (torch::Tensor& p : m.params)
-    if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
+  m.SetGradientsToNone();  // views of the old buckets
   return Status::Ok();
 }
 
@@ -682,9 +686,8 @@ Status DataParallel::FinishGradients(double* wait_s) {
 void DataParallel::ZeroGradients() {
   Impl& m = *impl_;
   torch::NoGradGuard no_grad;
-  if (m.sharded()) {  // no buckets between steps: every gradient set to none
-    for (size_t i = 0; i < m.params.size(); ++i)
-      if (m.params[i].grad().defined()) m.params[i].mutable_grad() = torch::Tensor();
+  if (m.sharded()) {  // no buckets between steps
+    m.SetGradientsToNone();
     return;
   }
   for (Bucket& b : m.buckets) {

@@ -15,6 +15,19 @@ void FreeDeviceCache(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
+TrainBatch SampleBatch(const StepContext& ctx, const TrainBatch& probe, int64_t batch) {
+  torch::Tensor idx =
+      torch::randint(probe.inputs.size(0), {batch},
+                     torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
+  TrainBatch b;
+  b.inputs = probe.inputs.index_select(0, idx);
+  if (ctx.channels_last && b.inputs.dim() == 4)
+    b.inputs = b.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
+  b.targets = probe.targets.index_select(0, idx);
+  b.samples = batch;
+  return b;
+}
+
 namespace {
 
 constexpr const char* kCannotTrainAtOne = "cannot train at batch 1";
@@ -29,15 +42,7 @@ struct Trial {
     t.batch = batch;
     ResetCpuPeakBytes();
     try {
-      TrainBatch b;
-      torch::Tensor idx =
-          torch::randint(probe.inputs.size(0), {batch},
-                         torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
-      b.inputs = probe.inputs.index_select(0, idx);
-      if (ctx->channels_last && b.inputs.dim() == 4)
-        b.inputs = b.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
-      b.targets = probe.targets.index_select(0, idx);
-      b.samples = batch;
+      TrainBatch b = SampleBatch(*ctx, probe, batch);
       std::vector<std::pair<std::string, torch::Tensor>> params;
       for (auto& p : ctx->model->named_parameters()) params.emplace_back(p.key(), p.value());
       Optimizer optim(params, o.optimizer);  // its state counts against memory too

@@ -144,15 +144,7 @@ int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,
     std::lock_guard<std::mutex> lock(gen.mutex());
     rng = gen.get_state();
   }
-  torch::Tensor idx =
-      torch::randint(probe.inputs.size(0), {batch},
-                     torch::TensorOptions().dtype(torch::kLong).device(probe.inputs.device()));
-  TrainBatch b;
-  b.inputs = probe.inputs.index_select(0, idx);
-  if (ctx->channels_last && b.inputs.dim() == 4)
-    b.inputs = b.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
-  b.targets = probe.targets.index_select(0, idx);
-  b.samples = batch;
+  TrainBatch b = SampleBatch(*ctx, probe, batch);
   // The probe leaves no trace: gradients, BatchNorm statistics and the CPU
   // generator (dropout, sampling) are put back.
   std::vector<torch::Tensor> params = ctx->model->parameters();

@@ -71,6 +71,9 @@ struct BatchSearchOptions {
 // out-of-memory limit (`first_fail` > 0): the run holds more than a trial.
 // A search stopped by max_batch found no limit, so its last size counts.
 int64_t PickSearchedBatch(const std::vector<BatchTrial>& fits, int64_t first_fail);
+// `batch` samples drawn at random from `probe` (the batch search's trials,
+// the memory probe), channels_last where the model takes it.
+TrainBatch SampleBatch(const StepContext& ctx, const TrainBatch& probe, int64_t batch);
 // Trials run on batches drawn from `probe` (real samples, so shapes and
 // values are the data's) and leave the model's weights as they found them.
 Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
@@ -149,7 +152,7 @@ class Trainer {
   Status DrawProbeBatch(TrainBatch* probe);
   Status ProbeMemory(int64_t batch);
   void StartMemoryCount();
-  void CountOtherMemory();
+  void CountOtherMemory(const MemoryModel& m);
   int64_t ModelBudget() const;  // bytes the model's prediction may take
   nlohmann::json MemoryJson(bool measured) const;
   void RecordMemory();

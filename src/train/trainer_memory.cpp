@@ -12,12 +12,6 @@
 namespace fullburn {
 namespace {
 
-std::string GiB(int64_t bytes) {
-  double g = static_cast<double>(bytes) / (1 << 30);
-  return g >= 1 ? fmt::format("{:.2f} GiB", g)
-                : fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
-}
-
 nlohmann::json PartsJson(const MemoryParts& m) {
   return {{"weights", m.weights},
           {"gradients", m.gradients},
@@ -78,9 +72,7 @@ Status Trainer::ProbeMemory(int64_t batch) {
   MemoryModel m = MemoryModelFor(ctx_.model->parameters(), *optim_, rank_.world_size,
                                  cfg_.Float("dist.bucket_mb"));
   m.accumulate = accumulate_;
-  memory_ = m;
-  CountOtherMemory();
-  memory_.reset();  // until the probe has filled in the activations
+  CountOtherMemory(m);
   // Half and all of `batch`: the run's own micro-batch at start, so the line
   // is read where it is used; after an out-of-memory a quarter of it.
   int64_t small = std::max<int64_t>(1, batch / 2), large = std::max(small + 1, batch);
@@ -101,10 +93,10 @@ Status Trainer::ProbeMemory(int64_t batch) {
 
 // What the run holds besides the training state (the data source's
 // buffers, the evaluation set): not the model's, but within the same limit.
-void Trainer::CountOtherMemory() {
+void Trainer::CountOtherMemory(const MemoryModel& m) {
   // (A resumed run's optimizer state is the model's, already in use.)
-  memory_other_ = DeviceBytesInUse(ctx_.device) - memory_->weight_bytes - optim_->StateBytes() -
-                  (dp_ && !grads_sharded_ ? memory_->grad_bytes : 0);
+  memory_other_ = DeviceBytesInUse(ctx_.device) - m.weight_bytes - optim_->StateBytes() -
+                  (dp_ && !grads_sharded_ ? m.grad_bytes : 0);
 }
 
 int64_t Trainer::ModelBudget() const {
@@ -114,7 +106,7 @@ int64_t Trainer::ModelBudget() const {
 
 void Trainer::StartMemoryCount() {
   if (!memory_) return;
-  CountOtherMemory();
+  CountOtherMemory(*memory_);
   ResetDevicePeak(ctx_.device);
 }
 
@@ -148,8 +140,8 @@ void Trainer::RecordMemory() {
   RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j.dump()});
   if (rank_.rank == 0 && !opt_.quiet)
     std::fprintf(stderr, "fullburn: memory per rank: predicted %s, measured peak %s\n",
-                 GiB(j["predicted"]["total"].get<int64_t>()).c_str(),
-                 GiB(j["measured_peak_bytes"].get<int64_t>()).c_str());
+                 FormatBytes(j["predicted"]["total"].get<int64_t>()).c_str(),
+                 FormatBytes(j["measured_peak_bytes"].get<int64_t>()).c_str());
 }
 
 void Trainer::PrintBatchTable() {
@@ -160,7 +152,8 @@ void Trainer::PrintBatchTable() {
   std::fprintf(stderr,
                "fullburn: the largest micro-batch by memory setting (memory model: %s limit, 10%% "
                "headroom, %s held besides the model):\n",
-               GiB(limit).c_str(), GiB(std::max<int64_t>(0, memory_other_)).c_str());
+               FormatBytes(limit).c_str(),
+               FormatBytes(std::max<int64_t>(0, memory_other_)).c_str());
   for (const std::string& s : memory_->ShardSettings())
     for (const std::string& c : Modes(*memory_, ckpt)) {
       std::string label = Setting{s, c}.Describe(shard, ckpt);
@@ -183,8 +176,9 @@ std::string Trainer::OutOfMemoryAdvice() {
   MemoryParts now = memory_->Predict(batch_, shard, ckpt);
   std::string advice = fmt::format(
       " (memory model: {} per rank, weights {}, gradients {}, optimizer {}, activations {}{})",
-      GiB(now.total()), GiB(now.weights), GiB(now.gradients), GiB(now.optimizer),
-      GiB(now.activations), limit > 0 ? ", limit " + GiB(limit) : "");
+      FormatBytes(now.total()), FormatBytes(now.weights), FormatBytes(now.gradients),
+      FormatBytes(now.optimizer), FormatBytes(now.activations),
+      limit > 0 ? ", limit " + FormatBytes(limit) : "");
   // The cheapest change that fits at this micro-batch, with 10% headroom.
   std::vector<Setting> order;
   for (const std::string& s : memory_->ShardSettings())
@@ -195,21 +189,17 @@ std::string Trainer::OutOfMemoryAdvice() {
       for (const std::string& s : memory_->ShardSettings())
         if (s != shard) order.push_back({s, c});
     }
+  // With a known limit the first (cheapest) that fits; without one the
+  // smallest, if it saves at least a tenth.
   std::string fix;
   int64_t fix_bytes = 0;
   for (const Setting& o : order) {
     int64_t bytes = memory_->Predict(batch_, o.shard, o.checkpoint).total();
-    if (limit > 0 && bytes > ModelBudget()) continue;
-    if (limit <= 0 && (fix_bytes == 0 || bytes < fix_bytes) && bytes < now.total() * 9 / 10) {
-      fix = o.Describe(shard, ckpt);  // no known limit: the smallest
-      fix_bytes = bytes;
-      continue;
-    }
-    if (limit > 0) {
-      fix = o.Describe(shard, ckpt);
-      fix_bytes = bytes;
-      break;
-    }
+    bool better = limit > 0 ? fix.empty() && bytes <= ModelBudget()
+                            : bytes < now.total() * 9 / 10 && (fix.empty() || bytes < fix_bytes);
+    if (!better) continue;
+    fix = o.Describe(shard, ckpt);
+    fix_bytes = bytes;
   }
   MemoryModel accumulating = *memory_;  // the advice raises train.accumulate
   accumulating.accumulate = std::max<int64_t>(2, accumulate_);
@@ -218,7 +208,7 @@ std::string Trainer::OutOfMemoryAdvice() {
   std::string out = advice + ": ";
   if (!fix.empty())
     out += fmt::format("{} {} ({} per rank), or ", fix, limit > 0 ? "fits" : "needs least",
-                       GiB(fix_bytes));
+                       FormatBytes(fix_bytes));
   if (smaller > 0) {
     // A divisor of the effective batch keeps it exactly, if one is near.
     const int64_t effective = batch_ * accumulate_;
