@@ -642,6 +642,25 @@ TEST_F(ShardedE2E, ShardedStatesTrainLikeDataParallelAndResumeOnTwoRanks) {
       << refused.err;
 }
 
+// Bad input: a shard setting on one rank says it does nothing and trains;
+// and a checkpoint saved by 2 sharded ranks resumes there (its parts read
+// together, the state whole again).
+TEST_F(ShardedE2E, OneRankSaysShardingDoesNothingAndResumesAShardedCheckpoint) {
+  std::vector<std::string> base = kTiny;
+  base.insert(base.end(), {"optim.name=adamw", "eval.at_end=false", "dist.shard=gradients"});
+  int64_t sharded = Launch(2, base, {"train.steps=2"});
+  std::vector<std::string> argv = {FULLBURN_BIN, "train", "--store", store_, "--resume",
+                                   std::to_string(sharded)};
+  argv.insert(argv.end(), base.begin(), base.end());
+  argv.push_back("train.steps=4");
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("dist.shard = gradients does nothing on one rank"), std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("resuming from"), std::string::npos) << o.err;
+  EXPECT_EQ(Rank0Losses(Store()->GetRun("last").value().id).size(), 2u);  // steps 3 and 4
+}
+
 // A small GPT (token file, dropout, two micro-batches a step) on 2 ranks: 5 steps with
 // each stage give the plain run's losses and weights.
 TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnTwoRanks) {
