@@ -395,6 +395,24 @@ using MakeSample = std::function<bool(const SampleJob& job, std::string* error)>
 // counts, or the remainder dropped; with keep_last, split without padding.
 int64_t RankShare(int64_t samples, int rank, int world_size, bool pad, bool keep_last);
 
+// One decision of the ring's tuner, from one window of batches the consumer
+// took. Pure, so that tests script the readings instead of depending on how
+// fast a busy machine decodes.
+struct RingWindow {
+  double wait_share = 0;  // the consumer's wait / the window's wall time
+  double needed = 0;      // workers the epoch's average consumption needs
+  int active = 1;         // workers allowed to claim samples
+  int started = 1;        // workers that exist
+  int depth = 3, max_depth = 8;
+  bool tune_depth = false, tune_threads = false;
+};
+enum class RingTune { kKeep, kDeepen, kAddWorker, kParkWorker };
+// The consumer waits although the workers keep up on average: the production
+// is bursty (a consumer that pauses, then takes batches fast), so the queue
+// deepens; it waits and they do not keep up: one more worker; it never waits
+// and fewer workers would do: one parks.
+RingTune DecideRingTune(const RingWindow& w);
+
 class SampleRing {
  public:
   static Result<std::unique_ptr<SampleRing>> Open(const RingOptions& options, MakeSample make);

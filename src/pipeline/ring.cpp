@@ -300,6 +300,16 @@ bool SampleRing::Next(Batch* out) {
   return ok;
 }
 
+RingTune DecideRingTune(const RingWindow& w) {
+  bool keeps_up = w.needed < 0.8 * w.active;  // on average the workers are fast enough
+  if (w.wait_share > 0.05 && keeps_up && w.tune_depth && w.depth < w.max_depth)
+    return RingTune::kDeepen;
+  if (w.wait_share > 0.05 && w.tune_threads && w.active < w.started) return RingTune::kAddWorker;
+  if (w.wait_share < 0.005 && w.tune_threads && w.active > 1 && w.needed < w.active - 1.5)
+    return RingTune::kParkWorker;
+  return RingTune::kKeep;
+}
+
 void SampleRing::Tune() {
   constexpr int kWindow = 4;  // batches per decision
   double now = Seconds();
@@ -319,17 +329,29 @@ void SampleRing::Tune() {
   double epoch_wall = now - epoch_start_;
   double consumed_per_s =
       epoch_wall > 0 ? (next_to_hand_ - epoch_first_batch_) * options_.batch_size / epoch_wall : 0;
-  double needed = per_sample * consumed_per_s;
-  int most = static_cast<int>(workers_.size());
-  bool keeps_up = needed < 0.8 * active_;  // on average the workers are fast enough
-  if (wait_share > 0.05 && keeps_up && tune_depth_ && depth_ < kMaxDepth) {
-    ++depth_;  // bursty production: a deeper queue absorbs it
-    work_cv_.notify_all();
-  } else if (wait_share > 0.05 && autotune_ && active_ < most) {
-    ++active_;
-    work_cv_.notify_all();
-  } else if (wait_share < 0.005 && autotune_ && active_ > 1 && needed < active_ - 1.5) {
-    --active_;  // parks the highest-numbered worker after its current sample
+  RingWindow w;
+  w.wait_share = wait_share;
+  w.needed = per_sample * consumed_per_s;
+  w.active = active_;
+  w.started = static_cast<int>(workers_.size());
+  w.depth = depth_;
+  w.max_depth = kMaxDepth;
+  w.tune_depth = tune_depth_;
+  w.tune_threads = autotune_;
+  switch (DecideRingTune(w)) {
+    case RingTune::kDeepen:
+      ++depth_;
+      work_cv_.notify_all();
+      break;
+    case RingTune::kAddWorker:
+      ++active_;
+      work_cv_.notify_all();
+      break;
+    case RingTune::kParkWorker:
+      --active_;  // parks the highest-numbered worker after its current sample
+      break;
+    case RingTune::kKeep:
+      break;
   }
   stats_.threads = active_;
   stats_.prefetch = depth_;

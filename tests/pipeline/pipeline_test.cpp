@@ -958,32 +958,55 @@ TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
   EXPECT_GE((*slow)->stats().ready_batches, 1);  // the queue is full ahead of it
 }
 
+// The tuner's decisions from scripted windows. (An earlier version paused a
+// real consumer and decoded real JPEGs; on two busy cores the decode times,
+// and so the decision, were the machine's, and it failed now and then.)
 TEST(Loader, PrefetchDeepensForBurstyProduction) {
-  // 40 batches of 4. The images are large enough that a batch takes
-  // milliseconds to decode: with tiny ones, a fast many-core machine decoded
-  // the next batch within the microseconds the consumer took to reach it, so
-  // the consumer never waited and the queue was (rightly) left as it was.
-  std::string dir = SmallDataset("bursty", 4, 40, 640, 480);
-  LoaderOptions o = Small(dir, 2);  // two fixed workers: plenty on average
+  RingWindow bursty;  // waits a third of the window, yet needs half a worker of two
+  bursty.wait_share = 0.3;
+  bursty.needed = 0.5;
+  bursty.active = bursty.started = 2;
+  bursty.tune_depth = true;
+  EXPECT_EQ(DecideRingTune(bursty), RingTune::kDeepen);
+  RingWindow deepest = bursty;
+  deepest.depth = deepest.max_depth;
+  EXPECT_EQ(DecideRingTune(deepest), RingTune::kKeep);
+  RingWindow fixed = bursty;  // data.prefetch given: the depth stays
+  fixed.tune_depth = false;
+  EXPECT_EQ(DecideRingTune(fixed), RingTune::kKeep);
+  // Workers that do not keep up on average get help, not a deeper queue.
+  RingWindow slow = bursty;
+  slow.needed = 1.9;
+  slow.active = 2;
+  slow.started = 4;
+  slow.tune_threads = true;
+  EXPECT_EQ(DecideRingTune(slow), RingTune::kAddWorker);
+  slow.active = 4;  // all four keep up on average: what waits remain are bursts
+  EXPECT_EQ(DecideRingTune(slow), RingTune::kDeepen);
+  slow.needed = 3.5;  // and where even four do not, nothing is left to change
+  EXPECT_EQ(DecideRingTune(slow), RingTune::kKeep);
+  // Never waiting with workers to spare: one parks; with one to spare, none.
+  RingWindow idle;
+  idle.wait_share = 0.001;
+  idle.needed = 1.2;
+  idle.active = idle.started = 4;
+  idle.tune_threads = true;
+  EXPECT_EQ(DecideRingTune(idle), RingTune::kParkWorker);
+  idle.active = 2;
+  EXPECT_EQ(DecideRingTune(idle), RingTune::kKeep);
+
+  // The loader starts a tuned queue at 3 and keeps a given one.
+  std::string dir = SmallDataset("bursty", 4, 8, 64, 48);
+  LoaderOptions o = Small(dir, 2);
   o.prefetch = 0;
-  auto l = ImageLoader::Open(o);
-  ASSERT_TRUE(l.ok());
-  EXPECT_EQ((*l)->stats().prefetch, 3);
-  // The consumer pauses, then takes batches as fast as it can: the queue
-  // drains in every burst although the workers keep up on average. The
-  // pauses are long so that "on average" holds even when a loaded machine
-  // makes each image several times slower to decode.
-  (*l)->StartEpoch(0);
-  Batch b;
-  for (int k = 0; (*l)->Next(&b); ++k) {
-    (*l)->Release(b);
-    if (k % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  }
-  EXPECT_GT((*l)->stats().prefetch, 3);
-  o.prefetch = 2;  // fixed
-  auto fixed = ImageLoader::Open(o);
-  Epoch(**fixed, 0, nullptr);
-  EXPECT_EQ((*fixed)->stats().prefetch, 2);
+  auto tuned = ImageLoader::Open(o);
+  ASSERT_TRUE(tuned.ok());
+  EXPECT_EQ((*tuned)->stats().prefetch, 3);
+  o.prefetch = 2;
+  auto given = ImageLoader::Open(o);
+  ASSERT_TRUE(given.ok());
+  Epoch(**given, 0, nullptr);
+  EXPECT_EQ((*given)->stats().prefetch, 2);
 }
 
 TEST(Loader, ImagesSmallerThanTheOutputAreUpscaled) {
