@@ -58,6 +58,11 @@ struct ModelSpec {
   double width = 1.0;             // ResNet width multiplier
   int64_t in_features = 0;        // mlp: flattened input size
   int64_t vocab = 256;            // lstm/gpt token vocabulary
+  // gpt: embedding/output rows rounded up to a multiple of this (64 turns
+  // 50257 into 50304, a shape the matrix units run much faster); the padded
+  // rows start at zero and are cut from the logits, so the loss and the
+  // outputs equal the unpadded model's. 1: none.
+  int64_t pad_vocab = 1;
   int64_t seq_len = 128;          // gpt context (positional table size)
   int64_t hidden = 512, layers = 2, heads = 4;
   double dropout = 0;

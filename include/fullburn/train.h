@@ -103,6 +103,11 @@ struct OptimizerOptions {
   std::string name = "sgd";
   double momentum = 0.9, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, trust = 0.001;
   bool nesterov = false;
+  // AdamW and SGD: one multi-tensor kernel per operation over every
+  // parameter (torch's _foreach_*) instead of a loop over parameters, for
+  // fewer kernel launches on a GPU. The same update up to rounding (an
+  // operation's order within the formula differs). LARS always loops.
+  bool foreach = false;
 };
 class Optimizer {
  public:
@@ -137,6 +142,7 @@ class Optimizer {
   Status LoadState(const std::map<std::string, torch::Tensor>& state, int64_t steps);
 
  private:
+  bool StepForeach(double lr);  // false: not for this optimizer or state yet
   struct Param {
     std::string name;
     torch::Tensor p, buf1, buf2;  // momentum / exp_avg, exp_avg_sq

@@ -82,8 +82,16 @@ TORCH_MODULE(GptBlock);
 // GPT-2's init with scaled residual projections).
 class Gpt : public Model {
  public:
-  explicit Gpt(const ModelSpec& s) : dropout_(s.dropout), segment_(CheckpointSegment(s.checkpoint)) {
+  explicit Gpt(const ModelSpec& s)
+      : dropout_(s.dropout), segment_(CheckpointSegment(s.checkpoint)), vocab_(s.vocab) {
+    const int64_t padded = (s.vocab + s.pad_vocab - 1) / s.pad_vocab * s.pad_vocab;
+    // Built at the vocabulary's size, then grown: the padded model draws the
+    // same random numbers as the unpadded one, so it starts from its weights.
     wte_ = register_module("wte", nn::Embedding(s.vocab, s.hidden));
+    if (padded > s.vocab) {
+      torch::NoGradGuard no_grad;
+      wte_->weight.set_data(torch::cat({wte_->weight, torch::zeros({padded - s.vocab, s.hidden})}));
+    }
     wpe_ = register_module("wpe", nn::Embedding(s.seq_len, s.hidden));
     for (int64_t i = 0; i < s.layers; ++i) {
       block_list_.push_back(GptBlock(s.hidden, s.heads, s.dropout));
@@ -100,9 +108,12 @@ class Gpt : public Model {
       } else {
         bool residual = name.find("_proj.weight") != std::string::npos;
         double std = residual ? 0.02 / std::sqrt(2.0 * s.layers) : 0.02;
-        p.value().normal_(0, std);
+        (name == "wte.weight" ? p.value().narrow(0, 0, vocab_) : p.value()).normal_(0, std);
       }
     }
+    // Rows past the vocabulary are never looked up and are cut from the
+    // logits: their gradient is zero, so at zero they stay zero (decay too).
+    wte_->weight.narrow(0, vocab_, padded - vocab_).zero_();
   }
   bool SetCheckpointing(const std::string& mode) override {
     int segment = CheckpointSegment(mode);
@@ -134,12 +145,14 @@ class Gpt : public Model {
       x = blocks_->forward(x);
     }
     x = ln_f_(x);
-    return Linear(x, wte_->weight, {});
+    torch::Tensor logits = Linear(x, wte_->weight, {});
+    return logits.size(-1) == vocab_ ? logits : logits.narrow(-1, 0, vocab_);
   }
 
  private:
   double dropout_;
   size_t segment_;  // blocks per recomputed segment; 0: none
+  int64_t vocab_;   // wte_ may hold more rows (ModelSpec::pad_vocab)
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
   nn::Sequential blocks_;
   std::vector<GptBlock> block_list_;  // blocks_'s, for checkpointing them one by one

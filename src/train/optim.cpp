@@ -67,9 +67,54 @@ void Optimizer::ZeroGrad() {
     if (p.p.grad().defined()) p.p.mutable_grad() = torch::Tensor();  // set_to_none, as torch 2.x
 }
 
+// Optimizer::Step over lists: the same formulas, each operation one
+// multi-tensor kernel. Needs every taken parameter's state to exist (the
+// first step of SGD's momentum creates it from the direction: the loop does).
+bool Optimizer::StepForeach(double lr) {
+  if (o_.name == "lars") return false;
+  std::vector<torch::Tensor> p, g, m, v;
+  for (Param& s : params_) {
+    if (!s.p.grad().defined() || !s.owned) continue;
+    if (o_.name == "adamw" && !s.buf1.defined()) {
+      s.buf1 = torch::zeros_like(s.p);
+      s.buf2 = torch::zeros_like(s.p);
+    }
+    if (o_.name != "adamw" && o_.momentum != 0 && !s.buf1.defined()) return false;
+    p.push_back(s.p);
+    g.push_back(s.p.grad());
+    if (s.buf1.defined()) m.push_back(s.buf1);
+    if (s.buf2.defined()) v.push_back(s.buf2);
+  }
+  if (p.empty()) return true;
+  const double wd = o_.weight_decay;
+  if (o_.name == "adamw") {
+    if (wd != 0) at::_foreach_mul_(p, 1 - lr * wd);
+    at::_foreach_mul_(m, o_.beta1);
+    at::_foreach_add_(m, g, 1 - o_.beta1);
+    at::_foreach_mul_(v, o_.beta2);
+    at::_foreach_addcmul_(v, g, g, 1 - o_.beta2);
+    double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
+    double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
+    std::vector<torch::Tensor> denom = at::_foreach_sqrt(v);
+    at::_foreach_div_(denom, std::sqrt(bc2));
+    at::_foreach_add_(denom, o_.eps);
+    at::_foreach_addcdiv_(p, m, denom, -lr / bc1);
+    return true;
+  }
+  std::vector<torch::Tensor> d = wd != 0 ? at::_foreach_add(g, p, wd) : g;
+  if (o_.momentum != 0) {
+    at::_foreach_mul_(m, o_.momentum);
+    at::_foreach_add_(m, d);
+    d = o_.nesterov ? at::_foreach_add(d, m, o_.momentum) : m;
+  }
+  at::_foreach_add_(p, d, -lr);
+  return true;
+}
+
 void Optimizer::Step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
+  if (o_.foreach && StepForeach(lr)) return;
   const double wd = o_.weight_decay;
   for (Param& s : params_) {
     torch::Tensor g = s.p.grad();

@@ -56,6 +56,12 @@ const std::vector<OptionDef>& TrainOptions() {
       {"model.layers", T::kInt, "2", "mlp hidden layers, lstm layers, gpt blocks", "", ">0"},
       {"model.heads", T::kInt, "4", "gpt attention heads (must divide model.hidden)", "", ">0"},
       {"model.dropout", T::kFloat, "0", "Dropout probability (mlp, lstm, gpt)", "", ">=0"},
+      {"model.pad_vocab", T::kInt, "64",
+       "gpt: round the embedding and output rows up to a multiple of N (GPT-2's 50257 -> 50304: "
+       "+38% tokens/s on an H200). The extra rows start at zero, are never targets and are cut "
+       "from the logits, so the loss and the outputs are those of the unpadded model; "
+       "checkpoints hold the padded table. 1: no padding",
+       "", ">0"},
       {"model.checkpoint", T::kString, "none",
        "Activation checkpointing: blocks keeps only each GPT block's or ResNet stage's input "
        "and recomputes the block in backward (same dropout), trading a second forward for "
@@ -131,6 +137,10 @@ const std::vector<OptionDef>& TrainOptions() {
       {"optim.beta2", T::kFloat, "0.999", "AdamW beta2", "", ">=0"},
       {"optim.eps", T::kFloat, "1e-08", "AdamW epsilon", "", ">0"},
       {"optim.trust", T::kFloat, "0.001", "LARS trust coefficient", "", ">0"},
+      {"optim.foreach", T::kBool, "false",
+       "AdamW and SGD: one multi-tensor kernel per operation over all parameters (torch's "
+       "_foreach_*) instead of a loop over parameters: fewer kernel launches on a GPU, the same "
+       "update up to rounding. Off until measured on a GPU (bench/gpu_session levers)"},
       {"optim.warmup_steps", T::kInt, "20", "Linear warm-up from 0 to the peak LR (steps)", "",
        ">=0"},
       {"optim.schedule", T::kString, "cosine",

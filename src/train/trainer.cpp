@@ -74,6 +74,9 @@ Status Trainer::OpenStoreAndResume() {
       return Status::Corruption("checkpoint " + resume_->path +
                                 " has no training state: it was not written by fullburn train");
     base = resume_->meta["config"];
+    // Checkpoints from before model.pad_vocab hold the unpadded table.
+    if (base.contains("model") && base["model"].is_object() && !base["model"].contains("pad_vocab"))
+      base["model"]["pad_vocab"] = 1;
   }
   if (opt_.config) {
     cfg_ = *opt_.config;

@@ -226,6 +226,7 @@ OptimizerOptions Trainer::OptimizerFromConfig() const {
   oo.beta2 = cfg_.Float("optim.beta2");
   oo.eps = cfg_.Float("optim.eps");
   oo.trust = cfg_.Float("optim.trust");
+  oo.foreach = cfg_.Bool("optim.foreach");
   return oo;
 }
 
@@ -319,6 +320,7 @@ Status Trainer::BuildModel(const BatchSource& source) {
     ms.layers = cfg_.Int("model.layers");
     ms.heads = cfg_.Int("model.heads");
     ms.dropout = cfg_.Float("model.dropout");
+    ms.pad_vocab = cfg_.Int("model.pad_vocab");
     ms.checkpoint = cfg_.Str("model.checkpoint");
     auto m = MakeModel(ms);
     if (!m.ok()) {

@@ -74,6 +74,55 @@ TEST(Models, GptIsCausal) {
   EXPECT_FALSE(torch::allclose(la.slice(1, 10), lb.slice(1, 10), 1e-5, 1e-6));
 }
 
+// model.pad_vocab: GPT-2's 50257 rows padded to a multiple of 64 for the
+// GPU's matrix units. The padded model must be the unpadded one: same start,
+// same logits and loss, the same training, the extra rows zero throughout.
+TEST(Models, PaddedVocabularyTrainsExactlyAsTheUnpadded) {
+  const int64_t vocab = 50;
+  torch::manual_seed(1);
+  torch::Tensor tokens = torch::randint(vocab, {2, 16});
+  torch::Tensor targets = torch::randint(vocab, {2, 16});
+  auto train = [&](int64_t pad, std::vector<double>* losses) {
+    ModelSpec s;
+    s.name = "gpt";
+    s.num_classes = s.vocab = vocab;
+    s.seq_len = 16;
+    s.hidden = 32;
+    s.heads = 4;
+    s.pad_vocab = pad;
+    torch::manual_seed(3);
+    auto m = Make(s);
+    torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+    for (int step = 0; step < 4; ++step) {
+      torch::Tensor logits = m->forward(tokens);
+      EXPECT_EQ(logits.size(-1), vocab);
+      torch::Tensor loss = torch::cross_entropy_loss(logits.reshape({-1, vocab}), targets.reshape({-1}));
+      losses->push_back(loss.item<double>());
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    }
+    return m;
+  };
+  std::vector<double> plain_losses, padded_losses;
+  auto plain = train(1, &plain_losses);
+  auto padded = train(64, &padded_losses);
+  ASSERT_EQ(padded_losses.size(), plain_losses.size());
+  for (size_t i = 0; i < plain_losses.size(); ++i)
+    EXPECT_NEAR(padded_losses[i], plain_losses[i], 1e-6) << "step " << i + 1;
+  auto plain_params = plain->named_parameters(), padded_params = padded->named_parameters();
+  torch::Tensor table = padded_params["wte.weight"];
+  ASSERT_EQ(table.size(0), 64);
+  EXPECT_EQ(table.narrow(0, vocab, 64 - vocab).abs().max().item<float>(), 0.0f)
+      << "the padded rows moved";
+  for (const auto& p : plain_params) {
+    torch::Tensor other = padded_params[p.key()];
+    if (p.key() == "wte.weight") other = other.narrow(0, 0, vocab);
+    EXPECT_TRUE(torch::allclose(p.value(), other, 1e-5, 1e-6)) << p.key();
+  }
+  EXPECT_EQ(ParameterCount(*padded) - ParameterCount(*plain), (64 - vocab) * 32);
+}
+
 TEST(Models, FusedAttentionEqualsTheReference) {
   torch::manual_seed(1);
   torch::Tensor q = torch::randn({2, 3, 7, 8}), k = torch::randn({2, 3, 7, 8}), v = torch::randn({2, 3, 7, 8});

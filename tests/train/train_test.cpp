@@ -135,6 +135,53 @@ TEST(Optimizer, SgdAndAdamWMatchLibtorch) {
   CompareWithTorch("adamw", &adamw, o);
 }
 
+// optim.foreach: the multi-tensor update equals the per-parameter loop (up
+// to rounding: m + (1-b1)(g-m) there, b1 m + (1-b1) g here), with state
+// created on the first step, a parameter without a gradient left alone, and
+// a rank's unowned parameters skipped.
+TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
+  struct Case {
+    std::string name;
+    double momentum;
+    bool nesterov;
+  };
+  for (const Case& c : {Case{"adamw", 0.9, false}, Case{"sgd", 0.9, true}, Case{"sgd", 0.9, false},
+                        Case{"sgd", 0, false}}) {
+    SCOPED_TRACE(c.name + " momentum " + std::to_string(c.momentum) +
+                 (c.nesterov ? " nesterov" : ""));
+    OptimizerOptions o;
+    o.name = c.name;
+    o.momentum = c.momentum;
+    o.nesterov = c.nesterov;
+    o.weight_decay = 0.05;
+    torch::manual_seed(2);
+    std::vector<torch::Tensor> start = {torch::randn({5, 3}), torch::randn({7}), torch::randn({2, 2, 3}),
+                                        torch::randn({4})};
+    auto run = [&](bool foreach) {
+      o.foreach = foreach;
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      for (size_t i = 0; i < start.size(); ++i)
+        named.emplace_back("p" + std::to_string(i), start[i].clone().requires_grad_());
+      Optimizer opt(named, o);
+      opt.SetOwned({true, true, false, true});  // the third is another rank's
+      torch::manual_seed(3);
+      for (int step = 0; step < 5; ++step) {
+        for (size_t i = 0; i < named.size(); ++i)
+          named[i].second.mutable_grad() =
+              i == 1 && step == 2 ? torch::Tensor() : torch::randn(start[i].sizes());  // no grad once
+        opt.Step(0.05);
+      }
+      return named;
+    };
+    auto loop = run(false), multi = run(true);
+    for (size_t i = 0; i < loop.size(); ++i)
+      EXPECT_TRUE(torch::allclose(multi[i].second, loop[i].second, 1e-6, 1e-7))
+          << loop[i].first << "\n" << multi[i].second - loop[i].second;
+    EXPECT_TRUE(torch::equal(multi[2].second, start[2])) << "an unowned parameter moved";
+    EXPECT_FALSE(torch::equal(multi[0].second, start[0]));
+  }
+}
+
 TEST(Optimizer, LarsScalesEachLayersStepByItsTrustRatio) {
   OptimizerOptions o;
   o.name = "lars";
