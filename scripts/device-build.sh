@@ -7,6 +7,7 @@
 #   TORCH_CMAKE  or that libtorch's CMake folder, given
 #   BUILD        the build folder (build-gpu)
 #   KEEP_GOING   1: build every target it can past a failing one, to see all errors in one call
+#   TARGETS      only these targets (space-separated), to save a lent machine's minutes
 # Debian builds cpp-httplib as a library with OpenSSL, zlib and Brotli
 # (its pkg-config Cflags): the same definitions here, or its classes differ.
 set -euo pipefail
@@ -51,6 +52,8 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_W
   "${cuda[@]}"
 keep=()
 if [[ ${KEEP_GOING:-0} == 1 ]]; then keep=(-- -k); [[ ${#generator[@]} -gt 0 ]] && keep+=(0); fi
-cmake --build "$build" -j "$(nproc)" "${keep[@]}"
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$(nproc)" "${targets[@]}" "${keep[@]}"
 echo "device-build: $build/src/fullburn and $build/src/fullburn-train, against $torch_cmake"
 echo "device-build: run them with LD_LIBRARY_PATH=$lib (cpp-httplib's OpenSSL and Brotli)"
