@@ -31,6 +31,11 @@ class Model : public torch::nn::Module {
   // values: the memory model probes each); false where the model has no
   // blocks to checkpoint: a program's own model unless it overrides this.
   virtual bool SetCheckpointing(const std::string& /*mode*/) { return false; }
+  // The training loss: the mean cross-entropy of forward(input) over
+  // logits.reshape(-1, C) in fp32 against targets.reshape(-1). A model whose
+  // output layer computes it without keeping the logits overrides it (GPT
+  // with ModelSpec::fused_loss); the trainer calls it for every training step.
+  virtual torch::Tensor ForwardLoss(torch::Tensor input, const torch::Tensor& targets);
 };
 
 // Activation checkpointing (model.checkpoint): fn(x) runs without keeping
@@ -63,6 +68,11 @@ struct ModelSpec {
   // rows start at zero and are cut from the logits, so the loss and the
   // outputs equal the unpadded model's. 1: none.
   int64_t pad_vocab = 1;
+  // gpt: the output layer and the loss in one function over chunks of
+  // positions (loss_rows each; 0: about 256 MiB of fp32 logits), keeping no
+  // logits for backward, which recomputes them chunk by chunk.
+  bool fused_loss = false;
+  int64_t loss_rows = 0;
   int64_t seq_len = 128;          // gpt context (positional table size)
   int64_t hidden = 512, layers = 2, heads = 4;
   double dropout = 0;

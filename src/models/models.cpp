@@ -83,7 +83,11 @@ TORCH_MODULE(GptBlock);
 class Gpt : public Model {
  public:
   explicit Gpt(const ModelSpec& s)
-      : dropout_(s.dropout), segment_(CheckpointSegment(s.checkpoint)), vocab_(s.vocab) {
+      : dropout_(s.dropout),
+        segment_(CheckpointSegment(s.checkpoint)),
+        vocab_(s.vocab),
+        fused_loss_(s.fused_loss),
+        loss_rows_(s.loss_rows) {
     const int64_t padded = (s.vocab + s.pad_vocab - 1) / s.pad_vocab * s.pad_vocab;
     // Built at the vocabulary's size, then grown: the padded model draws the
     // same random numbers as the unpadded one, so it starts from its weights.
@@ -122,6 +126,19 @@ class Gpt : public Model {
     return true;
   }
   torch::Tensor forward(torch::Tensor tokens) override {
+    torch::Tensor logits = Linear(Features(tokens), wte_->weight, {});
+    return logits.size(-1) == vocab_ ? logits : logits.narrow(-1, 0, vocab_);
+  }
+  torch::Tensor ForwardLoss(torch::Tensor tokens, const torch::Tensor& targets) override {
+    if (!fused_loss_ || !torch::GradMode::is_enabled()) return Model::ForwardLoss(tokens, targets);
+    torch::Tensor x = Features(tokens);
+    return HeadCrossEntropy(x.reshape({-1, x.size(-1)}), wte_->weight, targets.reshape({-1}), vocab_,
+                            loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_));
+  }
+
+ private:
+  // Everything but the output layer: ln_f's output, [batch, positions, width].
+  torch::Tensor Features(const torch::Tensor& tokens) {
     int64_t t = tokens.size(1);
     torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));
     torch::Tensor x = torch::dropout(wte_(tokens) + wpe_(pos), dropout_, is_training());
@@ -144,15 +161,14 @@ class Gpt : public Model {
     } else {
       x = blocks_->forward(x);
     }
-    x = ln_f_(x);
-    torch::Tensor logits = Linear(x, wte_->weight, {});
-    return logits.size(-1) == vocab_ ? logits : logits.narrow(-1, 0, vocab_);
+    return ln_f_(x);
   }
 
- private:
   double dropout_;
   size_t segment_;  // blocks per recomputed segment; 0: none
   int64_t vocab_;   // wte_ may hold more rows (ModelSpec::pad_vocab)
+  bool fused_loss_;
+  int64_t loss_rows_;
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
   nn::Sequential blocks_;
   std::vector<GptBlock> block_list_;  // blocks_'s, for checkpointing them one by one
@@ -168,6 +184,12 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, co
 #else
   return std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, dropout, false, /*is_causal=*/true));
 #endif
+}
+
+torch::Tensor Model::ForwardLoss(torch::Tensor input, const torch::Tensor& targets) {
+  torch::Tensor logits = forward(std::move(input));
+  return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                   targets.reshape({-1}));
 }
 
 std::shared_ptr<Model> MakeMlp(const ModelSpec& s) { return std::make_shared<Mlp>(s); }

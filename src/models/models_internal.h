@@ -30,6 +30,14 @@ struct FastLinearImpl : torch::nn::Module {
 };
 TORCH_MODULE(FastLinear);
 
+// mean over rows of cross_entropy(x w[:vocab]^T, targets), x [N, C] and w
+// [>= vocab, C], computed `rows` rows at a time with no [N, vocab] tensor
+// kept for backward (model.fused_loss). Autocast as the plain path: the
+// product in autocast's dtype, the loss in fp32.
+torch::Tensor HeadCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
+                               int64_t vocab, int64_t rows);
+int64_t HeadLossRows(int64_t vocab);  // rows per chunk for about 256 MiB of fp32 logits
+
 // softmax(q k^T / sqrt(d) + causal mask) v, through the fused kernel where
 // this libtorch has one.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

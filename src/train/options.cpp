@@ -62,6 +62,12 @@ const std::vector<OptionDef>& TrainOptions() {
        "from the logits, so the loss and the outputs are those of the unpadded model; "
        "checkpoints hold the padded table. 1: no padding",
        "", ">0"},
+      {"model.fused_loss", T::kBool, "false",
+       "gpt: the output layer and the cross-entropy in one function over chunks of about 256 MiB "
+       "of logits, keeping none for backward (which recomputes them): at GPT-2's vocabulary the "
+       "fp32 log-softmax and its gradient, 3.3 GB each at 16 x 1024 tokens, are never held. "
+       "The same loss and gradients up to rounding; one more output-layer product per step. Off "
+       "until measured on a GPU"},
       {"model.checkpoint", T::kString, "none",
        "Activation checkpointing: blocks keeps only each GPT block's or ResNet stage's input "
        "and recomputes the block in backward (same dropout), trading a second forward for "

@@ -15,9 +15,7 @@ namespace fullburn {
 
 torch::Tensor ForwardLoss(const StepContext& ctx, const TrainBatch& b) {
   AutocastGuard autocast(ctx.device.type(), ctx.autocast);
-  torch::Tensor logits = ctx.model->forward(b.inputs);
-  return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                   b.targets.reshape({-1}));
+  return ctx.model->ForwardLoss(b.inputs, b.targets);
 }
 
 torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int accumulate,

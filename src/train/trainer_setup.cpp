@@ -321,6 +321,7 @@ Status Trainer::BuildModel(const BatchSource& source) {
     ms.heads = cfg_.Int("model.heads");
     ms.dropout = cfg_.Float("model.dropout");
     ms.pad_vocab = cfg_.Int("model.pad_vocab");
+    ms.fused_loss = cfg_.Bool("model.fused_loss");
     ms.checkpoint = cfg_.Str("model.checkpoint");
     auto m = MakeModel(ms);
     if (!m.ok()) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <ATen/autocast_mode.h>
+
 #include "fullburn/models.h"
 #include "fullburn/train.h"
 #include "../../src/models/models_internal.h"
@@ -323,6 +325,73 @@ TEST(ActivationCheckpoint, GptAtSeq1024With12LayersPeaksAtLeast40PercentLower) {
     std::printf("activation peak: %.1f MiB plain, %.1f MiB with %s (%.0f%% lower)\n",
                 plain / 1048576.0, ckpt / 1048576.0, mode, 100.0 * (1 - double(ckpt) / plain));
   }
+}
+
+// model.fused_loss: the output layer and the loss over chunks of positions
+// give the plain path's loss and gradients, in fp32 and under bf16
+// autocast, with a vocabulary padded or not, and hold far less at a large
+// vocabulary (the plain path keeps the fp32 log-softmax and its gradient).
+TEST(FusedLoss, GptLossAndGradientsEqualThePlainPath) {
+  torch::manual_seed(1);
+  torch::Tensor tokens = torch::randint(50, {3, 16});
+  torch::Tensor targets = torch::randint(50, {3, 16});
+  auto pass = [&](bool fused, int64_t pad, bool bf16) {
+    ModelSpec s = GptSpec(50, 16, 32, 2);
+    s.pad_vocab = pad;
+    s.fused_loss = fused;
+    s.loss_rows = 7;  // 48 positions: six full chunks and one of 6
+    torch::manual_seed(3);
+    auto m = Make(s);
+    torch::Tensor loss;
+    {
+      at::autocast::set_cpu_enabled(bf16);
+      at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+      loss = m->ForwardLoss(tokens, targets);
+      at::autocast::set_cpu_enabled(false);
+    }
+    loss.backward();
+    std::vector<torch::Tensor> grads{loss.detach()};
+    for (const auto& p : m->named_parameters())
+      grads.push_back(p.key() == "wte.weight" ? p.value().grad().narrow(0, 0, 50) : p.value().grad());
+    return grads;
+  };
+  for (bool bf16 : {false, true}) {
+    for (int64_t pad : {int64_t{1}, int64_t{64}}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + " pad " + std::to_string(pad));
+      auto plain = pass(false, pad, bf16), fused = pass(true, pad, bf16);
+      ASSERT_EQ(plain.size(), fused.size());
+      double rtol = bf16 ? 2e-2 : 1e-5, atol = bf16 ? 2e-3 : 1e-6;
+      for (size_t i = 0; i < plain.size(); ++i)
+        EXPECT_TRUE(torch::allclose(fused[i], plain[i], rtol, atol))
+            << "tensor " << i << ": max diff " << (fused[i] - plain[i]).abs().max().item<float>();
+    }
+  }
+  // Evaluation (no gradients) takes the plain path: same value either way.
+  torch::NoGradGuard no_grad;
+  ModelSpec s = GptSpec(50, 16, 32, 2);
+  s.fused_loss = true;
+  EXPECT_TRUE(Make(s)->ForwardLoss(tokens, targets).isfinite().item<bool>());
+}
+
+TEST(FusedLoss, HoldsFarLessAtALargeVocabulary) {
+  auto peak = [](bool fused) {
+    ModelSpec s = GptSpec(8192, 256, 32, 1);
+    s.fused_loss = fused;
+    s.loss_rows = 128;  // 4 MiB of logits per chunk, as 256 MiB are of a GPU-sized step's
+    torch::manual_seed(3);
+    auto m = Make(s);
+    torch::Tensor tokens = torch::randint(8192, {4, 256});
+    ResetCpuPeakBytes();
+    int64_t before = CpuBytesInUse();
+    m->ForwardLoss(tokens, tokens).backward();
+    return CpuPeakBytes() - before;
+  };
+  int64_t plain = peak(false), fused = peak(true);
+  // Plain: 1024 x 8192 fp32 logits, log-softmax and its gradient, 32 MiB
+  // each, at once; fused: 128 rows of them at a time.
+  EXPECT_LE(fused, 0.6 * plain) << "fused " << fused / 1048576 << " MiB, plain " << plain / 1048576
+                                << " MiB";
+  std::printf("loss peak: %.1f MiB plain, %.1f MiB fused\n", plain / 1048576.0, fused / 1048576.0);
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+// The output layer and the cross-entropy in one autograd function, over
+// chunks of rows, so that no [rows, vocabulary] tensor outlives its chunk.
+//
+// The plain path keeps the fp32 log-softmax of every position for backward
+// and then allocates its gradient, as large again: at GPT-2's vocabulary and
+// 16 x 1024 tokens, 3.3 GB each. Here forward keeps only its inputs; backward
+// recomputes each chunk's logits and back-propagates through them, as
+// activation checkpointing does for a block.
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "autocast_state.h"
+#include "fullburn/models.h"
+#include "models_internal.h"
+
+namespace fullburn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Autocast off for the function's own casts, whatever the caller had on:
+// they cast exactly as autocast would (inputs of the matmul to its dtype, the
+// logits to fp32), on the forward's and the backward's threads alike.
+class NoAutocast {
+ public:
+  explicit NoAutocast(c10::DeviceType type) : type_(type), was_(autocast_state::Enabled(type)) {
+    autocast_state::SetEnabled(type_, false);
+  }
+  ~NoAutocast() { autocast_state::SetEnabled(type_, was_); }
+
+ private:
+  c10::DeviceType type_;
+  bool was_;
+};
+
+// Sum over the chunk's rows of logsumexp(logits) - logits[target], in fp32.
+torch::Tensor ChunkLossSum(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
+                           int64_t vocab, c10::ScalarType dtype) {
+  torch::Tensor logits = Linear(x.to(dtype), w.narrow(0, 0, vocab).to(dtype), {}).to(torch::kFloat);
+  torch::Tensor picked = logits.gather(1, targets.unsqueeze(1)).squeeze(1);
+  return (torch::logsumexp(logits, 1) - picked).sum();
+}
+
+class HeadLossFunction : public torch::autograd::Function<HeadLossFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor w,
+                               torch::Tensor targets, int64_t vocab, int64_t rows) {
+    const c10::DeviceType type = x.device().type();
+    c10::ScalarType dtype =
+        autocast_state::Enabled(type) ? autocast_state::Dtype(type) : x.scalar_type();
+    NoAutocast off(type);
+    torch::Tensor sum = torch::zeros({}, x.options().dtype(torch::kFloat));
+    const int64_t n = x.size(0);
+    for (int64_t first = 0; first < n; first += rows) {
+      int64_t len = std::min(rows, n - first);
+      sum += ChunkLossSum(x.narrow(0, first, len), w, targets.narrow(0, first, len), vocab, dtype);
+    }
+    ctx->save_for_backward({x, w, targets});
+    ctx->saved_data["vocab"] = vocab;
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    return sum / static_cast<double>(n);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    torch::Tensor x = saved[0], w = saved[1], targets = saved[2];
+    const int64_t vocab = ctx->saved_data["vocab"].toInt(), rows = ctx->saved_data["rows"].toInt();
+    const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
+    NoAutocast off(x.device().type());
+    const int64_t n = x.size(0);
+    // d(mean)/d(row's term) = grad / n, the same for every chunk.
+    torch::Tensor scale = grad_out[0].to(torch::kFloat) / static_cast<double>(n);
+    torch::Tensor dx = torch::empty_like(x), dw = torch::zeros_like(w);
+    torch::Tensor wr = w.detach().requires_grad_(true);
+    for (int64_t first = 0; first < n; first += rows) {
+      int64_t len = std::min(rows, n - first);
+      torch::Tensor xr = x.narrow(0, first, len).detach().requires_grad_(true);
+      torch::AutoGradMode grad(true);
+      torch::Tensor loss = ChunkLossSum(xr, wr, targets.narrow(0, first, len), vocab, dtype) * scale;
+      variable_list g = torch::autograd::grad({loss}, {xr, wr});
+      torch::NoGradGuard no_grad;
+      dx.narrow(0, first, len).copy_(g[0]);
+      dw += g[1];
+    }
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor HeadCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
+                               int64_t vocab, int64_t rows) {
+  return HeadLossFunction::apply(x, w, targets, vocab, std::max<int64_t>(1, rows));
+}
+
+int64_t HeadLossRows(int64_t vocab) {
+  // About 256 MiB of fp32 logits per chunk: large matrix products for the
+  // GPU, a bounded transient for the memory.
+  return std::max<int64_t>(1, (int64_t{256} << 20) / (4 * vocab));
+}
+
+}  // namespace fullburn
