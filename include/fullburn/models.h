@@ -69,7 +69,8 @@ struct ModelSpec {
   // outputs equal the unpadded model's. 1: none.
   int64_t pad_vocab = 1;
   // gpt: the output layer and the loss in one function over chunks of
-  // positions (loss_rows each; 0: about 256 MiB of fp32 logits), keeping no
+  // positions (loss_rows each; 0: about 256 MiB of fp32 logits on a GPU,
+  // 32 MiB on a CPU), keeping no
   // logits for backward, which recomputes them chunk by chunk.
   bool fused_loss = false;
   int64_t loss_rows = 0;

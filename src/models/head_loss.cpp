@@ -96,10 +96,11 @@ torch::Tensor HeadCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, c
   return HeadLossFunction::apply(x, w, targets, vocab, std::max<int64_t>(1, rows));
 }
 
-int64_t HeadLossRows(int64_t vocab) {
-  // About 256 MiB of fp32 logits per chunk: large matrix products for the
-  // GPU, a bounded transient for the memory.
-  return std::max<int64_t>(1, (int64_t{256} << 20) / (4 * vocab));
+int64_t HeadLossRows(int64_t vocab, const torch::Device& device) {
+  // fp32 logits per chunk: 256 MiB keeps a GPU's products large; a CPU's are
+  // efficient far smaller, and its memory is the scarcer.
+  int64_t bytes = device.is_cuda() ? int64_t{256} << 20 : int64_t{32} << 20;
+  return std::max<int64_t>(1, bytes / (4 * vocab));
 }
 
 }  // namespace fullburn

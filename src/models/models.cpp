@@ -133,7 +133,7 @@ class Gpt : public Model {
     if (!fused_loss_ || !torch::GradMode::is_enabled()) return Model::ForwardLoss(tokens, targets);
     torch::Tensor x = Features(tokens);
     return HeadCrossEntropy(x.reshape({-1, x.size(-1)}), wte_->weight, targets.reshape({-1}), vocab_,
-                            loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_));
+                            loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_, x.device()));
   }
 
  private:

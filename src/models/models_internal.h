@@ -36,7 +36,8 @@ TORCH_MODULE(FastLinear);
 // product in autocast's dtype, the loss in fp32.
 torch::Tensor HeadCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
                                int64_t vocab, int64_t rows);
-int64_t HeadLossRows(int64_t vocab);  // rows per chunk for about 256 MiB of fp32 logits
+// Rows per chunk: about 256 MiB of fp32 logits on a GPU, 32 MiB on a CPU.
+int64_t HeadLossRows(int64_t vocab, const torch::Device& device);
 
 // softmax(q k^T / sqrt(d) + causal mask) v, through the fused kernel where
 // this libtorch has one.

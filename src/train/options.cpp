@@ -63,8 +63,8 @@ const std::vector<OptionDef>& TrainOptions() {
        "checkpoints hold the padded table. 1: no padding",
        "", ">0"},
       {"model.fused_loss", T::kBool, "false",
-       "gpt: the output layer and the cross-entropy in one function over chunks of about 256 MiB "
-       "of logits, keeping none for backward (which recomputes them): at GPT-2's vocabulary the "
+       "gpt: the output layer and the cross-entropy in one function over chunks of logits (about "
+       "256 MiB on a GPU, 32 MiB on a CPU), keeping none for backward (which recomputes them): at GPT-2's vocabulary the "
        "fp32 log-softmax and its gradient, 3.3 GB each at 16 x 1024 tokens, are never held. "
        "The same loss and gradients up to rounding; one more output-layer product per step. Off "
        "until measured on a GPU"},

@@ -744,6 +744,31 @@ TEST_F(ShardedE2E, MemoryModelPredictsEachRanksPeakWithin15Percent) {
 // the memory model's parts and name the setting that fits; with
 // train.batch_size = auto the search prints the largest micro-batch by
 // setting and the diagnosis says which one would raise it.
+// model.fused_loss where the logits are what fills the memory: a GPT with a
+// vocabulary of 8,192 runs out of a 200 MiB budget at micro-batch 32 (its
+// fp32 log-softmax and gradient, 128 MiB each), and trains with the loss
+// fused into the output layer.
+TEST_F(ShardedE2E, FusedLossTrainsWhereTheLogitsRanOutOfMemory) {
+  std::string tokens = dir_ + "/tokens8k.bin";
+  auto made = RunToEnd(
+      {FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "200000", "--vocab", "8192"}, 120);
+  ASSERT_EQ(made.code, 0) << made.err;
+  std::vector<std::string> argv = {FULLBURN_BIN,         "train",           "-q",
+                                   "--store",            store_,            "model.name=gpt",
+                                   "data.source=tokens", "data.path=" + tokens, "data.vocab=8192",
+                                   "data.seq_len=128",   "model.hidden=64", "model.layers=2",
+                                   "model.heads=4",      "train.threads=1", "optim.name=adamw",
+                                   "eval.at_end=false",  "train.steps=2",   "train.batch_size=32",
+                                   "train.memory_budget_mb=200"};
+  auto plain = RunToEnd(argv, 300);
+  EXPECT_EQ(plain.code, 1);
+  EXPECT_NE(plain.err.find("out of memory at step 1 with micro-batch 32"), std::string::npos)
+      << plain.err;
+  argv.push_back("model.fused_loss=true");
+  auto fused = RunToEnd(argv, 300);
+  EXPECT_EQ(fused.code, 0) << fused.err;
+}
+
 TEST_F(ShardedE2E, OutOfMemoryNamesTheSettingThatFits) {
   std::string tokens = dir_ + "/tokens.bin";
   auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "40000"}, 120);
