@@ -221,15 +221,18 @@ int Fork(int workers, double seconds, double cpu_seconds, const std::string& sta
 
 int Orphans(int workers, const std::string& pids_path, bool ignore_term) {
   std::string pids;
+  // Ignored before the fork, so each worker ignores SIGTERM from its first
+  // instruction: set in the child, a loaded machine could run the parent's
+  // exit (and fullburn's SIGTERM) before the child got to it.
+  auto before = ::signal(SIGTERM, ignore_term ? SIG_IGN : SIG_DFL);
   for (int w = 0; w < workers; ++w) {
     pid_t pid = ::fork();
     if (pid < 0) return 1;
-    if (pid == 0) {
-      if (ignore_term) ::signal(SIGTERM, SIG_IGN);
+    if (pid == 0)
       for (;;) ::pause();
-    }
     pids += std::to_string(pid) + "\n";
   }
+  ::signal(SIGTERM, before);
   FILE* f = std::fopen(pids_path.c_str(), "w");
   if (!f) return 1;
   std::fputs(pids.c_str(), f);
