@@ -37,4 +37,17 @@ inline void SetDtype(c10::DeviceType d, c10::ScalarType t) {
 }
 #endif
 
+// Autocast on or off for one device type while in scope, then as it was.
+class ScopedEnabled {
+ public:
+  ScopedEnabled(c10::DeviceType d, bool on) : type_(d), was_(Enabled(d)) { SetEnabled(d, on); }
+  ~ScopedEnabled() { SetEnabled(type_, was_); }
+  ScopedEnabled(const ScopedEnabled&) = delete;
+  ScopedEnabled& operator=(const ScopedEnabled&) = delete;
+
+ private:
+  c10::DeviceType type_;
+  bool was_;
+};
+
 }  // namespace fullburn::autocast_state

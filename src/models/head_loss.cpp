@@ -20,25 +20,16 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Autocast off for the function's own casts, whatever the caller had on:
-// they cast exactly as autocast would (inputs of the matmul to its dtype, the
-// logits to fp32), on the forward's and the backward's threads alike.
-class NoAutocast {
- public:
-  explicit NoAutocast(c10::DeviceType type) : type_(type), was_(autocast_state::Enabled(type)) {
-    autocast_state::SetEnabled(type_, false);
-  }
-  ~NoAutocast() { autocast_state::SetEnabled(type_, was_); }
+// Autocast is off inside (autocast_state::ScopedEnabled) for the function's
+// own casts, whatever the caller had on: they cast exactly as autocast would
+// (the product's inputs to its dtype, the logits to fp32), on the forward's
+// and the backward's threads alike.
 
- private:
-  c10::DeviceType type_;
-  bool was_;
-};
-
-// Sum over the chunk's rows of logsumexp(logits) - logits[target], in fp32.
+// Sum over the chunk's rows of logsumexp(logits) - logits[target], in fp32;
+// `w`: the vocabulary's rows, already in the product's dtype.
 torch::Tensor ChunkLossSum(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
-                           int64_t vocab, c10::ScalarType dtype) {
-  torch::Tensor logits = Linear(x.to(dtype), w.narrow(0, 0, vocab).to(dtype), {}).to(torch::kFloat);
+                           c10::ScalarType dtype) {
+  torch::Tensor logits = Linear(x.to(dtype), w, {}).to(torch::kFloat);
   torch::Tensor picked = logits.gather(1, targets.unsqueeze(1)).squeeze(1);
   return (torch::logsumexp(logits, 1) - picked).sum();
 }
@@ -50,12 +41,13 @@ class HeadLossFunction : public torch::autograd::Function<HeadLossFunction> {
     const c10::DeviceType type = x.device().type();
     c10::ScalarType dtype =
         autocast_state::Enabled(type) ? autocast_state::Dtype(type) : x.scalar_type();
-    NoAutocast off(type);
+    autocast_state::ScopedEnabled off(type, false);
+    torch::Tensor wc = w.narrow(0, 0, vocab).to(dtype);  // cast once, not per chunk
     torch::Tensor sum = torch::zeros({}, x.options().dtype(torch::kFloat));
     const int64_t n = x.size(0);
     for (int64_t first = 0; first < n; first += rows) {
       int64_t len = std::min(rows, n - first);
-      sum += ChunkLossSum(x.narrow(0, first, len), w, targets.narrow(0, first, len), vocab, dtype);
+      sum += ChunkLossSum(x.narrow(0, first, len), wc, targets.narrow(0, first, len), dtype);
     }
     ctx->save_for_backward({x, w, targets});
     ctx->saved_data["vocab"] = vocab;
@@ -69,23 +61,26 @@ class HeadLossFunction : public torch::autograd::Function<HeadLossFunction> {
     torch::Tensor x = saved[0], w = saved[1], targets = saved[2];
     const int64_t vocab = ctx->saved_data["vocab"].toInt(), rows = ctx->saved_data["rows"].toInt();
     const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
-    NoAutocast off(x.device().type());
+    autocast_state::ScopedEnabled off(x.device().type(), false);
     const int64_t n = x.size(0);
     // d(mean)/d(row's term) = grad / n, the same for every chunk.
     torch::Tensor scale = grad_out[0].to(torch::kFloat) / static_cast<double>(n);
-    torch::Tensor dx = torch::empty_like(x), dw = torch::zeros_like(w);
-    torch::Tensor wr = w.detach().requires_grad_(true);
+    // The cast weight is a leaf of each chunk's graph: its gradient is summed
+    // here in fp32, and the padded rows' stays zero.
+    torch::Tensor wc = w.narrow(0, 0, vocab).to(dtype).detach().requires_grad_(true);
+    torch::Tensor dx = torch::empty_like(x), dw = torch::zeros_like(w, w.options().dtype(torch::kFloat));
+    torch::Tensor dw_vocab = dw.narrow(0, 0, vocab);
     for (int64_t first = 0; first < n; first += rows) {
       int64_t len = std::min(rows, n - first);
       torch::Tensor xr = x.narrow(0, first, len).detach().requires_grad_(true);
       torch::AutoGradMode grad(true);
-      torch::Tensor loss = ChunkLossSum(xr, wr, targets.narrow(0, first, len), vocab, dtype) * scale;
-      variable_list g = torch::autograd::grad({loss}, {xr, wr});
+      torch::Tensor loss = ChunkLossSum(xr, wc, targets.narrow(0, first, len), dtype) * scale;
+      variable_list g = torch::autograd::grad({loss}, {xr, wc});
       torch::NoGradGuard no_grad;
       dx.narrow(0, first, len).copy_(g[0]);
-      dw += g[1];
+      dw_vocab += g[1];
     }
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, dw.to(w.scalar_type()), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 

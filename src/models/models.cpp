@@ -91,6 +91,8 @@ class Gpt : public Model {
     const int64_t padded = (s.vocab + s.pad_vocab - 1) / s.pad_vocab * s.pad_vocab;
     // Built at the vocabulary's size, then grown: the padded model draws the
     // same random numbers as the unpadded one, so it starts from its weights.
+    // The rows past the vocabulary are never looked up and are cut from the
+    // logits: their gradient is zero, so at zero they stay zero (decay too).
     wte_ = register_module("wte", nn::Embedding(s.vocab, s.hidden));
     if (padded > s.vocab) {
       torch::NoGradGuard no_grad;
@@ -115,9 +117,6 @@ class Gpt : public Model {
         (name == "wte.weight" ? p.value().narrow(0, 0, vocab_) : p.value()).normal_(0, std);
       }
     }
-    // Rows past the vocabulary are never looked up and are cut from the
-    // logits: their gradient is zero, so at zero they stay zero (decay too).
-    wte_->weight.narrow(0, vocab_, padded - vocab_).zero_();
   }
   bool SetCheckpointing(const std::string& mode) override {
     int segment = CheckpointSegment(mode);
