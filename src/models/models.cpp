@@ -205,6 +205,9 @@ Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& s) {
     return Status::InvalidArgument("model.checkpoint = " + s.checkpoint +
                                    " recomputes gpt blocks and resnet stages; " + s.name +
                                    " has none: set model.checkpoint = none");
+  if (s.fused_loss && s.name != "gpt")
+    return Status::InvalidArgument("model.fused_loss = true fuses gpt's output layer with its loss; " +
+                                   s.name + " has none: set model.fused_loss = false");
   if (s.name == "resnet18" || s.name == "resnet50") return MakeResNet(s);
   if (s.name == "mlp") {
     if (s.in_features <= 0) return Status::InvalidArgument("mlp needs the input size (in_features)");

@@ -154,6 +154,12 @@ TEST(Models, BadSpecsAreRefused) {
   s.hidden = 30;
   s.heads = 4;
   EXPECT_NE(MakeModel(s).status().message().find("not divisible"), std::string::npos);
+  s.name = "resnet18";
+  s.fused_loss = true;
+  EXPECT_NE(MakeModel(s).status().message().find(
+                "model.fused_loss = true fuses gpt's output layer with its loss; resnet18 has none"),
+            std::string::npos)
+      << MakeModel(s).status().message();
 }
 
 }  // namespace
