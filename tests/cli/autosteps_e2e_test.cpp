@@ -72,6 +72,22 @@ std::vector<nlohmann::json> EventsOf(const RunData& run, const std::string& kind
   return out;
 }
 
+// Checked by the clocks the script wrote, not by step lengths, which a busy
+// machine stretches: no step's span overlaps an evaluation's.
+void ExpectNoStepHoldsAnEvaluation(const RunData& run) {
+  for (const RunEvent& e : run.events) {
+    if (e.kind != "evaluation") continue;
+    const double eval_end = e.t;
+    const double eval_start = e.t - nlohmann::json::parse(e.data).value("duration_s", 0.0);
+    for (const StepRecord& s : run.steps) {
+      const double step_start = s.t - s.step_s;
+      EXPECT_TRUE(s.t <= eval_start + 1e-3 || step_start >= eval_end - 1e-3)
+          << "step " << s.step << " [" << step_start << ", " << s.t << "] holds the evaluation ["
+          << eval_start << ", " << eval_end << "]";
+    }
+  }
+}
+
 // 128 samples of 8, two micro-batches per optimizer step, 2 epochs: 16 steps
 // of 16 samples, each waiting 3 ms per sample; a validation pass per epoch.
 TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations) {
@@ -79,7 +95,6 @@ TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations)
   ASSERT_EQ(o.code, 0) << o.err;
   RunData run = Stored();
   ASSERT_EQ(run.steps.size(), 16u) << o.err;
-  std::vector<double> step_s;
   for (size_t i = 0; i < run.steps.size(); ++i) {
     const StepRecord& s = run.steps[i];
     EXPECT_EQ(s.step, static_cast<int64_t>(i + 1));
@@ -91,15 +106,13 @@ TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations)
     EXPECT_LE(*s.data_wait_s, s.step_s + 1e-6);
     EXPECT_GT(s.loss, 0);  // the loss passed to backward(), a CPU tensor
     EXPECT_DOUBLE_EQ(s.lr, 0.1);
-    step_s.push_back(s.step_s);
   }
   // The validation passes (32 samples = 96 ms each) are events, not folded
   // into the first step of the next epoch.
   auto evaluations = EventsOf(run, "evaluation");
   ASSERT_EQ(evaluations.size(), 2u);
   for (const auto& e : evaluations) EXPECT_GT(e.value("duration_s", 0.0), 0.080) << e.dump();
-  std::sort(step_s.begin(), step_s.end());
-  EXPECT_LT(step_s.back(), 2 * step_s[step_s.size() / 2]) << "a step holds an evaluation";
+  ExpectNoStepHoldsAnEvaluation(run);
   auto loaders = EventsOf(run, "dataloader");
   ASSERT_EQ(loaders.size(), 1u);  // the training loader only
   EXPECT_EQ(loaders[0].value("num_workers", -1), 0);
@@ -403,7 +416,9 @@ TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
     EXPECT_GT(*s.backward_s, 0);
     EXPECT_GT(*s.optimizer_s, 0);
     EXPECT_GE(rest(s), -1e-6) << "phases overlap in step " << s.step;
-    EXPECT_LT(rest(s), 0.005) << "step " << s.step;  // zero_grad and the loop's own bookkeeping
+    // zero_grad and the loop's own bookkeeping: well under the 25 ms of
+    // logging the second run adds (a busy machine stretches it a little).
+    EXPECT_LT(rest(s), 0.015) << "step " << s.step;
   }
   EXPECT_FALSE(has(Diagnose(plain), "loop_overhead"));
 
@@ -418,7 +433,9 @@ TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
     if (s.step > 1) {
       EXPECT_GT(rest(s), 0.020) << "step " << s.step;
     }
-    EXPECT_LT(*s.forward_s + *s.optimizer_s, 0.020) << "step " << s.step;
+    // A phase holding the 25 ms of logging would be at least that long.
+    EXPECT_LT(*s.forward_s, 0.025) << "step " << s.step;
+    EXPECT_LT(*s.optimizer_s, 0.025) << "step " << s.step;
   }
   auto findings = Diagnose(logged);
   ASSERT_TRUE(has(findings, "loop_overhead")) << RenderFindings(findings, 9);
@@ -437,7 +454,6 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
   ASSERT_EQ(o.code, 0) << o.err;
   RunData run = Stored();
   ASSERT_EQ(run.steps.size(), 20u) << o.err;
-  std::vector<double> step_s;
   for (const StepRecord& s : run.steps) {
     EXPECT_EQ(s.samples, 16) << "step " << s.step;  // 2 micro-batches of 8
     EXPECT_FALSE(s.data_wait_s.has_value()) << "unmeasured, not zero";
@@ -446,19 +462,24 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
     // Two get_batch() calls of 15 ms busy each: in the rest, not the forward.
     double rest = s.step_s - *s.forward_s - *s.backward_s - *s.optimizer_s;
     EXPECT_GT(rest, 0.028) << "step " << s.step;
-    EXPECT_LT(*s.forward_s, 0.028) << "step " << s.step;
+    // Had the forward held them, it would be the longer of the two.
+    EXPECT_LT(*s.forward_s, rest) << "step " << s.step;
     EXPECT_GT(s.loss, 0);
-    step_s.push_back(s.step_s);
   }
   // Evaluations at iterations 0, 10 and 20: 40 model calls of >= 15 ms each.
   auto evaluations = EventsOf(run, "evaluation");
   ASSERT_EQ(evaluations.size(), 3u);
+  double shortest_evaluation = 1e9;
   for (const auto& e : evaluations) {
     EXPECT_GT(e.value("duration_s", 0.0), 0.55) << e.dump();
     EXPECT_EQ(e.value("model_calls", 0), 40) << e.dump();
+    shortest_evaluation = std::min(shortest_evaluation, e.value("duration_s", 0.0));
   }
-  std::sort(step_s.begin(), step_s.end());
-  EXPECT_LT(step_s.back(), 0.5) << "a step holds an evaluation";
+  // Here the step goes on around the evaluation (its start moves by the
+  // evaluation's length), so compare lengths from the same run: a step that
+  // held one would be longer than it, whatever the machine's load.
+  for (const StepRecord& s : run.steps)
+    EXPECT_LT(s.step_s, shortest_evaluation) << "step " << s.step << " holds an evaluation";
   EXPECT_EQ(EventsOf(run, "checkpoint").size(), 3u);
   std::ifstream in(saved, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
