@@ -72,6 +72,13 @@ std::vector<nlohmann::json> EventsOf(const RunData& run, const std::string& kind
   return out;
 }
 
+// Medians: one step a busy machine preempted does not decide a bound.
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // Checked by the clocks the script wrote, not by step lengths, which a busy
 // machine stretches: no step's span overlaps an evaluation's.
 void ExpectNoStepHoldsAnEvaluation(const RunData& run) {
@@ -366,9 +373,13 @@ TEST_F(AutoStepsE2E, TorchSavesAreCheckpointsKeptOutOfTheSteps) {
     EXPECT_FALSE(saves[i].value("background", false));
     shortest = std::min(shortest, saves[i]["duration_s"].get<double>());
   }
-  // A step's own work is a tiny MLP's (about a millisecond): none holds a save.
+  // A step's own work is a tiny MLP's (about a millisecond): none holds a
+  // save. Three steps follow a save; one step a busy machine stretched is
+  // allowed, three are not.
+  int long_steps = 0;
   for (const StepRecord& s : run.steps)
-    EXPECT_LT(s.step_s - s.data_wait_s.value_or(0), shortest / 2) << "step " << s.step;
+    long_steps += s.step_s - s.data_wait_s.value_or(0) >= shortest / 2;
+  EXPECT_LE(long_steps, 1);
   auto findings = Diagnose(run);
   auto stall = std::find_if(findings.begin(), findings.end(),
                             [](const Finding& f) { return f.cause == "checkpoint_stall"; });
@@ -410,16 +421,18 @@ TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
   ASSERT_EQ(Run(args).code, 0);
   RunData plain = Stored();
   ASSERT_EQ(plain.steps.size(), 8u);
+  std::vector<double> rests;
   for (const StepRecord& s : plain.steps) {
     ASSERT_TRUE(s.data_wait_s && s.forward_s && s.backward_s && s.optimizer_s) << s.step;
     EXPECT_GT(*s.forward_s, 0);
     EXPECT_GT(*s.backward_s, 0);
     EXPECT_GT(*s.optimizer_s, 0);
     EXPECT_GE(rest(s), -1e-6) << "phases overlap in step " << s.step;
-    // zero_grad and the loop's own bookkeeping: well under the 25 ms of
-    // logging the second run adds (a busy machine stretches it a little).
-    EXPECT_LT(rest(s), 0.015) << "step " << s.step;
+    rests.push_back(rest(s));
   }
+  // zero_grad and the loop's own bookkeeping: well under the 25 ms of
+  // logging the second run adds.
+  EXPECT_LT(Median(rests), 0.010);
   EXPECT_FALSE(has(Diagnose(plain), "loop_overhead"));
 
   args.insert(args.end(), {"--log-ms", "25"});
@@ -427,16 +440,19 @@ TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
   ASSERT_EQ(o.code, 0) << o.err;
   RunData logged = Stored();
   ASSERT_EQ(logged.steps.size(), 8u);
+  std::vector<double> forwards, optimizers;
   for (const StepRecord& s : logged.steps) {
     ASSERT_TRUE(s.forward_s && s.optimizer_s) << s.step;
     // The logging after step k delays step k+1, outside every phase.
     if (s.step > 1) {
       EXPECT_GT(rest(s), 0.020) << "step " << s.step;
     }
-    // A phase holding the 25 ms of logging would be at least that long.
-    EXPECT_LT(*s.forward_s, 0.025) << "step " << s.step;
-    EXPECT_LT(*s.optimizer_s, 0.025) << "step " << s.step;
+    forwards.push_back(*s.forward_s);
+    optimizers.push_back(*s.optimizer_s);
   }
+  // A phase holding the 25 ms of logging would be at least that long.
+  EXPECT_LT(Median(forwards), 0.025);
+  EXPECT_LT(Median(optimizers), 0.025);
   auto findings = Diagnose(logged);
   ASSERT_TRUE(has(findings, "loop_overhead")) << RenderFindings(findings, 9);
   EXPECT_NE(o.err.find("[loop_overhead]"), std::string::npos) << o.err;
@@ -454,6 +470,7 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
   ASSERT_EQ(o.code, 0) << o.err;
   RunData run = Stored();
   ASSERT_EQ(run.steps.size(), 20u) << o.err;
+  std::vector<double> forwards, rests;
   for (const StepRecord& s : run.steps) {
     EXPECT_EQ(s.samples, 16) << "step " << s.step;  // 2 micro-batches of 8
     EXPECT_FALSE(s.data_wait_s.has_value()) << "unmeasured, not zero";
@@ -462,10 +479,12 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
     // Two get_batch() calls of 15 ms busy each: in the rest, not the forward.
     double rest = s.step_s - *s.forward_s - *s.backward_s - *s.optimizer_s;
     EXPECT_GT(rest, 0.028) << "step " << s.step;
-    // Had the forward held them, it would be the longer of the two.
-    EXPECT_LT(*s.forward_s, rest) << "step " << s.step;
+    forwards.push_back(*s.forward_s);
+    rests.push_back(rest);
     EXPECT_GT(s.loss, 0);
   }
+  // Had the forward held get_batch(), it would be the longer of the two.
+  EXPECT_LT(Median(forwards), Median(rests));
   // Evaluations at iterations 0, 10 and 20: 40 model calls of >= 15 ms each.
   auto evaluations = EventsOf(run, "evaluation");
   ASSERT_EQ(evaluations.size(), 3u);

@@ -724,7 +724,7 @@ TEST(LaunchE2E, OneFailedRankStopsTheOthersWithItsExitCode) {
                               "-c", "if [ $RANK = 2 ]; then sleep 0.2; exit 3; fi; exec sleep 60"});
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(o.code, 3);
-  EXPECT_LT(took, 20);  // not the 60 s the other ranks would sleep
+  EXPECT_LT(took, 50);  // not the 60 s the other ranks would sleep
   EXPECT_NE(o.err.find("rank 2 exited with code 3"), std::string::npos) << o.err;
   // A rank that ignores SIGTERM is killed after the grace period.
   auto stubborn = testing::RunToEnd(

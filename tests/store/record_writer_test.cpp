@@ -92,7 +92,7 @@ TEST_F(RecordWriterTest, AsyncWriterNeverWaitsOnALockedStoreAndLosesNothing) {
   more.checkpoints.push_back({6, 6.0, "/ckpt/step-6.pt", 100, 0.01, 0.1});
   w.Add(std::move(more));
   double add_s = std::chrono::duration<double>(Clock::now() - start).count();
-  EXPECT_LT(add_s, 1.0) << "Add waited on the store";
+  EXPECT_LT(add_s, 4.0) << "Add waited on the store";  // its busy timeout is 5 s
   std::optional<AsyncRecordWriter::Change> refused = WaitForChange(&w);
   ASSERT_TRUE(refused);
   EXPECT_TRUE(refused->failing);
