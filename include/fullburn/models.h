@@ -24,6 +24,21 @@
 
 namespace fullburn {
 
+// dist.shard = full (ZeRO stage 3): where a model's parameters live between
+// uses. A model given one gathers each block's parameters just before the
+// block runs (and before backward recomputes it) and releases them after the
+// block's forward; the parameters outside blocks (embeddings, the stem, the
+// head) are gathered at the start of forward and held until the trainer
+// releases everything after the step. Gather is a collective: every rank
+// calls it with the same parameters in the same order, and it throws when a
+// rank is lost (the step fails with that message).
+class ParameterGather {
+ public:
+  virtual ~ParameterGather() = default;
+  virtual void Gather(const std::vector<torch::Tensor>& params) = 0;
+  virtual void Release(const std::vector<torch::Tensor>& params) = 0;
+};
+
 class Model : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(torch::Tensor input) = 0;
@@ -31,6 +46,16 @@ class Model : public torch::nn::Module {
   // values: the memory model probes each); false where the model has no
   // blocks to checkpoint: a program's own model unless it overrides this.
   virtual bool SetCheckpointing(const std::string& /*mode*/) { return false; }
+  // dist.shard = full: blocks gathered one at a time through `gather` (and,
+  // since backward needs them again, recomputed there as with
+  // model.checkpoint = blocks); `blocks` receives each block's parameters,
+  // gathered and released together (the rest are held for the whole step).
+  // A null `gather` only tells the blocks (the memory model's question).
+  // False where the model has no blocks to gather.
+  virtual bool SetParameterGather(std::shared_ptr<ParameterGather> /*gather*/,
+                                  std::vector<std::vector<torch::Tensor>>* /*blocks*/) {
+    return false;
+  }
   // The training loss: the mean cross-entropy of forward(input) over
   // logits.reshape(-1, C) in fp32 against targets.reshape(-1). A model whose
   // output layer computes it without keeping the logits overrides it (GPT
@@ -45,10 +70,14 @@ class Model : public torch::nn::Module {
 // fn(x) itself (bit-equal on CPU). `params`: what fn reads that needs
 // gradients; `buffers`: state fn updates (BatchNorm's running statistics),
 // put back after the recompute. Without grad mode it is fn(x). fn is kept
-// until backward: capture by value.
+// until backward: capture by value. With `gather` (dist.shard = full),
+// `params` are gathered before fn runs, in forward and in the recompute,
+// and released after forward (backward's are released by the next Gather or
+// after the step: autograd still accumulates into them when it returns).
 torch::Tensor CheckpointForward(std::function<torch::Tensor(const torch::Tensor&)> fn,
                                 const torch::Tensor& x, const std::vector<torch::Tensor>& params,
-                                const std::vector<torch::Tensor>& buffers = {});
+                                const std::vector<torch::Tensor>& buffers = {},
+                                const std::shared_ptr<ParameterGather>& gather = nullptr);
 // A sub-module of a program's own Model, checkpointed:
 //   x = fullburn::Checkpointed(block_, x);  // in forward(), for a ModuleHolder block_
 template <typename Holder>
@@ -56,6 +85,11 @@ torch::Tensor Checkpointed(Holder module, const torch::Tensor& x) {
   return CheckpointForward([module](const torch::Tensor& t) mutable { return module->forward(t); },
                            x, module->parameters(), module->buffers());
 }
+
+// The parameters of `m` that are not in `inside` (dist.shard = full: those
+// held for the whole step rather than gathered block by block).
+std::vector<torch::Tensor> ParametersOutside(const torch::nn::Module& m,
+                                             const std::vector<torch::Tensor>& inside);
 
 struct ModelSpec {
   std::string name = "resnet18";  // resnet18 | resnet50 | mlp | lstm | gpt

@@ -26,6 +26,7 @@ struct Recompute : torch::CustomClassHolder {
   // Running statistics fn updates (BatchNorm's): put back after the
   // recompute, which would otherwise count its batch twice.
   std::vector<torch::Tensor> buffers;
+  std::shared_ptr<ParameterGather> gather;  // dist.shard = full
 };
 
 at::Tensor RngState(at::Generator g) {
@@ -109,6 +110,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(r->input_requires_grad);
     torch::Tensor y;
     std::vector<torch::Tensor> kept;
+    if (r->gather) r->gather->Gather(params);
     {
       torch::NoGradGuard no_grad;
       for (const torch::Tensor& b : r->buffers) kept.push_back(b.clone());
@@ -161,14 +163,36 @@ int CheckpointSegment(const std::string& checkpoint) {
   return n >= 1 ? n : -1;
 }
 
+std::vector<torch::Tensor> ParametersOutside(const torch::nn::Module& m,
+                                             const std::vector<torch::Tensor>& inside) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& p : m.parameters()) {
+    bool found = false;
+    for (const torch::Tensor& q : inside) found = found || p.is_same(q);
+    if (!found) out.push_back(p);
+  }
+  return out;
+}
+
 torch::Tensor CheckpointForward(std::function<torch::Tensor(const torch::Tensor&)> fn,
                                 const torch::Tensor& x, const std::vector<torch::Tensor>& params,
-                                const std::vector<torch::Tensor>& buffers) {
-  if (!torch::GradMode::is_enabled()) return fn(x);
-  auto r = c10::make_intrusive<Recompute>();
-  r->fn = std::move(fn);
-  r->buffers = buffers;
-  return CheckpointFunction::apply(r, x, at::TensorList(params));
+                                const std::vector<torch::Tensor>& buffers,
+                                const std::shared_ptr<ParameterGather>& gather) {
+  // Gathered before apply(): autograd records the parameters' shapes there
+  // and checks backward's gradients against them.
+  if (gather) gather->Gather(params);
+  torch::Tensor y;
+  if (!torch::GradMode::is_enabled()) {
+    y = fn(x);
+  } else {
+    auto r = c10::make_intrusive<Recompute>();
+    r->fn = std::move(fn);
+    r->buffers = buffers;
+    r->gather = gather;
+    y = CheckpointFunction::apply(r, x, at::TensorList(params));
+  }
+  if (gather) gather->Release(params);
+  return y;
 }
 
 }  // namespace fullburn

@@ -24,10 +24,34 @@ class Mlp : public Model {
     layers_->push_back(FastLinear(in, s.num_classes));
     register_module("layers", layers_);
   }
-  torch::Tensor forward(torch::Tensor x) override { return layers_->forward(x.flatten(1)); }
+  torch::Tensor forward(torch::Tensor x) override {
+    if (!gather_) return layers_->forward(x.flatten(1));
+    x = x.flatten(1);
+    for (auto& m : *layers_) {  // each linear layer gathered on its own
+      auto linear = std::dynamic_pointer_cast<FastLinearImpl>(m.ptr());
+      if (!linear) {
+        x = m.forward(x);
+        continue;
+      }
+      FastLinear holder(linear);
+      x = CheckpointForward([holder](const torch::Tensor& in) mutable { return holder->forward(in); },
+                            x, linear->parameters(), {}, gather_);
+    }
+    return x;
+  }
+  bool SetParameterGather(std::shared_ptr<ParameterGather> gather,
+                          std::vector<std::vector<torch::Tensor>>* blocks) override {
+    gather_ = std::move(gather);
+    blocks->clear();
+    for (auto& m : *layers_)
+      if (auto linear = std::dynamic_pointer_cast<FastLinearImpl>(m.ptr()))
+        blocks->push_back(linear->parameters());
+    return true;
+  }
 
  private:
   nn::Sequential layers_;
+  std::shared_ptr<ParameterGather> gather_;
 };
 
 // Embedding -> LSTM -> the last step's hidden state -> classes.
@@ -124,6 +148,18 @@ class Gpt : public Model {
     segment_ = static_cast<size_t>(segment);
     return true;
   }
+  bool SetParameterGather(std::shared_ptr<ParameterGather> gather,
+                          std::vector<std::vector<torch::Tensor>>* blocks) override {
+    gather_ = std::move(gather);
+    blocks->clear();
+    std::vector<torch::Tensor> inside;
+    for (GptBlock& b : block_list_) {
+      blocks->push_back(b->parameters());
+      inside.insert(inside.end(), blocks->back().begin(), blocks->back().end());
+    }
+    outside_blocks_ = ParametersOutside(*this, inside);
+    return true;
+  }
   torch::Tensor forward(torch::Tensor tokens) override {
     torch::Tensor logits = Linear(Features(tokens), wte_->weight, {});
     return logits.size(-1) == vocab_ ? logits : logits.narrow(-1, 0, vocab_);
@@ -139,13 +175,16 @@ class Gpt : public Model {
   // Everything but the output layer: ln_f's output, [batch, positions, width].
   torch::Tensor Features(const torch::Tensor& tokens) {
     int64_t t = tokens.size(1);
+    if (gather_) gather_->Gather(outside_blocks_);  // held until the step's end (the tied head)
     torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));
     torch::Tensor x = torch::dropout(wte_(tokens) + wpe_(pos), dropout_, is_training());
-    if (segment_ > 0 && is_training()) {
-      // Segments of segment_ blocks, each keeping only its input.
-      for (size_t first = 0; first < block_list_.size(); first += segment_) {
+    // Gathered blocks are recomputed in backward: their weights are gone by then.
+    const size_t segment = gather_ ? std::max<size_t>(segment_, 1) : segment_;
+    if (segment > 0 && (is_training() || gather_)) {
+      // Segments of `segment` blocks, each keeping only its input.
+      for (size_t first = 0; first < block_list_.size(); first += segment) {
         std::vector<GptBlock> seg(block_list_.begin() + first,
-                                  block_list_.begin() + std::min(block_list_.size(), first + segment_));
+                                  block_list_.begin() + std::min(block_list_.size(), first + segment));
         std::vector<torch::Tensor> params;
         for (GptBlock& b : seg)
           for (const torch::Tensor& p : b->parameters()) params.push_back(p);
@@ -155,7 +194,7 @@ class Gpt : public Model {
               for (GptBlock& b : seg) y = b->forward(y);
               return y;
             },
-            x, params);
+            x, params, {}, gather_);
       }
     } else {
       x = blocks_->forward(x);
@@ -172,6 +211,8 @@ class Gpt : public Model {
   nn::Sequential blocks_;
   std::vector<GptBlock> block_list_;  // blocks_'s, for checkpointing them one by one
   nn::LayerNorm ln_f_{nullptr};
+  std::shared_ptr<ParameterGather> gather_;  // dist.shard = full
+  std::vector<torch::Tensor> outside_blocks_;
 };
 
 }  // namespace

@@ -83,17 +83,32 @@ class ResNet : public Model {
     segment_ = static_cast<size_t>(segment);
     return true;
   }
+  bool SetParameterGather(std::shared_ptr<ParameterGather> gather,
+                          std::vector<std::vector<torch::Tensor>>* blocks) override {
+    gather_ = std::move(gather);
+    blocks->clear();
+    std::vector<torch::Tensor> inside;
+    for (nn::Sequential& l : layers_) {
+      blocks->push_back(l->parameters());
+      inside.insert(inside.end(), blocks->back().begin(), blocks->back().end());
+    }
+    outside_stages_ = ParametersOutside(*this, inside);
+    return true;
+  }
   torch::Tensor forward(torch::Tensor x) override {
+    if (gather_) gather_->Gather(outside_stages_);  // the stem and fc, held for the step
     x = torch::relu(bn1_(conv1_(x)));
     x = torch::max_pool2d(x, 3, 2, 1);
-    if (segment_ == 0 || !is_training()) {
+    // Gathered stages are recomputed in backward: their weights are gone by then.
+    const size_t segment = gather_ ? std::max<size_t>(segment_, 1) : segment_;
+    if (segment == 0 || (!is_training() && !gather_)) {
       for (auto& layer : layers_) x = layer->forward(x);
     } else {
-      // Segments of segment_ stages, each keeping only its input; BatchNorm's
+      // Segments of `segment` stages, each keeping only its input; BatchNorm's
       // statistics are put back after the recompute.
-      for (size_t first = 0; first < layers_.size(); first += segment_) {
+      for (size_t first = 0; first < layers_.size(); first += segment) {
         std::vector<nn::Sequential> seg(layers_.begin() + first,
-                                        layers_.begin() + std::min(layers_.size(), first + segment_));
+                                        layers_.begin() + std::min(layers_.size(), first + segment));
         std::vector<torch::Tensor> params, buffers;
         for (nn::Sequential& l : seg) {
           for (const torch::Tensor& p : l->parameters()) params.push_back(p);
@@ -105,7 +120,7 @@ class ResNet : public Model {
               for (nn::Sequential& l : seg) y = l->forward(y);
               return y;
             },
-            x, params, buffers);
+            x, params, buffers, gather_);
       }
     }
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
@@ -118,6 +133,8 @@ class ResNet : public Model {
   std::vector<nn::Sequential> layers_;
   size_t segment_ = 0;  // stages per recomputed segment; 0: none
   FastLinear fc_{nullptr};
+  std::shared_ptr<ParameterGather> gather_;  // dist.shard = full
+  std::vector<torch::Tensor> outside_stages_;
 };
 
 }  // namespace

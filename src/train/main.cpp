@@ -95,12 +95,15 @@ int Train(const std::vector<std::string>& positionals, fullburn::TrainerOptions 
 // Model weights of a checkpoint as a plain safetensors file (names without
 // the "model." prefix), for torch.nn.Module.load_state_dict in Python.
 int ExportWeights(const std::string& from, const std::string& to) {
-  auto ckpt = fullburn::ReadCheckpointFile(from);
+  // dist.shard = full: the parameters are in each rank's part beside it.
+  auto ckpt = fullburn::ReadCheckpointWithShards(from);
   if (!ckpt.ok()) return Fail(ckpt.status().message());
   fullburn::CheckpointState weights;
   for (auto& [name, t] : ckpt->tensors)
     if (name.rfind("model.", 0) == 0) weights.tensors.emplace_back(name.substr(6), t);
   weights.state_json = ckpt->state_json;
+  if (weights.tensors.empty())
+    return Fail(from + " holds no model weights: name a step's checkpoint file (step-N.safetensors)");
   int64_t bytes = 0;
   if (auto s = fullburn::WriteCheckpointFile(to, weights, &bytes); !s.ok()) return Fail(s.message());
   std::printf("wrote %zu tensors (%lld bytes) to %s\n", weights.tensors.size(), static_cast<long long>(bytes), to.c_str());

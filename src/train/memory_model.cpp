@@ -17,11 +17,15 @@ namespace fullburn {
 MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
                                  const std::string& checkpoint) const {
   MemoryParts m;
-  m.weights = weight_bytes;
   const bool sharded = world > 1 && shard != "none";
+  const bool full = sharded && shard == "full";
+  // Stage 3: the rank's own parameters (1/N within one) and one gather.
+  m.weights = full ? weight_bytes / world + largest_grad_bytes + std::max<int64_t>(0, gather_bytes)
+                   : weight_bytes;
   // Sharded, a rank keeps its owners' share: 1/N, within one parameter.
   m.optimizer = sharded ? state_bytes / world + largest_state_bytes : state_bytes;
-  if (accumulate > 1 && (world == 1 || shard == "gradients")) {
+  const bool grads_sharded = sharded && (shard == "gradients" || full);
+  if (accumulate > 1 && (world == 1 || grads_sharded)) {
     // Micro-batches after the first run with every gradient alive (one
     // process's, or stage 2's unsent no-sync ones).
     m.gradients = grad_bytes;
@@ -30,7 +34,7 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
     // during backward as activations are freed, inside the probed step
     // (probed with gradients set to none).
     m.gradients = 0;
-  } else if (shard == "gradients") {
+  } else if (grads_sharded) {
     // Between steps no gradient is kept; at the peak (backward's start, all
     // activations alive) the first buckets are filling. The rank's own
     // gradients come later, as activations are freed (with several ranks
@@ -39,7 +43,8 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
   } else {
     m.gradients = grad_bytes;  // the buckets, kept between steps
   }
-  auto fit = activations.find(checkpoint);
+  // Stage 3 recomputes every block in backward, as model.checkpoint = blocks.
+  auto fit = activations.find(full && checkpoint == "none" ? std::string("blocks") : checkpoint);
   if (fit != activations.end())
     m.activations = static_cast<int64_t>(std::max(0.0, fit->second.At(batch)));
   return m;
@@ -62,7 +67,8 @@ int64_t MemoryModel::LargestBatch(int64_t limit, const std::string& shard,
 
 std::vector<std::string> MemoryModel::ShardSettings() const {
   if (world < 2) return {"none"};
-  return {"none", "optimizer", "gradients"};
+  if (gather_bytes < 0) return {"none", "optimizer", "gradients"};
+  return {"none", "optimizer", "gradients", "full"};
 }
 
 MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optimizer& optimizer,

@@ -36,6 +36,10 @@ struct MemoryModel {
   int64_t state_bytes = 0;         // the optimizer's state for every parameter
   int64_t largest_state_bytes = 0;
   int64_t bucket_bytes = 0;  // dist.bucket_mb
+  // dist.shard = full: what a rank gathers on top of its share at a time
+  // (the parameters outside blocks, held for the step, and the largest
+  // block); -1: the model has no blocks to gather (full is not offered).
+  int64_t gather_bytes = -1;
   int world = 1;
   int64_t accumulate = 1;  // train.accumulate: above 1 gradients live across micro-batches
   std::map<std::string, ActivationFit> activations;  // by model.checkpoint mode probed

@@ -204,10 +204,12 @@ const std::vector<OptionDef>& TrainOptions() {
       {"dist.shard", T::kString, "none",
        "ZeRO stages (docs/memory.md). optimizer (stage 1): each rank keeps the optimizer state "
        "of the parameters it owns, about 1/N, updates them and broadcasts them; gradients "
-       "(stage 2): also each gradient is reduced to its owner only, the others free theirs. "
-       "Each rank writes its part of a checkpoint beside the step's file; any world size resumes "
-       "it. none: every rank keeps everything",
-       "none|optimizer|gradients"},
+       "(stage 2): also each gradient is reduced to its owner only, the others free theirs; full "
+       "(stage 3): also each parameter lives only on its owner, gathered block by block for "
+       "forward and again for backward (which recomputes the block, as model.checkpoint = "
+       "blocks). Each rank writes its part of a checkpoint beside the step's file; any world "
+       "size resumes it. none: every rank keeps everything",
+       "none|optimizer|gradients|full"},
   };
   return kOptions;
 }

@@ -359,6 +359,32 @@ void Trainer::Finish(const std::string& status, int code) {
     store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
 }
 
+Status Trainer::ProbeMemoryIfWanted() {
+  if (!MemoryReportWanted()) return Status::Ok();
+  try {
+    if (Status r = ProbeMemory(batch_); !r.ok()) {
+      exit_code = kExitFailed;
+      return r;
+    }
+  } catch (const std::exception& e) {
+    // The report is advice: a probe that does not fit (the run holds more
+    // than the search's trials did) leaves it out, and training goes on.
+    exit_code = kExitFailed;
+    if (!IsOutOfMemory(e)) {
+      std::string what = e.what();
+      return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
+    }
+    exit_code = 0;
+    memory_.reset();
+    std::fprintf(stderr,
+                 "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
+                 "memory (%s); the steps may too\n",
+                 rank_.rank, DescribeOutOfMemory(e).c_str());
+  }
+  if (batch_searched_) PrintBatchTable();
+  return Status::Ok();
+}
+
 Status Trainer::Run() {
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
@@ -396,33 +422,21 @@ Status Trainer::Run() {
       exit_code = kExitUsage;
       return r;
     }
-  if (Status r = SetupSharding(); !r.ok()) {
-    exit_code = kExitUsage;
-    return r;
-  }
-  if (MemoryReportWanted()) {
-    try {
-      if (Status r = ProbeMemory(batch_); !r.ok()) {
-        exit_code = kExitFailed;
-        return r;
-      }
-    } catch (const std::exception& e) {
-      // The report is advice: a probe that does not fit (the run holds more
-      // than the search's trials did) leaves it out, and training goes on.
-      exit_code = kExitFailed;
-      if (!IsOutOfMemory(e)) {
-        std::string what = e.what();
-        return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
-      }
-      exit_code = 0;
-      memory_.reset();
-      std::fprintf(stderr,
-                   "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
-                   "memory (%s); the steps may too\n",
-                   rank_.rank, DescribeOutOfMemory(e).c_str());
+  // dist.shard = full probes first: a probe step with most parameters
+  // released would count what it gathers as activations. Every rank probes
+  // (the gathers are collectives).
+  const bool probe_first = cfg_.Str("dist.shard") == "full";
+  if (!probe_first)
+    if (Status r = SetupSharding(); !r.ok()) {
+      exit_code = kExitUsage;
+      return r;
     }
-    if (batch_searched_) PrintBatchTable();
-  }
+  if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
+  if (probe_first)
+    if (Status r = SetupSharding(); !r.ok()) {
+      exit_code = kExitUsage;
+      return r;
+    }
   if (Status b = BeginRun(); !b.ok()) {
     exit_code = kExitFailed;
     return b;
@@ -432,7 +446,9 @@ Status Trainer::Run() {
         stderr,
         "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
         static_cast<long long>(run_.id), ModelLabel().c_str(),
-        static_cast<long long>(ParameterCount(*ctx_.model)), static_cast<long long>(batch_),
+        static_cast<long long>(params_sharded_ ? params_sharded_->total_numel()
+                                               : ParameterCount(*ctx_.model)),
+        static_cast<long long>(batch_),
         static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
         ctx_.device.str().c_str(), cfg_.Str("train.precision").c_str());
   s = Loop();

@@ -17,6 +17,7 @@
 #include "fullburn/store.h"
 #include "fullburn/train.h"
 #include "memory_model.h"
+#include "sharded_params.h"
 #include "sources.h"
 
 namespace fullburn {
@@ -151,6 +152,7 @@ class Trainer {
   bool MemoryReportWanted() const;
   Status DrawProbeBatch(TrainBatch* probe);
   Status ProbeMemory(int64_t batch);
+  Status ProbeMemoryIfWanted();  // train.memory_report, the batch search's table
   void StartMemoryCount();
   void CountOtherMemory(const MemoryModel& m);
   int64_t ModelBudget() const;  // bytes the model's prediction may take
@@ -165,6 +167,7 @@ class Trainer {
   bool batch_searched_ = false;   // train.batch_size = auto (the config then holds the size)
   std::vector<int> shard_owner_;  // empty: not sharded
   bool grads_sharded_ = false;    // dist.shard = gradients: each rank keeps its owned gradients
+  std::shared_ptr<ShardedParameters> params_sharded_;  // dist.shard = full
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);

@@ -12,6 +12,16 @@
 #include "trainer.h"
 
 namespace fullburn {
+namespace {
+
+int64_t WeightBytes(const torch::nn::Module& m) {
+  int64_t bytes = 0;
+  for (const torch::Tensor& p : m.parameters())
+    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
+
+}  // namespace
 
 torch::Tensor ForwardLoss(const StepContext& ctx, const TrainBatch& b) {
   AutocastGuard autocast(ctx.device.type(), ctx.autocast);
@@ -101,10 +111,12 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     ckpt_->BeforeUpdate();
     auto traced = ProfileScope("Optimizer.step#" + cfg_.Str("optim.name") + ".step");
     optim_->Step(lr);
-    // Sharded: this rank updated its parameters; the others come from their owners.
-    if (!shard_owner_.empty())
+    // Sharded: this rank updated its parameters; the others come from their
+    // owners (with dist.shard = full, at their next use).
+    if (!shard_owner_.empty() && !params_sharded_)
       if (Status s = dp_->BroadcastFromOwners(optim_->params(), shard_owner_); !s.ok()) return s;
   }
+  if (params_sharded_) params_sharded_->ReleaseAll();
   if (dp_)
     dp_->ZeroGradients();  // in place: the gradients are views of the buckets
   else
@@ -358,6 +370,12 @@ Status Trainer::Loop() {
     nlohmann::json j{{"rank", rank_.rank},
                      {"state_bytes", optim_->StateBytes()},
                      {"grad_bytes", dp_->stats().grad_bytes},
+                     // between steps: every parameter, or with dist.shard =
+                     // full the rank's own (the largest gather on top while used)
+                     {"param_bytes", params_sharded_ ? params_sharded_->held_bytes()
+                                                     : WeightBytes(*ctx_.model)},
+                     {"largest_gather_bytes",
+                      params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
                      {"shard", cfg_.Str("dist.shard")},
                      {"shard_write_s", shard_write_s_},
                      {"sharded", !shard_owner_.empty()}};

@@ -72,6 +72,21 @@ Status Trainer::ProbeMemory(int64_t batch) {
   MemoryModel m = MemoryModelFor(ctx_.model->parameters(), *optim_, rank_.world_size,
                                  cfg_.Float("dist.bucket_mb"));
   m.accumulate = accumulate_;
+  std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
+  if (ctx_.model->SetParameterGather(params_sharded_, &blocks)) {
+    std::vector<torch::Tensor> inside;
+    int64_t largest_block = 0;
+    for (const auto& block : blocks) {
+      int64_t bytes = 0;
+      for (const torch::Tensor& p : block) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+      largest_block = std::max(largest_block, bytes);
+      inside.insert(inside.end(), block.begin(), block.end());
+    }
+    int64_t outside = 0;
+    for (const torch::Tensor& p : ParametersOutside(*ctx_.model, inside))
+      outside += p.numel() * static_cast<int64_t>(p.element_size());
+    m.gather_bytes = outside + largest_block;
+  }
   CountOtherMemory(m);
   // Half and all of `batch`: the run's own micro-batch at start, so the line
   // is read where it is used; after an out-of-memory a quarter of it.
@@ -95,7 +110,9 @@ Status Trainer::ProbeMemory(int64_t batch) {
 // buffers, the evaluation set): not the model's, but within the same limit.
 void Trainer::CountOtherMemory(const MemoryModel& m) {
   // (A resumed run's optimizer state is the model's, already in use.)
-  memory_other_ = DeviceBytesInUse(ctx_.device) - m.weight_bytes - optim_->StateBytes() -
+  // dist.shard = full: only the rank's own parameters are whole here.
+  const int64_t weights = params_sharded_ ? params_sharded_->held_bytes() : m.weight_bytes;
+  memory_other_ = DeviceBytesInUse(ctx_.device) - weights - optim_->StateBytes() -
                   (dp_ && !grads_sharded_ ? m.grad_bytes : 0);
 }
 
@@ -165,6 +182,8 @@ void Trainer::PrintBatchTable() {
 std::string Trainer::OutOfMemoryAdvice() {
   const std::string shard = cfg_.Str("dist.shard"), ckpt = cfg_.Str("model.checkpoint");
   if (!memory_ || !memory_->activations.count(ckpt)) {
+    // dist.shard = full: a probe now would gather on this rank alone.
+    if (params_sharded_) return "";
     try {
       if (ctx_.device.is_cuda()) FreeDeviceCache(ctx_.device);
       if (Status s = ProbeMemory(std::max<int64_t>(2, batch_ / 4)); !s.ok()) return "";
@@ -180,15 +199,21 @@ std::string Trainer::OutOfMemoryAdvice() {
       FormatBytes(now.optimizer), FormatBytes(now.activations),
       limit > 0 ? ", limit " + FormatBytes(limit) : "");
   // The cheapest change that fits at this micro-batch, with 10% headroom.
+  // Stage 3 last: it costs the recompute of checkpointing and more
+  // communication than the others.
   std::vector<Setting> order;
-  for (const std::string& s : memory_->ShardSettings())
-    if (s != shard) order.push_back({s, ckpt});
+  bool full_offered = false;
+  for (const std::string& s : memory_->ShardSettings()) {
+    full_offered = full_offered || s == "full";
+    if (s != shard && s != "full") order.push_back({s, ckpt});
+  }
   for (const auto& [c, fit] : memory_->activations)
     if (c != ckpt) {
       order.push_back({shard, c});
       for (const std::string& s : memory_->ShardSettings())
-        if (s != shard) order.push_back({s, c});
+        if (s != shard && s != "full") order.push_back({s, c});
     }
+  if (full_offered && shard != "full") order.push_back({"full", ckpt});
   // With a known limit the first (cheapest) that fits; without one the
   // smallest, if it saves at least a tenth.
   std::string fix;

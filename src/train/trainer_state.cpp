@@ -33,8 +33,10 @@ CheckpointState Trainer::Snapshot() {
   // Weights and optimizer state change only in the optimizer step: they are
   // copied while the next forward/backward runs. Buffers (BatchNorm running
   // statistics) change in forward, so they are copied now.
-  for (auto& p : ctx_.model->named_parameters())
-    s.until_update.emplace_back("model." + p.key(), p.value());
+  // With dist.shard = full each rank's part holds its own parameters too.
+  if (!params_sharded_)
+    for (auto& p : ctx_.model->named_parameters())
+      s.until_update.emplace_back("model." + p.key(), p.value());
   for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
   // Sharded, each rank wrote its own part beside this file (WriteOptimizerShard).
   if (shard_owner_.empty())
@@ -217,9 +219,25 @@ Status Trainer::SetupSharding() {
   std::vector<bool> owned;
   for (int owner : shard_owner_) owned.push_back(owner == dp_->rank());
   optim_->SetOwned(owned);  // a resumed run's full state, re-sharded
-  if (shard == "gradients") {
+  if (shard == "gradients" || shard == "full") {
     if (Status s = dp_->ShardGradients(optim_->params(), shard_owner_); !s.ok()) return s;
     grads_sharded_ = true;
+  }
+  if (shard == "full") {
+    std::vector<std::vector<torch::Tensor>> blocks;
+    params_sharded_ = std::make_shared<ShardedParameters>(dp_.get(), optim_->params(), shard_owner_);
+    if (!ctx_.model->SetParameterGather(params_sharded_, &blocks)) {
+      params_sharded_.reset();
+      return Status::InvalidArgument(
+          "dist.shard = full gathers a model's parameters block by block, and " +
+          cfg_.Str("model.name") +
+          " has no blocks to gather: use dist.shard = gradients, or a model with blocks (gpt, "
+          "resnet18, resnet50, mlp)");
+    }
+    std::vector<torch::Tensor> in_blocks;
+    for (const auto& block : blocks) in_blocks.insert(in_blocks.end(), block.begin(), block.end());
+    params_sharded_->SetBlockParameters(in_blocks);
+    params_sharded_->ReleaseAll();  // each rank keeps its own parameters only
   }
   return Status::Ok();
 }
@@ -261,6 +279,9 @@ Status Trainer::CheckOptimizerShardsVisible() const {
 Status Trainer::WriteOptimizerShard() {
   CheckpointState mine;
   for (auto& [name, t] : optim_->State()) mine.tensors.emplace_back("optim." + name, t);
+  if (params_sharded_)  // the parameters this rank owns (the others are empty here)
+    for (auto& p : ctx_.model->named_parameters())
+      if (params_sharded_->Owns(p.value())) mine.tensors.emplace_back("model." + p.key(), p.value());
   mine.state_json = nlohmann::json{
       {"step", step_},
       {"rank", rank_.rank},
