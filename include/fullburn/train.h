@@ -136,6 +136,17 @@ class Optimizer {
   // momentum), ".exp_avg" and ".exp_avg_sq" (AdamW), or none.
   std::vector<std::string> StateSlots() const;
   int64_t StateBytes() const;  // the state this rank holds
+  // dist.offload = optimizer: the state and the update in host memory. Each
+  // parameter this rank updates gets an fp32 copy on the host (pinned when
+  // the parameter is on a GPU) with a staging buffer for its gradient; Step
+  // copies the gradient there, updates the copy with the same formulas and
+  // copies the result back into the parameter. Existing state moves to the
+  // host. Call after SetOwned. Not for StepGated (a CUDA graph).
+  void SetOffload();
+  bool offloaded() const { return offload_; }
+  // Host bytes SetOffload takes for `params` (those this rank updates): the
+  // copy, the staging buffer and the state, each the parameter's size.
+  int64_t OffloadBytes() const;
   int64_t steps() const { return steps_; }
   // "<param>.<state>" -> tensor, and the step count.
   std::vector<std::pair<std::string, torch::Tensor>> State() const;
@@ -143,14 +154,17 @@ class Optimizer {
 
  private:
   bool StepForeach(double lr);  // false: not for this optimizer or state yet
+  void Update(double lr);       // Step's formulas on each Param's p
   struct Param {
     std::string name;
     torch::Tensor p, buf1, buf2;  // momentum / exp_avg, exp_avg_sq
     bool owned = true;            // updated here (always, unsharded)
+    torch::Tensor host, host_grad;  // dist.offload = optimizer
   };
   OptimizerOptions o_;
   std::vector<Param> params_;
   int64_t steps_ = 0;
+  bool offload_ = false;
 };
 
 // Linear warm-up to the peak, then cosine decay to min_lr (or constant).

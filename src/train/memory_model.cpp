@@ -2,6 +2,7 @@
 #include "memory_model.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #ifdef FULLBURN_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -10,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "fullburn/env.h"
 #include "trainer.h"
 
 namespace fullburn {
@@ -24,6 +26,7 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
                    : weight_bytes;
   // Sharded, a rank keeps its owners' share: 1/N, within one parameter.
   m.optimizer = sharded ? state_bytes / world + largest_state_bytes : state_bytes;
+  if (state_on_host) m.optimizer = 0;
   const bool grads_sharded = sharded && (shard == "gradients" || full);
   if (accumulate > 1 && (world == 1 || grads_sharded)) {
     // Micro-batches after the first run with every gradient alive (one
@@ -140,6 +143,16 @@ int64_t DeviceMemoryLimit(const torch::Device& device) {
     return 0;
   }
   return CpuMemoryBudget();
+}
+
+int64_t HostBytesAvailable(const torch::Device& device) {
+  if (!device.is_cuda() && CpuMemoryBudget() > 0)
+    return std::max<int64_t>(0, CpuMemoryBudget() - DeviceBytesInUse(device));
+  Result<std::string> meminfo = Env::Default()->ReadFile("/proc/meminfo");
+  if (!meminfo.ok()) return -1;
+  size_t at = meminfo->find("MemAvailable:");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(meminfo->c_str() + at + 13, nullptr, 10) * 1024;  // kB
 }
 
 int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,

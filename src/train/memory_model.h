@@ -40,6 +40,9 @@ struct MemoryModel {
   // (the parameters outside blocks, held for the step, and the largest
   // block); -1: the model has no blocks to gather (full is not offered).
   int64_t gather_bytes = -1;
+  // dist.offload = optimizer on a GPU: the state is in host memory, not the
+  // device's (on a CPU run both are the same memory: nothing changes).
+  bool state_on_host = false;
   int world = 1;
   int64_t accumulate = 1;  // train.accumulate: above 1 gradients live across micro-batches
   std::map<std::string, ActivationFit> activations;  // by model.checkpoint mode probed
@@ -66,6 +69,10 @@ int64_t DeviceBytesInUse(const torch::Device& device);
 // The memory one rank may use: train.memory_budget_mb on CPU (0: no limit),
 // the GPU's total on CUDA.
 int64_t DeviceMemoryLimit(const torch::Device& device);
+// Host memory dist.offload may take: on a CPU run with train.memory_budget_mb
+// what the budget leaves, else MemAvailable (/proc/meminfo, through Env);
+// -1 when unknown.
+int64_t HostBytesAvailable(const torch::Device& device);
 
 // The bytes a forward and backward at `batch` (samples drawn from `probe`)
 // adds above what was in use before it: activations and temporaries, and

@@ -114,6 +114,63 @@ bool Optimizer::StepForeach(double lr) {
 void Optimizer::Step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
+  if (!offload_) {
+    Update(lr);
+    return;
+  }
+  // The host copies stand in for the parameters while the formulas run.
+  std::vector<torch::Tensor> on_device(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& s = params_[i];
+    if (!s.owned || !s.host.defined() || !s.p.grad().defined()) continue;
+    s.host_grad.copy_(s.p.grad());
+    s.host.mutable_grad() = s.host_grad;
+    on_device[i] = s.p;
+    s.p = s.host;
+  }
+  auto put_back = [&] {
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (on_device[i].defined()) {
+        params_[i].p = on_device[i];
+        params_[i].host.mutable_grad() = torch::Tensor();
+      }
+  };
+  try {
+    Update(lr);
+  } catch (...) {
+    put_back();
+    throw;
+  }
+  put_back();
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (on_device[i].defined()) on_device[i].copy_(params_[i].host);
+}
+
+void Optimizer::SetOffload() {
+  torch::NoGradGuard no_grad;
+  offload_ = true;
+  for (Param& s : params_) {
+    if (!s.owned) continue;
+    auto host_options = s.p.options().device(torch::kCPU).dtype(torch::kFloat);
+    if (s.p.is_cuda()) host_options = host_options.pinned_memory(true);
+    s.host = torch::empty(s.p.sizes(), host_options);
+    s.host.copy_(s.p);
+    s.host.requires_grad_(true);
+    s.host_grad = torch::empty(s.p.sizes(), host_options);
+    if (s.buf1.defined()) s.buf1 = s.buf1.to(host_options.pinned_memory(false));
+    if (s.buf2.defined()) s.buf2 = s.buf2.to(host_options.pinned_memory(false));
+  }
+}
+
+int64_t Optimizer::OffloadBytes() const {
+  const int64_t per_element = 4 * (2 + static_cast<int64_t>(StateSlots().size()));
+  int64_t bytes = 0;
+  for (const Param& s : params_)
+    if (s.owned) bytes += s.p.numel() * per_element;
+  return bytes;
+}
+
+void Optimizer::Update(double lr) {
   if (o_.foreach && StepForeach(lr)) return;
   const double wd = o_.weight_decay;
   for (Param& s : params_) {

@@ -210,6 +210,12 @@ const std::vector<OptionDef>& TrainOptions() {
        "blocks). Each rank writes its part of a checkpoint beside the step's file; any world "
        "size resumes it. none: every rank keeps everything",
        "none|optimizer|gradients|full"},
+      {"dist.offload", T::kString, "none",
+       "optimizer: the optimizer state (of the parameters this rank updates) and its update in "
+       "host memory, for a GPU whose memory is the limit: each step copies the gradients to the "
+       "host, updates an fp32 copy of the weights there and copies it back (docs/memory.md). On a "
+       "CPU run it saves nothing. none: the state lives with the parameters",
+       "none|optimizer"},
   };
   return kOptions;
 }

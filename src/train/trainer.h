@@ -168,6 +168,8 @@ class Trainer {
   std::vector<int> shard_owner_;  // empty: not sharded
   bool grads_sharded_ = false;    // dist.shard = gradients: each rank keeps its owned gradients
   std::shared_ptr<ShardedParameters> params_sharded_;  // dist.shard = full
+  Status ShardStates();   // dist.shard (SetupSharding's first half)
+  Status SetupOffload();  // dist.offload (its second)
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);

@@ -377,6 +377,7 @@ Status Trainer::Loop() {
                      {"largest_gather_bytes",
                       params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
                      {"shard", cfg_.Str("dist.shard")},
+                     {"offloaded", optim_->offloaded()},  // state_bytes then in host memory
                      {"shard_write_s", shard_write_s_},
                      {"sharded", !shard_owner_.empty()}};
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});

@@ -72,6 +72,7 @@ Status Trainer::ProbeMemory(int64_t batch) {
   MemoryModel m = MemoryModelFor(ctx_.model->parameters(), *optim_, rank_.world_size,
                                  cfg_.Float("dist.bucket_mb"));
   m.accumulate = accumulate_;
+  m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
   if (ctx_.model->SetParameterGather(params_sharded_, &blocks)) {
     std::vector<torch::Tensor> inside;
@@ -112,7 +113,8 @@ void Trainer::CountOtherMemory(const MemoryModel& m) {
   // (A resumed run's optimizer state is the model's, already in use.)
   // dist.shard = full: only the rank's own parameters are whole here.
   const int64_t weights = params_sharded_ ? params_sharded_->held_bytes() : m.weight_bytes;
-  memory_other_ = DeviceBytesInUse(ctx_.device) - weights - optim_->StateBytes() -
+  const int64_t state = m.state_on_host ? 0 : optim_->StateBytes();
+  memory_other_ = DeviceBytesInUse(ctx_.device) - weights - state -
                   (dp_ && !grads_sharded_ ? m.grad_bytes : 0);
 }
 

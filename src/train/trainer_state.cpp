@@ -196,6 +196,35 @@ void Trainer::FinalCheckpointLost() {
 namespace fullburn {
 
 Status Trainer::SetupSharding() {
+  if (Status s = ShardStates(); !s.ok()) return s;
+  return SetupOffload();
+}
+
+// dist.offload = optimizer, after the sharding (only the parameters this
+// rank updates): refused before training when the host cannot hold it.
+Status Trainer::SetupOffload() {
+  if (cfg_.Str("dist.offload") == "none") return Status::Ok();
+  if (cfg_.Bool("train.cuda_graphs"))
+    return Status::InvalidArgument(
+        "dist.offload = optimizer updates on the host, outside a CUDA graph: set "
+        "train.cuda_graphs = false or dist.offload = none");
+  const int64_t needed = optim_->OffloadBytes();
+  const int64_t available = HostBytesAvailable(ctx_.device);
+  if (available >= 0 && needed > available)
+    return Status::ResourceExhausted(fmt::format(
+        "dist.offload = optimizer needs {} of host memory on this rank (an fp32 copy of the "
+        "weights it updates, their gradients and the optimizer state) and {} is available: use "
+        "more ranks with dist.shard = optimizer (1/N of it each), or dist.offload = none",
+        FormatBytes(needed), FormatBytes(available)));
+  if (!ctx_.device.is_cuda() && rank_.rank == 0 && !opt_.quiet)
+    std::fprintf(stderr,
+                 "fullburn: dist.offload = optimizer on a CPU run: the state is in host memory "
+                 "already, so it saves nothing (it keeps a second copy of the weights)\n");
+  optim_->SetOffload();
+  return Status::Ok();
+}
+
+Status Trainer::ShardStates() {
   const std::string shard = cfg_.Str("dist.shard");
   if (shard == "none") return Status::Ok();
   if (!dp_) {

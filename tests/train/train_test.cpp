@@ -157,7 +157,9 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
     torch::manual_seed(2);
     std::vector<torch::Tensor> start = {torch::randn({5, 3}), torch::randn({7}), torch::randn({2, 2, 3}),
                                         torch::randn({4})};
-    auto run = [&](bool foreach) {
+    // `offload_at`: the step before which dist.offload moves the state to
+    // host copies (-1: never), as a resumed run's existing state moves.
+    auto run = [&](bool foreach, int offload_at = -1) {
       o.foreach = foreach;
       std::vector<std::pair<std::string, torch::Tensor>> named;
       for (size_t i = 0; i < start.size(); ++i)
@@ -166,11 +168,13 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
       opt.SetOwned({true, true, false, true});  // the third is another rank's
       torch::manual_seed(3);
       for (int step = 0; step < 5; ++step) {
+        if (step == offload_at) opt.SetOffload();
         for (size_t i = 0; i < named.size(); ++i)
           named[i].second.mutable_grad() =
               i == 1 && step == 2 ? torch::Tensor() : torch::randn(start[i].sizes());  // no grad once
         opt.Step(0.05);
       }
+      EXPECT_EQ(opt.offloaded(), offload_at >= 0);
       return named;
     };
     auto loop = run(false), multi = run(true);
@@ -179,6 +183,15 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
           << loop[i].first << "\n" << multi[i].second - loop[i].second;
     EXPECT_TRUE(torch::equal(multi[2].second, start[2])) << "an unowned parameter moved";
     EXPECT_FALSE(torch::equal(multi[0].second, start[0]));
+    // dist.offload = optimizer: the same update on the host copies, from the
+    // start or with state already made.
+    for (int at : {0, 2}) {
+      auto offloaded = run(false, at);
+      for (size_t i = 0; i < loop.size(); ++i)
+        EXPECT_TRUE(torch::allclose(offloaded[i].second, loop[i].second, 1e-6, 1e-7))
+            << "offloaded at step " << at << ": " << loop[i].first;
+      EXPECT_TRUE(torch::equal(offloaded[2].second, start[2])) << "an unowned parameter moved";
+    }
   }
 }
 
