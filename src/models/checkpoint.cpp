@@ -85,6 +85,22 @@ class ReplayAutocast {
   c10::ScalarType was_dtype_ = c10::kFloat;
 };
 
+// Autocast keeps a low-precision copy of each weight it casts until its
+// region ends (the whole forward); a gathered block's weights are let go
+// after the block (dist.shard = full), so their copies must not outlive it.
+class NoAutocastCacheIf {
+ public:
+  explicit NoAutocastCacheIf(bool on) : on_(on), was_(at::autocast::is_autocast_cache_enabled()) {
+    if (on_) at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~NoAutocastCacheIf() {
+    if (on_) at::autocast::set_autocast_cache_enabled(was_);
+  }
+
+ private:
+  bool on_, was_;
+};
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, c10::intrusive_ptr<Recompute> r,
@@ -118,6 +134,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     {
       ReplayRng rng(*r);
       ReplayAutocast cast(*r);
+      NoAutocastCacheIf no_cache(r->gather != nullptr);
       torch::AutoGradMode grad(true);
       y = r->fn(x);
     }
@@ -181,6 +198,7 @@ torch::Tensor CheckpointForward(std::function<torch::Tensor(const torch::Tensor&
   // Gathered before apply(): autograd records the parameters' shapes there
   // and checks backward's gradients against them.
   if (gather) gather->Gather(params);
+  NoAutocastCacheIf no_cache(gather != nullptr);
   torch::Tensor y;
   if (!torch::GradMode::is_enabled()) {
     y = fn(x);

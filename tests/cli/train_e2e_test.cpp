@@ -677,9 +677,9 @@ TEST_F(ShardedE2E, OneRankSaysShardingDoesNothingAndResumesAShardedCheckpoint) {
   EXPECT_EQ(Rank0Losses(Store()->GetRun("last").value().id).size(), 2u);  // steps 3 and 4
 }
 
-// A small GPT (token file, dropout, two micro-batches a step) on 2 ranks: 5 steps with
-// each stage give the plain run's losses and weights.
-TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnTwoRanks) {
+// A small GPT (token file, dropout, two micro-batches a step) on 3 and 2
+// ranks: 5 steps with each stage give the plain run's losses and weights.
+TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnThreeAndTwoRanks) {
   std::string tokens = dir_ + "/tokens.bin";
   auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "20000"}, 120);
   ASSERT_EQ(made.code, 0) << made.err;
@@ -688,16 +688,20 @@ TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnTwoRanks) {
       "model.hidden=32",   "model.layers=2",     "model.heads=4",       "model.dropout=0.1",
       "train.threads=1",   "train.batch_size=4", "optim.name=adamw",    "optim.lr=0.003",
       "eval.at_end=false", "train.steps=5",      "train.accumulate=2"};
-  int64_t plain = Launch(2, base, {"dist.shard=none"});
-  std::vector<double> a = Rank0Losses(plain);
-  ASSERT_EQ(a.size(), 5u);
-  for (const char* shard : {"optimizer", "gradients", "full"}) {
-    SCOPED_TRACE(shard);
-    int64_t sharded = Launch(2, base, {std::string("dist.shard=") + shard});
-    std::vector<double> b = Rank0Losses(sharded);
-    ASSERT_EQ(b.size(), 5u);
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
-    ExpectSameState(plain, sharded);
+  // 3 ranks first, so the 2-rank plain run's checkpoint is the one compared below.
+  int64_t plain = 0;
+  for (int ranks : {3, 2}) {
+    plain = Launch(ranks, base, {"dist.shard=none"});
+    std::vector<double> a = Rank0Losses(plain);
+    ASSERT_EQ(a.size(), 5u);
+    for (const char* shard : {"optimizer", "gradients", "full"}) {
+      SCOPED_TRACE(std::string(shard) + " on " + std::to_string(ranks) + " ranks");
+      int64_t sharded = Launch(ranks, base, {std::string("dist.shard=") + shard});
+      std::vector<double> b = Rank0Losses(sharded);
+      ASSERT_EQ(b.size(), 5u);
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
+      ExpectSameState(plain, sharded);
+    }
   }
   // With full, the weights are only in the ranks' parts: export-weights
   // reads them together, every tensor the plain run's.
