@@ -364,12 +364,21 @@ TEST_F(ReportE2E, BadInputs) {
   EXPECT_EQ(report.code, 2);
   EXPECT_NE(report.err.find("cannot write"), std::string::npos) << report.err;
 
-  // A run still recording: diagnosed and reported from what is there.
+  // A run still recording: diagnosed and reported from what is there, once
+  // its first samples are stored (10 s of burning leaves the checks time on
+  // a busy machine).
   testing::Background live;
   testing::Start(&live, {FULLBURN_BIN, "run", "-q", "--interval", "0.2", "--store", store_, "--", WORKLOAD_BIN,
-                         "burn", "--seconds", "4"},
+                         "burn", "--seconds", "10"},
                  "live_run");
-  ::usleep(1500 * 1000);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto store = RunStore::Open(store_);
+        if (!store.ok()) return false;
+        auto run = (*store)->LoadRun("2");
+        return run.ok() && run->samples.count("proc.cpu_util") && run->samples.at("proc.cpu_util").size() >= 2;
+      },
+      30));
   auto running = Fullburn({"diagnose", "2"});
   EXPECT_EQ(running.code, 0) << running.err;
   EXPECT_NE(running.err.find("is running"), std::string::npos) << running.err;

@@ -83,6 +83,13 @@ class RunE2E : public ::testing::Test {
         << job.Err();
     std::ofstream(hold) << "go";
   }
+  // The burn starts (--start-file) only once the recorder has sampled the
+  // tree twice: none of its CPU time falls before the first reading, however
+  // late a busy machine runs the recorder.
+  void StartOnceSampled(const std::string& start) {
+    ASSERT_TRUE(testing::WaitFor([&] { return StoredSamples("proc.processes") >= 2; }, 60));
+    std::ofstream(start) << "go";
+  }
   // How many readings of `metric` the last run has stored so far.
   size_t StoredSamples(const std::string& metric) { return StoredSoFar(metric).first.size(); }
   std::string dir_, store_;
@@ -122,16 +129,19 @@ double CpuSecondsRead(const std::map<std::string, Series>& samples) {
   return sum;
 }
 
-// The job burns a fixed amount of CPU time, however busy the machine is, and
+// The job's worker burns a fixed amount of CPU time, however busy the
+// machine is, starting only once the recorder sampled it (--start-file), and
 // then holds (--hold-file) until the recorder has sampled it after the burn,
 // so the readings can be held to the CPU time it reports under any load:
 // their sum over the run is that time, less the little used before the
 // first sample (the exec).
 TEST_F(RunE2E, CpuReadingsAddUpToTheCpuTimeTheJobUsed) {
-  std::string hold = dir_ + "/hold";
+  std::string start = dir_ + "/start", hold = dir_ + "/hold";
   Background b;
-  testing::Start(&b, Run({WORKLOAD_BIN, "burn", "--cpu-seconds", "1", "--hold-file", hold}, "0.05"),
+  testing::Start(&b, Run({WORKLOAD_BIN, "fork", "--workers", "1", "--cpu-seconds", "1",
+                          "--start-file", start, "--hold-file", hold}, "0.05"),
                  "burn");
+  StartOnceSampled(start);
   ReleaseOnceSampledAfterTheBurn(b, 1, hold);
   ASSERT_EQ(b.Wait(60), 0) << b.Err();
   double used = PrintedCpuSeconds(b.Out());
@@ -148,10 +158,11 @@ TEST_F(RunE2E, CpuReadingsAddUpToTheCpuTimeTheJobUsed) {
 // Every worker's CPU time counts in the job's: if only the parent (which
 // sleeps in waitpid) were read, the sum would be near 0.
 TEST_F(RunE2E, ForkedWorkersAreOneTree) {
-  std::string hold = dir_ + "/hold";
+  std::string start = dir_ + "/start", hold = dir_ + "/hold";
   Background b;
   testing::Start(&b, Run({WORKLOAD_BIN, "fork", "--workers", "3", "--cpu-seconds", "0.6",
-                          "--hold-file", hold}, "0.05"), "fork");
+                          "--start-file", start, "--hold-file", hold}, "0.05"), "fork");
+  StartOnceSampled(start);
   ReleaseOnceSampledAfterTheBurn(b, 3, hold);
   ASSERT_EQ(b.Wait(60), 0) << b.Err();
   double used = PrintedCpuSeconds(b.Out());

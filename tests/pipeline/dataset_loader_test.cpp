@@ -48,7 +48,9 @@ class Gated : public Dataset {
   int64_t size() const override { return n_; }
   Sample Get(int64_t index, uint64_t) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (++calls_ > open_after_) cv_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; });
+    if (++calls_ > open_after_ &&
+        !cv_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; }))
+      timed_out_ = true;
     return {torch::full({2, 3}, static_cast<float>(index)), torch::tensor(index % 5)};
   }
   void OpenGate() {
@@ -58,11 +60,16 @@ class Gated : public Dataset {
     }
     cv_.notify_all();
   }
+  // A Get gave up waiting for the gate: someone waited on it for 10 s.
+  bool timed_out() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return timed_out_;
+  }
 
  private:
   int64_t n_;
   int open_after_, calls_ = 0;
-  bool open_ = false;
+  bool open_ = false, timed_out_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
 };
@@ -168,12 +175,14 @@ TEST(DatasetLoader, NextHandsOutItsBatchWithoutWaitingForTheNext) {
   ASSERT_TRUE(l.ok()) << l.status().message();
   (*l)->StartEpoch(0);
   TensorBatch b;
-  auto t0 = std::chrono::steady_clock::now();
   bool got = (*l)->Next(&b);
-  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Had Next waited for batch 1, the gate (opened only now) would have held
+  // it until the gate's 10 s timeout: a fact, not a duration a busy machine
+  // stretches.
+  const bool waited = data->timed_out();
   data->OpenGate();
   ASSERT_TRUE(got) << (*l)->status().message();
-  EXPECT_LT(took, 5.0) << "Next waited for the batch after its own";
+  EXPECT_FALSE(waited) << "Next waited for the batch after its own";
   int batches = 1;
   while ((*l)->Next(&b)) ++batches;
   EXPECT_EQ(batches, 4);
