@@ -37,6 +37,10 @@ class ParameterGather {
   virtual ~ParameterGather() = default;
   virtual void Gather(const std::vector<torch::Tensor>& params) = 0;
   virtual void Release(const std::vector<torch::Tensor>& params) = 0;
+  // True where Gather only waits for parameters that stay whole (an
+  // offloaded optimizer's update, dist.offload): the blocks are then not
+  // recomputed for it, and Release does nothing.
+  virtual bool keeps_parameters() const { return false; }
 };
 
 class Model : public torch::nn::Module {

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "fullburn/config.h"
@@ -112,7 +114,25 @@ struct OptimizerOptions {
 class Optimizer {
  public:
   Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params, const OptimizerOptions& o);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
   void Step(double lr);
+  // Step, but with dist.offload the host update runs on a thread of its
+  // own, parameter by parameter in SetUpdateOrder's order, each copied back
+  // as soon as it is done: the next forward overlaps it, waiting
+  // (WaitFor) only for the parameters it is about to use. The gradients are
+  // copied to the host before it returns. Without offload it is Step.
+  void StepAsync(double lr);
+  // Blocks until `params`' updates from StepAsync are in them (others are
+  // ignored); rethrows an error of the update.
+  void WaitFor(const std::vector<torch::Tensor>& params);
+  // Blocks until StepAsync's update is done; rethrows its error. Every
+  // other method that reads parameters or state calls it first or needs
+  // the caller to (State, a checkpoint, an evaluation).
+  void WaitForUpdate();
+  // The parameters the forward uses first, in that order (the rest after).
+  void SetUpdateOrder(const std::vector<torch::Tensor>& first);
   // Step's update with no host reads, for a step a CUDA graph can capture:
   // `lr`, `keep` (1, or 0 to leave parameters and state untouched) and
   // `steps` (the step count including this one, for AdamW's bias
@@ -155,6 +175,8 @@ class Optimizer {
  private:
   bool StepForeach(double lr);  // false: not for this optimizer or state yet
   void Update(double lr);       // Step's formulas on each Param's p
+  struct Param;
+  void UpdateOne(Param& s, torch::Tensor p, const torch::Tensor& g, double lr);
   struct Param {
     std::string name;
     torch::Tensor p, buf1, buf2;  // momentum / exp_avg, exp_avg_sq
@@ -165,6 +187,14 @@ class Optimizer {
   std::vector<Param> params_;
   int64_t steps_ = 0;
   bool offload_ = false;
+  std::unordered_map<const void*, size_t> index_;  // TensorImpl -> params_
+  std::vector<size_t> update_order_;
+  // StepAsync's thread and what it has done.
+  std::thread worker_;
+  std::mutex update_mu_;
+  std::condition_variable update_cv_;
+  std::vector<bool> updated_;
+  std::exception_ptr update_error_;
 };
 
 // Linear warm-up to the peak, then cosine decay to min_lr (or constant).

@@ -134,7 +134,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     {
       ReplayRng rng(*r);
       ReplayAutocast cast(*r);
-      NoAutocastCacheIf no_cache(r->gather != nullptr);
+      NoAutocastCacheIf no_cache(r->gather && !r->gather->keeps_parameters());
       torch::AutoGradMode grad(true);
       y = r->fn(x);
     }
@@ -198,7 +198,7 @@ torch::Tensor CheckpointForward(std::function<torch::Tensor(const torch::Tensor&
   // Gathered before apply(): autograd records the parameters' shapes there
   // and checks backward's gradients against them.
   if (gather) gather->Gather(params);
-  NoAutocastCacheIf no_cache(gather != nullptr);
+  NoAutocastCacheIf no_cache(gather && !gather->keeps_parameters());
   torch::Tensor y;
   if (!torch::GradMode::is_enabled()) {
     y = fn(x);

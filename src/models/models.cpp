@@ -33,6 +33,11 @@ class Mlp : public Model {
         x = m.forward(x);
         continue;
       }
+      if (gather_->keeps_parameters()) {
+        gather_->Gather(linear->parameters());
+        x = linear->forward(x);
+        continue;
+      }
       FastLinear holder(linear);
       x = CheckpointForward([holder](const torch::Tensor& in) mutable { return holder->forward(in); },
                             x, linear->parameters(), {}, gather_);
@@ -179,8 +184,9 @@ class Gpt : public Model {
     torch::Tensor pos = torch::arange(t, tokens.options().dtype(torch::kLong));
     torch::Tensor x = torch::dropout(wte_(tokens) + wpe_(pos), dropout_, is_training());
     // Gathered blocks are recomputed in backward: their weights are gone by then.
-    const size_t segment = gather_ ? std::max<size_t>(segment_, 1) : segment_;
-    if (segment > 0 && (is_training() || gather_)) {
+    const bool frees = gather_ && !gather_->keeps_parameters();
+    const size_t segment = frees ? std::max<size_t>(segment_, 1) : segment_;
+    if (segment > 0 && (is_training() || frees)) {
       // Segments of `segment` blocks, each keeping only its input.
       for (size_t first = 0; first < block_list_.size(); first += segment) {
         std::vector<GptBlock> seg(block_list_.begin() + first,
@@ -195,6 +201,11 @@ class Gpt : public Model {
               return y;
             },
             x, params, {}, gather_);
+      }
+    } else if (gather_) {  // each block waited for (dist.offload's update)
+      for (GptBlock& b : block_list_) {
+        gather_->Gather(b->parameters());
+        x = b->forward(x);
       }
     } else {
       x = blocks_->forward(x);

@@ -100,9 +100,13 @@ class ResNet : public Model {
     x = torch::relu(bn1_(conv1_(x)));
     x = torch::max_pool2d(x, 3, 2, 1);
     // Gathered stages are recomputed in backward: their weights are gone by then.
-    const size_t segment = gather_ ? std::max<size_t>(segment_, 1) : segment_;
-    if (segment == 0 || (!is_training() && !gather_)) {
-      for (auto& layer : layers_) x = layer->forward(x);
+    const bool frees = gather_ && !gather_->keeps_parameters();
+    const size_t segment = frees ? std::max<size_t>(segment_, 1) : segment_;
+    if (segment == 0 || (!is_training() && !frees)) {
+      for (auto& layer : layers_) {
+        if (gather_) gather_->Gather(layer->parameters());  // dist.offload's update
+        x = layer->forward(x);
+      }
     } else {
       // Segments of `segment` stages, each keeping only its input; BatchNorm's
       // statistics are put back after the recompute.

@@ -26,7 +26,11 @@ Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
                      const OptimizerOptions& o)
     : o_(o) {
   for (auto& [name, p] : params)
-    if (p.requires_grad()) params_.push_back({name, p, {}, {}});
+    if (p.requires_grad()) {
+      index_[p.unsafeGetTensorImpl()] = params_.size();
+      update_order_.push_back(params_.size());
+      params_.push_back({name, p, {}, {}});
+    }
 }
 
 std::vector<torch::Tensor> Optimizer::params() const {
@@ -112,38 +116,89 @@ bool Optimizer::StepForeach(double lr) {
 }
 
 void Optimizer::Step(double lr) {
+  StepAsync(lr);
+  WaitForUpdate();
+}
+
+void Optimizer::StepAsync(double lr) {
+  WaitForUpdate();
   torch::NoGradGuard no_grad;
   ++steps_;
   if (!offload_) {
     Update(lr);
     return;
   }
-  // The host copies stand in for the parameters while the formulas run.
-  std::vector<torch::Tensor> on_device(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
+  // The gradients go to the host now: the caller zeroes them next.
+  std::vector<size_t> pending;
+  for (size_t i : update_order_) {
     Param& s = params_[i];
     if (!s.owned || !s.host.defined() || !s.p.grad().defined()) continue;
     s.host_grad.copy_(s.p.grad());
-    s.host.mutable_grad() = s.host_grad;
-    on_device[i] = s.p;
-    s.p = s.host;
+    pending.push_back(i);
   }
-  auto put_back = [&] {
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (on_device[i].defined()) {
-        params_[i].p = on_device[i];
-        params_[i].host.mutable_grad() = torch::Tensor();
+  {
+    std::lock_guard<std::mutex> lock(update_mu_);
+    updated_.assign(params_.size(), true);
+    for (size_t i : pending) updated_[i] = false;
+    update_error_ = nullptr;
+  }
+  worker_ = std::thread([this, pending, lr] {
+    torch::NoGradGuard no_grad_here;  // grad mode is per thread
+    for (size_t i : pending) {
+      Param& s = params_[i];
+      try {
+        UpdateOne(s, s.host, s.host_grad, lr);
+        s.p.copy_(s.host);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(update_mu_);
+        if (!update_error_) update_error_ = std::current_exception();
       }
-  };
-  try {
-    Update(lr);
-  } catch (...) {
-    put_back();
-    throw;
+      {
+        std::lock_guard<std::mutex> lock(update_mu_);
+        updated_[i] = true;
+      }
+      update_cv_.notify_all();
+    }
+  });
+}
+
+void Optimizer::WaitFor(const std::vector<torch::Tensor>& params) {
+  if (!worker_.joinable()) return;
+  std::unique_lock<std::mutex> lock(update_mu_);
+  for (const torch::Tensor& p : params) {
+    auto it = index_.find(p.unsafeGetTensorImpl());
+    if (it == index_.end()) continue;
+    update_cv_.wait(lock, [&] { return updated_[it->second]; });
   }
-  put_back();
+  if (update_error_) std::rethrow_exception(update_error_);
+}
+
+void Optimizer::WaitForUpdate() {
+  if (worker_.joinable()) worker_.join();
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(update_mu_);
+    std::swap(error, update_error_);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+Optimizer::~Optimizer() {
+  if (worker_.joinable()) worker_.join();
+}
+
+void Optimizer::SetUpdateOrder(const std::vector<torch::Tensor>& first) {
+  WaitForUpdate();
+  std::vector<bool> taken(params_.size(), false);
+  update_order_.clear();
+  for (const torch::Tensor& p : first) {
+    auto it = index_.find(p.unsafeGetTensorImpl());
+    if (it == index_.end() || taken[it->second]) continue;
+    taken[it->second] = true;
+    update_order_.push_back(it->second);
+  }
   for (size_t i = 0; i < params_.size(); ++i)
-    if (on_device[i].defined()) on_device[i].copy_(params_[i].host);
+    if (!taken[i]) update_order_.push_back(i);
 }
 
 void Optimizer::SetOffload() {
@@ -172,34 +227,37 @@ int64_t Optimizer::OffloadBytes() const {
 
 void Optimizer::Update(double lr) {
   if (o_.foreach && StepForeach(lr)) return;
+  for (Param& s : params_)
+    if (s.p.grad().defined() && s.owned) UpdateOne(s, s.p, s.p.grad(), lr);
+}
+
+// One parameter's update: `p` is the parameter, or its host copy
+// (dist.offload), and `g` its gradient there; the state lives beside `p`.
+void Optimizer::UpdateOne(Param& s, torch::Tensor p, const torch::Tensor& g, double lr) {
   const double wd = o_.weight_decay;
-  for (Param& s : params_) {
-    torch::Tensor g = s.p.grad();
-    if (!g.defined() || !s.owned) continue;
-    if (o_.name == "adamw") {
-      if (!s.buf1.defined()) {
-        s.buf1 = torch::zeros_like(s.p);
-        s.buf2 = torch::zeros_like(s.p);
-      }
-      if (wd != 0) s.p.mul_(1 - lr * wd);
-      s.buf1.lerp_(g, 1 - o_.beta1);
-      s.buf2.mul_(o_.beta2).addcmul_(g, g, 1 - o_.beta2);
-      double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
-      double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
-      torch::Tensor denom = (s.buf2.sqrt() / std::sqrt(bc2)).add_(o_.eps);
-      s.p.addcdiv_(s.buf1, denom, -lr / bc1);
-      continue;
+  if (o_.name == "adamw") {
+    if (!s.buf1.defined()) {
+      s.buf1 = torch::zeros_like(p);
+      s.buf2 = torch::zeros_like(p);
     }
-    torch::Tensor d = SgdDirection(s.p, g, o_);
-    if (o_.momentum != 0) {
-      if (!s.buf1.defined())
-        s.buf1 = d.clone().detach();
-      else
-        s.buf1.mul_(o_.momentum).add_(d);
-      d = o_.nesterov ? d.add(s.buf1, o_.momentum) : s.buf1;
-    }
-    s.p.add_(d, -lr);
+    if (wd != 0) p.mul_(1 - lr * wd);
+    s.buf1.lerp_(g, 1 - o_.beta1);
+    s.buf2.mul_(o_.beta2).addcmul_(g, g, 1 - o_.beta2);
+    double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
+    double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
+    torch::Tensor denom = (s.buf2.sqrt() / std::sqrt(bc2)).add_(o_.eps);
+    p.addcdiv_(s.buf1, denom, -lr / bc1);
+    return;
   }
+  torch::Tensor d = SgdDirection(p, g, o_);
+  if (o_.momentum != 0) {
+    if (!s.buf1.defined())
+      s.buf1 = d.clone().detach();
+    else
+      s.buf1.mul_(o_.momentum).add_(d);
+    d = o_.nesterov ? d.add(s.buf1, o_.momentum) : s.buf1;
+  }
+  p.add_(d, -lr);
 }
 
 void Optimizer::InitState() {

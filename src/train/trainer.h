@@ -168,6 +168,10 @@ class Trainer {
   std::vector<int> shard_owner_;  // empty: not sharded
   bool grads_sharded_ = false;    // dist.shard = gradients: each rank keeps its owned gradients
   std::shared_ptr<ShardedParameters> params_sharded_;  // dist.shard = full
+  // What the model gathers through (params_sharded_, or dist.offload's wait
+  // for the host update); null: nothing.
+  std::shared_ptr<ParameterGather> model_gather_;
+  bool update_overlaps_ = false;  // dist.offload unsharded: StepAsync
   Status ShardStates();   // dist.shard (SetupSharding's first half)
   Status SetupOffload();  // dist.offload (its second)
   bool profiling_ = false;

@@ -99,6 +99,7 @@ Status Trainer::Evaluate(nlohmann::json* out) {
 
 Status Trainer::EvaluateShare(nlohmann::json* out) {
   if (!eval_source_) return Status::Ok();
+  optim_->WaitForUpdate();
   double started = MonoNow();
   int64_t max_samples = cfg_.Int("eval.max_samples");
   // Rank r reads max/world samples, one more while r < max % world: max in all.

@@ -110,7 +110,10 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     }
     ckpt_->BeforeUpdate();
     auto traced = ProfileScope("Optimizer.step#" + cfg_.Str("optim.name") + ".step");
-    optim_->Step(lr);
+    if (update_overlaps_)
+      optim_->StepAsync(lr);  // the next forward waits block by block
+    else
+      optim_->Step(lr);
     // Sharded: this rank updated its parameters; the others come from their
     // owners (with dist.shard = full, at their next use).
     if (!shard_owner_.empty() && !params_sharded_)
@@ -365,6 +368,7 @@ Status Trainer::Loop() {
       Checkpoint(false);
   }
   ProfileAfterStep(true);  // the loop ended (steps, signal, time limit) before step B
+  optim_->WaitForUpdate();
   RecordMemory();
   if (dp_) {  // what each rank holds: 1/N of the state (and gradients) when sharded
     nlohmann::json j{{"rank", rank_.rank},

@@ -74,7 +74,7 @@ Status Trainer::ProbeMemory(int64_t batch) {
   m.accumulate = accumulate_;
   m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
-  if (ctx_.model->SetParameterGather(params_sharded_, &blocks)) {
+  if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
     std::vector<torch::Tensor> inside;
     int64_t largest_block = 0;
     for (const auto& block : blocks) {

@@ -14,6 +14,19 @@
 namespace fullburn {
 namespace {
 
+// dist.offload without sharding: the model waits, block by block, for the
+// host update of the parameters it is about to use (Optimizer::StepAsync).
+class WaitForHostUpdate : public ParameterGather {
+ public:
+  explicit WaitForHostUpdate(Optimizer* optimizer) : optimizer_(optimizer) {}
+  void Gather(const std::vector<torch::Tensor>& params) override { optimizer_->WaitFor(params); }
+  void Release(const std::vector<torch::Tensor>&) override {}
+  bool keeps_parameters() const override { return true; }
+
+ private:
+  Optimizer* optimizer_;
+};
+
 // The generators a run draws from, by their name in a checkpoint: the CPU's,
 // and on a GPU the CUDA one, which dropout there draws from (without it a
 // resumed H200 run's losses were 0.24 apart with dropout 0.1, equal with 0).
@@ -29,6 +42,7 @@ std::vector<std::pair<std::string, at::Generator>> Generators(const torch::Devic
 }  // namespace
 
 CheckpointState Trainer::Snapshot() {
+  optim_->WaitForUpdate();  // dist.offload: the step's update in the weights
   CheckpointState s;
   // Weights and optimizer state change only in the optimizer step: they are
   // copied while the next forward/backward runs. Buffers (BatchNorm running
@@ -221,6 +235,26 @@ Status Trainer::SetupOffload() {
                  "fullburn: dist.offload = optimizer on a CPU run: the state is in host memory "
                  "already, so it saves nothing (it keeps a second copy of the weights)\n");
   optim_->SetOffload();
+  // Unsharded, the next forward overlaps the host update, each block
+  // waiting for its own parameters; sharded, the owners' values are sent
+  // right after the update (or gathered from them), so it is waited for.
+  if (shard_owner_.empty()) {
+    auto wait = std::make_shared<WaitForHostUpdate>(optim_.get());
+    std::vector<std::vector<torch::Tensor>> blocks;
+    if (ctx_.model->SetParameterGather(wait, &blocks)) {
+      std::vector<torch::Tensor> inside;
+      for (const auto& block : blocks) inside.insert(inside.end(), block.begin(), block.end());
+      std::vector<torch::Tensor> order = ParametersOutside(*ctx_.model, inside);  // used first
+      order.insert(order.end(), inside.begin(), inside.end());
+      optim_->SetUpdateOrder(order);
+      model_gather_ = wait;
+      update_overlaps_ = true;
+    }
+  }
+  if (rank_.rank == 0 && !opt_.quiet)
+    std::fprintf(stderr, "fullburn: dist.offload = optimizer: %s\n",
+                 update_overlaps_ ? "the host update overlaps the next forward, block by block"
+                                  : "the host update runs between the steps");
   return Status::Ok();
 }
 
@@ -266,6 +300,7 @@ Status Trainer::ShardStates() {
     std::vector<torch::Tensor> in_blocks;
     for (const auto& block : blocks) in_blocks.insert(in_blocks.end(), block.begin(), block.end());
     params_sharded_->SetBlockParameters(in_blocks);
+    model_gather_ = params_sharded_;
     params_sharded_->ReleaseAll();  // each rank keeps its own parameters only
   }
   return Status::Ok();

@@ -159,7 +159,7 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
                                         torch::randn({4})};
     // `offload_at`: the step before which dist.offload moves the state to
     // host copies (-1: never), as a resumed run's existing state moves.
-    auto run = [&](bool foreach, int offload_at = -1) {
+    auto run = [&](bool foreach, int offload_at = -1, bool async = false) {
       o.foreach = foreach;
       std::vector<std::pair<std::string, torch::Tensor>> named;
       for (size_t i = 0; i < start.size(); ++i)
@@ -172,8 +172,15 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
         for (size_t i = 0; i < named.size(); ++i)
           named[i].second.mutable_grad() =
               i == 1 && step == 2 ? torch::Tensor() : torch::randn(start[i].sizes());  // no grad once
-        opt.Step(0.05);
+        if (async) {
+          // The next step's gradients are set while the update runs.
+          opt.StepAsync(0.05);
+          if (step == 1) opt.WaitFor({named[3].second, named[0].second});
+        } else {
+          opt.Step(0.05);
+        }
       }
+      opt.WaitForUpdate();
       EXPECT_EQ(opt.offloaded(), offload_at >= 0);
       return named;
     };
@@ -185,8 +192,8 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
     EXPECT_FALSE(torch::equal(multi[0].second, start[0]));
     // dist.offload = optimizer: the same update on the host copies, from the
     // start or with state already made.
-    for (int at : {0, 2}) {
-      auto offloaded = run(false, at);
+    for (int at : {0, 2, 10}) {  // 10: from the start, the update on its own thread
+      auto offloaded = at == 10 ? run(false, 0, true) : run(false, at);
       for (size_t i = 0; i < loop.size(); ++i)
         EXPECT_TRUE(torch::allclose(offloaded[i].second, loop[i].second, 1e-6, 1e-7))
             << "offloaded at step " << at << ": " << loop[i].first;
