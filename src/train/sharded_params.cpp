@@ -1,9 +1,27 @@
 // dist.shard = full: parameters filled from their owners when used.
 #include "sharded_params.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace fullburn {
+
+int64_t TensorBytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const torch::Tensor& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return bytes;
+}
+
+BlockSplit SplitByBlocks(const torch::nn::Module& model,
+                         const std::vector<std::vector<torch::Tensor>>& blocks) {
+  BlockSplit split;
+  for (const auto& block : blocks) {
+    split.inside.insert(split.inside.end(), block.begin(), block.end());
+    split.largest_block_bytes = std::max(split.largest_block_bytes, TensorBytes(block));
+  }
+  split.outside = ParametersOutside(model, split.inside);
+  return split;
+}
 
 ShardedParameters::ShardedParameters(DataParallel* dp, const std::vector<torch::Tensor>& params,
                                      const std::vector<int>& owner)
@@ -45,25 +63,23 @@ void ShardedParameters::Free(Slot& s) {
 
 void ShardedParameters::Gather(const std::vector<torch::Tensor>& params) {
   std::vector<Slot*> wanted;
+  std::vector<bool> is_wanted(slots_.size(), false);
   for (const torch::Tensor& p : params)
-    if (Slot* s = Find(p)) wanted.push_back(s);
-  for (Slot& s : slots_) {
-    bool keep = !s.in_block;
-    for (const Slot* w : wanted) keep = keep || w == &s;
-    if (!keep) Free(s);
-  }
+    if (Slot* s = Find(p)) {
+      wanted.push_back(s);
+      is_wanted[static_cast<size_t>(s - slots_.data())] = true;
+    }
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].in_block && !is_wanted[i]) Free(slots_[i]);
   std::vector<torch::Tensor> tensors;
   std::vector<int> owners;
-  int64_t bytes = 0;
   for (Slot* s : wanted) {
     if (s->param.numel() != s->numel)
       s->param.set_data(torch::empty(s->shape, s->param.options()));
     tensors.push_back(s->param);
     owners.push_back(s->owner);
-    bytes += s->param.numel() * static_cast<int64_t>(s->param.element_size());
   }
-  ++gathers_;
-  largest_gather_bytes_ = std::max(largest_gather_bytes_, bytes);
+  largest_gather_bytes_ = std::max(largest_gather_bytes_, TensorBytes(tensors));
   Status st = dp_->BroadcastFromOwners(tensors, owners);
   if (!st.ok()) throw std::runtime_error(st.message());
 }
@@ -84,9 +100,9 @@ int64_t ShardedParameters::total_numel() const {
 }
 
 int64_t ShardedParameters::held_bytes() const {
-  int64_t bytes = 0;
-  for (const Slot& s : slots_) bytes += s.param.numel() * static_cast<int64_t>(s.param.element_size());
-  return bytes;
+  std::vector<torch::Tensor> params;
+  for (const Slot& s : slots_) params.push_back(s.param);
+  return TensorBytes(params);
 }
 
 }  // namespace fullburn

@@ -28,6 +28,19 @@
 
 namespace fullburn {
 
+// The bytes of `tensors`' elements.
+int64_t TensorBytes(const std::vector<torch::Tensor>& tensors);
+
+// A model's parameters as Model::SetParameterGather's blocks split them:
+// those in blocks (in block order), those outside (held for the step, used
+// first), and the largest block's bytes.
+struct BlockSplit {
+  std::vector<torch::Tensor> inside, outside;
+  int64_t largest_block_bytes = 0;
+};
+BlockSplit SplitByBlocks(const torch::nn::Module& model,
+                         const std::vector<std::vector<torch::Tensor>>& blocks);
+
 class ShardedParameters : public ParameterGather {
  public:
   // `params` and `owner` as DataParallel::ShardOwners gives them.
@@ -42,7 +55,6 @@ class ShardedParameters : public ParameterGather {
   void ReleaseAll();
   int64_t held_bytes() const;
   int64_t total_numel() const;  // every parameter's elements, gathered or not
-  int64_t gathers() const { return gathers_; }
   // The most parameter bytes one Gather fills (the largest block's, or the
   // parameters outside blocks): what a rank holds above its share at a time.
   int64_t largest_gather_bytes() const { return largest_gather_bytes_; }
@@ -61,7 +73,7 @@ class ShardedParameters : public ParameterGather {
   DataParallel* dp_;
   std::vector<Slot> slots_;
   std::unordered_map<const void*, size_t> index_;  // by TensorImpl
-  int64_t gathers_ = 0, largest_gather_bytes_ = 0;
+  int64_t largest_gather_bytes_ = 0;
 };
 
 }  // namespace fullburn

@@ -426,17 +426,14 @@ Status Trainer::Run() {
   // released would count what it gathers as activations. Every rank probes
   // (the gathers are collectives).
   const bool probe_first = cfg_.Str("dist.shard") == "full";
-  if (!probe_first)
-    if (Status r = SetupSharding(); !r.ok()) {
-      exit_code = kExitUsage;
-      return r;
-    }
-  if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
   if (probe_first)
-    if (Status r = SetupSharding(); !r.ok()) {
-      exit_code = kExitUsage;
-      return r;
-    }
+    if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
+  if (Status r = SetupSharding(); !r.ok()) {
+    exit_code = kExitUsage;
+    return r;
+  }
+  if (!probe_first)
+    if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
   if (Status b = BeginRun(); !b.ok()) {
     exit_code = kExitFailed;
     return b;

@@ -12,16 +12,6 @@
 #include "trainer.h"
 
 namespace fullburn {
-namespace {
-
-int64_t WeightBytes(const torch::nn::Module& m) {
-  int64_t bytes = 0;
-  for (const torch::Tensor& p : m.parameters())
-    bytes += p.numel() * static_cast<int64_t>(p.element_size());
-  return bytes;
-}
-
-}  // namespace
 
 torch::Tensor ForwardLoss(const StepContext& ctx, const TrainBatch& b) {
   AutocastGuard autocast(ctx.device.type(), ctx.autocast);
@@ -377,7 +367,7 @@ Status Trainer::Loop() {
                      // between steps: every parameter, or with dist.shard =
                      // full the rank's own (the largest gather on top while used)
                      {"param_bytes", params_sharded_ ? params_sharded_->held_bytes()
-                                                     : WeightBytes(*ctx_.model)},
+                                                     : TensorBytes(ctx_.model->parameters())},
                      {"largest_gather_bytes",
                       params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
                      {"shard", cfg_.Str("dist.shard")},

@@ -75,18 +75,8 @@ Status Trainer::ProbeMemory(int64_t batch) {
   m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
   if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
-    std::vector<torch::Tensor> inside;
-    int64_t largest_block = 0;
-    for (const auto& block : blocks) {
-      int64_t bytes = 0;
-      for (const torch::Tensor& p : block) bytes += p.numel() * static_cast<int64_t>(p.element_size());
-      largest_block = std::max(largest_block, bytes);
-      inside.insert(inside.end(), block.begin(), block.end());
-    }
-    int64_t outside = 0;
-    for (const torch::Tensor& p : ParametersOutside(*ctx_.model, inside))
-      outside += p.numel() * static_cast<int64_t>(p.element_size());
-    m.gather_bytes = outside + largest_block;
+    BlockSplit split = SplitByBlocks(*ctx_.model, blocks);
+    m.gather_bytes = TensorBytes(split.outside) + split.largest_block_bytes;
   }
   CountOtherMemory(m);
   // Half and all of `batch`: the run's own micro-batch at start, so the line

@@ -242,10 +242,9 @@ Status Trainer::SetupOffload() {
     auto wait = std::make_shared<WaitForHostUpdate>(optim_.get());
     std::vector<std::vector<torch::Tensor>> blocks;
     if (ctx_.model->SetParameterGather(wait, &blocks)) {
-      std::vector<torch::Tensor> inside;
-      for (const auto& block : blocks) inside.insert(inside.end(), block.begin(), block.end());
-      std::vector<torch::Tensor> order = ParametersOutside(*ctx_.model, inside);  // used first
-      order.insert(order.end(), inside.begin(), inside.end());
+      BlockSplit split = SplitByBlocks(*ctx_.model, blocks);
+      std::vector<torch::Tensor> order = split.outside;  // used first
+      order.insert(order.end(), split.inside.begin(), split.inside.end());
       optim_->SetUpdateOrder(order);
       model_gather_ = wait;
       update_overlaps_ = true;
@@ -297,9 +296,7 @@ Status Trainer::ShardStates() {
           " has no blocks to gather: use dist.shard = gradients, or a model with blocks (gpt, "
           "resnet18, resnet50, mlp)");
     }
-    std::vector<torch::Tensor> in_blocks;
-    for (const auto& block : blocks) in_blocks.insert(in_blocks.end(), block.begin(), block.end());
-    params_sharded_->SetBlockParameters(in_blocks);
+    params_sharded_->SetBlockParameters(SplitByBlocks(*ctx_.model, blocks).inside);
     model_gather_ = params_sharded_;
     params_sharded_->ReleaseAll();  // each rank keeps its own parameters only
   }

@@ -936,25 +936,27 @@ TEST(Tokens, ReadsLlmcHeaderAndRefusesTruncatedFiles) {
 // PrefetchDeepensForBurstyProduction): an earlier version timed real decodes
 // and failed under stress-ng, where a starved worker measured its own
 // slowness. The loader itself is held only to what no timing changes.
+// A tuned ring's window: the consumer's wait share, the workers' worth of
+// decoding it needs, one worker active of 4 started.
+RingWindow TunedWindow(double wait_share, double needed) {
+  RingWindow w;
+  w.wait_share = wait_share;
+  w.needed = needed;
+  w.active = 1;
+  w.started = 4;
+  w.tune_threads = w.tune_depth = true;
+  return w;
+}
+
 TEST(Loader, TunerAddsWorkersForAHungryConsumerOnly) {
   // A consumer that waits half the time for one worker that cannot keep up
   // (2.5 workers' worth of decoding): one more, up to the budget.
-  RingWindow hungry;
-  hungry.wait_share = 0.5;
-  hungry.needed = 2.5;
-  hungry.active = 1;
-  hungry.started = 4;
-  hungry.tune_threads = hungry.tune_depth = true;
+  RingWindow hungry = TunedWindow(0.5, 2.5);
   EXPECT_EQ(DecideRingTune(hungry), RingTune::kAddWorker);
   hungry.active = 3;
   EXPECT_EQ(DecideRingTune(hungry), RingTune::kAddWorker);
   // A slow consumer (a tenth of a worker's decoding, never waiting) keeps one.
-  RingWindow slow;
-  slow.wait_share = 0;
-  slow.needed = 0.1;
-  slow.active = 1;
-  slow.started = 4;
-  slow.tune_threads = slow.tune_depth = true;
+  RingWindow slow = TunedWindow(0, 0.1);
   EXPECT_EQ(DecideRingTune(slow), RingTune::kKeep);
   slow.active = 3;  // more than it needs: they park one at a time
   EXPECT_EQ(DecideRingTune(slow), RingTune::kParkWorker);
