@@ -30,6 +30,7 @@ packages=(
   zlib1g-dev                      # checksums, gzip
   libsimdjson-dev                 # fullburn analyze: profiler traces
   libdeflate-dev                  # fullburn analyze: the CRC-32 of .json.gz traces
+  libisal-dev                     # fullburn analyze: inflating .json.gz traces (igzip)
 )
 if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)

@@ -30,8 +30,8 @@ namespace {
 
 namespace od = simdjson::ondemand;
 
-constexpr size_t kBlockBytes = 1 << 20;
-constexpr size_t kBatchBytes = 1 << 20;
+constexpr size_t kBlockBytes = 1 << 18;
+constexpr size_t kBatchBytes = 1 << 18;
 
 // The fields of one event that matter; reused from event to event.
 struct Fields {
