@@ -271,6 +271,23 @@ std::string OptimizerShardPath(const std::string& checkpoint_path, int rank, int
 // beside it, verified each, their tensors added: the whole state, whatever
 // world size wrote it. A missing or damaged part is an error naming it.
 Result<CheckpointState> ReadCheckpointWithShards(const std::string& path);
+// Which checkpoint a part belongs to, in its metadata and its failure marker.
+struct ShardIdentity {
+  int64_t step = -1, run_id = -1;
+  int rank = -1, world = -1;
+};
+// The marker a rank leaves beside its part when writing it failed
+// (PART.failed, holding the identity and why), for rank 0 to read.
+void MarkOptimizerShardFailed(const std::string& part_path, const ShardIdentity& id,
+                              const std::string& why);
+// Rank 0, before it writes a sharded step's file: waits until every rank's
+// part of that checkpoint is in its folder (each renamed into place whole;
+// a part's metadata must name this step and run, so a stale file of an
+// earlier attempt does not count). A rank's failure marker, `cancel` or
+// `timeout_s` without every part ends the wait with an error, and the step's
+// parts are removed: no step file will name them.
+Status WaitForOptimizerShards(const std::string& checkpoint_path, const ShardIdentity& id,
+                              const std::atomic<bool>& cancel, double timeout_s);
 
 // The asynchronous writer: Save() copies `tensors` to host memory (a write
 // still in flight is waited for first); the writer thread copies
@@ -296,6 +313,13 @@ class CheckpointWriter {
   // Call before changing any `until_update` tensor; returns seconds blocked.
   double BeforeUpdate();
   void Wait();
+  // Where a step's file goes (default: CheckpointPath(dir, step)); with
+  // keep < 0 nothing is rotated. For a sharded run's parts.
+  void SetPath(std::function<std::string(int64_t step)> path);
+  // Runs on the writer thread once the state is staged, just before the
+  // file is written; an error skips the file and is that Save's outcome.
+  // Rank 0 of a sharded run waits there for every rank's part.
+  void SetBeforeWrite(std::function<Status(int64_t step)> hook);
   Status status() const;       // the first failed write, if any
   Status last_status() const;  // the latest Save's outcome once written (Wait() first)
   // The checkpoint of `step` survives the keep-the-newest rotation (the best
@@ -315,6 +339,8 @@ class CheckpointWriter {
   int keep_;
   bool async_;
   std::function<void(const Written&)> done_;
+  std::function<std::string(int64_t)> path_;
+  std::function<Status(int64_t)> before_write_;
   std::thread thread_;
   mutable std::mutex mu_;
   Status error_;

@@ -10,6 +10,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "fullburn/tensorfile.h"
@@ -161,7 +164,8 @@ Result<CheckpointState> ReadCheckpointWithShards(const std::string& path) {
   return main;
 }
 
-// The optimizer-state files beside a step's checkpoint (any world size).
+// The optimizer-state files beside a step's checkpoint (any world size), and
+// their temporary files and failure markers.
 static void RemoveOptimizerShards(const std::string& checkpoint_path) {
   size_t slash = checkpoint_path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : checkpoint_path.substr(0, slash);
@@ -173,6 +177,86 @@ static void RemoveOptimizerShards(const std::string& checkpoint_path) {
       if (std::string(e->d_name).rfind(prefix, 0) == 0) doomed.push_back(dir + "/" + e->d_name);
     ::closedir(d);
     for (const std::string& p : doomed) ::unlink(p.c_str());
+  }
+}
+
+namespace {
+
+nlohmann::json IdentityJson(const ShardIdentity& id) {
+  return {{"step", id.step}, {"run_id", id.run_id}, {"rank", id.rank}, {"world", id.world}};
+}
+
+bool SameCheckpoint(const nlohmann::json& m, const ShardIdentity& id, int rank) {
+  auto number = [&](const char* key) -> int64_t {
+    return m.is_object() && m.contains(key) && m[key].is_number_integer() ? m[key].get<int64_t>()
+                                                                          : -2;
+  };
+  return number("step") == id.step && number("run_id") == id.run_id && number("rank") == rank &&
+         number("world") == id.world;
+}
+
+// The "fullburn" metadata of a safetensors file, from its header alone (the
+// part is not read and verified here: the resume does that).
+nlohmann::json PartMetadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char size_bytes[8];
+  if (!in.read(reinterpret_cast<char*>(size_bytes), 8)) return nullptr;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | size_bytes[i];
+  if (n == 0 || n > (uint64_t{1} << 26)) return nullptr;
+  std::string header(static_cast<size_t>(n), '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(n))) return nullptr;
+  nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
+  if (!h.is_object() || !h.contains("__metadata__") || !h["__metadata__"].is_object() ||
+      !h["__metadata__"].contains("fullburn") || !h["__metadata__"]["fullburn"].is_string())
+    return nullptr;
+  return nlohmann::json::parse(h["__metadata__"]["fullburn"].get<std::string>(), nullptr, false);
+}
+
+}  // namespace
+
+void MarkOptimizerShardFailed(const std::string& part_path, const ShardIdentity& id,
+                              const std::string& why) {
+  nlohmann::json j = IdentityJson(id);
+  j["why"] = why;
+  std::ofstream(part_path + ".failed") << j.dump() << "\n";
+}
+
+Status WaitForOptimizerShards(const std::string& checkpoint_path, const ShardIdentity& id,
+                              const std::atomic<bool>& cancel, double timeout_s) {
+  const double start = Now();
+  std::vector<bool> landed(static_cast<size_t>(id.world), false);
+  auto fail = [&](const std::string& why) {
+    RemoveOptimizerShards(checkpoint_path);
+    return Status::IoError("checkpoint at step " + std::to_string(id.step) + " not written: " + why);
+  };
+  for (;;) {
+    int missing = -1;
+    for (int r = 0; r < id.world; ++r) {
+      if (landed[static_cast<size_t>(r)]) continue;
+      std::string part = OptimizerShardPath(checkpoint_path, r, id.world);
+      std::ifstream marker(part + ".failed");
+      if (marker) {
+        std::string text((std::istreambuf_iterator<char>(marker)), std::istreambuf_iterator<char>());
+        nlohmann::json m = nlohmann::json::parse(text, nullptr, false);
+        if (SameCheckpoint(m, id, r))
+          return fail("rank " + std::to_string(r) + " could not write its part (" +
+                      m.value("why", std::string("no reason given")) + ")");
+      }
+      if (SameCheckpoint(PartMetadata(part), id, r)) {
+        landed[static_cast<size_t>(r)] = true;
+      } else if (missing < 0) {
+        missing = r;
+      }
+    }
+    if (missing < 0) return Status::Ok();
+    if (cancel.load()) return fail("the run stopped before every rank's part was written");
+    if (Now() - start > timeout_s)
+      return fail("rank " + std::to_string(missing) + "'s part " +
+                  OptimizerShardPath(checkpoint_path, missing, id.world) + " did not appear within " +
+                  std::to_string(static_cast<int>(timeout_s)) +
+                  " s: with dist.shard every rank must write into one checkpoint.dir they share");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 
@@ -317,17 +401,24 @@ double CheckpointWriter::BeforeUpdate() {
   return fence_wait_s_;
 }
 
+void CheckpointWriter::SetPath(std::function<std::string(int64_t)> path) { path_ = std::move(path); }
+
+void CheckpointWriter::SetBeforeWrite(std::function<Status(int64_t)> hook) {
+  before_write_ = std::move(hook);
+}
+
 void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s) {
   double start = Now();
-  Written w{step, CheckpointPath(dir_, step), 0, stall_s, 0, Status::Ok()};
-  w.status = WriteCheckpointFile(w.path, state, &w.bytes);
+  Written w{step, path_ ? path_(step) : CheckpointPath(dir_, step), 0, stall_s, 0, Status::Ok()};
+  if (before_write_) w.status = before_write_(step);
+  if (w.status.ok()) w.status = WriteCheckpointFile(w.path, state, &w.bytes);
   w.write_s = Now() - start;
   {
     std::lock_guard<std::mutex> lock(mu_);
     w.stall_s += fence_wait_s_;  // the loop's wait in BeforeUpdate, if any came yet
     RecordLocked(w.status);
   }
-  if (w.status.ok()) {
+  if (w.status.ok() && keep_ >= 0) {
     int64_t kept_step;
     {
       std::lock_guard<std::mutex> lock(mu_);

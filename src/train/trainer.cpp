@@ -325,6 +325,33 @@ Status Trainer::OpenCheckpoints() {
             {w.step, Env::Default()->UnixSeconds() - start, w.path, w.bytes, w.stall_s, w.write_s});
         records->Add(std::move(r));
       });
+  if (!shard_owner_.empty()) {
+    // Each rank's part in the background; the loop waits only for the copy
+    // of what the next forward changes (buffers, RNG: in rank 0's file).
+    ShardIdentity id = PartIdentity();
+    std::atomic<int64_t>* write_us = &part_write_us_;
+    part_ckpt_ = std::make_unique<CheckpointWriter>(
+        dir, -1, cfg_.Bool("checkpoint.async"),
+        [id, write_us](const CheckpointWriter::Written& w) mutable {
+          *write_us += static_cast<int64_t>(w.write_s * 1e6);
+          if (w.status.ok()) return;
+          id.step = w.step;
+          MarkOptimizerShardFailed(w.path, id, w.status.message());
+          std::fprintf(stderr, "\nfullburn: rank %d: this rank's part of the checkpoint at step "
+                               "%lld failed (%s)\n",
+                       id.rank, static_cast<long long>(w.step), w.status.message().c_str());
+        });
+    part_ckpt_->SetPath([dir, id](int64_t step) {
+      return OptimizerShardPath(CheckpointPath(dir, step), id.rank, id.world);
+    });
+    if (rank_.rank == 0) {
+      constexpr double kPartWaitS = 300;
+      ckpt_->SetBeforeWrite([this, dir, id](int64_t step) mutable {
+        id.step = step;
+        return WaitForOptimizerShards(CheckpointPath(dir, step), id, parts_cancel_, kPartWaitS);
+      });
+    }
+  }
   // A resumed run writing into the same folder keeps the best one it inherited.
   if (best_step_ >= 0 && std::filesystem::path(best_checkpoint_).parent_path() == dir)
     ckpt_->Protect(best_step_);
@@ -449,6 +476,7 @@ Status Trainer::Run() {
         static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
         ctx_.device.str().c_str(), cfg_.Str("train.precision").c_str());
   s = Loop();
+  if (!s.ok()) parts_cancel_ = true;  // a rank may be gone: its part will not come
   // A failed step leaves the weights suspect: the last good checkpoint stands.
   if (s.ok() && (cfg_.Bool("checkpoint.at_end") || exit_code == kExitInterrupted)) Checkpoint(true);
   nlohmann::json eval;

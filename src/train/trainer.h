@@ -144,10 +144,12 @@ class Trainer {
   // parameters it owns and keeps only their optimizer state.
   Status SetupSharding();
   Status ClipShardedGradients(double max_norm);
-  // Sharded: this rank's optimizer state beside the step's checkpoint.
-  Status WriteOptimizerShard();
-  Status CheckOptimizerShardsVisible() const;
-  double shard_write_s_ = 0;  // the loop's time writing them, in total
+  // Sharded: this rank's optimizer state (and, with full, its parameters)
+  // for its part beside the step's checkpoint, written by part_ckpt_.
+  CheckpointState PartState();
+  ShardIdentity PartIdentity() const;
+  double shard_write_s_ = 0;  // the loop's time blocked for them, in total
+  std::atomic<int64_t> part_write_us_{0};  // part_ckpt_'s time writing them, in total
   // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
   bool MemoryReportWanted() const;
   Status DrawProbeBatch(TrainBatch* probe);
@@ -249,7 +251,13 @@ class Trainer {
   std::unique_ptr<GpuSource> gpus_;
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<BatchWriter> sample_writer_;
+  // Set when the loop failed: rank 0's writer stops waiting for parts that
+  // may never come. Before ckpt_, whose thread reads it.
+  std::atomic<bool> parts_cancel_{false};
   std::unique_ptr<CheckpointWriter> ckpt_;
+  // Sharded runs: this rank's part, written in the background like ckpt_'s
+  // files; rank 0's ckpt_ writes a step's file once every part is there.
+  std::unique_ptr<CheckpointWriter> part_ckpt_;
   std::unique_ptr<LiveStatus> live_;
   RankInfo rank_;                            // world_size 1 without a launcher
   std::unique_ptr<DataParallel> dp_;         // only when world_size > 1

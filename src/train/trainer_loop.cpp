@@ -99,6 +99,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
       }
     }
     ckpt_->BeforeUpdate();
+    if (part_ckpt_) part_ckpt_->BeforeUpdate();
     auto traced = ProfileScope("Optimizer.step#" + cfg_.Str("optim.name") + ".step");
     if (update_overlaps_)
       optim_->StepAsync(lr);  // the next forward waits block by block
@@ -372,7 +373,8 @@ Status Trainer::Loop() {
                       params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
                      {"shard", cfg_.Str("dist.shard")},
                      {"offloaded", optim_->offloaded()},  // state_bytes then in host memory
-                     {"shard_write_s", shard_write_s_},
+                     {"shard_write_s", shard_write_s_},  // the loop blocked for its parts
+                     {"shard_part_write_s", part_write_us_.load() / 1e6},  // their writer
                      {"sharded", !shard_owner_.empty()}};
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});
   }

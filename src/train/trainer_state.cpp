@@ -130,39 +130,28 @@ Status Trainer::Restore() {
 }
 
 void Trainer::Checkpoint(bool final_one) {
-  // Sharded, every rank first writes the state it owns beside the step's
-  // file; rank 0 writes that file only once every part landed, so a
-  // checkpoint is whole or absent. The ranks all come here at the same steps
-  // (step-based triggers, a shared stop, evaluations).
-  if (!shard_owner_.empty() && step_ != last_ckpt_step_) {
-    Status s = WriteOptimizerShard();
-    Result<bool> any_failed = dp_->AnyRank(!s.ok());
-    // Every part is written; rank 0 writes the step's file only where it
-    // sees them all (ranks on several nodes need one checkpoint.dir they
-    // share), and tells the others.
-    if (any_failed.ok() && !*any_failed) {
-      Status visible = rank_.rank == 0 ? CheckOptimizerShardsVisible() : Status::Ok();
-      any_failed = dp_->AnyRank(!visible.ok());
-      if (!visible.ok()) s = visible;
-    }
-    if (!s.ok() || !any_failed.ok() || *any_failed) {
-      // No step file will name this part.
-      std::remove(OptimizerShardPath(CheckpointPath(ckpt_dir_, step_), rank_.rank, rank_.world_size)
-                      .c_str());
-      std::fprintf(stderr,
-                   "\nfullburn: checkpoint at step %lld failed (%s); earlier checkpoints "
-                   "are intact\n",
-                   static_cast<long long>(step_),
-                   !s.ok() ? s.message().c_str()
-                   : !any_failed.ok()
-                       ? any_failed.status().message().c_str()
-                       : "another rank's part was not written, or rank 0 cannot see it");
-      if (rank_.rank == 0 && final_one) FinalCheckpointLost();
-      return;
+  // Sharded, every rank saves the state it owns beside the step's file, in
+  // the background (part_ckpt_); rank 0's writer writes that file only once
+  // every part landed (WaitForOptimizerShards), so a checkpoint is whole or
+  // absent. The ranks all come here at the same steps (step-based triggers,
+  // a shared stop, evaluations), but need not wait for each other.
+  if (part_ckpt_ && step_ != last_ckpt_step_) {
+    try {
+      shard_write_s_ += part_ckpt_->Save(step_, PartState());
+    } catch (const std::exception& e) {  // staging ran out of memory, say
+      std::string what = e.what();
+      what = what.substr(0, what.find('\n'));
+      ShardIdentity id = PartIdentity();
+      MarkOptimizerShardFailed(OptimizerShardPath(CheckpointPath(ckpt_dir_, step_), id.rank, id.world),
+                               id, what);
+      std::fprintf(stderr, "\nfullburn: rank %d: this rank's part of the checkpoint at step %lld "
+                           "failed (%s)\n",
+                   rank_.rank, static_cast<long long>(step_), what.c_str());
     }
   }
   if (rank_.rank != 0) {
     last_ckpt_step_ = step_;
+    if (final_one && part_ckpt_) part_ckpt_->Wait();  // rank 0 reports a lost one
     return;  // every rank holds the same weights
   }
   bool saved = true;
@@ -322,40 +311,30 @@ Status Trainer::ClipShardedGradients(double max_norm) {
   return Status::Ok();
 }
 
-Status Trainer::CheckOptimizerShardsVisible() const {
-  std::string main = CheckpointPath(ckpt_dir_, step_);
-  for (int r = 0; r < rank_.world_size; ++r) {
-    std::string part = OptimizerShardPath(main, r, rank_.world_size);
-    if (!std::filesystem::exists(part))
-      return Status::IoError("rank " + std::to_string(r) + "'s optimizer state " + part +
-                             " is not visible to rank 0: with dist.shard every rank must write "
-                             "into one checkpoint.dir they share");
-  }
-  return Status::Ok();
+ShardIdentity Trainer::PartIdentity() const {
+  ShardIdentity id;
+  id.step = step_;
+  id.run_id = run_.id;
+  id.rank = rank_.rank;
+  id.world = rank_.world_size;
+  return id;
 }
 
-// This rank's optimizer state (the parameters it owns) beside the step's
-// checkpoint, written before the step's file; on the loop's thread: the
-// optimizer's next step would change it.
-Status Trainer::WriteOptimizerShard() {
+// This rank's optimizer state and, with dist.shard = full, the parameters it
+// owns: all of it changes only in the optimizer step, so part_ckpt_ copies
+// it on its own thread while the next forward and backward run (the loop's
+// BeforeUpdate fences the step behind the copy).
+CheckpointState Trainer::PartState() {
   CheckpointState mine;
-  for (auto& [name, t] : optim_->State()) mine.tensors.emplace_back("optim." + name, t);
+  for (auto& [name, t] : optim_->State()) mine.until_update.emplace_back("optim." + name, t);
   if (params_sharded_)  // the parameters this rank owns (the others are empty here)
     for (auto& p : ctx_.model->named_parameters())
-      if (params_sharded_->Owns(p.value())) mine.tensors.emplace_back("model." + p.key(), p.value());
+      if (params_sharded_->Owns(p.value()))
+        mine.until_update.emplace_back("model." + p.key(), p.value());
+  ShardIdentity id = PartIdentity();
   mine.state_json = nlohmann::json{
-      {"step", step_},
-      {"rank", rank_.rank},
-      {"world", rank_.world_size},
-      {"run_id",
-       run_.id}}.dump();
-  int64_t bytes = 0;
-  double start = MonoNow();
-  Status s = WriteCheckpointFile(
-      OptimizerShardPath(CheckpointPath(ckpt_dir_, step_), rank_.rank, rank_.world_size), mine,
-      &bytes);
-  shard_write_s_ += MonoNow() - start;
-  return s;
+      {"step", id.step}, {"rank", id.rank}, {"world", id.world}, {"run_id", id.run_id}}.dump();
+  return mine;
 }
 
 }  // namespace fullburn

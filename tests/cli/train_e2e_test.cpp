@@ -703,6 +703,48 @@ TEST_F(ShardedE2E, OneRankSaysShardingDoesNothingAndResumesAShardedCheckpoint) {
   EXPECT_EQ(Rank0Losses(Store()->GetRun("last").value().id).size(), 2u);  // steps 3 and 4
 }
 
+// The parts are written in the background: rank 1's part of step 4 cannot
+// be (a directory squats its name), so step 4's file is never written and
+// its other part is removed, the run says which rank failed and trains on,
+// and the checkpoints before and after are whole and resume.
+TEST_F(ShardedE2E, APartThatCannotBeWrittenLosesOnlyItsStep) {
+  std::string dir = testing::FreshTestDir("fb_parts_fail");
+  std::string main4 = CheckpointPath(dir, 4);
+  fs::create_directories(OptimizerShardPath(main4, 1, 2));
+  fs::create_directories(OptimizerShardPath(main4, 1, 2) + "/x");  // not removable by a rename
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",       "--",
+                                   FULLBURN_BIN, "train",  "-q",      "--store", store_};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  argv.insert(argv.end(), {"optim.name=adamw", "eval.at_end=false", "dist.shard=optimizer",
+                           "checkpoint.every_steps=2", "checkpoint.keep=5", "train.steps=6",
+                           "checkpoint.dir=" + dir});
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("rank 1: this rank's part of the checkpoint at step 4 failed"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("checkpoint at step 4 not written: rank 1 could not write its part"),
+            std::string::npos)
+      << o.err;
+  int64_t run = Store()->GetRun("last").value().id;
+  std::vector<int64_t> steps;
+  std::vector<CheckpointRecord> cks = Store()->LoadCheckpoints(run).value();
+  for (const CheckpointRecord& c : cks) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 6}));
+  EXPECT_FALSE(fs::exists(main4));
+  EXPECT_FALSE(fs::exists(OptimizerShardPath(main4, 0, 2)));
+  EXPECT_FALSE(fs::exists(OptimizerShardPath(main4, 1, 2) + ".failed"));
+  for (int64_t step : {2, 6}) {
+    auto whole = ReadCheckpointWithShards(CheckpointPath(dir, step));
+    EXPECT_TRUE(whole.ok()) << whole.status().message();
+  }
+  // The newest checkpoint resumes on 2 ranks.
+  int64_t resumed = Launch(2, kTiny,
+                           {"optim.name=adamw", "eval.at_end=false", "dist.shard=optimizer",
+                            "train.steps=8", "--resume", std::to_string(run)});
+  EXPECT_EQ(Rank0Losses(resumed).size(), 2u);  // steps 7 and 8
+}
+
 // A small GPT (token file, dropout, two micro-batches a step) on 3 and 2
 // ranks: 5 steps with each stage give the plain run's losses and weights.
 TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnThreeAndTwoRanks) {

@@ -309,6 +309,111 @@ TEST(Checkpoint, AsyncWriterKeepsTheNewestK) {
   EXPECT_TRUE(m["model.w"].equal(SampleState().tensors[0].second));
 }
 
+// A part as a rank writes it: its identity in the file's metadata.
+void WritePart(const std::string& main, const ShardIdentity& id, int rank) {
+  CheckpointState s = SampleState();
+  s.state_json = nlohmann::json{
+      {"step", id.step}, {"rank", rank}, {"world", id.world}, {"run_id", id.run_id}}.dump();
+  ASSERT_TRUE(WriteCheckpointFile(OptimizerShardPath(main, rank, id.world), s, nullptr).ok());
+}
+
+// Rank 0's wait before a sharded step's file: every part there (and only
+// parts of this checkpoint count), a rank's failure marker, a cancelled run
+// and a timeout each end it, the last three removing the step's parts.
+TEST(Checkpoint, RankZeroWritesAStepOnlyOnceEveryPartOfItLanded) {
+  std::string dir = testing::FreshTestDir("fb_ckpt_parts");
+  std::string main = CheckpointPath(dir, 4);
+  ShardIdentity id;
+  id.step = 4;
+  id.run_id = 9;
+  id.world = 3;
+  std::atomic<bool> cancel{false};
+  WritePart(main, id, 0);
+  WritePart(main, id, 2);
+  ShardIdentity stale = id;
+  stale.run_id = 8;  // another run's part under the same name
+  WritePart(main, stale, 1);
+  // Rank 1's part comes while rank 0 waits.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    WritePart(main, id, 1);
+  });
+  Status s = WaitForOptimizerShards(main, id, cancel, 60);
+  late.join();
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(std::filesystem::exists(OptimizerShardPath(main, 1, 3)));
+
+  // Only the stale part of rank 1: the wait goes on until cancelled.
+  std::string main6 = CheckpointPath(dir, 6);
+  id.step = 6;
+  stale.step = 6;
+  WritePart(main6, id, 0);
+  WritePart(main6, id, 2);
+  WritePart(main6, stale, 1);
+  std::thread stop([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    cancel = true;
+  });
+  s = WaitForOptimizerShards(main6, id, cancel, 60);
+  stop.join();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("the run stopped before every rank's part was written"),
+            std::string::npos)
+      << s.message();
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(std::filesystem::exists(OptimizerShardPath(main6, r, 3)));
+
+  // A rank's failure marker: the error names the rank and its reason.
+  cancel = false;
+  std::string main8 = CheckpointPath(dir, 8);
+  id.step = 8;
+  WritePart(main8, id, 0);
+  ShardIdentity one = id;
+  one.rank = 1;
+  MarkOptimizerShardFailed(OptimizerShardPath(main8, 1, 3), one, "No space left on device");
+  s = WaitForOptimizerShards(main8, id, cancel, 60);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("checkpoint at step 8 not written: rank 1 could not write its part "
+                             "(No space left on device)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_FALSE(std::filesystem::exists(OptimizerShardPath(main8, 0, 3)));
+  EXPECT_FALSE(std::filesystem::exists(OptimizerShardPath(main8, 1, 3) + ".failed"));
+
+  // A part that never comes (a checkpoint.dir the ranks do not share).
+  std::string main10 = CheckpointPath(dir, 10);
+  id.step = 10;
+  WritePart(main10, id, 0);
+  WritePart(main10, id, 1);
+  s = WaitForOptimizerShards(main10, id, cancel, 0.05);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 2's part"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("one checkpoint.dir they share"), std::string::npos) << s.message();
+  EXPECT_FALSE(std::filesystem::exists(OptimizerShardPath(main10, 0, 3)));
+}
+
+// The writer's path and pre-write hook: a hook's error is the Save's outcome
+// and no file is written; keep < 0 rotates nothing.
+TEST(Checkpoint, WriterHookCanHoldBackAFile) {
+  std::string dir = testing::FreshTestDir("fb_ckpt_hook");
+  std::vector<Status> outcomes;
+  {
+    CheckpointWriter w(dir, -1, true,
+                       [&](const CheckpointWriter::Written& x) { outcomes.push_back(x.status); });
+    w.SetPath([&](int64_t step) { return dir + "/part-" + std::to_string(step) + ".safetensors"; });
+    w.SetBeforeWrite([](int64_t step) {
+      return step == 2 ? Status::IoError("held back") : Status::Ok();
+    });
+    for (int step : {1, 2, 3, 4}) w.Save(step, SampleState());
+  }
+  ASSERT_EQ(outcomes.size(), 4u);
+  EXPECT_TRUE(outcomes[0].ok());
+  EXPECT_EQ(outcomes[1].message(), "held back");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/part-1.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/part-2.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/part-3.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/part-4.safetensors"));
+}
+
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
 TEST(HostMemory, FreedBlocksStayInTheProcessForReuse) {
   // 8 MiB: above glibc's default mmap threshold, so without KeepHostMemory a
