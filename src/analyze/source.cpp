@@ -52,28 +52,71 @@ uint32_t Le32(const unsigned char* p) {
   return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
 }
 
-// Raw deflate data, inflated by ISA-L's igzip where it was found (about 2x
-// zlib here, and inflating was a fifth of `fullburn analyze` on a real
-// trace), else by zlib. The input cursor is the caller's.
+// Raw deflate data into text. The input cursor is the caller's.
 class RawInflater {
  public:
   enum class Result { kOk, kEnd, kError };
+  virtual ~RawInflater() = default;
+  virtual bool ok() const = 0;
+  virtual void Reset() = 0;
+  // Inflates from *in into out; *in and *avail_in move past what was used.
+  virtual Result Inflate(const unsigned char** in, size_t* avail_in, char* out, size_t cap,
+                         size_t* produced, std::string* error) = 0;
+  // After kEnd: the bytes read past the deflate data (at most 8), in order.
+  virtual size_t TakeReadAhead(unsigned char* out) = 0;
+};
+
+class ZlibInflater : public RawInflater {
+ public:
+  ZlibInflater() {
+    std::memset(&zs_, 0, sizeof zs_);
+    ok_ = inflateInit2(&zs_, -15) == Z_OK;  // raw deflate: the wrapper is ours
+  }
+  ~ZlibInflater() override {
+    if (ok_) inflateEnd(&zs_);
+  }
+  ZlibInflater(const ZlibInflater&) = delete;
+  ZlibInflater& operator=(const ZlibInflater&) = delete;
+  bool ok() const override { return ok_; }
+  void Reset() override { inflateReset(&zs_); }
+  Result Inflate(const unsigned char** in, size_t* avail_in, char* out, size_t cap,
+                 size_t* produced, std::string* error) override {
+    zs_.next_in = const_cast<Bytef*>(*in);
+    zs_.avail_in = static_cast<uInt>(*avail_in);
+    zs_.next_out = reinterpret_cast<Bytef*>(out);
+    zs_.avail_out = static_cast<uInt>(cap);
+    int ret = inflate(&zs_, Z_NO_FLUSH);
+    *produced = cap - zs_.avail_out;
+    *in = zs_.next_in;
+    *avail_in = zs_.avail_in;
+    if (ret == Z_STREAM_END) return Result::kEnd;
+    if (ret == Z_OK || ret == Z_BUF_ERROR) return Result::kOk;
+    *error = zs_.msg ? zs_.msg : "zlib error " + std::to_string(ret);
+    return Result::kError;
+  }
+  // zlib stops exactly at the deflate data's end: nothing to give back.
+  size_t TakeReadAhead(unsigned char*) override { return 0; }
+
+ private:
+  z_stream zs_;
+  bool ok_ = false;
+};
+
 #ifdef FULLBURN_ISAL
-  RawInflater() {
+// ISA-L's igzip: about 2x zlib here (inflating was a fifth of `fullburn
+// analyze` on a real trace).
+class IsalInflater : public RawInflater {
+ public:
+  IsalInflater() { Reset(); }
+  bool ok() const override { return true; }
+  void Reset() override {
     isal_inflate_init(&st_);
     st_.crc_flag = ISAL_DEFLATE;
   }
-  bool ok() const { return true; }
-  void Reset() {
-    isal_inflate_reset(&st_);
-    st_.crc_flag = ISAL_DEFLATE;
-  }
-  // Inflates from *in into out; *in and *avail_in move past what was used.
   // At the deflate data's end igzip may have read on into the gzip trailer:
-  // those whole bytes are the top of its bit buffer, and TakeReadAhead
-  // hands them back.
+  // those whole bytes are the top of its bit buffer (TakeReadAhead).
   Result Inflate(const unsigned char** in, size_t* avail_in, char* out, size_t cap,
-                 size_t* produced, std::string* error) {
+                 size_t* produced, std::string* error) override {
     st_.next_in = const_cast<uint8_t*>(*in);
     st_.avail_in = static_cast<uint32_t>(*avail_in);
     st_.next_out = reinterpret_cast<uint8_t*>(out);
@@ -93,8 +136,7 @@ class RawInflater {
     }
     return Result::kEnd;
   }
-  // After kEnd: the bytes read past the deflate data (at most 8), in order.
-  size_t TakeReadAhead(unsigned char* out) {
+  size_t TakeReadAhead(unsigned char* out) override {
     size_t n = static_cast<size_t>(st_.read_in_length) / 8;
     uint64_t bits = st_.read_in >> (st_.read_in_length % 8);
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>(bits >> (8 * i));
@@ -105,52 +147,31 @@ class RawInflater {
 
  private:
   inflate_state st_;
-#else
-  RawInflater() {
-    std::memset(&zs_, 0, sizeof zs_);
-    ok_ = inflateInit2(&zs_, -15) == Z_OK;  // raw deflate: the wrapper is ours
-  }
-  ~RawInflater() {
-    if (ok_) inflateEnd(&zs_);
-  }
-  bool ok() const { return ok_; }
-  void Reset() { inflateReset(&zs_); }
-  Result Inflate(const unsigned char** in, size_t* avail_in, char* out, size_t cap,
-                 size_t* produced, std::string* error) {
-    zs_.next_in = const_cast<Bytef*>(*in);
-    zs_.avail_in = static_cast<uInt>(*avail_in);
-    zs_.next_out = reinterpret_cast<Bytef*>(out);
-    zs_.avail_out = static_cast<uInt>(cap);
-    int ret = inflate(&zs_, Z_NO_FLUSH);
-    *produced = cap - zs_.avail_out;
-    *in = zs_.next_in;
-    *avail_in = zs_.avail_in;
-    if (ret == Z_STREAM_END) return Result::kEnd;
-    if (ret == Z_OK || ret == Z_BUF_ERROR) return Result::kOk;
-    *error = zs_.msg ? zs_.msg : "zlib error " + std::to_string(ret);
-    return Result::kError;
-  }
-  // zlib stops exactly at the deflate data's end: nothing to give back.
-  size_t TakeReadAhead(unsigned char*) { return 0; }
-
- private:
-  z_stream zs_;
-  bool ok_ = false;
-#endif
-  RawInflater(const RawInflater&) = delete;
-  RawInflater& operator=(const RawInflater&) = delete;
 };
+#endif
+
+std::unique_ptr<RawInflater> MakeInflater(Inflater which) {
+#ifdef FULLBURN_ISAL
+  if (which == Inflater::kFastest) return std::make_unique<IsalInflater>();
+#endif
+  (void)which;
+  return std::make_unique<ZlibInflater>();
+}
 
 // Inflates member after member (a gzip file may be several concatenated).
 // The gzip header and trailer are read here, so the checksum is computed
 // once, by Crc32, and still verified.
 class GzipSource : public ByteSource {
  public:
-  GzipSource(File f, std::string path)
-      : f_(std::move(f)), path_(std::move(path)), in_(1 << 18), next_in_(in_.data()) {}
+  GzipSource(File f, std::string path, Inflater which)
+      : f_(std::move(f)),
+        path_(std::move(path)),
+        in_(1 << 18),
+        next_in_(in_.data()),
+        inflater_(MakeInflater(which)) {}
 
   Result<size_t> Read(char* buf, size_t cap) override {
-    if (!inflater_.ok()) return Status::Internal(path_ + ": the inflater (zlib) could not start");
+    if (!inflater_->ok()) return Status::Internal(path_ + ": the inflater (zlib) could not start");
     for (;;) {
       if (state_ == State::kEnd) return size_t{0};
       if (state_ == State::kHeader) {
@@ -171,12 +192,12 @@ class GzipSource : public ByteSource {
       }
       size_t produced = 0;
       std::string error;
-      RawInflater::Result ret = inflater_.Inflate(&next_in_, &avail_in_, buf, cap, &produced, &error);
+      RawInflater::Result ret = inflater_->Inflate(&next_in_, &avail_in_, buf, cap, &produced, &error);
       crc_ = Crc32(crc_, reinterpret_cast<const unsigned char*>(buf), produced);
       size_ += produced;
       if (ret == RawInflater::Result::kEnd) {
         unsigned char ahead[8];
-        PutBack(ahead, inflater_.TakeReadAhead(ahead));
+        PutBack(ahead, inflater_->TakeReadAhead(ahead));
         // Checked now, with the member's last bytes: the reader stops at the
         // text's closing brace and may never ask again.
         if (Status s = ReadTrailer(); !s.ok()) return s;
@@ -272,7 +293,7 @@ class GzipSource : public ByteSource {
       if (more = Need(2); !more.ok() || !*more) return more.ok() ? Truncated() : more.status();
       Consume(2);
     }
-    inflater_.Reset();
+    inflater_->Reset();
     crc_ = 0;
     size_ = 0;
     state_ = State::kBody;
@@ -298,7 +319,7 @@ class GzipSource : public ByteSource {
   std::vector<unsigned char> in_;
   const unsigned char* next_in_;
   size_t avail_in_ = 0;
-  RawInflater inflater_;
+  std::unique_ptr<RawInflater> inflater_;
   State state_ = State::kHeader;
   uint32_t crc_ = 0;
   uint64_t size_ = 0;
@@ -306,7 +327,7 @@ class GzipSource : public ByteSource {
 
 }  // namespace
 
-Result<std::unique_ptr<ByteSource>> OpenSource(const std::string& path) {
+Result<std::unique_ptr<ByteSource>> OpenSource(const std::string& path, Inflater inflater) {
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) {
     int err = errno;
@@ -319,7 +340,7 @@ Result<std::unique_ptr<ByteSource>> OpenSource(const std::string& path) {
   if (std::fseek(f.get(), 0, SEEK_SET) != 0)
     return Status::IoError(path + ": cannot seek: " + std::strerror(errno));
   if (n == 2 && magic[0] == 0x1f && magic[1] == 0x8b)
-    return std::unique_ptr<ByteSource>(new GzipSource(std::move(f), path));
+    return std::unique_ptr<ByteSource>(new GzipSource(std::move(f), path, inflater));
   return std::unique_ptr<ByteSource>(new PlainSource(std::move(f), path));
 }
 

@@ -17,7 +17,12 @@ class ByteSource {
   virtual Result<size_t> Read(char* buf, size_t cap) = 0;
 };
 
+// Which library inflates gzip: ISA-L's igzip where the build found it (else
+// zlib), or zlib (the tests read every gzip case with both).
+enum class Inflater { kFastest, kZlib };
+
 // gzip is recognized by its magic bytes (1f 8b), whatever the file's name.
-Result<std::unique_ptr<ByteSource>> OpenSource(const std::string& path);
+Result<std::unique_ptr<ByteSource>> OpenSource(const std::string& path,
+                                               Inflater inflater = Inflater::kFastest);
 
 }  // namespace fullburn::analyze

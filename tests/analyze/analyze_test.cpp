@@ -4,6 +4,8 @@
 // bitmap, not the library's interval code), bad inputs, and the command.
 #include "fullburn/analyze.h"
 
+#include "../../src/analyze/source.h"  // the gzip reader with each inflater
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <zlib.h>
@@ -21,6 +23,8 @@ namespace fullburn {
 namespace {
 
 using nlohmann::json;
+using analyze::Inflater;
+using analyze::OpenSource;
 namespace fs = std::filesystem;
 
 const std::string kFixtures = ANALYZE_FIXTURES;
@@ -538,6 +542,74 @@ TEST(Analyze, GzipMembersWithEveryHeaderFieldAndPadding) {
   RankReport r = Analyze(path);
   EXPECT_DOUBLE_EQ(r.temporal.span_us, 290);
   EXPECT_DOUBLE_EQ(r.temporal.idle_us, 90);
+}
+
+// The gzip reader with each inflater (ISA-L's igzip where built, and zlib):
+// the same text from several members with every header field, padding, a
+// text of many read blocks read a little at a time, and the same errors for
+// a cut stream, a cut trailer and a flipped checksum.
+std::string ReadAll(const std::string& path, Inflater which, size_t cap, std::string* error) {
+  auto src = OpenSource(path, which);
+  if (!src.ok()) {
+    *error = src.status().message();
+    return "";
+  }
+  std::string out, buf(cap, '\0');
+  for (;;) {
+    Result<size_t> n = (*src)->Read(buf.data(), cap);
+    if (!n.ok()) {
+      *error = n.status().message();
+      return out;
+    }
+    if (*n == 0) return out;
+    out.append(buf.data(), *n);
+  }
+}
+
+TEST(Analyze, BothInflatersReadEveryGzipCaseAlike) {
+  std::string text;
+  for (int i = 0; text.size() < (3u << 20); ++i)
+    text += "{\"name\": \"kernel_" + std::to_string(i * 7919 % 100003) + "\", \"ts\": " +
+            std::to_string(i) + "},\n";
+  std::string first = TempPath("m1.gz"), second = TempPath("m2.gz");
+  WriteGzip(first, text.substr(0, text.size() / 3));
+  WriteGzip(second, text.substr(text.size() / 3));
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  std::string a = bytes(first), b = bytes(second);
+  std::string header = b.substr(0, 10);
+  header[3] = static_cast<char>(2 | 4 | 8 | 16);
+  header += std::string("\x02\x00", 2) + "xy" + std::string("n.json\0", 7) +
+            std::string("c\0", 2) + std::string("\x00\x00", 2);
+  std::string joined = a + header + b.substr(10) + std::string(9, '\0');
+  struct Case {
+    std::string name, file, want_error;
+  };
+  std::vector<Case> cases = {{"joined", joined, ""},
+                             {"cut", a.substr(0, a.size() / 2), "truncated gzip"},
+                             {"cut trailer", a.substr(0, a.size() - 5), "truncated gzip"}};
+  std::string flipped = a;
+  flipped[flipped.size() - 7] ^= 0x04;
+  cases.push_back({"flipped", flipped, "gzip checksum mismatch"});
+  for (const Case& c : cases) {
+    std::string path = TempPath("case.json.gz");
+    WriteFile(path, c.file);
+    for (Inflater which : {Inflater::kFastest, Inflater::kZlib})
+      for (size_t cap : {size_t{997}, size_t{1} << 18}) {
+        std::string error;
+        std::string got = ReadAll(path, which, cap, &error);
+        std::string label = c.name + (which == Inflater::kZlib ? " zlib " : " fastest ") +
+                            std::to_string(cap);
+        if (c.want_error.empty()) {
+          EXPECT_EQ(error, "") << label;
+          EXPECT_TRUE(got == text) << label << ": " << got.size() << " of " << text.size();
+        } else {
+          EXPECT_NE(error.find(c.want_error), std::string::npos) << label << ": " << error;
+        }
+      }
+  }
 }
 
 // Names full of quotes, backslashes and brackets, at every offset, over
