@@ -107,6 +107,14 @@ class DataParallel {
   // buffer. After each rank updated the parameters it owns.
   Status BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
                              const std::vector<int>& owner);
+  // The same, started and not waited for (dist.shard = full's prefetch):
+  // every rank starts the same ones in the same order, and FinishBroadcast
+  // (which every started one needs, on every rank) fills `tensors`, each
+  // held at its full shape. The owners' values are copied when it starts.
+  struct PendingBroadcast;
+  std::unique_ptr<PendingBroadcast, void (*)(PendingBroadcast*)> StartBroadcastFromOwners(
+      const std::vector<torch::Tensor>& tensors, const std::vector<int>& owner);
+  Status FinishBroadcast(PendingBroadcast* pending);
   // True on every rank if `local` is true on any (inf/NaN found, out of memory).
   Result<bool> AnyRank(bool local);
   // The smallest value over ranks (a batch size every rank can hold).

@@ -543,6 +543,74 @@ Status DataParallel::BroadcastFromOwners(const std::vector<torch::Tensor>& tenso
   return Status::Ok();
 }
 
+struct DataParallel::PendingBroadcast {
+  struct Part {
+    std::vector<torch::Tensor> group;  // filled from `flat` unless this rank is the root
+    torch::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+    bool mine = false;
+  };
+  std::vector<Part> parts;
+  std::string error;  // starting failed (a rank lost): FinishBroadcast reports it
+};
+
+std::unique_ptr<DataParallel::PendingBroadcast, void (*)(DataParallel::PendingBroadcast*)>
+DataParallel::StartBroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
+                                       const std::vector<int>& owner) {
+  std::unique_ptr<PendingBroadcast, void (*)(PendingBroadcast*)> pending(
+      new PendingBroadcast, [](PendingBroadcast* p) { delete p; });
+  try {
+    torch::NoGradGuard no_grad;
+    const int me = rank();
+    for (int root = 0; root < world_size(); ++root) {
+      std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
+      for (size_t i = 0; i < tensors.size(); ++i)
+        if (owner[i] == root) by_type[tensors[i].scalar_type()].push_back(tensors[i]);
+      for (auto& [type, group] : by_type) {
+        PendingBroadcast::Part part;
+        part.mine = me == root;
+        int64_t total = 0;
+        for (const torch::Tensor& t : group) total += t.numel();
+        if (part.mine) {
+          std::vector<torch::Tensor> pieces;
+          for (const torch::Tensor& t : group) pieces.push_back(t.detach().reshape(-1));
+          part.flat = torch::cat(pieces);
+        } else {
+          part.flat = torch::empty({total}, group[0].options());
+        }
+        std::vector<torch::Tensor> one = {part.flat};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = root;
+        part.work = impl_->group->broadcast(one, opts);
+        part.group = std::move(group);
+        pending->parts.push_back(std::move(part));
+      }
+    }
+  } catch (const std::exception& e) {
+    pending->error = e.what();
+  }
+  return pending;
+}
+
+Status DataParallel::FinishBroadcast(PendingBroadcast* pending) {
+  try {
+    if (!pending->error.empty()) throw std::runtime_error(pending->error);
+    torch::NoGradGuard no_grad;
+    for (PendingBroadcast::Part& part : pending->parts) {
+      part.work->wait();
+      if (part.mine) continue;
+      int64_t offset = 0;
+      for (torch::Tensor& t : part.group) {
+        t.detach().copy_(part.flat.narrow(0, offset, t.numel()).view(t.sizes()));
+        offset += t.numel();
+      }
+    }
+  } catch (const std::exception& e) {
+    return impl_->Lost(e);
+  }
+  return Status::Ok();
+}
+
 Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
   Impl& m = *impl_;
   if (!m.params.empty()) return Status::InvalidArgument("DataParallel::Attach called twice");

@@ -210,6 +210,11 @@ const std::vector<OptionDef>& TrainOptions() {
        "blocks). Each rank writes its part of a checkpoint beside the step's file; any world "
        "size resumes it. none: every rank keeps everything",
        "none|optimizer|gradients|full"},
+      {"dist.prefetch", T::kBool, "false",
+       "dist.shard = full: start the next block's gather while a block computes (forward up the "
+       "blocks, backward's recomputes down), as FSDP's prefetch does; a rank then holds two "
+       "blocks at a time. Off until measured where it pays (ranks on GPUs of their own, NCCL): "
+       "on 2 busy CPU ranks it gained nothing (docs/benchmarks.md)"},
       {"dist.offload", T::kString, "none",
        "optimizer: the optimizer state (of the parameters this rank updates) and its update in "
        "host memory, for a GPU whose memory is the limit: each step copies the gradients to the "

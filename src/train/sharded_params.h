@@ -11,8 +11,15 @@
 //   gathered: autograd accumulates its gradients after the block returns),
 //   then fills `params` from their owners. Throws std::runtime_error with
 //   DataParallel's one-line message when a rank is lost.
-// - Release and ReleaseAll only free memory (no communication): the trainer
-//   calls ReleaseAll after each optimizer step and after an evaluation.
+// - Prefetch (SetBlocks with prefetch on): once a block is filled, the next
+//   block's broadcast starts, so it travels while this block computes; the
+//   next is guessed from the order of the last two gathers (forward goes up
+//   the blocks, backward's recomputes come down). Every rank guesses alike,
+//   so the collectives still meet; a wrong guess is finished and dropped.
+//   A rank then holds two blocks at a time.
+// - Release and ReleaseAll only free memory (no communication but finishing
+//   a prefetch every rank started): the trainer calls ReleaseAll after each
+//   optimizer step and after an evaluation.
 // - held_bytes(): the parameter bytes this rank holds now.
 // - Training thread and autograd's (backward runs on one thread at a time).
 #pragma once
@@ -33,10 +40,11 @@ int64_t TensorBytes(const std::vector<torch::Tensor>& tensors);
 
 // A model's parameters as Model::SetParameterGather's blocks split them:
 // those in blocks (in block order), those outside (held for the step, used
-// first), and the largest block's bytes.
+// first), the largest block's bytes and the most two blocks in a row hold
+// (a block and the one a prefetch fills beside it).
 struct BlockSplit {
   std::vector<torch::Tensor> inside, outside;
-  int64_t largest_block_bytes = 0;
+  int64_t largest_block_bytes = 0, largest_pair_bytes = 0;
 };
 BlockSplit SplitByBlocks(const torch::nn::Module& model,
                          const std::vector<std::vector<torch::Tensor>>& blocks);
@@ -46,18 +54,24 @@ class ShardedParameters : public ParameterGather {
   // `params` and `owner` as DataParallel::ShardOwners gives them.
   ShardedParameters(DataParallel* dp, const std::vector<torch::Tensor>& params,
                     const std::vector<int>& owner);
-  // The parameters Model::SetParameterGather named: released by the next
-  // block's Gather; the others only by ReleaseAll.
-  void SetBlockParameters(const std::vector<torch::Tensor>& in_blocks);
+  // The blocks Model::SetParameterGather named, in forward order: their
+  // parameters are released by another block's Gather (the others only by
+  // ReleaseAll), and with `prefetch` the next block's broadcast starts as
+  // soon as a block is filled.
+  void SetBlocks(const std::vector<std::vector<torch::Tensor>>& blocks, bool prefetch);
   bool Owns(const torch::Tensor& p) const;
   void Gather(const std::vector<torch::Tensor>& params) override;
   void Release(const std::vector<torch::Tensor>& params) override;
   void ReleaseAll();
   int64_t held_bytes() const;
   int64_t total_numel() const;  // every parameter's elements, gathered or not
-  // The most parameter bytes one Gather fills (the largest block's, or the
-  // parameters outside blocks): what a rank holds above its share at a time.
+  // The most parameter bytes one Gather fills (the largest block's, with a
+  // prefetch the next block's too, or the parameters outside blocks): what a
+  // rank holds above its share at a time.
   int64_t largest_gather_bytes() const { return largest_gather_bytes_; }
+  // Block gathers so far, and those a prefetch had already filled.
+  int64_t block_gathers() const { return block_gathers_; }
+  int64_t prefetched_gathers() const { return prefetched_gathers_; }
 
  private:
   struct Slot {
@@ -69,11 +83,25 @@ class ShardedParameters : public ParameterGather {
   };
   Slot* Find(const torch::Tensor& p);
   void Free(Slot& s);
+  int BlockOf(const std::vector<torch::Tensor>& params);
+  int NextBlock(int block) const;
+  static void Allocate(const std::vector<Slot*>& slots, std::vector<torch::Tensor>* tensors,
+                       std::vector<int>* owners);
+  void FinishPrefetch(bool keep);
+  std::vector<Slot*> BlockSlots(int block);
 
   DataParallel* dp_;
   std::vector<Slot> slots_;
   std::unordered_map<const void*, size_t> index_;  // by TensorImpl
   int64_t largest_gather_bytes_ = 0;
+  std::vector<std::vector<size_t>> blocks_;  // slot indices, forward order
+  std::vector<int> block_of_;                // by slot; -1 outside blocks
+  bool prefetch_ = false;
+  int last_block_ = -1, before_last_block_ = -1;
+  int pending_block_ = -1;
+  std::unique_ptr<DataParallel::PendingBroadcast, void (*)(DataParallel::PendingBroadcast*)>
+      pending_{nullptr, nullptr};
+  int64_t block_gathers_ = 0, prefetched_gathers_ = 0;
 };
 
 }  // namespace fullburn

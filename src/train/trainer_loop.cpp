@@ -371,6 +371,9 @@ Status Trainer::Loop() {
                                                      : TensorBytes(ctx_.model->parameters())},
                      {"largest_gather_bytes",
                       params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
+                     {"block_gathers", params_sharded_ ? params_sharded_->block_gathers() : 0},
+                     {"prefetched_gathers",
+                      params_sharded_ ? params_sharded_->prefetched_gathers() : 0},
                      {"shard", cfg_.Str("dist.shard")},
                      {"offloaded", optim_->offloaded()},  // state_bytes then in host memory
                      {"shard_write_s", shard_write_s_},  // the loop blocked for its parts

@@ -76,7 +76,9 @@ Status Trainer::ProbeMemory(int64_t batch) {
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
   if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
     BlockSplit split = SplitByBlocks(*ctx_.model, blocks);
-    m.gather_bytes = TensorBytes(split.outside) + split.largest_block_bytes;
+    m.gather_bytes = TensorBytes(split.outside) + (cfg_.Bool("dist.prefetch")
+                                                        ? split.largest_pair_bytes
+                                                        : split.largest_block_bytes);
   }
   CountOtherMemory(m);
   // Half and all of `batch`: the run's own micro-batch at start, so the line

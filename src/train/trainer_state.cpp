@@ -285,7 +285,7 @@ Status Trainer::ShardStates() {
           " has no blocks to gather: use dist.shard = gradients, or a model with blocks (gpt, "
           "resnet18, resnet50, mlp)");
     }
-    params_sharded_->SetBlockParameters(SplitByBlocks(*ctx_.model, blocks).inside);
+    params_sharded_->SetBlocks(blocks, cfg_.Bool("dist.prefetch"));
     model_gather_ = params_sharded_;
     params_sharded_->ReleaseAll();  // each rank keeps its own parameters only
   }

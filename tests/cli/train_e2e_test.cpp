@@ -762,13 +762,30 @@ TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnThreeAndTwoRanks) {
     plain = Launch(ranks, base, {"dist.shard=none"});
     std::vector<double> a = Rank0Losses(plain);
     ASSERT_EQ(a.size(), 5u);
-    for (const char* shard : {"optimizer", "gradients", "full"}) {
-      SCOPED_TRACE(std::string(shard) + " on " + std::to_string(ranks) + " ranks");
-      int64_t sharded = Launch(ranks, base, {std::string("dist.shard=") + shard});
+    // full twice: with the next block's gather started while one computes
+    // (dist.prefetch), and each block gathered when used (the default; the
+    // last run, for export-weights below).
+    for (std::string shard : {"optimizer", "gradients", "full:prefetch", "full"}) {
+      SCOPED_TRACE(shard + " on " + std::to_string(ranks) + " ranks");
+      const bool prefetch = shard == "full:prefetch";
+      std::vector<std::string> args = {"dist.shard=" + shard.substr(0, shard.find(':'))};
+      if (prefetch) args.push_back("dist.prefetch=true");
+      int64_t sharded = Launch(ranks, base, args);
       std::vector<double> b = Rank0Losses(sharded);
       ASSERT_EQ(b.size(), 5u);
       for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
       ExpectSameState(plain, sharded);
+      if (shard.rfind("full", 0) != 0) continue;
+      // 5 steps of 2 micro-batches, each gathering both blocks twice
+      // (forward 0, 1; backward's recomputes 1, 0): with prefetch the second
+      // of each pass was already filled, 2 (blocks - 1) per micro-batch.
+      auto held = Held(sharded);
+      ASSERT_EQ(held.size(), static_cast<size_t>(ranks));
+      for (auto& [rank, j] : held) {
+        EXPECT_EQ(j["block_gathers"].get<int64_t>(), 5 * 2 * 4) << "rank " << rank;
+        EXPECT_EQ(j["prefetched_gathers"].get<int64_t>(), prefetch ? 5 * 2 * 2 : 0)
+            << "rank " << rank;
+      }
     }
   }
   // With full, the weights are only in the ranks' parts: export-weights
