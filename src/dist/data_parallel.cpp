@@ -504,45 +504,6 @@ std::vector<int> DataParallel::ShardOwners(const std::vector<torch::Tensor>& par
   return owner;
 }
 
-Status DataParallel::BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
-                                         const std::vector<int>& owner) {
-  try {
-    torch::NoGradGuard no_grad;
-    const int me = rank();
-    for (int root = 0; root < world_size(); ++root) {
-      // One buffer per dtype (a bf16 model's float32 norms, say).
-      std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
-      for (size_t i = 0; i < tensors.size(); ++i)
-        if (owner[i] == root) by_type[tensors[i].scalar_type()].push_back(tensors[i]);
-      for (auto& [type, group] : by_type) {
-        int64_t total = 0;
-        for (const torch::Tensor& t : group) total += t.numel();
-        torch::Tensor flat;
-        if (me == root) {
-          std::vector<torch::Tensor> pieces;
-          for (const torch::Tensor& t : group) pieces.push_back(t.detach().reshape(-1));
-          flat = torch::cat(pieces);
-        } else {
-          flat = torch::empty({total}, group[0].options());
-        }
-        std::vector<torch::Tensor> one = {flat};
-        c10d::BroadcastOptions opts;
-        opts.rootRank = root;
-        impl_->group->broadcast(one, opts)->wait();
-        if (me == root) continue;
-        int64_t offset = 0;
-        for (const torch::Tensor& t : group) {
-          t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-          offset += t.numel();
-        }
-      }
-    }
-  } catch (const std::exception& e) {
-    return impl_->Lost(e);
-  }
-  return Status::Ok();
-}
-
 struct DataParallel::PendingBroadcast {
   struct Part {
     std::vector<torch::Tensor> group;  // filled from `flat` unless this rank is the root
@@ -609,6 +570,11 @@ Status DataParallel::FinishBroadcast(PendingBroadcast* pending) {
     return impl_->Lost(e);
   }
   return Status::Ok();
+}
+
+Status DataParallel::BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
+                                         const std::vector<int>& owner) {
+  return FinishBroadcast(StartBroadcastFromOwners(tensors, owner).get());
 }
 
 Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
