@@ -328,6 +328,8 @@ class CheckpointWriter {
 
  private:
   void Write(int64_t step, CheckpointState state, double stall_s);
+  void Failed(int64_t step, double stall_s, const Status& s);
+  std::string PathOf(int64_t step) const;
   void RecordLocked(const Status& s);  // the latest outcome, and the first failure (mu_ held)
   torch::Tensor& Staging(const std::string& name, const torch::Tensor& like);
   void Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors, bool parallel);

@@ -171,7 +171,7 @@ class GzipSource : public ByteSource {
         inflater_(MakeInflater(which)) {}
 
   Result<size_t> Read(char* buf, size_t cap) override {
-    if (!inflater_->ok()) return Status::Internal(path_ + ": the inflater (zlib) could not start");
+    if (!inflater_->ok()) return Status::Internal(path_ + ": the gzip inflater could not start");
     for (;;) {
       if (state_ == State::kEnd) return size_t{0};
       if (state_ == State::kHeader) {

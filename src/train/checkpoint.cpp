@@ -227,7 +227,11 @@ Status WaitForOptimizerShards(const std::string& checkpoint_path, const ShardIde
   const double start = Now();
   std::vector<bool> landed(static_cast<size_t>(id.world), false);
   auto fail = [&](const std::string& why) {
-    RemoveOptimizerShards(checkpoint_path);
+    for (int r = 0; r < id.world; ++r) {  // this world's parts only: a name other runs do not share
+      std::string part = OptimizerShardPath(checkpoint_path, r, id.world);
+      ::unlink(part.c_str());
+      ::unlink((part + ".failed").c_str());
+    }
     return Status::IoError("checkpoint at step " + std::to_string(id.step) + " not written: " + why);
   };
   for (;;) {
@@ -258,6 +262,28 @@ Status WaitForOptimizerShards(const std::string& checkpoint_path, const ShardIde
                   " s: with dist.shard every rank must write into one checkpoint.dir they share");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+// Parts (and their markers and temporary files) of steps before `newest`
+// that have no step file: left by a checkpoint that failed while a rank was
+// still writing its part. Checkpoints are written one at a time, so such a
+// step will never get its file.
+static void RemoveOrphanShards(const std::string& dir, int64_t newest) {
+  std::vector<std::string> doomed;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      size_t mark = name.find(".optim-");
+      if (name.rfind("step-", 0) != 0 || mark == std::string::npos) continue;
+      std::string digits = name.substr(5, mark - 5);
+      if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+      int64_t step = std::stoll(digits);
+      if (step < newest && ::access(CheckpointPath(dir, step).c_str(), F_OK) != 0)
+        doomed.push_back(dir + "/" + name);
+    }
+    ::closedir(d);
+  }
+  for (const std::string& p : doomed) ::unlink(p.c_str());
 }
 
 std::vector<std::string> ListCheckpoints(const std::string& dir) {
@@ -353,9 +379,9 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         staged_ = true;
-        RecordLocked(Status::IoError(std::string("checkpoint staging failed: ") + e.what()));
       }
       staged_cv_.notify_all();
+      Failed(step, stall, Status::IoError(std::string("checkpoint staging failed: ") + e.what()));
       return;
     }
     {
@@ -368,8 +394,7 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
     try {
       Write(step, std::move(s), stall);
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mu_);
-      RecordLocked(Status::IoError(std::string("checkpoint write failed: ") + e.what()));
+      Failed(step, stall, Status::IoError(std::string("checkpoint write failed: ") + e.what()));
     }
   };
   if (async_) {
@@ -403,15 +428,33 @@ double CheckpointWriter::BeforeUpdate() {
 
 void CheckpointWriter::SetPath(std::function<std::string(int64_t)> path) { path_ = std::move(path); }
 
+std::string CheckpointWriter::PathOf(int64_t step) const {
+  return path_ ? path_(step) : CheckpointPath(dir_, step);
+}
+
+// A write that threw: recorded, and told to `done` like any other outcome
+// (a sharded rank's callback leaves the marker rank 0 waits for).
+void CheckpointWriter::Failed(int64_t step, double stall_s, const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RecordLocked(s);
+  }
+  if (done_) done_(Written{step, PathOf(step), 0, stall_s, 0, s});
+}
+
 void CheckpointWriter::SetBeforeWrite(std::function<Status(int64_t)> hook) {
   before_write_ = std::move(hook);
 }
 
 void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s) {
   double start = Now();
-  Written w{step, path_ ? path_(step) : CheckpointPath(dir_, step), 0, stall_s, 0, Status::Ok()};
+  Written w{step, PathOf(step), 0, stall_s, 0, Status::Ok()};
   if (before_write_) w.status = before_write_(step);
-  if (w.status.ok()) w.status = WriteCheckpointFile(w.path, state, &w.bytes);
+  if (w.status.ok()) {
+    w.status = WriteCheckpointFile(w.path, state, &w.bytes);
+    // The parts the hook waited for: no step file will name them.
+    if (!w.status.ok() && before_write_) RemoveOptimizerShards(w.path);
+  }
   w.write_s = Now() - start;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -430,6 +473,7 @@ void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s
         ::unlink(path.c_str());
         RemoveOptimizerShards(path);  // a sharded run's state beside it
       }
+    RemoveOrphanShards(dir_, step);
   }
   if (done_) done_(w);
 }

@@ -345,10 +345,12 @@ Status Trainer::OpenCheckpoints() {
       return OptimizerShardPath(CheckpointPath(dir, step), id.rank, id.world);
     });
     if (rank_.rank == 0) {
-      constexpr double kPartWaitS = 300;
-      ckpt_->SetBeforeWrite([this, dir, id](int64_t step) mutable {
+      // As long as the ranks wait for each other anywhere: a part later than
+      // that is a rank gone or a folder the ranks do not share.
+      const double wait_s = cfg_.Float("dist.timeout_s");
+      ckpt_->SetBeforeWrite([this, dir, id, wait_s](int64_t step) mutable {
         id.step = step;
-        return WaitForOptimizerShards(CheckpointPath(dir, step), id, parts_cancel_, kPartWaitS);
+        return WaitForOptimizerShards(CheckpointPath(dir, step), id, parts_cancel_, wait_s);
       });
     }
   }

@@ -391,6 +391,33 @@ TEST(Checkpoint, RankZeroWritesAStepOnlyOnceEveryPartOfItLanded) {
   EXPECT_FALSE(std::filesystem::exists(OptimizerShardPath(main10, 0, 3)));
 }
 
+// A part that landed after its step failed (no step file will name it) is
+// removed when a later checkpoint is written; parts beside a step file, and
+// those of a step not yet written, stay.
+TEST(Checkpoint, PartsOfAStepThatFailedGoWithTheNextCheckpoint) {
+  std::string dir = testing::FreshTestDir("fb_ckpt_orphans");
+  ShardIdentity id;
+  id.run_id = 3;
+  id.world = 2;
+  for (int64_t step : {2, 3, 9}) {
+    id.step = step;
+    for (int r = 0; r < 2; ++r) WritePart(CheckpointPath(dir, step), id, r);
+  }
+  ASSERT_TRUE(WriteCheckpointFile(CheckpointPath(dir, 2), SampleState(), nullptr).ok());
+  std::ofstream(OptimizerShardPath(CheckpointPath(dir, 3), 1, 2) + ".failed") << "{}";
+  {
+    CheckpointWriter w(dir, 10, true, nullptr);
+    w.Save(5, SampleState());
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(OptimizerShardPath(CheckpointPath(dir, 2), r, 2)));
+    EXPECT_FALSE(std::filesystem::exists(OptimizerShardPath(CheckpointPath(dir, 3), r, 2)));
+    EXPECT_TRUE(std::filesystem::exists(OptimizerShardPath(CheckpointPath(dir, 9), r, 2)));
+  }
+  EXPECT_FALSE(std::filesystem::exists(OptimizerShardPath(CheckpointPath(dir, 3), 1, 2) + ".failed"));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointPath(dir, 5)));
+}
+
 // The writer's path and pre-write hook: a hook's error is the Save's outcome
 // and no file is written; keep < 0 rotates nothing.
 TEST(Checkpoint, WriterHookCanHoldBackAFile) {
