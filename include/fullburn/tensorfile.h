@@ -70,6 +70,9 @@ struct TensorFile {
   const uint8_t* Data(const TensorFileEntry& e) const { return bytes.data() + data_start + e.offset; }
 };
 Result<TensorFile> ReadTensorFile(const std::string& path);
+// The `__metadata__` strings alone, from the header (the data is neither
+// read nor verified): to tell which file it is, cheaply.
+Result<std::map<std::string, std::string>> ReadTensorFileMetadata(const std::string& path);
 
 // An asynchronous save: the caller fills the job's stage buffers (one per
 // tensor, allocated by TensorFileSaver::NewJob), then Start()s it; the

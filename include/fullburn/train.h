@@ -276,6 +276,8 @@ struct ShardIdentity {
   int64_t step = -1, run_id = -1;
   int rank = -1, world = -1;
 };
+// The identity as a part's metadata holds it.
+std::string ShardIdentityJson(const ShardIdentity& id);
 // The marker a rank leaves beside its part when writing it failed
 // (PART.failed, holding the identity and why), for rank 0 to read.
 void MarkOptimizerShardFailed(const std::string& part_path, const ShardIdentity& id,

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <nlohmann/json.hpp>
 
@@ -111,6 +112,33 @@ Status WriteTensorFile(const std::string& path, const std::vector<TensorRecord>&
   return Status::Ok();
 }
 
+// The header's `__metadata__` as strings (others dumped as JSON).
+static Status MetadataOf(const nlohmann::json& header, const std::string& path,
+                  std::map<std::string, std::string>* out) {
+  if (!header.contains("__metadata__")) return Status::Ok();
+  const auto& meta = header["__metadata__"];
+  if (!meta.is_object()) return Corrupt(path, "__metadata__ is not an object");
+  for (const auto& [key, value] : meta.items())
+    (*out)[key] = value.is_string() ? value.get<std::string>() : value.dump();
+  return Status::Ok();
+}
+
+Result<std::map<std::string, std::string>> ReadTensorFileMetadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open " + path);
+  uint64_t hlen = 0;
+  if (!in.read(reinterpret_cast<char*>(&hlen), 8)) return Corrupt(path, "shorter than its header");
+  if (hlen > (uint64_t{100} << 20)) return Corrupt(path, "header larger than 100 MB");
+  std::string text(static_cast<size_t>(hlen), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(hlen)))
+    return Corrupt(path, "header runs past the end");
+  auto header = nlohmann::json::parse(text, nullptr, false);
+  if (!header.is_object()) return Corrupt(path, "header is not safetensors JSON");
+  std::map<std::string, std::string> out;
+  if (Status s = MetadataOf(header, path, &out); !s.ok()) return s;
+  return out;
+}
+
 Result<TensorFile> ReadTensorFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::NotFound(Errno("cannot open " + path));
@@ -144,12 +172,7 @@ Result<TensorFile> ReadTensorFile(const std::string& path) {
   if (!header.is_object()) return Corrupt(path, "header is not safetensors JSON");
   out.data_start = 8 + hlen;
   uint64_t data_bytes = out.bytes.size() - out.data_start;
-  if (header.contains("__metadata__")) {
-    const auto& meta = header["__metadata__"];
-    if (!meta.is_object()) return Corrupt(path, "__metadata__ is not an object");
-    for (const auto& [key, value] : meta.items())
-      out.metadata[key] = value.is_string() ? value.get<std::string>() : value.dump();
-  }
+  if (Status s = MetadataOf(header, path, &out.metadata); !s.ok()) return s;
   if (out.metadata.count("data_bytes") && out.metadata["data_bytes"] != std::to_string(data_bytes))
     return Corrupt(path, std::to_string(data_bytes) + " bytes of data, the header says " +
                              out.metadata["data_bytes"]);

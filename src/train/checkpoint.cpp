@@ -132,16 +132,44 @@ std::string OptimizerShardPath(const std::string& checkpoint_path, int rank, int
   return base + ".optim-" + std::to_string(rank) + "-of-" + std::to_string(world) + suffix;
 }
 
+namespace {
+
+int64_t JsonInt(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>()
+                                                                        : -1;
+}
+
+// Whether a part's (or a failure marker's) identity is rank `rank`'s part
+// of the checkpoint `id` names.
+bool SameCheckpoint(const nlohmann::json& m, const ShardIdentity& id, int64_t rank) {
+  return JsonInt(m, "step") == id.step && JsonInt(m, "world") == id.world &&
+         JsonInt(m, "rank") == rank && JsonInt(m, "run_id") == id.run_id;
+}
+
+// A part's identity from its file's header alone (the resume verifies the
+// data); null when it is not (yet) a readable part.
+nlohmann::json PartIdentityOf(const std::string& path) {
+  auto meta = ReadTensorFileMetadata(path);
+  if (!meta.ok() || !meta->count("fullburn")) return nullptr;
+  return nlohmann::json::parse(meta->at("fullburn"), nullptr, false);
+}
+
+}  // namespace
+
+std::string ShardIdentityJson(const ShardIdentity& id) {
+  return nlohmann::json{
+      {"step", id.step}, {"rank", id.rank}, {"world", id.world}, {"run_id", id.run_id}}.dump();
+}
+
 Result<CheckpointState> ReadCheckpointWithShards(const std::string& path) {
   Result<CheckpointState> main = ReadCheckpointFile(path);
   if (!main.ok()) return main;
   nlohmann::json meta = nlohmann::json::parse(main->state_json, nullptr, false);
-  auto number = [](const nlohmann::json& j, const char* key) -> int64_t {
-    return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>()
-                                                                          : -1;
-  };
-  const int64_t world = number(meta, "optim_shards"), step = number(meta, "step"),
-                run = number(meta, "run_id");
+  ShardIdentity id;
+  id.world = static_cast<int>(JsonInt(meta, "optim_shards"));
+  id.step = JsonInt(meta, "step");
+  id.run_id = JsonInt(meta, "run_id");
+  const int64_t world = id.world;
   for (int64_t r = 0; r < world; ++r) {
     std::string part = OptimizerShardPath(path, static_cast<int>(r), static_cast<int>(world));
     auto unusable = [&](const std::string& why) {
@@ -154,9 +182,7 @@ Result<CheckpointState> ReadCheckpointWithShards(const std::string& path) {
     Result<CheckpointState> shard = ReadCheckpointFile(part);
     if (!shard.ok()) return unusable(shard.status().message());
     // A part left by another run or attempt under the same name is not this one's.
-    nlohmann::json m = nlohmann::json::parse(shard->state_json, nullptr, false);
-    if (number(m, "step") != step || number(m, "world") != world || number(m, "rank") != r ||
-        number(m, "run_id") != run)
+    if (!SameCheckpoint(nlohmann::json::parse(shard->state_json, nullptr, false), id, r))
       return unusable(part +
                       " belongs to another checkpoint (step, world size, rank or run differ)");
     for (auto& t : shard->tensors) main->tensors.push_back(std::move(t));
@@ -180,44 +206,9 @@ static void RemoveOptimizerShards(const std::string& checkpoint_path) {
   }
 }
 
-namespace {
-
-nlohmann::json IdentityJson(const ShardIdentity& id) {
-  return {{"step", id.step}, {"run_id", id.run_id}, {"rank", id.rank}, {"world", id.world}};
-}
-
-bool SameCheckpoint(const nlohmann::json& m, const ShardIdentity& id, int rank) {
-  auto number = [&](const char* key) -> int64_t {
-    return m.is_object() && m.contains(key) && m[key].is_number_integer() ? m[key].get<int64_t>()
-                                                                          : -2;
-  };
-  return number("step") == id.step && number("run_id") == id.run_id && number("rank") == rank &&
-         number("world") == id.world;
-}
-
-// The "fullburn" metadata of a safetensors file, from its header alone (the
-// part is not read and verified here: the resume does that).
-nlohmann::json PartMetadata(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  unsigned char size_bytes[8];
-  if (!in.read(reinterpret_cast<char*>(size_bytes), 8)) return nullptr;
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | size_bytes[i];
-  if (n == 0 || n > (uint64_t{1} << 26)) return nullptr;
-  std::string header(static_cast<size_t>(n), '\0');
-  if (!in.read(header.data(), static_cast<std::streamsize>(n))) return nullptr;
-  nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
-  if (!h.is_object() || !h.contains("__metadata__") || !h["__metadata__"].is_object() ||
-      !h["__metadata__"].contains("fullburn") || !h["__metadata__"]["fullburn"].is_string())
-    return nullptr;
-  return nlohmann::json::parse(h["__metadata__"]["fullburn"].get<std::string>(), nullptr, false);
-}
-
-}  // namespace
-
 void MarkOptimizerShardFailed(const std::string& part_path, const ShardIdentity& id,
                               const std::string& why) {
-  nlohmann::json j = IdentityJson(id);
+  nlohmann::json j = nlohmann::json::parse(ShardIdentityJson(id));
   j["why"] = why;
   std::ofstream(part_path + ".failed") << j.dump() << "\n";
 }
@@ -247,7 +238,7 @@ Status WaitForOptimizerShards(const std::string& checkpoint_path, const ShardIde
           return fail("rank " + std::to_string(r) + " could not write its part (" +
                       m.value("why", std::string("no reason given")) + ")");
       }
-      if (SameCheckpoint(PartMetadata(part), id, r)) {
+      if (SameCheckpoint(PartIdentityOf(part), id, r)) {
         landed[static_cast<size_t>(r)] = true;
       } else if (missing < 0) {
         missing = r;
@@ -274,11 +265,8 @@ static void RemoveOrphanShards(const std::string& dir, int64_t newest) {
     while (dirent* e = ::readdir(d)) {
       std::string name = e->d_name;
       size_t mark = name.find(".optim-");
-      if (name.rfind("step-", 0) != 0 || mark == std::string::npos) continue;
-      std::string digits = name.substr(5, mark - 5);
-      if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
-      int64_t step = std::stoll(digits);
-      if (step < newest && ::access(CheckpointPath(dir, step).c_str(), F_OK) != 0)
+      int64_t step = mark == std::string::npos ? -1 : StepOfName(name.substr(0, mark) + ".safetensors");
+      if (step >= 0 && step < newest && ::access(CheckpointPath(dir, step).c_str(), F_OK) != 0)
         doomed.push_back(dir + "/" + name);
     }
     ::closedir(d);

@@ -45,16 +45,13 @@ void ShardedParameters::SetBlocks(const std::vector<std::vector<torch::Tensor>>&
                                   bool prefetch) {
   prefetch_ = prefetch;
   blocks_.clear();
-  block_of_.assign(slots_.size(), -1);
-  for (Slot& s : slots_) s.in_block = false;
+  for (Slot& s : slots_) s.block = -1;
   for (const auto& block : blocks) {
     std::vector<size_t> indices;
     for (const torch::Tensor& p : block)
       if (Slot* s = Find(p)) {
-        s->in_block = true;
-        size_t i = static_cast<size_t>(s - slots_.data());
-        block_of_[i] = static_cast<int>(blocks_.size());
-        indices.push_back(i);
+        s->block = static_cast<int>(blocks_.size());
+        indices.push_back(static_cast<size_t>(s - slots_.data()));
       }
     blocks_.push_back(std::move(indices));
   }
@@ -66,7 +63,7 @@ int ShardedParameters::BlockOf(const std::vector<torch::Tensor>& params) {
   if (params.empty()) return -1;
   Slot* s = Find(params[0]);
   if (!s) return -1;
-  int b = block_of_.empty() ? -1 : block_of_[static_cast<size_t>(s - slots_.data())];
+  const int b = s->block;
   return b >= 0 && blocks_[static_cast<size_t>(b)].size() == params.size() ? b : -1;
 }
 
@@ -139,7 +136,7 @@ void ShardedParameters::Gather(const std::vector<torch::Tensor>& params) {
     }
   const int block = BlockOf(params);
   for (size_t i = 0; i < slots_.size(); ++i)  // not the block a prefetch is filling
-    if (slots_[i].in_block && !is_wanted[i] && (pending_block_ < 0 || block_of_[i] != pending_block_))
+    if (slots_[i].block >= 0 && slots_[i].block != pending_block_ && !is_wanted[i])
       Free(slots_[i]);
   bool filled = false;
   if (pending_ && block >= 0) {  // every gather of a block settles the prefetch

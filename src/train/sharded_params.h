@@ -79,7 +79,7 @@ class ShardedParameters : public ParameterGather {
     std::vector<int64_t> shape;
     int64_t numel = 0;
     int owner = 0;
-    bool in_block = false;
+    int block = -1;  // its index in SetBlocks' list; -1: outside blocks
   };
   Slot* Find(const torch::Tensor& p);
   void Free(Slot& s);
@@ -95,9 +95,8 @@ class ShardedParameters : public ParameterGather {
   std::unordered_map<const void*, size_t> index_;  // by TensorImpl
   int64_t largest_gather_bytes_ = 0;
   std::vector<std::vector<size_t>> blocks_;  // slot indices, forward order
-  std::vector<int> block_of_;                // by slot; -1 outside blocks
   bool prefetch_ = false;
-  int last_block_ = -1, before_last_block_ = -1;
+  int last_block_ = -1;
   int pending_block_ = -1;
   std::unique_ptr<DataParallel::PendingBroadcast, void (*)(DataParallel::PendingBroadcast*)>
       pending_{nullptr, nullptr};

@@ -328,29 +328,19 @@ Status Trainer::OpenCheckpoints() {
   if (!shard_owner_.empty()) {
     // Each rank's part in the background; the loop waits only for the copy
     // of what the next forward changes (buffers, RNG: in rank 0's file).
-    ShardIdentity id = PartIdentity();
-    std::atomic<int64_t>* write_us = &part_write_us_;
     part_ckpt_ = std::make_unique<CheckpointWriter>(
-        dir, -1, cfg_.Bool("checkpoint.async"),
-        [id, write_us](const CheckpointWriter::Written& w) mutable {
-          *write_us += static_cast<int64_t>(w.write_s * 1e6);
-          if (w.status.ok()) return;
-          id.step = w.step;
-          MarkOptimizerShardFailed(w.path, id, w.status.message());
-          std::fprintf(stderr, "\nfullburn: rank %d: this rank's part of the checkpoint at step "
-                               "%lld failed (%s)\n",
-                       id.rank, static_cast<long long>(w.step), w.status.message().c_str());
+        dir, -1, cfg_.Bool("checkpoint.async"), [this](const CheckpointWriter::Written& w) {
+          part_write_us_ += static_cast<int64_t>(w.write_s * 1e6);
+          if (!w.status.ok()) PartFailed(w.step, w.path, w.status.message());
         });
-    part_ckpt_->SetPath([dir, id](int64_t step) {
-      return OptimizerShardPath(CheckpointPath(dir, step), id.rank, id.world);
-    });
+    part_ckpt_->SetPath([this](int64_t step) { return PartPath(step); });
     if (rank_.rank == 0) {
       // As long as the ranks wait for each other anywhere: a part later than
       // that is a rank gone or a folder the ranks do not share.
       const double wait_s = cfg_.Float("dist.timeout_s");
-      ckpt_->SetBeforeWrite([this, dir, id, wait_s](int64_t step) mutable {
-        id.step = step;
-        return WaitForOptimizerShards(CheckpointPath(dir, step), id, parts_cancel_, wait_s);
+      ckpt_->SetBeforeWrite([this, dir, wait_s](int64_t step) {
+        return WaitForOptimizerShards(CheckpointPath(dir, step), PartIdentity(step), parts_cancel_,
+                                      wait_s);
       });
     }
   }

@@ -147,7 +147,9 @@ class Trainer {
   // Sharded: this rank's optimizer state (and, with full, its parameters)
   // for its part beside the step's checkpoint, written by part_ckpt_.
   CheckpointState PartState();
-  ShardIdentity PartIdentity() const;
+  ShardIdentity PartIdentity(int64_t step) const;
+  std::string PartPath(int64_t step) const;
+  void PartFailed(int64_t step, const std::string& path, const std::string& why);
   double shard_write_s_ = 0;  // the loop's time blocked for them, in total
   std::atomic<int64_t> part_write_us_{0};  // part_ckpt_'s time writing them, in total
   // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).

@@ -140,13 +140,7 @@ void Trainer::Checkpoint(bool final_one) {
       shard_write_s_ += part_ckpt_->Save(step_, PartState());
     } catch (const std::exception& e) {  // staging ran out of memory, say
       std::string what = e.what();
-      what = what.substr(0, what.find('\n'));
-      ShardIdentity id = PartIdentity();
-      MarkOptimizerShardFailed(OptimizerShardPath(CheckpointPath(ckpt_dir_, step_), id.rank, id.world),
-                               id, what);
-      std::fprintf(stderr, "\nfullburn: rank %d: this rank's part of the checkpoint at step %lld "
-                           "failed (%s)\n",
-                   rank_.rank, static_cast<long long>(step_), what.c_str());
+      PartFailed(step_, PartPath(step_), what.substr(0, what.find('\n')));
     }
   }
   if (rank_.rank != 0) {
@@ -311,9 +305,22 @@ Status Trainer::ClipShardedGradients(double max_norm) {
   return Status::Ok();
 }
 
-ShardIdentity Trainer::PartIdentity() const {
+// This rank's part of the checkpoint at `step` was not written: the marker
+// rank 0 waits for, and a line here.
+void Trainer::PartFailed(int64_t step, const std::string& path, const std::string& why) {
+  ShardIdentity id = PartIdentity(step);  // not step_: this may run on the writer's thread
+  MarkOptimizerShardFailed(path, id, why);
+  std::fprintf(stderr, "\nfullburn: rank %d: this rank's part of the checkpoint at step %lld failed (%s)\n",
+               id.rank, static_cast<long long>(step), why.c_str());
+}
+
+std::string Trainer::PartPath(int64_t step) const {
+  return OptimizerShardPath(CheckpointPath(ckpt_dir_, step), rank_.rank, rank_.world_size);
+}
+
+ShardIdentity Trainer::PartIdentity(int64_t step) const {
   ShardIdentity id;
-  id.step = step_;
+  id.step = step;
   id.run_id = run_.id;
   id.rank = rank_.rank;
   id.world = rank_.world_size;
@@ -331,9 +338,7 @@ CheckpointState Trainer::PartState() {
     for (auto& p : ctx_.model->named_parameters())
       if (params_sharded_->Owns(p.value()))
         mine.until_update.emplace_back("model." + p.key(), p.value());
-  ShardIdentity id = PartIdentity();
-  mine.state_json = nlohmann::json{
-      {"step", id.step}, {"rank", id.rank}, {"world", id.world}, {"run_id", id.run_id}}.dump();
+  mine.state_json = ShardIdentityJson(PartIdentity(step_));
   return mine;
 }
 

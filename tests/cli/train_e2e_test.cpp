@@ -537,6 +537,16 @@ class ShardedE2E : public TrainE2E {
     }
     EXPECT_GT(optim_tensors, 0u);
   }
+  // A small GPT (blocks, a tied head, dropout) on a token file made here.
+  std::vector<std::string> TinyGpt() {
+    std::string tokens = dir_ + "/tokens.bin";
+    auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "20000"}, 120);
+    EXPECT_EQ(made.code, 0) << made.err;
+    return {"model.name=gpt",  "data.source=tokens", "data.path=" + tokens, "data.seq_len=32",
+            "model.hidden=32", "model.layers=2",     "model.heads=4",       "model.dropout=0.1",
+            "train.threads=1", "train.batch_size=4", "optim.name=adamw",    "optim.lr=0.003",
+            "train.steps=5"};
+  }
   // What each rank held at the end, from its optimizer_state event.
   std::map<int, nlohmann::json> Held(int64_t run) {
     std::map<int, nlohmann::json> held;
@@ -748,14 +758,8 @@ TEST_F(ShardedE2E, APartThatCannotBeWrittenLosesOnlyItsStep) {
 // A small GPT (token file, dropout, two micro-batches a step) on 3 and 2
 // ranks: 5 steps with each stage give the plain run's losses and weights.
 TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnThreeAndTwoRanks) {
-  std::string tokens = dir_ + "/tokens.bin";
-  auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "20000"}, 120);
-  ASSERT_EQ(made.code, 0) << made.err;
-  std::vector<std::string> base = {
-      "model.name=gpt",    "data.source=tokens", "data.path=" + tokens, "data.seq_len=32",
-      "model.hidden=32",   "model.layers=2",     "model.heads=4",       "model.dropout=0.1",
-      "train.threads=1",   "train.batch_size=4", "optim.name=adamw",    "optim.lr=0.003",
-      "eval.at_end=false", "train.steps=5",      "train.accumulate=2"};
+  std::vector<std::string> base = TinyGpt();
+  base.insert(base.end(), {"eval.at_end=false", "train.accumulate=2"});
   // 3 ranks first, so the 2-rank plain run's checkpoint is the one compared below.
   int64_t plain = 0;
   for (int ranks : {3, 2}) {
@@ -845,14 +849,8 @@ TEST_F(ShardedE2E, OffloadedOptimizerTrainsLikeTheUpdateInPlace) {
 
   // A GPT (blocks, the tied head) whose next forward overlaps the host
   // update, each block waiting for its own parameters.
-  std::string tokens = dir_ + "/tokens.bin";
-  auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "20000"}, 120);
-  ASSERT_EQ(made.code, 0) << made.err;
-  std::vector<std::string> gpt = {
-      "model.name=gpt",    "data.source=tokens", "data.path=" + tokens, "data.seq_len=32",
-      "model.hidden=32",   "model.layers=2",     "model.heads=4",       "model.dropout=0.1",
-      "train.threads=1",   "train.batch_size=4", "optim.name=adamw",    "optim.lr=0.003",
-      "eval.at_end=true",  "train.steps=5"};
+  std::vector<std::string> gpt = TinyGpt();
+  gpt.push_back("eval.at_end=true");
   int64_t gpt_plain = Launch(1, gpt, {});
   int64_t gpt_offloaded = Launch(1, gpt, {"dist.offload=optimizer"});
   std::vector<double> c = Rank0Losses(gpt_plain), d = Rank0Losses(gpt_offloaded);
