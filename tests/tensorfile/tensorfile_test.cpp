@@ -87,6 +87,35 @@ TEST(TensorFile, DamagedFilesAreRefusedWithTheirReason) {
   EXPECT_EQ(ReadTensorFile(dir + "/none").status().code(), Status::Code::kNotFound);
 }
 
+// The metadata from the header alone: the same strings ReadTensorFile gives,
+// while the data may be cut (it is not read); a cut header or junk is an error.
+TEST(TensorFile, MetadataIsReadFromTheHeaderAlone) {
+  std::string dir = testing::FreshTestDir("fb_tensorfile");
+  std::vector<float> a(1000, 1.0f);
+  std::string path = dir + "/x.safetensors";
+  ASSERT_TRUE(WriteTensorFile(path, {{"a", "F32", {1000}, a.data(), 4000}},
+                              {{"fullburn", R"({"step": 4})"}, {"format", "test"}})
+                  .ok());
+  auto meta = ReadTensorFileMetadata(path);
+  ASSERT_TRUE(meta.ok()) << meta.status().message();
+  EXPECT_EQ(*meta, ReadTensorFile(path)->metadata);
+  EXPECT_EQ(meta->at("fullburn"), R"({"step": 4})");
+  std::vector<uint8_t> good = Bytes(path);
+  uint64_t hlen;
+  std::memcpy(&hlen, good.data(), 8);
+  auto write = [&](size_t n) {
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(good.data()),
+                                                static_cast<std::streamsize>(n));
+  };
+  write(8 + hlen + 100);  // the data cut: the header still reads
+  EXPECT_TRUE(ReadTensorFileMetadata(path).ok());
+  write(8 + hlen / 2);
+  EXPECT_EQ(ReadTensorFileMetadata(path).status().code(), Status::Code::kCorruption);
+  write(5);
+  EXPECT_EQ(ReadTensorFileMetadata(path).status().code(), Status::Code::kCorruption);
+  EXPECT_EQ(ReadTensorFileMetadata(dir + "/none").status().code(), Status::Code::kNotFound);
+}
+
 TEST(TensorFile, AFailedWriteLeavesTheOldFileAndNoTemporary) {
   std::string dir = testing::FreshTestDir("fb_tensorfile");
   std::string path = dir + "/x.safetensors";
