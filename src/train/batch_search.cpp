@@ -47,6 +47,7 @@ struct Trial {
       std::vector<std::pair<std::string, torch::Tensor>> params;
       for (auto& p : ctx->model->named_parameters()) params.emplace_back(p.key(), p.value());
       Optimizer optim(params, o.optimizer);  // its state counts against memory too
+      if (!o.owned.empty()) optim.SetOwned(o.owned);
       LossScaler scaler(LossScalerOptions{});
       double start = 0, elapsed = 0;
       int timed = 0;

@@ -380,6 +380,12 @@ void Trainer::Finish(const std::string& status, int code) {
 
 Status Trainer::ProbeMemoryIfWanted() {
   if (!MemoryReportWanted()) return Status::Ok();
+  // The search fitted the model already; a probe at its size now would hold
+  // every gradient (and, for stage 3, weight) whole, as its trials did.
+  if (batch_from_model_ && memory_) {
+    PrintBatchTable();
+    return Status::Ok();
+  }
   try {
     if (Status r = ProbeMemory(batch_); !r.ok()) {
       exit_code = kExitFailed;

@@ -67,6 +67,10 @@ struct BatchSearchOptions {
   int steps = 3;             // timed steps per trial after one warm-up step
   double min_seconds = 0.3;  // and at least this long, so small batches are not timed on a blip
   OptimizerOptions optimizer;
+  // Sharded (dist.shard): which of the optimizer's parameters this rank
+  // updates, so a trial holds the optimizer state the run's rank will;
+  // empty: every one.
+  std::vector<bool> owned;
 };
 // The fastest trial that fit, leaving out sizes within 10% of an
 // out-of-memory limit (`first_fail` > 0): the run holds more than a trial.
@@ -150,13 +154,24 @@ class Trainer {
   ShardIdentity PartIdentity(int64_t step) const;
   std::string PartPath(int64_t step) const;
   void PartFailed(int64_t step, const std::string& path, const std::string& why);
-  double shard_write_s_ = 0;  // the loop's time blocked for them, in total
+  double shard_write_s_ = 0;               // the loop's time blocked for them, in total
   std::atomic<int64_t> part_write_us_{0};  // part_ckpt_'s time writing them, in total
   // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
   bool MemoryReportWanted() const;
   Status DrawProbeBatch(TrainBatch* probe);
   Status ProbeMemory(int64_t batch);
   Status ProbeMemoryIfWanted();  // train.memory_report, the batch search's table
+  // The model's parameter parts for this run (`optimizer` gives the state's
+  // slots) and its activation lines probed at `small` and `large`.
+  MemoryModel ProbedModel(const Optimizer& optimizer, const TrainBatch& probe, int64_t small,
+                          int64_t large);
+  // dist.shard = gradients or full: the largest micro-batch the memory model
+  // fits for the rank's real share when the search's trials, which hold every
+  // gradient (and weight) whole, were stopped by memory; 0 when it is not
+  // larger than `chosen` or cannot tell. Sets memory_.
+  int64_t ShardedBatchBeyondTrials(const TrainBatch& probe, const OptimizerOptions& oo,
+                                   const std::vector<BatchTrial>& trials, int64_t chosen,
+                                   int64_t max_batch);
   void StartMemoryCount();
   void CountOtherMemory(const MemoryModel& m);
   int64_t ModelBudget() const;  // bytes the model's prediction may take
@@ -167,17 +182,18 @@ class Trainer {
   // would fit, for the error; records a `memory` event. "" if it cannot tell.
   std::string OutOfMemoryAdvice();
   std::optional<MemoryModel> memory_;
-  int64_t memory_other_ = 0;      // in use at the start besides weights and buckets
-  bool batch_searched_ = false;   // train.batch_size = auto (the config then holds the size)
-  std::vector<int> shard_owner_;  // empty: not sharded
-  bool grads_sharded_ = false;    // dist.shard = gradients: each rank keeps its owned gradients
+  int64_t memory_other_ = 0;       // in use at the start besides weights and buckets
+  bool batch_searched_ = false;    // train.batch_size = auto (the config then holds the size)
+  bool batch_from_model_ = false;  // the search took the memory model's size (memory_ is its)
+  std::vector<int> shard_owner_;   // empty: not sharded
+  bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
   std::shared_ptr<ShardedParameters> params_sharded_;  // dist.shard = full
   // What the model gathers through (params_sharded_, or dist.offload's wait
   // for the host update); null: nothing.
   std::shared_ptr<ParameterGather> model_gather_;
   bool update_overlaps_ = false;  // dist.offload unsharded: StepAsync
-  Status ShardStates();   // dist.shard (SetupSharding's first half)
-  Status SetupOffload();  // dist.offload (its second)
+  Status ShardStates();           // dist.shard (SetupSharding's first half)
+  Status SetupOffload();          // dist.offload (its second)
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);

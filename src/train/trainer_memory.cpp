@@ -68,22 +68,28 @@ Status Trainer::DrawProbeBatch(TrainBatch* probe) {
 Status Trainer::ProbeMemory(int64_t batch) {
   TrainBatch probe;
   if (Status s = DrawProbeBatch(&probe); !s.ok()) return s;
+  // Half and all of `batch`: the run's own micro-batch at start, so the line
+  // is read where it is used; after an out-of-memory a quarter of it.
+  int64_t small = std::max<int64_t>(1, batch / 2), large = std::max(small + 1, batch);
+  memory_ = ProbedModel(*optim_, probe, small, large);
+  return Status::Ok();
+}
+
+MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& probe, int64_t small,
+                                 int64_t large) {
   if (dp_) dp_->SetSync(false);
-  MemoryModel m = MemoryModelFor(ctx_.model->parameters(), *optim_, rank_.world_size,
+  MemoryModel m = MemoryModelFor(ctx_.model->parameters(), optimizer, rank_.world_size,
                                  cfg_.Float("dist.bucket_mb"));
   m.accumulate = accumulate_;
   m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
   if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
     BlockSplit split = SplitByBlocks(*ctx_.model, blocks);
-    m.gather_bytes = TensorBytes(split.outside) + (cfg_.Bool("dist.prefetch")
-                                                        ? split.largest_pair_bytes
-                                                        : split.largest_block_bytes);
+    m.gather_bytes =
+        TensorBytes(split.outside) +
+        (cfg_.Bool("dist.prefetch") ? split.largest_pair_bytes : split.largest_block_bytes);
   }
   CountOtherMemory(m);
-  // Half and all of `batch`: the run's own micro-batch at start, so the line
-  // is read where it is used; after an out-of-memory a quarter of it.
-  int64_t small = std::max<int64_t>(1, batch / 2), large = std::max(small + 1, batch);
   const std::string current = cfg_.Str("model.checkpoint");
   m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr);
   if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
@@ -95,8 +101,53 @@ Status Trainer::ProbeMemory(int64_t batch) {
     }
     ctx_.model->SetCheckpointing(current);
   }
+  return m;
+}
+
+// The trials run without their collectives (a rank out of memory in a
+// collective step would leave the others waiting), so each holds every
+// gradient (the buckets) and, for stage 3, every weight, where the run's rank
+// holds its share: beyond the largest trial that fit, the memory model
+// decides, even where a smaller trial ran as fast: a trial has no
+// communication, and the run's collectives (stage 3's gathers, stage 2's
+// reduces) cost per micro-batch, so a larger one sends less per sample.
+int64_t Trainer::ShardedBatchBeyondTrials(const TrainBatch& probe, const OptimizerOptions& oo,
+                                          const std::vector<BatchTrial>& trials, int64_t chosen,
+                                          int64_t max_batch) {
+  const std::string shard = cfg_.Str("dist.shard");
+  if (!dp_ || (shard != "gradients" && shard != "full")) return 0;
+  if (DeviceMemoryLimit(ctx_.device) <= 0) return 0;
+  int64_t last_fit = 0, first_fail = 0;
+  for (const BatchTrial& t : trials) {
+    if (t.fits) last_fit = std::max(last_fit, t.batch);
+    if (t.error == "out of memory" && (first_fail == 0 || t.batch < first_fail))
+      first_fail = t.batch;
+  }
+  if (first_fail == 0) return 0;  // no trial ran out of memory
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& p : ctx_.model->named_parameters()) named.emplace_back(p.key(), p.value());
+  Optimizer slots(named, oo);  // holds no state: it names the state's slots
+  // The probe adds zeroed gradients beside the buckets: where the largest
+  // trial's size does not fit that way, half of it.
+  std::optional<MemoryModel> m;
+  std::vector<int64_t> sizes = {std::max<int64_t>(2, last_fit)};
+  if (last_fit >= 4) sizes.push_back(last_fit / 2);
+  for (int64_t large : sizes) {
+    int64_t small = large / 2;
+    try {
+      m = ProbedModel(slots, probe, small, large);
+      break;
+    } catch (const std::exception& e) {
+      if (!IsOutOfMemory(e)) throw;
+      FreeDeviceCache(ctx_.device);
+    }
+  }
+  if (!m) return 0;
+  const std::string ckpt = cfg_.Str("model.checkpoint");
+  int64_t largest = m->LargestBatch(ModelBudget(), shard, ckpt, max_batch);
+  if (largest <= chosen) return 0;
   memory_ = m;
-  return Status::Ok();
+  return largest;
 }
 
 // What the run holds besides the training state (the data source's
@@ -105,9 +156,9 @@ void Trainer::CountOtherMemory(const MemoryModel& m) {
   // (A resumed run's optimizer state is the model's, already in use.)
   // dist.shard = full: only the rank's own parameters are whole here.
   const int64_t weights = params_sharded_ ? params_sharded_->held_bytes() : m.weight_bytes;
-  const int64_t state = m.state_on_host ? 0 : optim_->StateBytes();
-  memory_other_ = DeviceBytesInUse(ctx_.device) - weights - state -
-                  (dp_ && !grads_sharded_ ? m.grad_bytes : 0);
+  const int64_t state = m.state_on_host || !optim_ ? 0 : optim_->StateBytes();
+  memory_other_ =
+      DeviceBytesInUse(ctx_.device) - weights - state - (dp_ && !grads_sharded_ ? m.grad_bytes : 0);
 }
 
 int64_t Trainer::ModelBudget() const {

@@ -243,6 +243,7 @@ Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
     Result<int64_t> common = dp_->MinOverRanks(batch_);
     if (!common.ok()) return common.status();
     chosen = {{"batch", *common}, {"searched", batch_}, {"rank", rank_.rank}};
+    if (batch_from_model_) chosen["memory_model"] = true;
     if (*common != batch_)
       std::fprintf(stderr, "fullburn: micro-batch %lld, the smallest any rank found\n",
                    static_cast<long long>(*common));
@@ -360,6 +361,14 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   BatchSearchOptions bo;
   bo.max_batch = std::min(cfg_.Int("train.max_batch_size"), (*probe_src)->batches_per_epoch() * 8);
   bo.optimizer = oo;
+  if (dp_ && cfg_.Str("dist.shard") != "none") {
+    // A trial holds the optimizer state this rank will: its owners' share.
+    std::vector<torch::Tensor> trainable;
+    for (const torch::Tensor& p : ctx_.model->parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    for (int owner : DataParallel::ShardOwners(trainable, dp_->world_size()))
+      bo.owned.push_back(owner == dp_->rank());
+  }
   // The probe source stays open through the search: what it holds (an
   // in-memory dataset, loader buffers) is held while training too.
   std::fprintf(
@@ -374,12 +383,17 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     else
       std::fprintf(stderr, "  batch %-6lld %s\n", static_cast<long long>(t.batch), t.error.c_str());
   });
+  int64_t from_model = 0;
+  if (chosen.ok() || chosen.status().code() == Status::Code::kResourceExhausted)
+    from_model =
+        ShardedBatchBeyondTrials(probe, oo, trials, chosen.ok() ? *chosen : 0, bo.max_batch);
   probe_src->reset();
-  if (!chosen.ok()) {
+  if (!chosen.ok() && from_model == 0) {
     exit_code = kExitFailed;
     return chosen.status();
   }
-  batch_ = *chosen;
+  batch_ = from_model > 0 ? from_model : *chosen;
+  batch_from_model_ = from_model > 0;
   cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search");
   for (const BatchTrial& t : trials) {
     nlohmann::json trial = {{"batch", t.batch},
@@ -390,8 +404,23 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     if (rank_.world_size > 1) trial["rank"] = rank_.rank;  // each rank searches its own device
     pending_events_.push_back({0, "batch_size_trial", trial.dump()});
   }
-  std::fprintf(stderr, "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
-               static_cast<long long>(batch_));
+  if (batch_from_model_) {
+    int64_t first_oom = 0;
+    for (const BatchTrial& t : trials)
+      if (t.error == "out of memory" && (first_oom == 0 || t.batch < first_oom))
+        first_oom = t.batch;
+    std::fprintf(stderr,
+                 "fullburn: micro-batch %lld: the memory model's largest for dist.shard = %s "
+                 "(the trials, which hold every gradient%s whole where this rank will hold its "
+                 "share, ran out of memory at %lld)\n",
+                 static_cast<long long>(batch_), cfg_.Str("dist.shard").c_str(),
+                 cfg_.Str("dist.shard") == "full" ? " and weight" : "",
+                 static_cast<long long>(first_oom));
+  } else {
+    std::fprintf(stderr,
+                 "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
+                 static_cast<long long>(batch_));
+  }
   return Status::Ok();
 }
 

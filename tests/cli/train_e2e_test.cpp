@@ -937,6 +937,58 @@ TEST_F(ShardedE2E, MemoryModelPredictsEachRanksPeakWithin15Percent) {
   EXPECT_LT(by_setting["one rank, blocks"].second, 0.7 * by_setting["one rank, none"].second);
 }
 
+// train.batch_size = auto under dist.shard = full on 2 ranks: the trials,
+// which run without their collectives and so hold every weight and gradient
+// whole, run out of memory near 20; the rank's share fits more, and the
+// search takes the memory model's largest for it, which trains within the
+// budget (no out-of-memory in the steps, the measured peak under the limit).
+TEST_F(ShardedE2E, SearchUnderStageThreeTakesTheBatchTheRanksShareFits) {
+  std::string tokens = dir_ + "/tokens.bin";
+  auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "100000"}, 120);
+  ASSERT_EQ(made.code, 0) << made.err;
+  std::vector<std::string> base = {
+      "model.name=gpt",         "data.source=tokens",  "data.path=" + tokens,
+      "data.seq_len=32",        "model.hidden=256",    "model.layers=4",
+      "model.heads=4",          "train.threads=1",     "optim.name=adamw",
+      "eval.at_end=false",      "train.steps=2",       "train.batch_size=auto",
+      "train.memory_budget_mb=100", "dist.shard=full"};
+  int64_t run = Launch(2, base, {});
+  std::map<int, int64_t> largest_trial, first_oom, chosen;
+  std::map<int, nlohmann::json> memory;
+  std::vector<RunEvent> events = Store()->LoadEvents(run).value();
+  for (const RunEvent& e : events) {
+    if (e.kind != "batch_size_trial" && e.kind != "batch_size_chosen" && e.kind != "memory")
+      continue;
+    auto j = nlohmann::json::parse(e.data, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << e.kind << ": " << e.data;
+    if (e.kind == "batch_size_trial") {
+      int r = j.value("rank", 0);
+      if (j["fits"].get<bool>()) largest_trial[r] = std::max(largest_trial[r], j["batch"].get<int64_t>());
+      if (j["error"] == "out of memory" && (!first_oom.count(r) || j["batch"] < first_oom[r]))
+        first_oom[r] = j["batch"].get<int64_t>();
+    } else if (e.kind == "batch_size_chosen") {
+      EXPECT_TRUE(j.value("memory_model", false)) << j.dump();
+      chosen[j["rank"].get<int>()] = j["batch"].get<int64_t>();
+    } else if (e.kind == "memory") {
+      memory[j["rank"].get<int>()] = j;
+    }
+  }
+  ASSERT_EQ(chosen.size(), 2u);
+  EXPECT_EQ(chosen[0], chosen[1]);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    ASSERT_TRUE(first_oom.count(r)) << "no trial ran out of memory: the budget is too loose";
+    EXPECT_GE(chosen[r], 2 * largest_trial[r]);
+    ASSERT_TRUE(memory.count(r));
+    EXPECT_EQ(memory[r]["batch"].get<int64_t>(), chosen[r]);
+    int64_t limit = memory[r]["limit_bytes"].get<int64_t>();
+    EXPECT_EQ(limit, int64_t{100} << 20);
+    EXPECT_LE(memory[r]["predicted"]["total"].get<int64_t>(), limit * 9 / 10);
+    EXPECT_LT(memory[r]["measured_peak_bytes"].get<int64_t>(), limit);
+  }
+  EXPECT_EQ(Steps(run).size(), 4u);  // 2 steps on each rank, at the chosen size
+}
+
 // Out of memory in a step under a budget: the error and the diagnosis give
 // the memory model's parts and name the setting that fits; with
 // train.batch_size = auto the search prints the largest micro-batch by
