@@ -393,13 +393,29 @@ Status Trainer::ProbeMemoryIfWanted() {
     }
   } catch (const std::exception& e) {
     // The report is advice: a probe that does not fit (the run holds more
-    // than the search's trials did) leaves it out, and training goes on.
+    // than the search's trials did, or, sharded, every gradient and for
+    // stage 3 every weight whole) is read at a quarter of the micro-batch,
+    // and left out when that does not fit either; training goes on.
     exit_code = kExitFailed;
     if (!IsOutOfMemory(e)) {
       std::string what = e.what();
       return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
     }
     exit_code = 0;
+    memory_.reset();
+    FreeDeviceCache(ctx_.device);
+    try {
+      if (batch_ >= 4 && ProbeMemory(batch_ / 4).ok()) {
+        if (batch_searched_) PrintBatchTable();
+        return Status::Ok();
+      }
+    } catch (const std::exception& again) {
+      if (!IsOutOfMemory(again)) {
+        exit_code = kExitFailed;
+        std::string what = again.what();
+        return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
+      }
+    }
     memory_.reset();
     std::fprintf(stderr,
                  "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
@@ -533,7 +549,7 @@ std::string DescribeOutOfMemory(const std::exception& e) {
     char* end = nullptr;
     double bytes = std::strtod(number, &end);
     if (end != number && std::strncmp(end, " bytes", 6) == 0)
-      return fmt::format("one allocation of {:.1f} GiB failed", bytes / (1 << 30));
+      return "one allocation of " + FormatBytes(bytes) + " failed";
   }
   return what.substr(0, what.find('\n'));
 }
