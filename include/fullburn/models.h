@@ -65,6 +65,10 @@ class Model : public torch::nn::Module {
   // output layer computes it without keeping the logits overrides it (GPT
   // with ModelSpec::fused_loss); the trainer calls it for every training step.
   virtual torch::Tensor ForwardLoss(torch::Tensor input, const torch::Tensor& targets);
+  // Where ForwardLoss works through the output rows (positions) a chunk at a
+  // time, the rows of a chunk: the loss's transient memory stops growing
+  // with the batch there (the memory model's knee). 0: it does not.
+  virtual int64_t LossChunkRows() const { return 0; }
 };
 
 // Activation checkpointing (model.checkpoint): fn(x) runs without keeping
@@ -112,7 +116,7 @@ struct ModelSpec {
   // logits for backward, which recomputes them chunk by chunk.
   bool fused_loss = false;
   int64_t loss_rows = 0;
-  int64_t seq_len = 128;          // gpt context (positional table size)
+  int64_t seq_len = 128;  // gpt context (positional table size)
   int64_t hidden = 512, layers = 2, heads = 4;
   double dropout = 0;
   // Activation checkpointing: "none"; "blocks" (each GPT block, each ResNet

@@ -39,8 +39,9 @@ class Mlp : public Model {
         continue;
       }
       FastLinear holder(linear);
-      x = CheckpointForward([holder](const torch::Tensor& in) mutable { return holder->forward(in); },
-                            x, linear->parameters(), {}, gather_);
+      x = CheckpointForward(
+          [holder](const torch::Tensor& in) mutable { return holder->forward(in); }, x,
+          linear->parameters(), {}, gather_);
     }
     return x;
   }
@@ -92,7 +93,9 @@ struct GptBlockImpl : nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     int64_t b = x.size(0), t = x.size(1), d = x.size(2);
     auto qkv = c_attn(ln_1(x)).split(d, 2);
-    auto heads_of = [&](const torch::Tensor& y) { return y.view({b, t, heads, d / heads}).transpose(1, 2); };
+    auto heads_of = [&](const torch::Tensor& y) {
+      return y.view({b, t, heads, d / heads}).transpose(1, 2);
+    };
     torch::Tensor y = CausalAttention(heads_of(qkv[0]), heads_of(qkv[1]), heads_of(qkv[2]),
                                       is_training() ? dropout : 0.0);
     y = y.transpose(1, 2).contiguous().view({b, t, d});
@@ -172,8 +175,12 @@ class Gpt : public Model {
   torch::Tensor ForwardLoss(torch::Tensor tokens, const torch::Tensor& targets) override {
     if (!fused_loss_ || !torch::GradMode::is_enabled()) return Model::ForwardLoss(tokens, targets);
     torch::Tensor x = Features(tokens);
-    return HeadCrossEntropy(x.reshape({-1, x.size(-1)}), wte_->weight, targets.reshape({-1}), vocab_,
-                            loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_, x.device()));
+    return HeadCrossEntropy(x.reshape({-1, x.size(-1)}), wte_->weight, targets.reshape({-1}),
+                            vocab_, loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_, x.device()));
+  }
+  int64_t LossChunkRows() const override {
+    if (!fused_loss_) return 0;
+    return loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_, wte_->weight.device());
   }
 
  private:
@@ -189,8 +196,9 @@ class Gpt : public Model {
     if (segment > 0 && (is_training() || frees)) {
       // Segments of `segment` blocks, each keeping only its input.
       for (size_t first = 0; first < block_list_.size(); first += segment) {
-        std::vector<GptBlock> seg(block_list_.begin() + first,
-                                  block_list_.begin() + std::min(block_list_.size(), first + segment));
+        std::vector<GptBlock> seg(
+            block_list_.begin() + first,
+            block_list_.begin() + std::min(block_list_.size(), first + segment));
         std::vector<torch::Tensor> params;
         for (GptBlock& b : seg)
           for (const torch::Tensor& p : b->parameters()) params.push_back(p);
@@ -228,12 +236,13 @@ class Gpt : public Model {
 
 }  // namespace
 
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              double dropout) {
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, double dropout) {
 #if TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
 #else
-  return std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, dropout, false, /*is_causal=*/true));
+  return std::get<0>(
+      at::_scaled_dot_product_attention(q, k, v, {}, dropout, false, /*is_causal=*/true));
 #endif
 }
 
@@ -258,22 +267,25 @@ Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& s) {
                                    " recomputes gpt blocks and resnet stages; " + s.name +
                                    " has none: set model.checkpoint = none");
   if (s.fused_loss && s.name != "gpt")
-    return Status::InvalidArgument("model.fused_loss = true fuses gpt's output layer with its loss; " +
-                                   s.name + " has none: set model.fused_loss = false");
+    return Status::InvalidArgument(
+        "model.fused_loss = true fuses gpt's output layer with its loss; " + s.name +
+        " has none: set model.fused_loss = false");
   if (s.name == "resnet18" || s.name == "resnet50") return MakeResNet(s);
   if (s.name == "mlp") {
-    if (s.in_features <= 0) return Status::InvalidArgument("mlp needs the input size (in_features)");
+    if (s.in_features <= 0)
+      return Status::InvalidArgument("mlp needs the input size (in_features)");
     return MakeMlp(s);
   }
   if (s.name == "lstm") return MakeLstm(s);
   if (s.name == "gpt") {
     if (s.hidden % s.heads != 0)
       return Status::InvalidArgument("model.hidden = " + std::to_string(s.hidden) +
-                                     " is not divisible by model.heads = " + std::to_string(s.heads) +
-                                     ": choose heads that divide it");
+                                     " is not divisible by model.heads = " +
+                                     std::to_string(s.heads) + ": choose heads that divide it");
     return MakeGpt(s);
   }
-  return Status::InvalidArgument("unknown model '" + s.name + "': use resnet18, resnet50, mlp, lstm or gpt");
+  return Status::InvalidArgument("unknown model '" + s.name +
+                                 "': use resnet18, resnet50, mlp, lstm or gpt");
 }
 
 int64_t ParameterCount(const torch::nn::Module& m) {

@@ -200,18 +200,37 @@ int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,
 }
 
 ActivationFit ProbeActivations(StepContext* ctx, const TrainBatch& probe, int64_t small,
-                               int64_t large, bool grads_in_place) {
+                               int64_t large, bool grads_in_place, int64_t knee) {
   // Each size twice, the smaller reading kept: the first pass of a shape
   // may allocate what later ones reuse (oneDNN's and cuDNN's workspaces).
   auto measure = [&](int64_t batch) {
     int64_t a = ProbeStepBytes(ctx, probe, batch, grads_in_place);
-    return std::min(a, ProbeStepBytes(ctx, probe, batch, grads_in_place));
+    return static_cast<double>(std::min(a, ProbeStepBytes(ctx, probe, batch, grads_in_place)));
   };
-  double p_small = static_cast<double>(measure(small));
-  double p_large = static_cast<double>(measure(large));
-  ActivationFit fit;
-  fit.per_sample = std::max(0.0, (p_large - p_small) / static_cast<double>(large - small));
-  fit.fixed = p_small - fit.per_sample * static_cast<double>(small);
+  auto line = [](int64_t b0, double p0, int64_t b1, double p1) {
+    ActivationFit fit;
+    fit.per_sample = std::max(0.0, (p1 - p0) / static_cast<double>(b1 - b0));
+    fit.fixed = p0 - fit.per_sample * static_cast<double>(b0);
+    return fit;
+  };
+  if (knee > small && knee < large) {  // both sides of the bend
+    double p_small = measure(small), p_knee = measure(knee), p_large = measure(large);
+    ActivationFit fit = line(small, p_small, knee, p_knee);
+    fit.knee = knee;
+    fit.per_sample_above = std::max(0.0, (p_large - p_knee) / static_cast<double>(large - knee));
+    return fit;
+  }
+  ActivationFit fit = line(small, measure(small), large, measure(large));
+  if (knee >= large && 2 * knee <= 8 * large) {
+    try {
+      double p_above = measure(2 * knee);
+      fit.per_sample_above = std::max(0.0, (p_above - fit.At(knee)) / static_cast<double>(knee));
+      fit.knee = knee;
+    } catch (const std::exception& e) {
+      if (!IsOutOfMemory(e)) throw;
+      FreeDeviceCache(ctx->device);  // the line goes on: it over-predicts above the knee
+    }
+  }
   return fit;
 }
 

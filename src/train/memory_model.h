@@ -23,10 +23,19 @@ struct MemoryParts {
   int64_t total() const { return weights + gradients + optimizer + activations; }
 };
 
-// A step's activations, fitted from two probes: fixed + per_sample * batch.
+// A step's activations, fitted from probes: fixed + per_sample * batch, and
+// above `knee` samples (when > 0) per_sample_above for each sample more: a
+// loss computed a chunk of rows at a time (Model::LossChunkRows) holds one
+// chunk's logits however large the batch.
 struct ActivationFit {
   double fixed = 0, per_sample = 0;
-  double At(int64_t batch) const { return fixed + per_sample * static_cast<double>(batch); }
+  int64_t knee = 0;
+  double per_sample_above = 0;
+  double At(int64_t batch) const {
+    if (knee <= 0 || batch <= knee) return fixed + per_sample * static_cast<double>(batch);
+    return fixed + per_sample * static_cast<double>(knee) +
+           per_sample_above * static_cast<double>(batch - knee);
+  }
 };
 
 struct MemoryModel {
@@ -87,8 +96,11 @@ int64_t HostBytesAvailable(const torch::Device& device);
 int64_t ProbeStepBytes(StepContext* ctx, const TrainBatch& probe, int64_t batch,
                        bool grads_in_place);
 // Probes at `small` and `large` (> small) and fits the line through them,
-// for the model's current checkpoint mode.
+// for the model's current checkpoint mode. With `knee` > 0 (the samples of
+// one loss chunk) the line bends there: probed on both sides of it when it
+// lies between; when both sizes are below it, also at 2 * knee if that is at
+// most 8 * large and fits (else the line goes on: an over-prediction).
 ActivationFit ProbeActivations(StepContext* ctx, const TrainBatch& probe, int64_t small,
-                               int64_t large, bool grads_in_place);
+                               int64_t large, bool grads_in_place, int64_t knee = 0);
 
 }  // namespace fullburn

@@ -90,11 +90,17 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
         (cfg_.Bool("dist.prefetch") ? split.largest_pair_bytes : split.largest_block_bytes);
   }
   CountOtherMemory(m);
+  // model.fused_loss: the loss's logits stop growing at one chunk of rows.
+  int64_t knee = 0;
+  if (int64_t rows = ctx_.model->LossChunkRows(); rows > 0) {
+    int64_t positions = probe.targets.dim() >= 2 ? probe.targets.size(1) : 1;
+    knee = (rows + positions - 1) / positions;
+  }
   const std::string current = cfg_.Str("model.checkpoint");
-  m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr);
+  m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, knee);
   if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
     try {
-      m.activations["blocks"] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr);
+      m.activations["blocks"] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, knee);
     } catch (...) {
       ctx_.model->SetCheckpointing(current);
       throw;
@@ -184,6 +190,11 @@ nlohmann::json Trainer::MemoryJson(bool measured) const {
                    {"per_sample_bytes", memory_->activations.at(ckpt).per_sample},
                    {"predicted", PartsJson(memory_->Predict(batch_, shard, ckpt))}};
   if (measured) j["measured_peak_bytes"] = DevicePeakBytes(ctx_.device) - memory_other_;
+  for (const auto& [mode, fit] : memory_->activations)
+    j["activation_fit"][mode] = {{"fixed", fit.fixed},
+                                 {"per_sample", fit.per_sample},
+                                 {"knee", fit.knee},
+                                 {"per_sample_above", fit.per_sample_above}};
   nlohmann::json settings = nlohmann::json::array();
   for (const std::string& s : memory_->ShardSettings())
     for (const std::string& c : Modes(*memory_, ckpt)) {

@@ -1037,6 +1037,47 @@ TEST_F(ShardedE2E, FusedLossTrainsWhereTheLogitsRanOutOfMemory) {
   EXPECT_EQ(fused.code, 0) << fused.err;
 }
 
+// The memory model with model.fused_loss: the loss holds one chunk's logits
+// (1,024 rows on a CPU at a vocabulary of 8,192: 8 samples of 128 positions)
+// however large the batch, so the activation line bends there. Fitted at
+// micro-batch 4 (and probed at 16), it predicts micro-batch 32's measured
+// peak within 15%; a straight line through 2 and 4 would predict about 3x.
+TEST_F(ShardedE2E, FusedLossMemoryModelBendsAtOneChunk) {
+  std::string tokens = dir_ + "/tokens8k.bin";
+  auto made = RunToEnd(
+      {FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "100000", "--vocab", "8192"}, 120);
+  ASSERT_EQ(made.code, 0) << made.err;
+  auto report = [&](int batch) {
+    std::vector<std::string> argv = {
+        FULLBURN_BIN,        "train",           "-q",
+        "--store",           store_,            "model.name=gpt",
+        "data.source=tokens", "data.path=" + tokens, "data.vocab=8192",
+        "data.seq_len=128",  "model.hidden=64", "model.layers=2",
+        "model.heads=4",     "train.threads=1", "optim.name=adamw",
+        "eval.at_end=false", "train.steps=2",   "model.fused_loss=true",
+        "train.memory_report=true", "train.batch_size=" + std::to_string(batch)};
+    auto o = RunToEnd(argv, 300);
+    EXPECT_EQ(o.code, 0) << o.err;
+    std::vector<RunEvent> events =
+        Store()->LoadEvents(Store()->GetRun("last").value().id).value();
+    for (const RunEvent& e : events)
+      if (e.kind == "memory") return nlohmann::json::parse(e.data);
+    return nlohmann::json();
+  };
+  nlohmann::json small = report(4), large = report(32);
+  ASSERT_TRUE(small.is_object() && large.is_object());
+  const nlohmann::json& fit = small["activation_fit"]["none"];
+  EXPECT_EQ(fit["knee"].get<int64_t>(), 8) << fit.dump();
+  EXPECT_LT(fit["per_sample_above"].get<double>(), fit["per_sample"].get<double>() / 4)
+      << fit.dump();
+  const nlohmann::json& parts = small["predicted"];
+  double at32 = parts["weights"].get<double>() + parts["gradients"].get<double>() +
+                parts["optimizer"].get<double>() + fit["fixed"].get<double>() +
+                fit["per_sample"].get<double>() * 8 + fit["per_sample_above"].get<double>() * 24;
+  double measured = large["measured_peak_bytes"].get<double>();
+  EXPECT_NEAR(at32 / measured, 1.0, 0.15) << small.dump() << "\n" << large.dump();
+}
+
 TEST_F(ShardedE2E, OutOfMemoryNamesTheSettingThatFits) {
   std::string tokens = dir_ + "/tokens.bin";
   auto made = RunToEnd({FULLBURN_BIN, "make-dataset", "tokens", tokens, "--tokens", "40000"}, 120);
