@@ -69,6 +69,9 @@ class Model : public torch::nn::Module {
   // time, the rows of a chunk: the loss's transient memory stops growing
   // with the batch there (the memory model's knee). 0: it does not.
   virtual int64_t LossChunkRows() const { return 0; }
+  // Turns that chunked loss on or off (the memory probe asks what
+  // model.fused_loss would hold); false where the model has none.
+  virtual bool SetFusedLoss(bool /*on*/) { return false; }
 };
 
 // Activation checkpointing (model.checkpoint): fn(x) runs without keeping

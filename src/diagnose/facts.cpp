@@ -523,6 +523,8 @@ void GatherMemoryModel(const std::vector<RunEvent>& events, Facts* f) {
       if (s.value("shard", shard) != shard) fix = "dist.shard = " + s.value("shard", shard);
       if (s.value("checkpoint", ckpt) != ckpt)
         fix += (fix.empty() ? "" : " and ") + ("model.checkpoint = " + s.value("checkpoint", ckpt));
+      if (s.value("fused_loss", false))
+        fix += (fix.empty() ? "" : " and ") + std::string("model.fused_loss = true");
       m.fix = fix;
       m.fix_batch = largest;
       m.fix_bytes = s.value("bytes", int64_t{0});

@@ -178,6 +178,10 @@ class Gpt : public Model {
     return HeadCrossEntropy(x.reshape({-1, x.size(-1)}), wte_->weight, targets.reshape({-1}),
                             vocab_, loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_, x.device()));
   }
+  bool SetFusedLoss(bool on) override {
+    fused_loss_ = on;
+    return true;
+  }
   int64_t LossChunkRows() const override {
     if (!fused_loss_) return 0;
     return loss_rows_ > 0 ? loss_rows_ : HeadLossRows(vocab_, wte_->weight.device());

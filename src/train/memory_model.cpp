@@ -16,8 +16,19 @@
 
 namespace fullburn {
 
+namespace {
+// Stage 3 recomputes every block in backward, as model.checkpoint = blocks.
+std::string ActivationMode(const std::string& shard, const std::string& checkpoint, int world) {
+  return world > 1 && shard == "full" && checkpoint == "none" ? "blocks" : checkpoint;
+}
+}  // namespace
+
+bool MemoryModel::CanPredictFused(const std::string& shard, const std::string& checkpoint) const {
+  return fused_activations.count(ActivationMode(shard, checkpoint, world)) > 0;
+}
+
 MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
-                                 const std::string& checkpoint) const {
+                                 const std::string& checkpoint, bool fused_loss) const {
   MemoryParts m;
   const bool sharded = world > 1 && shard != "none";
   const bool full = sharded && shard == "full";
@@ -46,16 +57,16 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
   } else {
     m.gradients = grad_bytes;  // the buckets, kept between steps
   }
-  // Stage 3 recomputes every block in backward, as model.checkpoint = blocks.
-  auto fit = activations.find(full && checkpoint == "none" ? std::string("blocks") : checkpoint);
-  if (fit != activations.end())
-    m.activations = static_cast<int64_t>(std::max(0.0, fit->second.At(batch)));
+  const auto& fits = fused_loss ? fused_activations : activations;
+  auto fit = fits.find(ActivationMode(shard, checkpoint, world));
+  if (fit != fits.end()) m.activations = static_cast<int64_t>(std::max(0.0, fit->second.At(batch)));
   return m;
 }
 
 int64_t MemoryModel::LargestBatch(int64_t limit, const std::string& shard,
-                                  const std::string& checkpoint, int64_t max_batch) const {
-  auto fits = [&](int64_t b) { return Predict(b, shard, checkpoint).total() <= limit; };
+                                  const std::string& checkpoint, int64_t max_batch,
+                                  bool fused_loss) const {
+  auto fits = [&](int64_t b) { return Predict(b, shard, checkpoint, fused_loss).total() <= limit; };
   if (max_batch < 1 || !fits(1)) return 0;
   int64_t lo = 1, hi = max_batch;  // fits(lo); the answer is in [lo, hi]
   while (lo < hi) {

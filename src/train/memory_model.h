@@ -55,13 +55,21 @@ struct MemoryModel {
   int world = 1;
   int64_t accumulate = 1;  // train.accumulate: above 1 gradients live across micro-batches
   std::map<std::string, ActivationFit> activations;  // by model.checkpoint mode probed
+  // The same with model.fused_loss switched on, where the run's model has a
+  // loss to fuse and does not yet (by the mode probed: the run's own, or
+  // blocks for dist.shard = full).
+  std::map<std::string, ActivationFit> fused_activations;
 
-  // One rank at micro-batch `batch`; `checkpoint` must have been probed.
-  MemoryParts Predict(int64_t batch, const std::string& shard, const std::string& checkpoint) const;
+  // One rank at micro-batch `batch`; `checkpoint` (with `fused_loss`, in
+  // fused_activations) must have been probed.
+  MemoryParts Predict(int64_t batch, const std::string& shard, const std::string& checkpoint,
+                      bool fused_loss = false) const;
+  // Whether Predict can answer for model.fused_loss = true at this setting.
+  bool CanPredictFused(const std::string& shard, const std::string& checkpoint) const;
   // The largest micro-batch (at most `max_batch`) whose prediction is within
   // `limit` bytes; 0 when not even one sample fits.
   int64_t LargestBatch(int64_t limit, const std::string& shard, const std::string& checkpoint,
-                       int64_t max_batch) const;
+                       int64_t max_batch, bool fused_loss = false) const;
   // The dist.shard values that mean something here (all of them with 2+ ranks).
   std::vector<std::string> ShardSettings() const;
 };

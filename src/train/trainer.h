@@ -165,6 +165,8 @@ class Trainer {
   // slots) and its activation lines probed at `small` and `large`.
   MemoryModel ProbedModel(const Optimizer& optimizer, const TrainBatch& probe, int64_t small,
                           int64_t large);
+  void ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
+                      const std::function<int64_t()>& loss_knee, MemoryModel* m);
   // dist.shard = gradients or full: the largest micro-batch the memory model
   // fits for the rank's real share when the search's trials, which hold every
   // gradient (and weight) whole, were stopped by memory; 0 when it is not

@@ -23,14 +23,24 @@ nlohmann::json PartsJson(const MemoryParts& m) {
 // A change of setting and what it costs, cheapest first: the optimizer's
 // shard sends what data parallel sends; the gradients' adds waits in
 // backward; checkpointing recomputes forward (about a third more compute).
+// model.fused_loss recomputes the output layer's product in backward:
+// cheaper than checkpointing, which recomputes every block.
 struct Setting {
   std::string shard, checkpoint;
+  bool fused = false;  // model.fused_loss = true, where the run has it off
   std::string Describe(const std::string& cur_shard, const std::string& cur_ckpt) const {
     std::string out;
-    if (shard != cur_shard) out = "dist.shard = " + shard;
-    if (checkpoint != cur_ckpt)
-      out += (out.empty() ? "" : " and ") + ("model.checkpoint = " + checkpoint);
+    auto add = [&](const std::string& part) { out += (out.empty() ? "" : " and ") + part; };
+    if (shard != cur_shard) add("dist.shard = " + shard);
+    if (checkpoint != cur_ckpt) add("model.checkpoint = " + checkpoint);
+    if (fused) add("model.fused_loss = true");
     return out;
+  }
+  MemoryParts Predict(const MemoryModel& m, int64_t batch) const {
+    return m.Predict(batch, shard, checkpoint, fused);
+  }
+  int64_t LargestBatch(const MemoryModel& m, int64_t limit) const {
+    return m.LargestBatch(limit, shard, checkpoint, 1 << 20, fused);
   }
 };
 
@@ -39,6 +49,17 @@ std::vector<std::string> Modes(const MemoryModel& m, const std::string& current)
   std::vector<std::string> out = {current};
   for (const auto& [mode, fit] : m.activations)
     if (mode != current) out.push_back(mode);
+  return out;
+}
+
+// The table's rows: every shard setting with every probed mode, then the
+// shard settings model.fused_loss was probed for.
+std::vector<Setting> TableSettings(const MemoryModel& m, const std::string& ckpt) {
+  std::vector<Setting> out;
+  for (const std::string& s : m.ShardSettings())
+    for (const std::string& c : Modes(m, ckpt)) out.push_back({s, c});
+  for (const std::string& s : m.ShardSettings())
+    if (m.CanPredictFused(s, ckpt)) out.push_back({s, ckpt, true});
   return out;
 }
 
@@ -91,11 +112,12 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
   }
   CountOtherMemory(m);
   // model.fused_loss: the loss's logits stop growing at one chunk of rows.
-  int64_t knee = 0;
-  if (int64_t rows = ctx_.model->LossChunkRows(); rows > 0) {
+  auto loss_knee = [&]() -> int64_t {
+    int64_t rows = ctx_.model->LossChunkRows();
     int64_t positions = probe.targets.dim() >= 2 ? probe.targets.size(1) : 1;
-    knee = (rows + positions - 1) / positions;
-  }
+    return rows > 0 ? (rows + positions - 1) / positions : 0;
+  };
+  const int64_t knee = loss_knee();
   const std::string current = cfg_.Str("model.checkpoint");
   m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, knee);
   if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
@@ -107,7 +129,35 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
     }
     ctx_.model->SetCheckpointing(current);
   }
+  if (knee == 0) ProbeFusedLoss(probe, small, large, loss_knee, &m);
   return m;
+}
+
+// What model.fused_loss would hold, for a model with a loss to fuse that the
+// run does not fuse, in the mode the run computes its blocks in. Advice only:
+// where it runs out of memory, the advice goes without it.
+void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
+                             const std::function<int64_t()>& loss_knee, MemoryModel* m) {
+  if (!ctx_.model->SetFusedLoss(true)) return;
+  const std::string current = cfg_.Str("model.checkpoint");
+  const std::string mode =
+      rank_.world_size > 1 && cfg_.Str("dist.shard") == "full" ? "blocks" : current;
+  const bool switched = mode != current && ctx_.model->SetCheckpointing(mode);
+  auto restore = [&] {
+    ctx_.model->SetFusedLoss(false);
+    if (switched) ctx_.model->SetCheckpointing(current);
+  };
+  try {
+    if (mode == current || switched)
+      m->fused_activations[mode] =
+          ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, loss_knee());
+  } catch (const std::exception& e) {
+    restore();
+    if (!IsOutOfMemory(e)) throw;
+    FreeDeviceCache(ctx_.device);
+    return;
+  }
+  restore();
 }
 
 // The trials run without their collectives (a rank out of memory in a
@@ -195,14 +245,20 @@ nlohmann::json Trainer::MemoryJson(bool measured) const {
                                  {"per_sample", fit.per_sample},
                                  {"knee", fit.knee},
                                  {"per_sample_above", fit.per_sample_above}};
+  for (const auto& [mode, fit] : memory_->fused_activations)
+    j["fused_loss_fit"][mode] = {{"fixed", fit.fixed},
+                                 {"per_sample", fit.per_sample},
+                                 {"knee", fit.knee},
+                                 {"per_sample_above", fit.per_sample_above}};
   nlohmann::json settings = nlohmann::json::array();
-  for (const std::string& s : memory_->ShardSettings())
-    for (const std::string& c : Modes(*memory_, ckpt)) {
-      nlohmann::json one{
-          {"shard", s}, {"checkpoint", c}, {"bytes", memory_->Predict(batch_, s, c).total()}};
-      if (limit > 0) one["largest_batch"] = memory_->LargestBatch(ModelBudget(), s, c, 1 << 20);
-      settings.push_back(one);
-    }
+  for (const Setting& o : TableSettings(*memory_, ckpt)) {
+    nlohmann::json one{{"shard", o.shard},
+                       {"checkpoint", o.checkpoint},
+                       {"bytes", o.Predict(*memory_, batch_).total()}};
+    if (o.fused) one["fused_loss"] = true;
+    if (limit > 0) one["largest_batch"] = o.LargestBatch(*memory_, ModelBudget());
+    settings.push_back(one);
+  }
   j["settings"] = settings;
   return j;
 }
@@ -227,12 +283,11 @@ void Trainer::PrintBatchTable() {
                "headroom, %s held besides the model):\n",
                FormatBytes(limit).c_str(),
                FormatBytes(std::max<int64_t>(0, memory_other_)).c_str());
-  for (const std::string& s : memory_->ShardSettings())
-    for (const std::string& c : Modes(*memory_, ckpt)) {
-      std::string label = Setting{s, c}.Describe(shard, ckpt);
-      std::fprintf(stderr, "  %-48s %lld\n", label.empty() ? "as configured" : label.c_str(),
-                   static_cast<long long>(memory_->LargestBatch(ModelBudget(), s, c, 1 << 20)));
-    }
+  for (const Setting& o : TableSettings(*memory_, ckpt)) {
+    std::string label = o.Describe(shard, ckpt);
+    std::fprintf(stderr, "  %-48s %lld\n", label.empty() ? "as configured" : label.c_str(),
+                 static_cast<long long>(o.LargestBatch(*memory_, ModelBudget())));
+  }
 }
 
 std::string Trainer::OutOfMemoryAdvice() {
@@ -263,19 +318,28 @@ std::string Trainer::OutOfMemoryAdvice() {
     full_offered = full_offered || s == "full";
     if (s != shard && s != "full") order.push_back({s, ckpt});
   }
+  // The fused loss recomputes the output layer's product, less than
+  // checkpointing's every block: at this shard setting, then the others.
+  if (memory_->CanPredictFused(shard, ckpt)) order.push_back({shard, ckpt, true});
+  for (const std::string& s : memory_->ShardSettings())
+    if (s != shard && s != "full" && memory_->CanPredictFused(s, ckpt))
+      order.push_back({s, ckpt, true});
   for (const auto& [c, fit] : memory_->activations)
     if (c != ckpt) {
       order.push_back({shard, c});
       for (const std::string& s : memory_->ShardSettings())
         if (s != shard && s != "full") order.push_back({s, c});
     }
-  if (full_offered && shard != "full") order.push_back({"full", ckpt});
+  if (full_offered && shard != "full") {
+    order.push_back({"full", ckpt});
+    if (memory_->CanPredictFused("full", ckpt)) order.push_back({"full", ckpt, true});
+  }
   // With a known limit the first (cheapest) that fits; without one the
   // smallest, if it saves at least a tenth.
   std::string fix;
   int64_t fix_bytes = 0;
   for (const Setting& o : order) {
-    int64_t bytes = memory_->Predict(batch_, o.shard, o.checkpoint).total();
+    int64_t bytes = o.Predict(*memory_, batch_).total();
     bool better = limit > 0 ? fix.empty() && bytes <= ModelBudget()
                             : bytes < now.total() * 9 / 10 && (fix.empty() || bytes < fix_bytes);
     if (!better) continue;

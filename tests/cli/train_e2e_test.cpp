@@ -1013,9 +1013,10 @@ TEST_F(ShardedE2E, SearchUnderStageThreeTakesTheBatchTheRanksShareFits) {
 // train.batch_size = auto the search prints the largest micro-batch by
 // setting and the diagnosis says which one would raise it.
 // model.fused_loss where the logits are what fills the memory: a GPT with a
-// vocabulary of 8,192 runs out of a 200 MiB budget at micro-batch 32 (its
-// fp32 log-softmax and gradient, 128 MiB each), and trains with the loss
-// fused into the output layer.
+// vocabulary of 8,192 runs out of a 240 MiB budget at micro-batch 32 (its
+// fp32 log-softmax and gradient, 128 MiB each); the error and the diagnosis
+// name model.fused_loss (the probe measured it), and with the loss fused
+// into the output layer it trains.
 TEST_F(ShardedE2E, FusedLossTrainsWhereTheLogitsRanOutOfMemory) {
   std::string tokens = dir_ + "/tokens8k.bin";
   auto made = RunToEnd(
@@ -1027,11 +1028,14 @@ TEST_F(ShardedE2E, FusedLossTrainsWhereTheLogitsRanOutOfMemory) {
                                    "data.seq_len=128",   "model.hidden=64", "model.layers=2",
                                    "model.heads=4",      "train.threads=1", "optim.name=adamw",
                                    "eval.at_end=false",  "train.steps=2",   "train.batch_size=32",
-                                   "train.memory_budget_mb=200"};
+                                   "train.memory_budget_mb=240"};
   auto plain = RunToEnd(argv, 300);
   EXPECT_EQ(plain.code, 1);
   EXPECT_NE(plain.err.find("out of memory at step 1 with micro-batch 32"), std::string::npos)
       << plain.err;
+  EXPECT_NE(plain.err.find("model.fused_loss = true fits"), std::string::npos) << plain.err;
+  auto d = RunToEnd({FULLBURN_BIN, "diagnose", "--store", store_, "last"}, 60);
+  EXPECT_NE(d.out.find("fix: model.fused_loss = true (predicted"), std::string::npos) << d.out;
   argv.push_back("model.fused_loss=true");
   auto fused = RunToEnd(argv, 300);
   EXPECT_EQ(fused.code, 0) << fused.err;
