@@ -97,6 +97,11 @@ torch::Tensor Checkpointed(Holder module, const torch::Tensor& x) {
                            x, module->parameters(), module->buffers());
 }
 
+// model.checkpoint: blocks per recomputed segment (blocks: 1, every_K: K), 0
+// for none, -1 when the value is not one of them. dist.shard = full gathers
+// a segment's blocks together (at least one).
+int CheckpointSegment(const std::string& checkpoint);
+
 // The parameters of `m` that are not in `inside` (dist.shard = full: those
 // held for the whole step rather than gathered block by block).
 std::vector<torch::Tensor> ParametersOutside(const torch::nn::Module& m,

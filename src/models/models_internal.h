@@ -5,9 +5,6 @@
 
 namespace fullburn {
 
-// model.checkpoint: blocks per recomputed segment (blocks: 1, every_K: K), 0
-// for none, -1 when the value is not one of them.
-int CheckpointSegment(const std::string& checkpoint);
 std::shared_ptr<Model> MakeResNet(const ModelSpec& spec);
 std::shared_ptr<Model> MakeMlp(const ModelSpec& spec);
 std::shared_ptr<Model> MakeLstm(const ModelSpec& spec);
@@ -20,7 +17,8 @@ enum class LinearBackend { kBlas, kOneDnn };
 LinearBackend CpuLinearBackend();
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
 // x w^T + b as a 1x1 convolution over x viewed as [N, in, 1, 1].
-torch::Tensor LinearAsConvolution(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
+torch::Tensor LinearAsConvolution(const torch::Tensor& x, const torch::Tensor& w,
+                                  const torch::Tensor& b);
 
 // nn::Linear's parameters, names and init, computed through Linear().
 struct FastLinearImpl : torch::nn::Module {
@@ -34,14 +32,14 @@ TORCH_MODULE(FastLinear);
 // [>= vocab, C], computed `rows` rows at a time with no [N, vocab] tensor
 // kept for backward (model.fused_loss). Autocast as the plain path: the
 // product in autocast's dtype, the loss in fp32.
-torch::Tensor HeadCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
-                               int64_t vocab, int64_t rows);
+torch::Tensor HeadCrossEntropy(const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& targets, int64_t vocab, int64_t rows);
 // Rows per chunk: about 256 MiB of fp32 logits on a GPU, 32 MiB on a CPU.
 int64_t HeadLossRows(int64_t vocab, const torch::Device& device);
 
 // softmax(q k^T / sqrt(d) + causal mask) v, through the fused kernel where
 // this libtorch has one.
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              double dropout);
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, double dropout);
 
 }  // namespace fullburn

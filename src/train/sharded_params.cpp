@@ -8,17 +8,22 @@ namespace fullburn {
 
 int64_t TensorBytes(const std::vector<torch::Tensor>& tensors) {
   int64_t bytes = 0;
-  for (const torch::Tensor& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  for (const torch::Tensor& t : tensors)
+    bytes += t.numel() * static_cast<int64_t>(t.element_size());
   return bytes;
 }
 
 BlockSplit SplitByBlocks(const torch::nn::Module& model,
-                         const std::vector<std::vector<torch::Tensor>>& blocks) {
+                         const std::vector<std::vector<torch::Tensor>>& blocks, int segment) {
   BlockSplit split;
+  segment = std::max(1, segment);
   int64_t previous = 0;
-  for (const auto& block : blocks) {
-    split.inside.insert(split.inside.end(), block.begin(), block.end());
-    const int64_t bytes = TensorBytes(block);
+  for (size_t first = 0; first < blocks.size(); first += static_cast<size_t>(segment)) {
+    int64_t bytes = 0;
+    for (size_t b = first; b < std::min(blocks.size(), first + static_cast<size_t>(segment)); ++b) {
+      split.inside.insert(split.inside.end(), blocks[b].begin(), blocks[b].end());
+      bytes += TensorBytes(blocks[b]);
+    }
     split.largest_block_bytes = std::max(split.largest_block_bytes, bytes);
     split.largest_pair_bytes = std::max(split.largest_pair_bytes, previous + bytes);
     previous = bytes;
@@ -57,31 +62,50 @@ void ShardedParameters::SetBlocks(const std::vector<std::vector<torch::Tensor>>&
   }
 }
 
-// The block `params` is (by its first parameter), or -1: the parameters
-// outside blocks, or a list that is no block of SetBlocks'.
-int ShardedParameters::BlockOf(const std::vector<torch::Tensor>& params) {
-  if (params.empty()) return -1;
-  Slot* s = Find(params[0]);
-  if (!s) return -1;
-  const int b = s->block;
-  return b >= 0 && blocks_[static_cast<size_t>(b)].size() == params.size() ? b : -1;
+// The unit `params` is: consecutive whole blocks, in SetBlocks' order,
+// from the block of its first parameter; else no unit.
+ShardedParameters::Unit ShardedParameters::UnitOf(const std::vector<torch::Tensor>& params) {
+  if (params.empty()) return {};
+  Slot* first = Find(params[0]);
+  if (!first || first->block < 0) return {};
+  size_t at = 0;
+  int block = first->block;
+  while (at < params.size()) {
+    if (block >= static_cast<int>(blocks_.size())) return {};
+    for (size_t i : blocks_[static_cast<size_t>(block)]) {
+      if (at >= params.size() || Find(params[at]) != &slots_[i]) return {};
+      ++at;
+    }
+    ++block;
+  }
+  return {first->block, block - first->block};
 }
 
-// The block likely gathered after `block`: forward climbs, backward's
-// recomputes descend; after the same block twice, the last one turns round
+// The unit likely gathered after `unit`: forward climbs, backward's
+// recomputes descend; after the same unit twice, the top one turns round
 // (end of forward, backward begins) and the first goes on up (the next
-// micro-batch's forward).
-int ShardedParameters::NextBlock(int block) const {
+// micro-batch's forward). Units seen before give the next one's size; else
+// it is this one's (every_K's units are K blocks from the first).
+ShardedParameters::Unit ShardedParameters::NextUnit(Unit unit) const {
   const int n = static_cast<int>(blocks_.size());
-  int step = 1;
-  if (last_block_ == block + 1 || (last_block_ == block && block == n - 1)) step = -1;
-  int next = block + step;
-  return next >= 0 && next < n ? next : -1;
+  const int end = unit.first + unit.count;
+  const bool down = last_unit_.first == end || (last_unit_ == unit && end == n);
+  if (!down) {
+    if (end >= n) return {};
+    auto seen = seen_units_.find(end);
+    return {end, seen != seen_units_.end() ? seen->second : std::min(unit.count, n - end)};
+  }
+  if (unit.first == 0) return {};
+  for (const auto& [first, count] : seen_units_)
+    if (first + count == unit.first) return {first, count};
+  const int first = std::max(0, unit.first - unit.count);
+  return {first, unit.first - first};
 }
 
-std::vector<ShardedParameters::Slot*> ShardedParameters::BlockSlots(int block) {
+std::vector<ShardedParameters::Slot*> ShardedParameters::UnitSlots(Unit unit) {
   std::vector<Slot*> out;
-  for (size_t i : blocks_[static_cast<size_t>(block)]) out.push_back(&slots_[i]);
+  for (int b = unit.first; b < unit.first + unit.count; ++b)
+    for (size_t i : blocks_[static_cast<size_t>(b)]) out.push_back(&slots_[i]);
   return out;
 }
 
@@ -89,11 +113,11 @@ std::vector<ShardedParameters::Slot*> ShardedParameters::BlockSlots(int block) {
 void ShardedParameters::FinishPrefetch(bool keep) {
   Status st = dp_->FinishBroadcast(pending_.get());
   pending_.reset();
-  const int block = pending_block_;
-  pending_block_ = -1;
+  const Unit unit = pending_unit_;
+  pending_unit_ = {};
   if (!st.ok()) throw std::runtime_error(st.message());
   if (!keep)
-    for (Slot* s : BlockSlots(block)) Free(*s);
+    for (Slot* s : UnitSlots(unit)) Free(*s);
 }
 
 bool ShardedParameters::Owns(const torch::Tensor& p) const {
@@ -119,8 +143,7 @@ void ShardedParameters::Free(Slot& s) {
 void ShardedParameters::Allocate(const std::vector<Slot*>& slots,
                                  std::vector<torch::Tensor>* tensors, std::vector<int>* owners) {
   for (Slot* s : slots) {
-    if (s->param.numel() != s->numel)
-      s->param.set_data(torch::empty(s->shape, s->param.options()));
+    if (s->param.numel() != s->numel) s->param.set_data(torch::empty(s->shape, s->param.options()));
     tensors->push_back(s->param);
     owners->push_back(s->owner);
   }
@@ -134,13 +157,13 @@ void ShardedParameters::Gather(const std::vector<torch::Tensor>& params) {
       wanted.push_back(s);
       is_wanted[static_cast<size_t>(s - slots_.data())] = true;
     }
-  const int block = BlockOf(params);
-  for (size_t i = 0; i < slots_.size(); ++i)  // not the block a prefetch is filling
-    if (slots_[i].block >= 0 && slots_[i].block != pending_block_ && !is_wanted[i])
+  const Unit unit = UnitOf(params);
+  for (size_t i = 0; i < slots_.size(); ++i)  // not the unit a prefetch is filling
+    if (slots_[i].block >= 0 && !pending_unit_.Contains(slots_[i].block) && !is_wanted[i])
       Free(slots_[i]);
   bool filled = false;
-  if (pending_ && block >= 0) {  // every gather of a block settles the prefetch
-    filled = pending_block_ == block;
+  if (pending_ && unit.valid()) {  // every gather of a unit settles the prefetch
+    filled = pending_unit_ == unit;
     FinishPrefetch(filled);
   }
   std::vector<torch::Tensor> tensors;
@@ -151,18 +174,19 @@ void ShardedParameters::Gather(const std::vector<torch::Tensor>& params) {
     Status st = dp_->BroadcastFromOwners(tensors, owners);
     if (!st.ok()) throw std::runtime_error(st.message());
   }
-  if (block >= 0) {
+  if (unit.valid()) {
     ++block_gathers_;
     prefetched_gathers_ += filled;
-    const int next = prefetch_ ? NextBlock(block) : -1;
-    last_block_ = block;
-    if (next >= 0) {
+    seen_units_[unit.first] = unit.count;
+    const Unit next = prefetch_ ? NextUnit(unit) : Unit{};
+    last_unit_ = unit;
+    if (next.valid()) {
       std::vector<torch::Tensor> next_tensors;
       std::vector<int> next_owners;
-      Allocate(BlockSlots(next), &next_tensors, &next_owners);
+      Allocate(UnitSlots(next), &next_tensors, &next_owners);
       held += TensorBytes(next_tensors);
       pending_ = dp_->StartBroadcastFromOwners(next_tensors, next_owners);
-      pending_block_ = next;
+      pending_unit_ = next;
     }
   }
   largest_gather_bytes_ = std::max(largest_gather_bytes_, held);

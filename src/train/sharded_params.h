@@ -11,12 +11,15 @@
 //   gathered: autograd accumulates its gradients after the block returns),
 //   then fills `params` from their owners. Throws std::runtime_error with
 //   DataParallel's one-line message when a rank is lost.
-// - Prefetch (SetBlocks with prefetch on): once a block is filled, the next
-//   block's broadcast starts, so it travels while this block computes; the
+// - A gather unit is one block, or a run of consecutive blocks gathered
+//   together (model.checkpoint = every_K gathers K at a time); any other
+//   list (the parameters outside blocks) is no unit.
+// - Prefetch (SetBlocks with prefetch on): once a unit is filled, the next
+//   unit's broadcast starts, so it travels while this one computes; the
 //   next is guessed from the order of the last two gathers (forward goes up
-//   the blocks, backward's recomputes come down). Every rank guesses alike,
-//   so the collectives still meet; a wrong guess is finished and dropped.
-//   A rank then holds two blocks at a time.
+//   the blocks, backward's recomputes come down) and the units seen so far.
+//   Every rank guesses alike, so the collectives still meet; a wrong guess
+//   is finished and dropped. A rank then holds two units at a time.
 // - Release and ReleaseAll only free memory (no communication but finishing
 //   a prefetch every rank started): the trainer calls ReleaseAll after each
 //   optimizer step and after an evaluation.
@@ -26,6 +29,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -40,14 +44,16 @@ int64_t TensorBytes(const std::vector<torch::Tensor>& tensors);
 
 // A model's parameters as Model::SetParameterGather's blocks split them:
 // those in blocks (in block order), those outside (held for the step, used
-// first), the largest block's bytes and the most two blocks in a row hold
-// (a block and the one a prefetch fills beside it).
+// first), the largest gather unit's bytes (`segment` blocks in a row from
+// the first, as model.checkpoint = every_K gathers them; 1: each block) and
+// the most two units in a row hold (a unit and the one a prefetch fills
+// beside it).
 struct BlockSplit {
   std::vector<torch::Tensor> inside, outside;
   int64_t largest_block_bytes = 0, largest_pair_bytes = 0;
 };
 BlockSplit SplitByBlocks(const torch::nn::Module& model,
-                         const std::vector<std::vector<torch::Tensor>>& blocks);
+                         const std::vector<std::vector<torch::Tensor>>& blocks, int segment = 1);
 
 class ShardedParameters : public ParameterGather {
  public:
@@ -69,7 +75,7 @@ class ShardedParameters : public ParameterGather {
   // prefetch the next block's too, or the parameters outside blocks): what a
   // rank holds above its share at a time.
   int64_t largest_gather_bytes() const { return largest_gather_bytes_; }
-  // Block gathers so far, and those a prefetch had already filled.
+  // Unit gathers so far, and those a prefetch had already filled.
   int64_t block_gathers() const { return block_gathers_; }
   int64_t prefetched_gathers() const { return prefetched_gathers_; }
 
@@ -81,14 +87,21 @@ class ShardedParameters : public ParameterGather {
     int owner = 0;
     int block = -1;  // its index in SetBlocks' list; -1: outside blocks
   };
+  // Blocks first .. first + count - 1; count 0: no unit.
+  struct Unit {
+    int first = -1, count = 0;
+    bool valid() const { return count > 0; }
+    bool operator==(const Unit& o) const { return first == o.first && count == o.count; }
+    bool Contains(int block) const { return block >= first && block < first + count; }
+  };
   Slot* Find(const torch::Tensor& p);
   void Free(Slot& s);
-  int BlockOf(const std::vector<torch::Tensor>& params);
-  int NextBlock(int block) const;
+  Unit UnitOf(const std::vector<torch::Tensor>& params);
+  Unit NextUnit(Unit unit) const;
   static void Allocate(const std::vector<Slot*>& slots, std::vector<torch::Tensor>* tensors,
                        std::vector<int>* owners);
   void FinishPrefetch(bool keep);
-  std::vector<Slot*> BlockSlots(int block);
+  std::vector<Slot*> UnitSlots(Unit unit);
 
   DataParallel* dp_;
   std::vector<Slot> slots_;
@@ -96,8 +109,8 @@ class ShardedParameters : public ParameterGather {
   int64_t largest_gather_bytes_ = 0;
   std::vector<std::vector<size_t>> blocks_;  // slot indices, forward order
   bool prefetch_ = false;
-  int last_block_ = -1;
-  int pending_block_ = -1;
+  Unit last_unit_, pending_unit_;
+  std::map<int, int> seen_units_;  // first block -> blocks, of the units gathered
   std::unique_ptr<DataParallel::PendingBroadcast, void (*)(DataParallel::PendingBroadcast*)>
       pending_{nullptr, nullptr};
   int64_t block_gathers_ = 0, prefetched_gathers_ = 0;

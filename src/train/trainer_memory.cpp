@@ -105,7 +105,9 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
   m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
   if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
-    BlockSplit split = SplitByBlocks(*ctx_.model, blocks);
+    // model.checkpoint = every_K: stage 3 gathers K blocks at a time.
+    BlockSplit split = SplitByBlocks(*ctx_.model, blocks,
+                                     std::max(1, CheckpointSegment(cfg_.Str("model.checkpoint"))));
     m.gather_bytes =
         TensorBytes(split.outside) +
         (cfg_.Bool("dist.prefetch") ? split.largest_pair_bytes : split.largest_block_bytes);

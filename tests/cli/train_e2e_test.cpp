@@ -827,6 +827,30 @@ TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnThreeAndTwoRanks) {
 // the same losses, weights and state as the update in place, alone and with
 // ZeRO stage 2 on 2 ranks; an offloaded checkpoint resumes like a plain one;
 // a host without room for it is refused before training with the amounts.
+// dist.shard = full with model.checkpoint = every_2 on a 4-block GPT: the
+// model gathers 2 blocks at a time, and dist.prefetch fills the next pair
+// while one computes: losses and state equal plain data parallel's, and of
+// 4 pair gathers per micro-batch (forward 0-1, 2-3; backward 2-3, 0-1) the
+// second of each pass was filled by a prefetch.
+TEST_F(ShardedE2E, StageThreePrefetchesTheNextSegmentOfBlocks) {
+  std::vector<std::string> base = TinyGpt();
+  base.insert(base.end(), {"eval.at_end=false", "train.accumulate=2", "model.layers=4",
+                           "model.checkpoint=every_2"});
+  int64_t plain = Launch(2, base, {"dist.shard=none"});
+  int64_t sharded = Launch(2, base, {"dist.shard=full", "dist.prefetch=true"});
+  std::vector<double> a = Rank0Losses(plain), b = Rank0Losses(sharded);
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), 5u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i + 1;
+  ExpectSameState(plain, sharded);
+  auto held = Held(sharded);
+  ASSERT_EQ(held.size(), 2u);
+  for (auto& [rank, j] : held) {
+    EXPECT_EQ(j["block_gathers"].get<int64_t>(), 5 * 2 * 4) << "rank " << rank;
+    EXPECT_EQ(j["prefetched_gathers"].get<int64_t>(), 5 * 2 * 2) << "rank " << rank;
+  }
+}
+
 TEST_F(ShardedE2E, OffloadedOptimizerTrainsLikeTheUpdateInPlace) {
   std::vector<std::string> base = kTiny;
   for (const char* a : {"optim.name=adamw", "optim.lr=0.01", "eval.at_end=false",
