@@ -67,7 +67,8 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor ForwardLoss(torch::Tensor input, const torch::Tensor& targets);
   // Where ForwardLoss works through the output rows (positions) a chunk at a
   // time, the rows of a chunk: the loss's transient memory stops growing
-  // with the batch there (the memory model's knee). 0: it does not.
+  // with the batch there (the memory model's knee). 0: it does not (no
+  // such loss, or it is switched off).
   virtual int64_t LossChunkRows() const { return 0; }
   // Turns that chunked loss on or off (the memory probe asks what
   // model.fused_loss would hold); false where the model has none.

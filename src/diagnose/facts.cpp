@@ -485,11 +485,15 @@ namespace {
 // out of memory, the setting whose predicted largest micro-batch is the
 // largest (at least twice the chosen one).
 void GatherMemoryModel(const std::vector<RunEvent>& events, Facts* f) {
-  bool search_oom = false;
+  bool search_oom = false, chosen_by_model = false;
   for (const RunEvent& e : events) {
-    if (e.kind != "batch_size_trial") continue;
+    if (e.kind != "batch_size_trial" && e.kind != "batch_size_chosen") continue;
     auto t = nlohmann::json::parse(e.data, nullptr, false);
-    search_oom |= t.is_object() && t.value("error", std::string()) == "out of memory";
+    if (!t.is_object()) continue;
+    if (e.kind == "batch_size_chosen")
+      chosen_by_model |= t.value("memory_model", false);
+    else
+      search_oom |= t.value("error", std::string()) == "out of memory";
   }
   for (const RunEvent& e : events) {
     if (e.kind != "memory") continue;
@@ -531,6 +535,7 @@ void GatherMemoryModel(const std::vector<RunEvent>& events, Facts* f) {
     }
     if (m.fix.empty()) continue;
     m.search_limited = true;
+    m.chosen_by_model = chosen_by_model;
     f->memory_model = m;
   }
 }

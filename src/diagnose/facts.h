@@ -166,6 +166,9 @@ struct Facts {
   struct MemoryModelFacts {
     bool oom = false;
     bool search_limited = false;  // a batch-size trial ran out of memory
+    // The search took the memory model's largest for the run's own setting
+    // (dist.shard gradients/full: its trials hold more than a rank will).
+    bool chosen_by_model = false;
     int rank = 0;
     int64_t batch = 0, total = 0, limit = 0;
     int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;

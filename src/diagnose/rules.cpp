@@ -388,10 +388,14 @@ void MemoryModelRule(const Facts& f, std::vector<Finding>* out) {
                     parts, 1.0, 0.9, fix});
     return;
   }
-  out->push_back({"memory_pressure", fmt::format("Micro-batch {} held down by memory", m.batch),
-                  parts + "; the batch-size search ran out of memory above it", 0, 0.6,
-                  fmt::format("{}: micro-batch up to {} (predicted {} per rank at {})", m.fix,
-                              m.fix_batch, Mib(m.fix_bytes), m.batch)});
+  out->push_back(
+      {"memory_pressure", fmt::format("Micro-batch {} held down by memory", m.batch),
+       parts + (m.chosen_by_model ? "; the batch-size search took the memory model's largest for "
+                                    "this setting"
+                                  : "; the batch-size search ran out of memory above it"),
+       0, 0.6,
+       fmt::format("{}: micro-batch up to {} (predicted {} per rank at {})", m.fix, m.fix_batch,
+                   Mib(m.fix_bytes), m.batch)});
 }
 
 }  // namespace

@@ -16,12 +16,9 @@
 
 namespace fullburn {
 
-namespace {
-// Stage 3 recomputes every block in backward, as model.checkpoint = blocks.
 std::string ActivationMode(const std::string& shard, const std::string& checkpoint, int world) {
   return world > 1 && shard == "full" && checkpoint == "none" ? "blocks" : checkpoint;
 }
-}  // namespace
 
 bool MemoryModel::CanPredictFused(const std::string& shard, const std::string& checkpoint) const {
   return fused_activations.count(ActivationMode(shard, checkpoint, world)) > 0;
@@ -231,6 +228,8 @@ ActivationFit ProbeActivations(StepContext* ctx, const TrainBatch& probe, int64_
     fit.per_sample_above = std::max(0.0, (p_large - p_knee) / static_cast<double>(large - knee));
     return fit;
   }
+  // With both sizes past the knee the line is the slope above it: below
+  // `small` it over-predicts by at most one chunk (the safe side).
   ActivationFit fit = line(small, measure(small), large, measure(large));
   if (knee >= large && 2 * knee <= 8 * large) {
     try {

@@ -54,6 +54,7 @@ struct MemoryModel {
   bool state_on_host = false;
   int world = 1;
   int64_t accumulate = 1;  // train.accumulate: above 1 gradients live across micro-batches
+  int64_t probed_small = 0, probed_large = 0;        // the micro-batches the lines were probed at
   std::map<std::string, ActivationFit> activations;  // by model.checkpoint mode probed
   // The same with model.fused_loss switched on, where the run's model has a
   // loss to fuse and does not yet (by the mode probed: the run's own, or
@@ -73,6 +74,10 @@ struct MemoryModel {
   // The dist.shard values that mean something here (all of them with 2+ ranks).
   std::vector<std::string> ShardSettings() const;
 };
+
+// The probed activation line Predict reads for a setting: stage 3 recomputes
+// every block in backward, so its `none` is `blocks`.
+std::string ActivationMode(const std::string& shard, const std::string& checkpoint, int world);
 
 // The parameter and optimizer parts (activations are probed).
 MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optimizer& optimizer,

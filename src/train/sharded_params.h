@@ -72,7 +72,7 @@ class ShardedParameters : public ParameterGather {
   int64_t held_bytes() const;
   int64_t total_numel() const;  // every parameter's elements, gathered or not
   // The most parameter bytes one Gather fills (the largest block's, with a
-  // prefetch the next block's too, or the parameters outside blocks): what a
+  // prefetch the next unit's too, or the parameters outside blocks): what a
   // rank holds above its share at a time.
   int64_t largest_gather_bytes() const { return largest_gather_bytes_; }
   // Unit gathers so far, and those a prefetch had already filled.

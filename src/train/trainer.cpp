@@ -405,7 +405,11 @@ Status Trainer::ProbeMemoryIfWanted() {
     memory_.reset();
     FreeDeviceCache(ctx_.device);
     try {
-      if (batch_ >= 4 && ProbeMemory(batch_ / 4).ok()) {
+      if (batch_ >= 4) {
+        if (Status again = ProbeMemory(batch_ / 4); !again.ok()) {
+          exit_code = kExitFailed;
+          return again;
+        }
         if (batch_searched_) PrintBatchTable();
         return Status::Ok();
       }
@@ -486,9 +490,9 @@ Status Trainer::Run() {
         static_cast<long long>(run_.id), ModelLabel().c_str(),
         static_cast<long long>(params_sharded_ ? params_sharded_->total_numel()
                                                : ParameterCount(*ctx_.model)),
-        static_cast<long long>(batch_),
-        static_cast<long long>(accumulate_), static_cast<long long>(total_steps_),
-        ctx_.device.str().c_str(), cfg_.Str("train.precision").c_str());
+        static_cast<long long>(batch_), static_cast<long long>(accumulate_),
+        static_cast<long long>(total_steps_), ctx_.device.str().c_str(),
+        cfg_.Str("train.precision").c_str());
   s = Loop();
   if (!s.ok()) parts_cancel_ = true;  // a rank may be gone: its part will not come
   // A failed step leaves the weights suspect: the last good checkpoint stands.

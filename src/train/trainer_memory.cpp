@@ -105,7 +105,8 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
   m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
   if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
-    // model.checkpoint = every_K: stage 3 gathers K blocks at a time.
+    // model.checkpoint = every_K: stage 3 gathers K blocks at a time (the
+    // table's rows for other modes reuse it: over-counted for fewer blocks).
     BlockSplit split = SplitByBlocks(*ctx_.model, blocks,
                                      std::max(1, CheckpointSegment(cfg_.Str("model.checkpoint"))));
     m.gather_bytes =
@@ -113,6 +114,8 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
         (cfg_.Bool("dist.prefetch") ? split.largest_pair_bytes : split.largest_block_bytes);
   }
   CountOtherMemory(m);
+  m.probed_small = small;
+  m.probed_large = large;
   // model.fused_loss: the loss's logits stop growing at one chunk of rows.
   auto loss_knee = [&]() -> int64_t {
     int64_t rows = ctx_.model->LossChunkRows();
@@ -136,14 +139,14 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
 }
 
 // What model.fused_loss would hold, for a model with a loss to fuse that the
-// run does not fuse, in the mode the run computes its blocks in. Advice only:
-// where it runs out of memory, the advice goes without it.
+// run does not fuse (LossChunkRows() == 0: off, by Model's contract, so off
+// is what is put back), in the line Predict reads for the run's setting.
+// Advice only: where it runs out of memory, the advice goes without it.
 void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
                              const std::function<int64_t()>& loss_knee, MemoryModel* m) {
-  if (!ctx_.model->SetFusedLoss(true)) return;
   const std::string current = cfg_.Str("model.checkpoint");
-  const std::string mode =
-      rank_.world_size > 1 && cfg_.Str("dist.shard") == "full" ? "blocks" : current;
+  const std::string mode = ActivationMode(cfg_.Str("dist.shard"), current, rank_.world_size);
+  if (!ctx_.model->SetFusedLoss(true)) return;
   const bool switched = mode != current && ctx_.model->SetCheckpointing(mode);
   auto restore = [&] {
     ctx_.model->SetFusedLoss(false);
@@ -158,6 +161,9 @@ void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t lar
     if (!IsOutOfMemory(e)) throw;
     FreeDeviceCache(ctx_.device);
     return;
+  } catch (...) {
+    restore();
+    throw;
   }
   restore();
 }
@@ -242,6 +248,7 @@ nlohmann::json Trainer::MemoryJson(bool measured) const {
                    {"per_sample_bytes", memory_->activations.at(ckpt).per_sample},
                    {"predicted", PartsJson(memory_->Predict(batch_, shard, ckpt))}};
   if (measured) j["measured_peak_bytes"] = DevicePeakBytes(ctx_.device) - memory_other_;
+  j["probed_at"] = {memory_->probed_small, memory_->probed_large};
   for (const auto& [mode, fit] : memory_->activations)
     j["activation_fit"][mode] = {{"fixed", fit.fixed},
                                  {"per_sample", fit.per_sample},

@@ -1026,6 +1026,7 @@ TEST_F(ShardedE2E, SearchUnderStageThreeTakesTheBatchTheRanksShareFits) {
     if (e.kind != "memory") continue;
     auto j = nlohmann::json::parse(e.data);
     ++reports;
+    EXPECT_EQ(j["probed_at"][1].get<int64_t>(), chosen[0] / 4) << j.dump();  // the retry's size
     double ratio = j["predicted"]["total"].get<double>() / j["measured_peak_bytes"].get<double>();
     EXPECT_NEAR(ratio, 1.0, 0.15) << j.dump();
   }

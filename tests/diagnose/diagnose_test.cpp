@@ -309,6 +309,42 @@ TEST(Diagnose, MemoryPressureOnGpuAndHost) {
   EXPECT_FALSE(Has(swap.Run(), "memory_pressure"));
 }
 
+// fullburn train's memory events: a search whose trials ran out of memory
+// held the micro-batch at 12 where dist.shard = full fits 54, and the finding
+// names it. When the search took the memory model's size for the run's own
+// setting (a sharded run), the evidence says so instead of "ran out of
+// memory above it" (the trials ran out below the chosen size).
+TEST(Diagnose, MemoryModelNamesTheSettingThatRaisesASearchedBatch) {
+  auto run = [](bool chosen_by_model) {
+    Case c;
+    c.Host(40);
+    c.events.push_back({0, "batch_size_trial", R"({"batch": 16, "fits": false, "error": "out of memory"})"});
+    c.events.push_back({0, "batch_size_chosen",
+                        chosen_by_model ? R"({"batch": 12, "memory_model": true, "rank": 0})"
+                                        : R"({"batch": 12})"});
+    c.events.push_back({5, "memory", R"({"rank": 0, "batch": 12, "shard": "none", "checkpoint": "none",
+      "limit_bytes": 104857600, "predicted": {"weights": 1, "gradients": 1, "optimizer": 1,
+      "activations": 1, "total": 4},
+      "settings": [{"shard": "none", "checkpoint": "none", "bytes": 4, "largest_batch": 16},
+                   {"shard": "full", "checkpoint": "none", "bytes": 3, "largest_batch": 54}]})"});
+    for (const Finding& f : c.Run())
+      if (f.cause == "memory_pressure") return f;
+    return Finding{};
+  };
+  Finding plain = run(false);
+  ASSERT_EQ(plain.cause, "memory_pressure");
+  EXPECT_EQ(plain.title, "Micro-batch 12 held down by memory");
+  EXPECT_NE(plain.fix.find("dist.shard = full: micro-batch up to 54"), std::string::npos) << plain.fix;
+  EXPECT_NE(plain.evidence.find("ran out of memory above it"), std::string::npos) << plain.evidence;
+  Finding by_model = run(true);
+  ASSERT_EQ(by_model.cause, "memory_pressure");
+  EXPECT_EQ(by_model.evidence.find("ran out of memory above it"), std::string::npos)
+      << by_model.evidence;
+  EXPECT_NE(by_model.evidence.find("the memory model's largest for this setting"),
+            std::string::npos)
+      << by_model.evidence;
+}
+
 TEST(Diagnose, MemoryPeaksAfterTheLastStepCount) {
   // The GPU fills after the last step that finished (the step that ran out
   // of memory never finished): outside the training window, still counted.
