@@ -80,7 +80,8 @@ const std::vector<OptionDef>& TrainOptions() {
       {"train.steps", T::kInt, "0", "Optimizer steps to take; 0: train.epochs decides", "", ">=0"},
       {"train.batch_size", T::kInt, "64",
        "Micro-batch size, or auto: the largest that fits (double, then bisect) with the best "
-       "measured throughput",
+       "measured throughput; with dist.shard = gradients or full, past the trials' out-of-memory, "
+       "the memory model's largest for the rank's share",
        "auto", ">0"},
       {"train.accumulate", T::kInt, "1",
        "Micro-batches per optimizer step (effective batch = batch_size x accumulate)", "", ">0"},
@@ -211,9 +212,10 @@ const std::vector<OptionDef>& TrainOptions() {
        "size resumes it. none: every rank keeps everything",
        "none|optimizer|gradients|full"},
       {"dist.prefetch", T::kBool, "false",
-       "dist.shard = full: start the next block's gather while a block computes (forward up the "
-       "blocks, backward's recomputes down), as FSDP's prefetch does; a rank then holds two "
-       "blocks at a time. Off until measured where it pays (ranks on GPUs of their own, NCCL): "
+       "dist.shard = full: start the next block's gather (the next segment's with "
+       "model.checkpoint = every_K) while one computes (forward up the blocks, backward's "
+       "recomputes down), as FSDP's prefetch does; a rank then holds two at a time. Off until "
+       "measured where it pays (ranks on GPUs of their own, NCCL): "
        "on 2 busy CPU ranks it gained nothing (docs/benchmarks.md)"},
       {"dist.offload", T::kString, "none",
        "optimizer: the optimizer state (of the parameters this rank updates) and its update in "
