@@ -116,13 +116,18 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
                                 const BatchSearchOptions& o,
                                 const std::function<void(const BatchTrial&)>& report) {
   // Trials train for real; the weights (and BatchNorm statistics) they change
-  // are put back afterwards so the search leaves no trace in the run.
+  // are put back afterwards so the search leaves no trace in the run. The
+  // copies wait in host memory: on a GPU a device copy would take the
+  // weights' bytes from every trial (on a CPU run this is a clone).
   const Status no_fit = NoFitStatus(*ctx);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> saved;
   try {
     torch::NoGradGuard g;
-    for (auto& p : ctx->model->parameters()) saved.emplace_back(p, p.detach().clone());
-    for (auto& b : ctx->model->buffers()) saved.emplace_back(b, b.detach().clone());
+    auto host_copy = [](const torch::Tensor& t) {
+      return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    };
+    for (auto& p : ctx->model->parameters()) saved.emplace_back(p, host_copy(p));
+    for (auto& b : ctx->model->buffers()) saved.emplace_back(b, host_copy(b));
   } catch (const std::exception& e) {
     if (IsOutOfMemory(e)) return no_fit;
     throw;
