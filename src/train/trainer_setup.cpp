@@ -390,6 +390,16 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   probe_src->reset();
   if (!chosen.ok() && from_model == 0) {
     exit_code = kExitFailed;
+    const std::string shard = cfg_.Str("dist.shard");
+    if (dp_ && (shard == "gradients" || shard == "full") &&
+        chosen.status().code() == Status::Code::kResourceExhausted)
+      // The trials and the probe hold what the rank will not: "use a smaller
+      // model" would be wrong advice.
+      return Status::ResourceExhausted(fmt::format(
+          "batch 1 does not fit in a batch-size trial, which holds every gradient{} whole on "
+          "this rank where dist.shard = {} holds its share: set train.batch_size by hand "
+          "(train.memory_report = true measures what a rank holds)",
+          shard == "full" ? " and weight" : "", shard));
     return chosen.status();
   }
   batch_ = from_model > 0 ? from_model : *chosen;

@@ -1031,6 +1031,26 @@ TEST_F(ShardedE2E, SearchUnderStageThreeTakesTheBatchTheRanksShareFits) {
     EXPECT_NEAR(ratio, 1.0, 0.15) << j.dump();
   }
   EXPECT_EQ(reports, 2);
+
+  // At 43 MiB not even batch 1 fits a trial or the probe (each holds every
+  // weight and gradient whole: the search finds a size from 47 MiB up), while
+  // the rank's share trains at 4 (from 40 MiB up): the search says so and
+  // names the way out, not "use a smaller model".
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN,
+                                   "train",      "-q",     "--store", store_};
+  argv.insert(argv.end(), base.begin(), base.end());
+  argv.push_back("train.memory_budget_mb=43");
+  auto tight = RunToEnd(argv, 300);
+  EXPECT_NE(tight.code, 0);
+  EXPECT_NE(tight.err.find("batch 1 does not fit in a batch-size trial, which holds every gradient "
+                           "and weight whole on this rank where dist.shard = full holds its share: "
+                           "set train.batch_size by hand"),
+            std::string::npos)
+      << tight.err;
+  std::replace(argv.begin(), argv.end(), std::string("train.batch_size=auto"),
+               std::string("train.batch_size=4"));
+  auto by_hand = RunToEnd(argv, 300);
+  EXPECT_EQ(by_hand.code, 0) << by_hand.err;
 }
 
 // Out of memory in a step under a budget: the error and the diagnosis give
