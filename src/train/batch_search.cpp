@@ -32,6 +32,7 @@ TrainBatch SampleBatch(const StepContext& ctx, const TrainBatch& probe, int64_t 
 namespace {
 
 constexpr const char* kCannotTrainAtOne = "cannot train at batch 1";
+constexpr const char* kOutOfMemory = "out of memory";
 
 struct Trial {
   StepContext* ctx;
@@ -73,7 +74,7 @@ struct Trial {
       t.fits = true;
     } catch (const std::exception& e) {
       if (IsOutOfMemory(e)) {
-        t.error = "out of memory";
+        t.error = kOutOfMemory;
       } else if (batch == 1) {
         // BatchNorm cannot train on one sample whose feature map ends at 1x1
         // (small images): not a memory limit, so the search goes on at 2.
@@ -167,6 +168,13 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
   restore();
   if (fits.empty()) return no_fit;
   return PickSearchedBatch(fits, first_fail);
+}
+
+int64_t FirstOutOfMemory(const std::vector<BatchTrial>& trials) {
+  int64_t first = 0;
+  for (const BatchTrial& t : trials)
+    if (t.error == kOutOfMemory && (first == 0 || t.batch < first)) first = t.batch;
+  return first;
 }
 
 int64_t PickSearchedBatch(const std::vector<BatchTrial>& fits, int64_t first_fail) {

@@ -386,46 +386,36 @@ Status Trainer::ProbeMemoryIfWanted() {
     PrintBatchTable();
     return Status::Ok();
   }
-  try {
-    if (Status r = ProbeMemory(batch_); !r.ok()) {
-      exit_code = kExitFailed;
-      return r;
-    }
-  } catch (const std::exception& e) {
-    // The report is advice: a probe that does not fit (the run holds more
-    // than the search's trials did, or, sharded, every gradient and for
-    // stage 3 every weight whole) is read at a quarter of the micro-batch,
-    // and left out when that does not fit either; training goes on.
-    exit_code = kExitFailed;
-    if (!IsOutOfMemory(e)) {
-      std::string what = e.what();
-      return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
-    }
-    exit_code = 0;
-    memory_.reset();
-    FreeDeviceCache(ctx_.device);
+  // The report is advice: a probe that does not fit (the run holds more than
+  // the search's trials did, or, sharded, every gradient and for stage 3
+  // every weight whole) is read at a quarter of the micro-batch, and left out
+  // when that does not fit either; training goes on.
+  std::string first_oom;
+  for (int64_t size : {batch_, batch_ >= 4 ? batch_ / 4 : int64_t{0}}) {
+    if (size == 0) break;
     try {
-      if (batch_ >= 4) {
-        if (Status again = ProbeMemory(batch_ / 4); !again.ok()) {
-          exit_code = kExitFailed;
-          return again;
-        }
-        if (batch_searched_) PrintBatchTable();
-        return Status::Ok();
-      }
-    } catch (const std::exception& again) {
-      if (!IsOutOfMemory(again)) {
+      if (Status r = ProbeMemory(size); !r.ok()) {
         exit_code = kExitFailed;
-        std::string what = again.what();
+        return r;
+      }
+      first_oom.clear();
+      break;
+    } catch (const std::exception& e) {
+      if (!IsOutOfMemory(e)) {
+        exit_code = kExitFailed;
+        std::string what = e.what();
         return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
       }
+      memory_.reset();
+      FreeDeviceCache(ctx_.device);
+      if (first_oom.empty()) first_oom = DescribeOutOfMemory(e);
     }
-    memory_.reset();
+  }
+  if (!first_oom.empty())
     std::fprintf(stderr,
                  "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
                  "memory (%s); the steps may too\n",
-                 rank_.rank, DescribeOutOfMemory(e).c_str());
-  }
+                 rank_.rank, first_oom.c_str());
   if (batch_searched_) PrintBatchTable();
   return Status::Ok();
 }

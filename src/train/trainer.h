@@ -76,6 +76,8 @@ struct BatchSearchOptions {
 // out-of-memory limit (`first_fail` > 0): the run holds more than a trial.
 // A search stopped by max_batch found no limit, so its last size counts.
 int64_t PickSearchedBatch(const std::vector<BatchTrial>& fits, int64_t first_fail);
+// The smallest trial that ran out of memory; 0: none did.
+int64_t FirstOutOfMemory(const std::vector<BatchTrial>& trials);
 // `batch` samples drawn at random from `probe` (the batch search's trials,
 // the memory probe), channels_last where the model takes it.
 TrainBatch SampleBatch(const StepContext& ctx, const TrainBatch& probe, int64_t batch);
@@ -165,8 +167,7 @@ class Trainer {
   // slots) and its activation lines probed at `small` and `large`.
   MemoryModel ProbedModel(const Optimizer& optimizer, const TrainBatch& probe, int64_t small,
                           int64_t large);
-  void ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
-                      const std::function<int64_t()>& loss_knee, MemoryModel* m);
+  void ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large, MemoryModel* m);
   // dist.shard = gradients or full: the largest micro-batch the memory model
   // fits for the rank's real share when the search's trials, which hold every
   // gradient (and weight) whole, were stopped by memory; 0 when it is not

@@ -44,6 +44,21 @@ struct Setting {
   }
 };
 
+// model.fused_loss: the samples of one loss chunk, where the loss's logits
+// stop growing (0: the model's loss is not chunked).
+int64_t LossKnee(const Model& model, const TrainBatch& probe) {
+  int64_t rows = model.LossChunkRows();
+  int64_t positions = probe.targets.dim() >= 2 ? probe.targets.size(1) : 1;
+  return rows > 0 ? (rows + positions - 1) / positions : 0;
+}
+
+nlohmann::json FitJson(const ActivationFit& fit) {
+  return {{"fixed", fit.fixed},
+          {"per_sample", fit.per_sample},
+          {"knee", fit.knee},
+          {"per_sample_above", fit.per_sample_above}};
+}
+
 // The probed checkpoint modes, the run's own first.
 std::vector<std::string> Modes(const MemoryModel& m, const std::string& current) {
   std::vector<std::string> out = {current};
@@ -116,13 +131,7 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
   CountOtherMemory(m);
   m.probed_small = small;
   m.probed_large = large;
-  // model.fused_loss: the loss's logits stop growing at one chunk of rows.
-  auto loss_knee = [&]() -> int64_t {
-    int64_t rows = ctx_.model->LossChunkRows();
-    int64_t positions = probe.targets.dim() >= 2 ? probe.targets.size(1) : 1;
-    return rows > 0 ? (rows + positions - 1) / positions : 0;
-  };
-  const int64_t knee = loss_knee();
+  const int64_t knee = LossKnee(*ctx_.model, probe);
   const std::string current = cfg_.Str("model.checkpoint");
   m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, knee);
   if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
@@ -134,7 +143,7 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
     }
     ctx_.model->SetCheckpointing(current);
   }
-  if (knee == 0) ProbeFusedLoss(probe, small, large, loss_knee, &m);
+  if (knee == 0) ProbeFusedLoss(probe, small, large, &m);
   return m;
 }
 
@@ -143,7 +152,7 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
 // is what is put back), in the line Predict reads for the run's setting.
 // Advice only: where it runs out of memory, the advice goes without it.
 void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
-                             const std::function<int64_t()>& loss_knee, MemoryModel* m) {
+                             MemoryModel* m) {
   const std::string current = cfg_.Str("model.checkpoint");
   const std::string mode = ActivationMode(cfg_.Str("dist.shard"), current, rank_.world_size);
   if (!ctx_.model->SetFusedLoss(true)) return;
@@ -154,8 +163,8 @@ void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t lar
   };
   try {
     if (mode == current || switched)
-      m->fused_activations[mode] =
-          ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, loss_knee());
+      m->fused_activations[mode] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr,
+                                                    LossKnee(*ctx_.model, probe));
   } catch (const std::exception& e) {
     restore();
     if (!IsOutOfMemory(e)) throw;
@@ -181,13 +190,10 @@ int64_t Trainer::ShardedBatchBeyondTrials(const TrainBatch& probe, const Optimiz
   const std::string shard = cfg_.Str("dist.shard");
   if (!dp_ || (shard != "gradients" && shard != "full")) return 0;
   if (DeviceMemoryLimit(ctx_.device) <= 0) return 0;
-  int64_t last_fit = 0, first_fail = 0;
-  for (const BatchTrial& t : trials) {
+  int64_t last_fit = 0;
+  for (const BatchTrial& t : trials)
     if (t.fits) last_fit = std::max(last_fit, t.batch);
-    if (t.error == "out of memory" && (first_fail == 0 || t.batch < first_fail))
-      first_fail = t.batch;
-  }
-  if (first_fail == 0) return 0;  // no trial ran out of memory
+  if (FirstOutOfMemory(trials) == 0) return 0;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (auto& p : ctx_.model->named_parameters()) named.emplace_back(p.key(), p.value());
   Optimizer slots(named, oo);  // holds no state: it names the state's slots
@@ -249,16 +255,9 @@ nlohmann::json Trainer::MemoryJson(bool measured) const {
                    {"predicted", PartsJson(memory_->Predict(batch_, shard, ckpt))}};
   if (measured) j["measured_peak_bytes"] = DevicePeakBytes(ctx_.device) - memory_other_;
   j["probed_at"] = {memory_->probed_small, memory_->probed_large};
-  for (const auto& [mode, fit] : memory_->activations)
-    j["activation_fit"][mode] = {{"fixed", fit.fixed},
-                                 {"per_sample", fit.per_sample},
-                                 {"knee", fit.knee},
-                                 {"per_sample_above", fit.per_sample_above}};
+  for (const auto& [mode, fit] : memory_->activations) j["activation_fit"][mode] = FitJson(fit);
   for (const auto& [mode, fit] : memory_->fused_activations)
-    j["fused_loss_fit"][mode] = {{"fixed", fit.fixed},
-                                 {"per_sample", fit.per_sample},
-                                 {"knee", fit.knee},
-                                 {"per_sample_above", fit.per_sample_above}};
+    j["fused_loss_fit"][mode] = FitJson(fit);
   nlohmann::json settings = nlohmann::json::array();
   for (const Setting& o : TableSettings(*memory_, ckpt)) {
     nlohmann::json one{{"shard", o.shard},

@@ -415,17 +415,13 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     pending_events_.push_back({0, "batch_size_trial", trial.dump()});
   }
   if (batch_from_model_) {
-    int64_t first_oom = 0;
-    for (const BatchTrial& t : trials)
-      if (t.error == "out of memory" && (first_oom == 0 || t.batch < first_oom))
-        first_oom = t.batch;
     std::fprintf(stderr,
                  "fullburn: micro-batch %lld: the memory model's largest for dist.shard = %s "
                  "(the trials, which hold every gradient%s whole where this rank will hold its "
                  "share, ran out of memory at %lld)\n",
                  static_cast<long long>(batch_), cfg_.Str("dist.shard").c_str(),
                  cfg_.Str("dist.shard") == "full" ? " and weight" : "",
-                 static_cast<long long>(first_oom));
+                 static_cast<long long>(FirstOutOfMemory(trials)));
   } else {
     std::fprintf(stderr,
                  "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
