@@ -85,8 +85,12 @@ class DataParallel {
 
   // Every rank's tensors take rank 0's values (parameters and buffers at start).
   Status Broadcast(const std::vector<torch::Tensor>& tensors);
-  // Registers the gradient hooks; `params` in registration order.
-  Status Attach(const std::vector<torch::Tensor>& params);
+  // Registers the gradient hooks; `params` in registration order. The
+  // buckets (every gradient, whole) are allocated now, so what a batch-size
+  // search measures holds them; `allocate_buckets` false when ShardGradients
+  // follows, which keeps none between steps: a rank then never holds every
+  // gradient at once.
+  Status Attach(const std::vector<torch::Tensor>& params, bool allocate_buckets = true);
   size_t bucket_count() const;
   // ZeRO stage 2: `owner[i]` (ShardOwners) keeps the gradient of `params[i]`;
   // an attached parameter not in `params` is all-reduced and kept everywhere.

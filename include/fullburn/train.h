@@ -152,6 +152,9 @@ class Optimizer {
   // the rank that owns them (DataParallel::BroadcastFromOwners). Drops the
   // state of parameters it does not own (a full checkpoint, re-sharded).
   void SetOwned(const std::vector<bool>& owned);
+  // Moves each state buffer to its parameter's device (a state loaded while
+  // the parameters waited in host memory, dist.shard = full).
+  void MoveStateToParameters();
   // The state slots kept per parameter: ".momentum" (SGD, LARS with
   // momentum), ".exp_avg" and ".exp_avg_sq" (AdamW), or none.
   std::vector<std::string> StateSlots() const;

@@ -265,6 +265,7 @@ struct DataParallel::Impl {
     }
     // After the first step .grad is the bucket slot itself (DDP's
     // gradient_as_bucket_view): autograd accumulated into it in place.
+    if (!b.flat.defined()) b.flat = torch::zeros({b.numel}, b.options);  // Attach made none
     if (!GradIsBucketSlot(index)) {
       const torch::Tensor& grad = params[index].grad();
       torch::Tensor view = BucketView(index);
@@ -577,7 +578,7 @@ Status DataParallel::BroadcastFromOwners(const std::vector<torch::Tensor>& tenso
   return FinishBroadcast(StartBroadcastFromOwners(tensors, owner).get());
 }
 
-Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
+Status DataParallel::Attach(const std::vector<torch::Tensor>& params, bool allocate_buckets) {
   Impl& m = *impl_;
   if (!m.params.empty()) return Status::InvalidArgument("DataParallel::Attach called twice");
   m.params = params;
@@ -604,7 +605,7 @@ Status DataParallel::Attach(const std::vector<torch::Tensor>& params) {
     if (b.params.empty()) continue;
     b.numel = b.offsets.back() + params[b.params.back()].numel();
     b.options = params[b.params.front()].options().requires_grad(false);
-    b.flat = torch::zeros({b.numel}, b.options);
+    if (allocate_buckets) b.flat = torch::zeros({b.numel}, b.options);
     b.pending = b.params.size();
     m.buckets.push_back(std::move(b));
   }
@@ -725,7 +726,7 @@ void DataParallel::ZeroGradients() {
     return;
   }
   for (Bucket& b : m.buckets) {
-    b.flat.zero_();
+    if (b.flat.defined()) b.flat.zero_();
     for (size_t index : b.params)  // a .grad that is not its bucket slot: set to none
       if (m.params[index].grad().defined() && !m.GradIsBucketSlot(index))
         m.params[index].mutable_grad() = torch::Tensor();

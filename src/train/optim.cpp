@@ -52,6 +52,12 @@ void Optimizer::SetOwned(const std::vector<bool>& owned) {
   }
 }
 
+void Optimizer::MoveStateToParameters() {
+  for (Param& s : params_)
+    for (torch::Tensor* b : {&s.buf1, &s.buf2})
+      if (b->defined() && b->device() != s.p.device()) *b = b->to(s.p.device());
+}
+
 std::vector<std::string> Optimizer::StateSlots() const {
   if (o_.name == "adamw") return {".exp_avg", ".exp_avg_sq"};
   if (o_.momentum != 0) return {".momentum"};

@@ -120,6 +120,38 @@ void ShardedParameters::FinishPrefetch(bool keep) {
     for (Slot* s : UnitSlots(unit)) Free(*s);
 }
 
+Status ShardedParameters::PlaceOnDevice(const torch::Device& device, int64_t chunk_bytes,
+                                        bool channels_last) {
+  torch::NoGradGuard no_grad;
+  for (size_t first = 0; first < slots_.size();) {
+    std::vector<torch::Tensor> moved;
+    int64_t bytes = 0;
+    size_t end = first;
+    for (; end < slots_.size(); ++end) {
+      const int64_t size =
+          slots_[end].numel * static_cast<int64_t>(slots_[end].param.element_size());
+      if (end > first && bytes + size > chunk_bytes) break;
+      bytes += size;
+      moved.push_back(slots_[end].param.detach().to(device));  // (a CPU device: the same storage)
+    }
+    // Every rank starts from rank 0's weights, as the unsharded run does.
+    if (Status s = dp_->Broadcast(moved); !s.ok()) return s;
+    for (size_t i = first; i < end; ++i) {
+      Slot& s = slots_[i];
+      torch::Tensor t = moved[i - first];
+      if (s.owner != dp_->rank()) {
+        s.param.set_data(torch::empty({0}, t.options()));
+        continue;
+      }
+      // The layout after the broadcast: it sends dense tensors alike on every rank.
+      if (channels_last && t.dim() == 4) t = t.contiguous(torch::MemoryFormat::ChannelsLast);
+      s.param.set_data(t);
+    }
+    first = end;
+  }
+  return Status::Ok();
+}
+
 bool ShardedParameters::Owns(const torch::Tensor& p) const {
   auto it = index_.find(p.unsafeGetTensorImpl());
   return it != index_.end() && slots_[it->second].owner == dp_->rank();

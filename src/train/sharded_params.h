@@ -65,6 +65,15 @@ class ShardedParameters : public ParameterGather {
   // ReleaseAll), and with `prefetch` the next block's broadcast starts as
   // soon as a block is filled.
   void SetBlocks(const std::vector<std::vector<torch::Tensor>>& blocks, bool prefetch);
+  // For a model still in host memory (built there so no rank holds it
+  // whole on the device): moves each parameter to `device` with rank 0's
+  // values and keeps it whole only on its owner, the others an empty tensor
+  // there. A collective; parameters travel in chunks of up to `chunk_bytes`
+  // (at least one parameter), so the device holds the rank's share plus one
+  // chunk. `channels_last`: 4-d parameters take that layout on the device.
+  // On a CPU device the parameters stay where they are and the others' are
+  // freed. A lost rank: DataParallel's Status.
+  Status PlaceOnDevice(const torch::Device& device, int64_t chunk_bytes, bool channels_last);
   bool Owns(const torch::Tensor& p) const;
   void Gather(const std::vector<torch::Tensor>& params) override;
   void Release(const std::vector<torch::Tensor>& params) override;

@@ -191,6 +191,12 @@ class Trainer {
   std::vector<int> shard_owner_;   // empty: not sharded
   bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
   std::shared_ptr<ShardedParameters> params_sharded_;  // dist.shard = full
+  // dist.shard = full without a probe (a fixed micro-batch, no memory
+  // report): the model waits in host memory until ShardStates moves each
+  // rank's own parameters to the device, so no rank holds it whole there.
+  bool share_to_device_ = false;
+  Status PlaceShareOnDevice();
+  bool BucketsHeld() const;  // whole gradient buckets between steps (unsharded gradients)
   // What the model gathers through (params_sharded_, or dist.offload's wait
   // for the host update); null: nothing.
   std::shared_ptr<ParameterGather> model_gather_;

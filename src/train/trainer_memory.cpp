@@ -228,7 +228,7 @@ void Trainer::CountOtherMemory(const MemoryModel& m) {
   const int64_t weights = params_sharded_ ? params_sharded_->held_bytes() : m.weight_bytes;
   const int64_t state = m.state_on_host || !optim_ ? 0 : optim_->StateBytes();
   memory_other_ =
-      DeviceBytesInUse(ctx_.device) - weights - state - (dp_ && !grads_sharded_ ? m.grad_bytes : 0);
+      DeviceBytesInUse(ctx_.device) - weights - state - (BucketsHeld() ? m.grad_bytes : 0);
 }
 
 int64_t Trainer::ModelBudget() const {

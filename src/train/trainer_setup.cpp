@@ -331,20 +331,34 @@ Status Trainer::BuildModel(const BatchSource& source) {
     }
     ctx_.model = *m;
   }
-  ctx_.model->to(ctx_.device);
-  if (ctx_.channels_last)
-    for (auto& p : ctx_.model->parameters())
-      if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+  // A probe (the batch-size search, the memory report) runs the model whole
+  // on the device; without one, stage 3 never needs it there.
+  share_to_device_ = dp_ && cfg_.Str("dist.shard") == "full" && !MemoryReportWanted();
+  if (!share_to_device_) {
+    ctx_.model->to(ctx_.device);
+    if (ctx_.channels_last)
+      for (auto& p : ctx_.model->parameters())
+        if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+  }
   if (dp_) {
-    // Every rank starts from rank 0's weights. The buckets are allocated now,
-    // so a batch-size search counts their memory; its trials do not sync.
-    std::vector<torch::Tensor> state = ctx_.model->parameters();
-    for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
-    if (Status s = dp_->Broadcast(state); !s.ok()) return s;
-    if (Status s = dp_->Attach(ctx_.model->parameters()); !s.ok()) return s;
+    // Every rank starts from rank 0's weights (stage 3 without a probe: as
+    // ShardStates moves them). Unsharded gradients' buckets are allocated
+    // now, so a batch-size search counts their memory (its trials do not
+    // sync); sharded ones exist only while backward reduces them.
+    if (!share_to_device_) {
+      std::vector<torch::Tensor> state = ctx_.model->parameters();
+      for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
+      if (Status s = dp_->Broadcast(state); !s.ok()) return s;
+    }
+    if (Status s = dp_->Attach(ctx_.model->parameters(), BucketsHeld()); !s.ok()) return s;
     dp_->SetSync(false);
   }
   return Status::Ok();
+}
+
+bool Trainer::BucketsHeld() const {
+  const std::string shard = cfg_.Str("dist.shard");
+  return dp_ && shard != "gradients" && shard != "full";
 }
 
 // Probes the data with a small batch for shapes and real values, builds the

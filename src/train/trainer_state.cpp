@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "fullburn/diagnose.h"
@@ -271,6 +272,8 @@ Status Trainer::ShardStates() {
   if (shard == "full") {
     std::vector<std::vector<torch::Tensor>> blocks;
     params_sharded_ = std::make_shared<ShardedParameters>(dp_.get(), optim_->params(), shard_owner_);
+    if (share_to_device_)
+      if (Status s = PlaceShareOnDevice(); !s.ok()) return s;
     if (!ctx_.model->SetParameterGather(params_sharded_, &blocks)) {
       params_sharded_.reset();
       return Status::InvalidArgument(
@@ -283,6 +286,42 @@ Status Trainer::ShardStates() {
     model_gather_ = params_sharded_;
     params_sharded_->ReleaseAll();  // each rank keeps its own parameters only
   }
+  return Status::Ok();
+}
+
+// Stage 3 without a probe: the model waited in host memory (a resumed
+// run's state too); now each rank's own parameters go to the device, a
+// bucket's worth at a time, and the rest of the model (buffers, parameters
+// the optimizer does not take) whole, all with rank 0's values.
+Status Trainer::PlaceShareOnDevice() {
+  torch::NoGradGuard no_grad;
+  const int64_t chunk = static_cast<int64_t>(cfg_.Float("dist.bucket_mb") * 1e6);
+  std::set<const void*> sharded;
+  int64_t total_bytes = 0;
+  for (const torch::Tensor& p : optim_->params()) {
+    sharded.insert(p.unsafeGetTensorImpl());
+    total_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  if (Status s = params_sharded_->PlaceOnDevice(ctx_.device, chunk, ctx_.channels_last); !s.ok())
+    return s;
+  std::vector<torch::Tensor> rest;
+  for (torch::Tensor p : ctx_.model->parameters())
+    if (!sharded.count(p.unsafeGetTensorImpl())) {
+      p.set_data(p.data().to(ctx_.device));
+      rest.push_back(p);
+    }
+  for (torch::Tensor b : ctx_.model->buffers()) {
+    if (b.device() != ctx_.device) b.set_data(b.data().to(ctx_.device));
+    rest.push_back(b);
+  }
+  if (Status s = dp_->Broadcast(rest); !s.ok()) return s;
+  optim_->MoveStateToParameters();
+  if (rank_.rank == 0 && !opt_.quiet)
+    std::fprintf(stderr,
+                 "fullburn: dist.shard = full: each rank moved only its own parameters to %s "
+                 "(%s of %s here)\n",
+                 ctx_.device.str().c_str(), FormatBytes(params_sharded_->held_bytes()).c_str(),
+                 FormatBytes(static_cast<double>(total_bytes)).c_str());
   return Status::Ok();
 }
 

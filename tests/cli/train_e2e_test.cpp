@@ -44,19 +44,7 @@ class CpuTier : public ::testing::Environment {
     ::testing::AddGlobalTestEnvironment(new CpuTier);
 
 // Small and deterministic: an MLP on in-memory synthetic data, one thread.
-// A loopback port the kernel says is free now, for ranks started by hand
-// ("" if none could be had).
-std::string FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  return ok ? std::to_string(ntohs(a.sin_port)) : "";
-}
+using testing::FreeLoopbackPort;
 
 const std::vector<std::string> kTiny = {
     "model.name=mlp",   "data.source=synthetic", "data.synthetic_samples=2048",
@@ -823,10 +811,6 @@ TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnThreeAndTwoRanks) {
       << refused.err;
 }
 
-// dist.offload = optimizer: the state and the update on the host copy give
-// the same losses, weights and state as the update in place, alone and with
-// ZeRO stage 2 on 2 ranks; an offloaded checkpoint resumes like a plain one;
-// a host without room for it is refused before training with the amounts.
 // dist.shard = full with model.checkpoint = every_2 on a 4-block GPT: the
 // model gathers 2 blocks at a time, and dist.prefetch fills the next pair
 // while one computes: losses and state equal plain data parallel's, and of
@@ -851,6 +835,46 @@ TEST_F(ShardedE2E, StageThreePrefetchesTheNextSegmentOfBlocks) {
   }
 }
 
+// dist.shard = full without a probe never holds the model whole on the
+// device: the model waits in host memory and each rank moves only its own
+// parameters there; sharded gradients have no buckets between steps. On the
+// CPU, host and device are one budget, so what shows is that no rank holds
+// every weight and every gradient at once: 2 ranks train an 8-block GPT
+// (plain SGD) under a budget below the two together, where a start that
+// allocated every gradient's bucket ran out of memory.
+TEST_F(ShardedE2E, StageThreeStartsWhereEveryWeightAndGradientDoNotFitTogether) {
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN,
+                                   "train", "--store", store_};
+  for (const std::string& a : TinyGpt()) argv.push_back(a);
+  const int64_t budget_mb = 36;
+  argv.insert(argv.end(), {"model.hidden=256", "model.layers=8", "model.dropout=0",
+                           "optim.name=sgd", "optim.momentum=0", "optim.lr=0.01",
+                           "train.steps=3", "eval.at_end=false", "checkpoint.at_end=false",
+                           "dist.bucket_mb=1", "dist.shard=full",
+                           "train.memory_budget_mb=" + std::to_string(budget_mb)});
+  auto o = RunToEnd(argv, 300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("dist.shard = full: each rank moved only its own parameters to cpu"),
+            std::string::npos)
+      << o.err;
+  int64_t run = Store()->GetRun("last").value().id;
+  EXPECT_EQ(Rank0Losses(run).size(), 3u);
+  auto held = Held(run);
+  ASSERT_EQ(held.size(), 2u);
+  int64_t weights = 0, grads = 0;
+  for (auto& [rank, j] : held) {
+    weights += j["param_bytes"].get<int64_t>();
+    grads += j["grad_bytes"].get<int64_t>();
+  }
+  // The budget holds the weights but not the weights and gradients together.
+  EXPECT_GT(weights + grads, budget_mb << 20);
+  EXPECT_LT(weights, budget_mb << 20);
+}
+
+// dist.offload = optimizer: the state and the update on the host copy give
+// the same losses, weights and state as the update in place, alone and with
+// ZeRO stage 2 on 2 ranks; an offloaded checkpoint resumes like a plain one;
+// a host without room for it is refused before training with the amounts.
 TEST_F(ShardedE2E, OffloadedOptimizerTrainsLikeTheUpdateInPlace) {
   std::vector<std::string> base = kTiny;
   for (const char* a : {"optim.name=adamw", "optim.lr=0.01", "eval.at_end=false",

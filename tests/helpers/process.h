@@ -1,8 +1,11 @@
 // Running fullburn and helper programs from end-to-end tests.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +18,20 @@
 #include "replay_env.h"
 
 namespace fullburn::testing {
+
+// A loopback port the kernel says is free now, for ranks started by hand
+// ("" if none could be had).
+inline std::string FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok ? std::to_string(ntohs(a.sin_port)) : "";
+}
 
 struct Outcome {
   int code = -1;

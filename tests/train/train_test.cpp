@@ -12,8 +12,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sstream>
+#include <thread>
+
 #include "../../src/train/memory_model.h"
+#include "../../src/train/sharded_params.h"
 #include "../../src/train/trainer.h"
+#include "fullburn/dist_torch.h"
+#include "process.h"
 #include "replay_env.h"
 
 namespace fullburn {
@@ -596,6 +602,78 @@ TEST(BatchSearch, ABudgetFilledBeforeTheSearchIsNamedAsSuch) {
   EXPECT_NE(r.status().message().find("were in use before the batch-size search"),
             std::string::npos)
       << r.status().message();
+}
+
+// dist.shard = full from host memory: two ranks (threads here) built
+// different weights; after PlaceOnDevice each holds only the parameters it
+// owns, with rank 0's values, and a gather fills the rest with rank 0's
+// too. The chunk of 256 bytes sends the parameters in several broadcasts.
+TEST(ShardedParameters, PlacingFromTheHostKeepsOnlyTheRanksShareWithRankZerosValues) {
+  const std::string port = testing::FreeLoopbackPort();
+  ASSERT_FALSE(port.empty());
+  const std::vector<std::vector<int64_t>> shapes = {{8, 4}, {4}, {16, 8}, {8}, {3, 3, 2, 2}, {5}};
+  auto values = [&](int rank) {
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      torch::Tensor t = torch::arange(c10::multiply_integers(shapes[i]), torch::kFloat)
+                            .reshape(shapes[i])
+                            .add(static_cast<double>(1000 * rank + 100 * i));
+      out.push_back(t.requires_grad_());
+    }
+    return out;
+  };
+  const std::vector<torch::Tensor> expected = values(0);
+  std::string errors[2];
+  auto run_rank = [&](int rank) {
+    std::string& error = errors[rank];
+    RankInfo info;
+    info.rank = rank;
+    info.world_size = 2;
+    info.local_world_size = 2;
+    info.master_port = std::stoi(port);
+    DistOptions options;
+    options.backend = "gloo";
+    options.timeout_s = 60;
+    auto dp = DataParallel::Connect(info, options, torch::kCPU);
+    if (!dp.ok()) {
+      error = dp.status().message();
+      return;
+    }
+    std::vector<torch::Tensor> params = values(rank);
+    std::vector<int> owner = DataParallel::ShardOwners(params, 2);
+    ShardedParameters sharded(dp->get(), params, owner);
+    if (Status s = sharded.PlaceOnDevice(torch::kCPU, 256, false); !s.ok()) {
+      error = s.message();
+      return;
+    }
+    std::ostringstream why;
+    int64_t held = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (owner[i] != rank) {
+        if (params[i].numel() != 0)
+          why << "parameter " << i << " kept by a rank that does not own it; ";
+        continue;
+      }
+      held += params[i].numel();
+      if (!params[i].equal(expected[i])) why << "parameter " << i << " is not rank 0's; ";
+    }
+    if (held == 0) why << "this rank owns nothing; ";
+    try {
+      sharded.Gather(params);
+      for (size_t i = 0; i < params.size(); ++i)
+        if (!params[i].equal(expected[i]))
+          why << "gathered parameter " << i << " is not rank 0's; ";
+      if (!params[2].requires_grad()) why << "the parameter lost requires_grad; ";
+    } catch (const std::exception& e) {
+      why << "gather failed: " << e.what();
+    }
+    error = why.str();
+  };
+  std::thread other(run_rank, 1);
+  run_rank(0);
+  other.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
 }
 
 }  // namespace
