@@ -437,11 +437,19 @@ Status Trainer::Run() {
     exit_code = kExitFailed;
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
+    // Several ranks that hold everything whole can share it instead.
+    const std::string shard = cfg_.Str("dist.shard");
+    const std::string share =
+        dp_ && shard != "full"
+            ? fmt::format("dist.shard = full gives each of the {} ranks a share of the weights, "
+                          "gradients and optimizer state (docs/memory.md); or ",
+                          rank_.world_size)
+            : "";
     if (IsOutOfMemory(e))
       s = Status::ResourceExhausted(fmt::format(
-          "the model, its optimizer state and the data held in memory do not fit ({}): use a "
+          "the model, its optimizer state and the data held in memory do not fit ({}): {}use a "
           "smaller model (model.width, model.hidden, model.layers) or less data in memory{}",
-          DescribeOutOfMemory(e),
+          DescribeOutOfMemory(e), share,
           ctx_.device.is_cuda()   ? ", or a GPU with more memory"
           : CpuMemoryBudget() > 0 ? ", or raise train.memory_budget_mb"
                                   : ""));

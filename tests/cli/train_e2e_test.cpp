@@ -841,7 +841,8 @@ TEST_F(ShardedE2E, StageThreePrefetchesTheNextSegmentOfBlocks) {
 // CPU, host and device are one budget, so what shows is that no rank holds
 // every weight and every gradient at once: 2 ranks train an 8-block GPT
 // (plain SGD) under a budget below the two together, where a start that
-// allocated every gradient's bucket ran out of memory.
+// allocated every gradient's bucket ran out of memory; unsharded, the
+// start's error names dist.shard = full.
 TEST_F(ShardedE2E, StageThreeStartsWhereEveryWeightAndGradientDoNotFitTogether) {
   std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN,
                                    "train", "--store", store_};
@@ -869,6 +870,17 @@ TEST_F(ShardedE2E, StageThreeStartsWhereEveryWeightAndGradientDoNotFitTogether) 
   // The budget holds the weights but not the weights and gradients together.
   EXPECT_GT(weights + grads, budget_mb << 20);
   EXPECT_LT(weights, budget_mb << 20);
+
+  // Unsharded, the ranks hold both from the start: out of memory before
+  // training, with the setting that shares them named.
+  *std::find(argv.begin(), argv.end(), "dist.shard=full") = "dist.shard=none";
+  auto plain = RunToEnd(argv, 300);
+  EXPECT_NE(plain.code, 0);
+  EXPECT_NE(plain.err.find("do not fit (one allocation of"), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("dist.shard = full gives each of the 2 ranks a share of the weights, "
+                           "gradients and optimizer state"),
+            std::string::npos)
+      << plain.err;
 }
 
 // dist.offload = optimizer: the state and the update on the host copy give
