@@ -140,7 +140,8 @@ Status ShardedParameters::PlaceOnDevice(const torch::Device& device, int64_t chu
       Slot& s = slots_[i];
       torch::Tensor t = moved[i - first];
       if (s.owner != dp_->rank()) {
-        s.param.set_data(torch::empty({0}, t.options()));
+        s.param.set_data(torch::empty({1}, t.options()).expand(s.shape));
+        s.placeholder = true;
         continue;
       }
       // The layout after the broadcast: it sends dense tensors alike on every rank.
@@ -168,6 +169,7 @@ ShardedParameters::Slot* ShardedParameters::Find(const torch::Tensor& p) {
 void ShardedParameters::Free(Slot& s) {
   if (s.owner == dp_->rank() || s.param.numel() == 0) return;
   s.param.set_data(torch::empty({0}, s.param.options()));
+  s.placeholder = false;
 }
 
 // Each slot at its full shape (a released one gets fresh memory), and the
@@ -175,7 +177,10 @@ void ShardedParameters::Free(Slot& s) {
 void ShardedParameters::Allocate(const std::vector<Slot*>& slots,
                                  std::vector<torch::Tensor>* tensors, std::vector<int>* owners) {
   for (Slot* s : slots) {
-    if (s->param.numel() != s->numel) s->param.set_data(torch::empty(s->shape, s->param.options()));
+    if (s->param.numel() != s->numel || s->placeholder) {
+      s->param.set_data(torch::empty(s->shape, s->param.options()));
+      s->placeholder = false;
+    }
     tensors->push_back(s->param);
     owners->push_back(s->owner);
   }
@@ -242,7 +247,8 @@ int64_t ShardedParameters::total_numel() const {
 
 int64_t ShardedParameters::held_bytes() const {
   std::vector<torch::Tensor> params;
-  for (const Slot& s : slots_) params.push_back(s.param);
+  for (const Slot& s : slots_)
+    if (!s.placeholder) params.push_back(s.param);
   return TensorBytes(params);
 }
 

@@ -67,12 +67,15 @@ class ShardedParameters : public ParameterGather {
   void SetBlocks(const std::vector<std::vector<torch::Tensor>>& blocks, bool prefetch);
   // For a model still in host memory (built there so no rank holds it
   // whole on the device): moves each parameter to `device` with rank 0's
-  // values and keeps it whole only on its owner, the others an empty tensor
-  // there. A collective; parameters travel in chunks of up to `chunk_bytes`
-  // (at least one parameter), so the device holds the rank's share plus one
+  // values and keeps it whole only on its owner. The others become a
+  // placeholder of their shape over one element (autograd's gradient
+  // accumulator, which DataParallel::Attach hooks, records the shape and
+  // device it first sees: attach after this, then ReleaseAll empties them).
+  // A collective; parameters travel in chunks of up to `chunk_bytes` (at
+  // least one parameter), so the device holds the rank's share plus one
   // chunk. `channels_last`: 4-d parameters take that layout on the device.
-  // On a CPU device the parameters stay where they are and the others' are
-  // freed. A lost rank: DataParallel's Status.
+  // On a CPU device the owners' parameters stay where they are. A lost
+  // rank: DataParallel's Status.
   Status PlaceOnDevice(const torch::Device& device, int64_t chunk_bytes, bool channels_last);
   bool Owns(const torch::Tensor& p) const;
   void Gather(const std::vector<torch::Tensor>& params) override;
@@ -95,6 +98,7 @@ class ShardedParameters : public ParameterGather {
     int64_t numel = 0;
     int owner = 0;
     int block = -1;  // its index in SetBlocks' list; -1: outside blocks
+    bool placeholder = false;  // PlaceOnDevice's stand-in: holds no values
   };
   // Blocks first .. first + count - 1; count 0: no unit.
   struct Unit {

@@ -365,6 +365,9 @@ Status Trainer::Loop() {
     nlohmann::json j{{"rank", rank_.rank},
                      {"state_bytes", optim_->StateBytes()},
                      {"grad_bytes", dp_->stats().grad_bytes},
+                     // the gradient hooks fired: buckets reduced during backward
+                     {"buckets_in_backward", dp_->stats().started_in_backward},
+                     {"buckets_after_backward", dp_->stats().started_after},
                      // between steps: every parameter, or with dist.shard =
                      // full the rank's own (the largest gather on top while used)
                      {"param_bytes", params_sharded_ ? params_sharded_->held_bytes()

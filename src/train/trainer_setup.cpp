@@ -350,7 +350,9 @@ Status Trainer::BuildModel(const BatchSource& source) {
       for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
       if (Status s = dp_->Broadcast(state); !s.ok()) return s;
     }
-    if (Status s = dp_->Attach(ctx_.model->parameters(), BucketsHeld()); !s.ok()) return s;
+    // (Stage 3 from the host attaches in ShardStates, once on the device.)
+    if (!share_to_device_)
+      if (Status s = dp_->Attach(ctx_.model->parameters(), BucketsHeld()); !s.ok()) return s;
     dp_->SetSync(false);
   }
   return Status::Ok();

@@ -265,15 +265,17 @@ Status Trainer::ShardStates() {
   std::vector<bool> owned;
   for (int owner : shard_owner_) owned.push_back(owner == dp_->rank());
   optim_->SetOwned(owned);  // a resumed run's full state, re-sharded
+  if (shard == "full") {
+    params_sharded_ = std::make_shared<ShardedParameters>(dp_.get(), optim_->params(), shard_owner_);
+    if (share_to_device_)
+      if (Status s = PlaceShareOnDevice(); !s.ok()) return s;
+  }
   if (shard == "gradients" || shard == "full") {
     if (Status s = dp_->ShardGradients(optim_->params(), shard_owner_); !s.ok()) return s;
     grads_sharded_ = true;
   }
   if (shard == "full") {
     std::vector<std::vector<torch::Tensor>> blocks;
-    params_sharded_ = std::make_shared<ShardedParameters>(dp_.get(), optim_->params(), shard_owner_);
-    if (share_to_device_)
-      if (Status s = PlaceShareOnDevice(); !s.ok()) return s;
     if (!ctx_.model->SetParameterGather(params_sharded_, &blocks)) {
       params_sharded_.reset();
       return Status::InvalidArgument(
@@ -292,7 +294,11 @@ Status Trainer::ShardStates() {
 // Stage 3 without a probe: the model waited in host memory (a resumed
 // run's state too); now each rank's own parameters go to the device, a
 // bucket's worth at a time, and the rest of the model (buffers, parameters
-// the optimizer does not take) whole, all with rank 0's values.
+// the optimizer does not take) whole, all with rank 0's values. The
+// gradient hooks are attached only then: a parameter moved to another
+// device gets a new gradient accumulator (Variable::set_data), and the
+// accumulator records the parameter's shape, so the others' parameters
+// are still placeholders of their shape when it is made.
 Status Trainer::PlaceShareOnDevice() {
   torch::NoGradGuard no_grad;
   const int64_t chunk = static_cast<int64_t>(cfg_.Float("dist.bucket_mb") * 1e6);
@@ -316,6 +322,8 @@ Status Trainer::PlaceShareOnDevice() {
   }
   if (Status s = dp_->Broadcast(rest); !s.ok()) return s;
   optim_->MoveStateToParameters();
+  // (ShardGradients lays the buckets out by the placeholders' shapes too.)
+  if (Status s = dp_->Attach(ctx_.model->parameters(), false); !s.ok()) return s;
   if (rank_.rank == 0 && !opt_.quiet)
     std::fprintf(stderr,
                  "fullburn: dist.shard = full: each rank moved only its own parameters to %s "

@@ -866,6 +866,8 @@ TEST_F(ShardedE2E, StageThreeStartsWhereEveryWeightAndGradientDoNotFitTogether) 
   for (auto& [rank, j] : held) {
     weights += j["param_bytes"].get<int64_t>();
     grads += j["grad_bytes"].get<int64_t>();
+    // The hooks attached after the move fire during backward.
+    EXPECT_GT(j["buckets_in_backward"].get<int64_t>(), 0) << "rank " << rank;
   }
   // The budget holds the weights but not the weights and gradients together.
   EXPECT_GT(weights + grads, budget_mb << 20);

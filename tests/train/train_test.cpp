@@ -647,6 +647,14 @@ TEST(ShardedParameters, PlacingFromTheHostKeepsOnlyTheRanksShareWithRankZerosVal
       return;
     }
     std::ostringstream why;
+    // Until released, the others' parameters keep their shape (for the
+    // gradient hooks) over one element.
+    for (size_t i = 0; i < params.size(); ++i)
+      if (owner[i] != rank && params[i].sizes() != expected[i].sizes())
+        why << "placeholder " << i << " lost its shape; ";
+    const int64_t placed = sharded.held_bytes();
+    sharded.ReleaseAll();
+    if (sharded.held_bytes() != placed) why << "held_bytes counted the placeholders; ";
     int64_t held = 0;
     for (size_t i = 0; i < params.size(); ++i) {
       if (owner[i] != rank) {
