@@ -97,7 +97,7 @@ class ShardedParameters : public ParameterGather {
     std::vector<int64_t> shape;
     int64_t numel = 0;
     int owner = 0;
-    int block = -1;  // its index in SetBlocks' list; -1: outside blocks
+    int block = -1;            // its index in SetBlocks' list; -1: outside blocks
     bool placeholder = false;  // PlaceOnDevice's stand-in: holds no values
   };
   // Blocks first .. first + count - 1; count 0: no unit.

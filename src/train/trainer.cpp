@@ -441,9 +441,10 @@ Status Trainer::Run() {
     const std::string shard = cfg_.Str("dist.shard");
     const std::string share =
         dp_ && shard != "full"
-            ? fmt::format("dist.shard = full gives each of the {} ranks a share of the weights, "
-                          "gradients and optimizer state (docs/memory.md); or ",
-                          rank_.world_size)
+            ? fmt::format(
+                  "dist.shard = full gives each of the {} ranks a share of the weights, "
+                  "gradients and optimizer state (docs/memory.md); or ",
+                  rank_.world_size)
             : "";
     if (IsOutOfMemory(e))
       s = Status::ResourceExhausted(fmt::format(

@@ -362,26 +362,25 @@ Status Trainer::Loop() {
   optim_->WaitForUpdate();
   RecordMemory();
   if (dp_) {  // what each rank holds: 1/N of the state (and gradients) when sharded
-    nlohmann::json j{{"rank", rank_.rank},
-                     {"state_bytes", optim_->StateBytes()},
-                     {"grad_bytes", dp_->stats().grad_bytes},
-                     // the gradient hooks fired: buckets reduced during backward
-                     {"buckets_in_backward", dp_->stats().started_in_backward},
-                     {"buckets_after_backward", dp_->stats().started_after},
-                     // between steps: every parameter, or with dist.shard =
-                     // full the rank's own (the largest gather on top while used)
-                     {"param_bytes", params_sharded_ ? params_sharded_->held_bytes()
-                                                     : TensorBytes(ctx_.model->parameters())},
-                     {"largest_gather_bytes",
-                      params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
-                     {"block_gathers", params_sharded_ ? params_sharded_->block_gathers() : 0},
-                     {"prefetched_gathers",
-                      params_sharded_ ? params_sharded_->prefetched_gathers() : 0},
-                     {"shard", cfg_.Str("dist.shard")},
-                     {"offloaded", optim_->offloaded()},  // state_bytes then in host memory
-                     {"shard_write_s", shard_write_s_},  // the loop blocked for its parts
-                     {"shard_part_write_s", part_write_us_.load() / 1e6},  // their writer
-                     {"sharded", !shard_owner_.empty()}};
+    nlohmann::json j{
+        {"rank", rank_.rank},
+        {"state_bytes", optim_->StateBytes()},
+        {"grad_bytes", dp_->stats().grad_bytes},
+        // the gradient hooks fired: buckets reduced during backward
+        {"buckets_in_backward", dp_->stats().started_in_backward},
+        {"buckets_after_backward", dp_->stats().started_after},
+        // between steps: every parameter, or with dist.shard =
+        // full the rank's own (the largest gather on top while used)
+        {"param_bytes",
+         params_sharded_ ? params_sharded_->held_bytes() : TensorBytes(ctx_.model->parameters())},
+        {"largest_gather_bytes", params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
+        {"block_gathers", params_sharded_ ? params_sharded_->block_gathers() : 0},
+        {"prefetched_gathers", params_sharded_ ? params_sharded_->prefetched_gathers() : 0},
+        {"shard", cfg_.Str("dist.shard")},
+        {"offloaded", optim_->offloaded()},                   // state_bytes then in host memory
+        {"shard_write_s", shard_write_s_},                    // the loop blocked for its parts
+        {"shard_part_write_s", part_write_us_.load() / 1e6},  // their writer
+        {"sharded", !shard_owner_.empty()}};
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});
   }
   if (last.step > 0) Progress(last, true);

@@ -844,15 +844,15 @@ TEST_F(ShardedE2E, StageThreePrefetchesTheNextSegmentOfBlocks) {
 // allocated every gradient's bucket ran out of memory; unsharded, the
 // start's error names dist.shard = full.
 TEST_F(ShardedE2E, StageThreeStartsWhereEveryWeightAndGradientDoNotFitTogether) {
-  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN,
-                                   "train", "--store", store_};
+  std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2",   "--",
+                                   FULLBURN_BIN, "train",  "--store", store_};
   for (const std::string& a : TinyGpt()) argv.push_back(a);
   const int64_t budget_mb = 36;
-  argv.insert(argv.end(), {"model.hidden=256", "model.layers=8", "model.dropout=0",
-                           "optim.name=sgd", "optim.momentum=0", "optim.lr=0.01",
-                           "train.steps=3", "eval.at_end=false", "checkpoint.at_end=false",
-                           "dist.bucket_mb=1", "dist.shard=full",
-                           "train.memory_budget_mb=" + std::to_string(budget_mb)});
+  argv.insert(argv.end(),
+              {"model.hidden=256", "model.layers=8", "model.dropout=0", "optim.name=sgd",
+               "optim.momentum=0", "optim.lr=0.01", "train.steps=3", "eval.at_end=false",
+               "checkpoint.at_end=false", "dist.bucket_mb=1", "dist.shard=full",
+               "train.memory_budget_mb=" + std::to_string(budget_mb)});
   auto o = RunToEnd(argv, 300);
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_NE(o.err.find("dist.shard = full: each rank moved only its own parameters to cpu"),
