@@ -438,9 +438,8 @@ Status Trainer::Run() {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
     // Several ranks that hold everything whole can share it instead.
-    const std::string shard = cfg_.Str("dist.shard");
     const std::string share =
-        dp_ && shard != "full"
+        dp_ && cfg_.Str("dist.shard") != "full"
             ? fmt::format(
                   "dist.shard = full gives each of the {} ranks a share of the weights, "
                   "gradients and optimizer state (docs/memory.md); or ",

@@ -345,14 +345,13 @@ Status Trainer::BuildModel(const BatchSource& source) {
     // ShardStates moves them). Unsharded gradients' buckets are allocated
     // now, so a batch-size search counts their memory (its trials do not
     // sync); sharded ones exist only while backward reduces them.
+    // (Stage 3 from the host attaches in ShardStates, once on the device.)
     if (!share_to_device_) {
       std::vector<torch::Tensor> state = ctx_.model->parameters();
       for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
       if (Status s = dp_->Broadcast(state); !s.ok()) return s;
-    }
-    // (Stage 3 from the host attaches in ShardStates, once on the device.)
-    if (!share_to_device_)
       if (Status s = dp_->Attach(ctx_.model->parameters(), BucketsHeld()); !s.ok()) return s;
+    }
     dp_->SetSync(false);
   }
   return Status::Ok();

@@ -302,12 +302,9 @@ Status Trainer::ShardStates() {
 Status Trainer::PlaceShareOnDevice() {
   torch::NoGradGuard no_grad;
   const int64_t chunk = static_cast<int64_t>(cfg_.Float("dist.bucket_mb") * 1e6);
+  const int64_t total_bytes = TensorBytes(optim_->params());  // before the others' are dropped
   std::set<const void*> sharded;
-  int64_t total_bytes = 0;
-  for (const torch::Tensor& p : optim_->params()) {
-    sharded.insert(p.unsafeGetTensorImpl());
-    total_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-  }
+  for (const torch::Tensor& p : optim_->params()) sharded.insert(p.unsafeGetTensorImpl());
   if (Status s = params_sharded_->PlaceOnDevice(ctx_.device, chunk, ctx_.channels_last); !s.ok())
     return s;
   std::vector<torch::Tensor> rest;
