@@ -36,6 +36,14 @@
 // - SetSync(false) before a micro-batch's backward is DDP's no_sync: gradients
 //   accumulate locally and nothing is sent. FinishGradients after the last
 //   micro-batch waits for every bucket; .grad is then the average.
+// - SetLocal(true) (the batch-size search's trials): every collective
+//   returns at once with this rank's own values, sending nothing, while
+//   holding the memory it would (the buckets, their kept parts, a
+//   broadcast's buffers, filled with zeros where another rank's values would
+//   arrive). A rank out of memory in a local step leaves no other rank
+//   waiting; ResetStep then drops what the step left (buckets in flight,
+//   gradients). Gradients are sums, not means, and weights other ranks own
+//   are zeros: for memory and time, not for training.
 // - One training thread calls these methods; hooks may run on autograd's
 //   threads and take an internal mutex. Not copyable.
 #pragma once
@@ -96,6 +104,10 @@ class DataParallel {
   // an attached parameter not in `params` is all-reduced and kept everywhere.
   Status ShardGradients(const std::vector<torch::Tensor>& params, const std::vector<int>& owner);
   void SetSync(bool sync);
+  // See the contract: collectives without communication, for trials.
+  void SetLocal(bool local);
+  // After a local step, failed or not: no bucket in flight, gradients cleared.
+  void ResetStep();
   // After the synced backward: waits for the buckets, .grad = mean over ranks.
   // `wait_s` (optional): time blocked on communication in this call.
   Status FinishGradients(double* wait_s = nullptr);

@@ -138,6 +138,7 @@ struct DataParallel::Impl {
   size_t next_to_keep = 0;        // sharded: the oldest bucket whose reduces may still run
   std::exception_ptr hook_error;  // what failed inside backward (a collective, out of memory)
   bool sync = true;
+  bool local = false;  // SetLocal: collectives keep this rank's values, send nothing
   bool in_finish = false;
   DistStats stats;
   std::mutex mu;
@@ -189,18 +190,20 @@ struct DataParallel::Impl {
   void StartReadyBuckets() {
     while (next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
       Bucket& b = buckets[next_to_start++];
-      b.flat.div_(rank.world_size);  // before the sum: 16-bit sums of many ranks stay in range
+      // Before the sum: 16-bit sums of many ranks stay in range.
+      if (!local) b.flat.div_(rank.world_size);
       if (options.compress == "none")
         b.wire = b.flat;
       else
         b.wire = b.flat.to(options.compress == "bf16" ? torch::kBFloat16 : torch::kHalf);
-      if (!sharded()) {
+      if (!sharded() && !local) {
         std::vector<torch::Tensor> tensors = {b.wire};
         b.works.push_back(group->allreduce(tensors));
       }
       // c10d's reduce_scatter wants equal chunks (Gloo's has none in 1.13):
       // a reduce to each owner moves the same bytes over a ring.
       for (const Segment& seg : b.segments) {
+        if (local) break;
         std::vector<torch::Tensor> part = {b.wire.narrow(0, seg.offset, seg.numel)};
         if (seg.owner < 0) {
           b.works.push_back(group->allreduce(part));
@@ -473,8 +476,28 @@ const std::string& DataParallel::backend() const { return impl_->backend; }
 size_t DataParallel::bucket_count() const { return impl_->buckets.size(); }
 const DistStats& DataParallel::stats() const { return impl_->stats; }
 void DataParallel::SetSync(bool sync) { impl_->sync = sync; }
+void DataParallel::SetLocal(bool local) { impl_->local = local; }
+
+void DataParallel::ResetStep() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    for (Bucket& b : m.buckets) {
+      b.works.clear();  // (a local step starts none)
+      b.pending = b.params.size();
+      if (m.sharded()) b.flat = torch::Tensor();
+      b.wire = torch::Tensor();
+    }
+    std::fill(m.ready.begin(), m.ready.end(), false);
+    m.next_to_start = m.next_to_keep = 0;
+    m.hook_error = nullptr;
+    m.in_finish = false;
+  }
+  ZeroGradients();
+}
 
 Status DataParallel::Broadcast(const std::vector<torch::Tensor>& tensors) {
+  if (impl_->local) return Status::Ok();
   try {
     torch::NoGradGuard no_grad;
     for (const torch::Tensor& t : tensors) {
@@ -537,13 +560,17 @@ DataParallel::StartBroadcastFromOwners(const std::vector<torch::Tensor>& tensors
           std::vector<torch::Tensor> pieces;
           for (const torch::Tensor& t : group) pieces.push_back(t.detach().reshape(-1));
           part.flat = torch::cat(pieces);
+        } else if (impl_->local) {  // the same memory, values that compute like any
+          part.flat = torch::zeros({total}, group[0].options());
         } else {
           part.flat = torch::empty({total}, group[0].options());
         }
-        std::vector<torch::Tensor> one = {part.flat};
-        c10d::BroadcastOptions opts;
-        opts.rootRank = root;
-        part.work = impl_->group->broadcast(one, opts);
+        if (!impl_->local) {
+          std::vector<torch::Tensor> one = {part.flat};
+          c10d::BroadcastOptions opts;
+          opts.rootRank = root;
+          part.work = impl_->group->broadcast(one, opts);
+        }
         part.group = std::move(group);
         pending->parts.push_back(std::move(part));
       }
@@ -559,7 +586,7 @@ Status DataParallel::FinishBroadcast(PendingBroadcast* pending) {
     if (!pending->error.empty()) throw std::runtime_error(pending->error);
     torch::NoGradGuard no_grad;
     for (PendingBroadcast::Part& part : pending->parts) {
-      part.work->wait();
+      if (part.work) part.work->wait();
       if (part.mine) continue;
       int64_t offset = 0;
       for (torch::Tensor& t : part.group) {
@@ -824,6 +851,7 @@ void DataParallel::WaitForSenders(const std::vector<int>& from, double timeout_s
 }
 
 Result<bool> DataParallel::AnyRank(bool local) {
+  if (impl_->local) return local;
   try {
     std::vector<torch::Tensor> t = {
         torch::full({1}, local ? 1.0f : 0.0f, torch::TensorOptions(impl_->control_device))};
@@ -835,6 +863,7 @@ Result<bool> DataParallel::AnyRank(bool local) {
 }
 
 Result<int64_t> DataParallel::MinOverRanks(int64_t local) {
+  if (impl_->local) return local;
   try {
     std::vector<torch::Tensor> t = {
         torch::full({1}, static_cast<double>(local),
@@ -847,6 +876,7 @@ Result<int64_t> DataParallel::MinOverRanks(int64_t local) {
 }
 
 Result<std::vector<double>> DataParallel::SumOverRanks(const std::vector<double>& local) {
+  if (impl_->local) return local;
   try {
     std::vector<torch::Tensor> t = {
         torch::tensor(local, torch::TensorOptions().dtype(torch::kDouble))

@@ -58,8 +58,10 @@ struct Trial {
           start = MonoNow();
         }
         ForwardBackward(*ctx, b, 1, scaler, false, nullptr);
+        if (o.shape) o.shape->AfterBackward();
         optim.Step(1e-6);
-        optim.ZeroGrad();
+        if (o.shape) o.shape->AfterUpdate();
+        EndStep(optim);
         if (k >= 1) {
           ++timed;
           // On CUDA reading the clock means a sync, so it is read only from
@@ -73,6 +75,7 @@ struct Trial {
       t.samples_per_s = static_cast<double>(batch) * timed / elapsed;
       t.fits = true;
     } catch (const std::exception& e) {
+      if (o.shape) o.shape->EndStep();
       if (IsOutOfMemory(e)) {
         t.error = kOutOfMemory;
       } else if (batch == 1) {
@@ -91,6 +94,13 @@ struct Trial {
     t.peak_bytes = DevicePeakBytes(ctx->device) - DeviceBytesInUse(ctx->device);
     return t;
   }
+
+  void EndStep(Optimizer& optim) {
+    if (o.shape)
+      o.shape->EndStep();
+    else
+      optim.ZeroGrad();
+  }
 };
 
 // Under a CPU budget, what was live before the search besides the weights
@@ -106,9 +116,20 @@ Status NoFitStatus(const StepContext& ctx) {
         "batch-size search (the weights and the data held in memory): raise train.memory_budget_mb "
         "or hold less in memory (data.cache_mb, a smaller in-memory dataset)",
         in_use >> 20, budget >> 20));
+  // The search's copy of the weights waits in host memory: on a CPU that is
+  // the budget the trials run in, and a run with a fixed size holds no copy.
+  const std::string copy =
+      !ctx.device.is_cuda() && budget > 0 && weights > 0
+          ? fmt::format(
+                ", or set train.batch_size by hand (the search holds a copy of the "
+                "weights, {:.1f} MiB, in the same train.memory_budget_mb; a fixed size "
+                "does not)",
+                static_cast<double>(weights) / (1 << 20))
+          : "";
   return Status::ResourceExhausted(
       "the model does not fit in memory even at batch 1: use a smaller model (model.width, "
-      "model.hidden, model.layers), bf16, or a device with more memory");
+      "model.hidden, model.layers), bf16, or a device with more memory" +
+      copy);
 }
 
 }  // namespace
@@ -134,8 +155,13 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
     throw;
   }
   auto restore = [&] {
+    if (o.shape) o.shape->End();
     torch::NoGradGuard g;
-    for (auto& [live, copy] : saved) live.copy_(copy);
+    for (auto& [live, copy] : saved) {
+      if (live.numel() != copy.numel())  // released by stage 3's trials
+        live.set_data(torch::empty_like(copy, copy.options().device(live.device())));
+      live.copy_(copy);
+    }
   };
   Trial trial{ctx, probe, o};
   std::vector<BatchTrial> fits;
@@ -153,6 +179,7 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
     return t.fits;
   };
   try {
+    if (o.shape) o.shape->Begin();
     for (int64_t b = 1;; b *= 2) {
       int64_t size = std::min(b, o.max_batch);
       if (!run(size) || size == o.max_batch) break;

@@ -80,8 +80,8 @@ const std::vector<OptionDef>& TrainOptions() {
       {"train.steps", T::kInt, "0", "Optimizer steps to take; 0: train.epochs decides", "", ">=0"},
       {"train.batch_size", T::kInt, "64",
        "Micro-batch size, or auto: the largest that fits (double, then bisect) with the best "
-       "measured throughput; with dist.shard = gradients or full, past the trials' out-of-memory, "
-       "the memory model's largest for the rank's share",
+       "measured throughput; with several ranks each trial steps as the rank will, alone, "
+       "holding its dist.shard share",
        "auto", ">0"},
       {"train.accumulate", T::kInt, "1",
        "Micro-batches per optimizer step (effective batch = batch_size x accumulate)", "", ">0"},

@@ -380,12 +380,6 @@ void Trainer::Finish(const std::string& status, int code) {
 
 Status Trainer::ProbeMemoryIfWanted() {
   if (!MemoryReportWanted()) return Status::Ok();
-  // The search fitted the model already; a probe at its size now would hold
-  // every gradient (and, for stage 3, weight) whole, as its trials did.
-  if (batch_from_model_ && memory_) {
-    PrintBatchTable();
-    return Status::Ok();
-  }
   // The report is advice: a probe that does not fit (the run holds more than
   // the search's trials did, or, sharded, every gradient and for stage 3
   // every weight whole) is read at a quarter of the micro-batch, and left out

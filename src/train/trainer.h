@@ -62,6 +62,22 @@ struct BatchTrial {
   int64_t peak_bytes = 0;
   std::string error;
 };
+// What a batch-size trial does besides forward, backward and the update,
+// so that it holds what the run's step holds (data parallel's buckets,
+// stage 3's gathers). Exceptions from these end the search.
+struct TrialShape {
+  virtual ~TrialShape() = default;
+  virtual void Begin() {}          // before the first trial, after the weights are saved
+  virtual void AfterBackward() {}  // before the update
+  virtual void AfterUpdate() {}
+  // After each step, and after one that failed: clears the gradients (in
+  // place of the optimizer's zero_grad) and what else the step left.
+  virtual void EndStep() = 0;
+  // After the last trial, before the weights are put back: a parameter the
+  // trials released is allocated again then, at its saved shape.
+  virtual void End() {}
+};
+
 struct BatchSearchOptions {
   int64_t max_batch = 4096;  // also capped by the samples in one epoch
   int steps = 3;             // timed steps per trial after one warm-up step
@@ -71,6 +87,8 @@ struct BatchSearchOptions {
   // updates, so a trial holds the optimizer state the run's rank will;
   // empty: every one.
   std::vector<bool> owned;
+  // Unset: a trial steps the model alone (forward, backward, update, zero_grad).
+  std::shared_ptr<TrialShape> shape;
 };
 // The fastest trial that fit, leaving out sizes within 10% of an
 // out-of-memory limit (`first_fail` > 0): the run holds more than a trial.
@@ -168,13 +186,6 @@ class Trainer {
   MemoryModel ProbedModel(const Optimizer& optimizer, const TrainBatch& probe, int64_t small,
                           int64_t large);
   void ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large, MemoryModel* m);
-  // dist.shard = gradients or full: the largest micro-batch the memory model
-  // fits for the rank's real share when the search's trials, which hold every
-  // gradient (and weight) whole, were stopped by memory; 0 when it is not
-  // larger than `chosen` or cannot tell. Sets memory_.
-  int64_t ShardedBatchBeyondTrials(const TrainBatch& probe, const OptimizerOptions& oo,
-                                   const std::vector<BatchTrial>& trials, int64_t chosen,
-                                   int64_t max_batch);
   void StartMemoryCount();
   void CountOtherMemory(const MemoryModel& m);
   int64_t ModelBudget() const;  // bytes the model's prediction may take
@@ -187,7 +198,6 @@ class Trainer {
   std::optional<MemoryModel> memory_;
   int64_t memory_other_ = 0;       // in use at the start besides weights and buckets
   bool batch_searched_ = false;    // train.batch_size = auto (the config then holds the size)
-  bool batch_from_model_ = false;  // the search took the memory model's size (memory_ is its)
   std::vector<int> shard_owner_;   // empty: not sharded
   bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
   std::shared_ptr<ShardedParameters> params_sharded_;  // dist.shard = full

@@ -177,49 +177,6 @@ void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t lar
   restore();
 }
 
-// The trials run without their collectives (a rank out of memory in a
-// collective step would leave the others waiting), so each holds every
-// gradient (the buckets) and, for stage 3, every weight, where the run's rank
-// holds its share: beyond the largest trial that fit, the memory model
-// decides, even where a smaller trial ran as fast: a trial has no
-// communication, and the run's collectives (stage 3's gathers, stage 2's
-// reduces) cost per micro-batch, so a larger one sends less per sample.
-int64_t Trainer::ShardedBatchBeyondTrials(const TrainBatch& probe, const OptimizerOptions& oo,
-                                          const std::vector<BatchTrial>& trials, int64_t chosen,
-                                          int64_t max_batch) {
-  const std::string shard = cfg_.Str("dist.shard");
-  if (!dp_ || (shard != "gradients" && shard != "full")) return 0;
-  if (DeviceMemoryLimit(ctx_.device) <= 0) return 0;
-  int64_t last_fit = 0;
-  for (const BatchTrial& t : trials)
-    if (t.fits) last_fit = std::max(last_fit, t.batch);
-  if (FirstOutOfMemory(trials) == 0) return 0;
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (auto& p : ctx_.model->named_parameters()) named.emplace_back(p.key(), p.value());
-  Optimizer slots(named, oo);  // holds no state: it names the state's slots
-  // The probe adds zeroed gradients beside the buckets: where the largest
-  // trial's size does not fit that way, half of it.
-  std::optional<MemoryModel> m;
-  std::vector<int64_t> sizes = {std::max<int64_t>(2, last_fit)};
-  if (last_fit >= 4) sizes.push_back(last_fit / 2);
-  for (int64_t large : sizes) {
-    int64_t small = large / 2;
-    try {
-      m = ProbedModel(slots, probe, small, large);
-      break;
-    } catch (const std::exception& e) {
-      if (!IsOutOfMemory(e)) throw;
-      FreeDeviceCache(ctx_.device);
-    }
-  }
-  if (!m) return 0;
-  const std::string ckpt = cfg_.Str("model.checkpoint");
-  int64_t largest = m->LargestBatch(ModelBudget(), shard, ckpt, max_batch);
-  if (largest <= chosen) return 0;
-  memory_ = m;
-  return largest;
-}
-
 // What the run holds besides the training state (the data source's
 // buffers, the evaluation set): not the model's, but within the same limit.
 void Trainer::CountOtherMemory(const MemoryModel& m) {

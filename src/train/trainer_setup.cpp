@@ -25,6 +25,79 @@ void KeepHostMemory() {
 #endif
 }
 
+namespace {
+
+void ThrowIfFailed(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.message());
+}
+
+// Data parallel's batch-size trials step as this rank will in the run, each
+// rank alone (DataParallel::SetLocal: a rank out of memory in a trial leaves
+// no other waiting in a collective), so a trial holds what the run's rank
+// holds: the buckets the gradients live in; sharded, the rank's share of
+// the optimizer state, of the gradients (stage 2: a bucket exists only
+// while backward fills it) and of the weights (stage 3: the others'
+// allocated block by block as the run gathers them), and stage 1's
+// broadcast buffers after the update. What the trials do not measure is the
+// time the collectives take.
+class RankTrialShape : public TrialShape {
+ public:
+  RankTrialShape(DataParallel* dp, Model* model, std::string shard, bool prefetch,
+                 std::vector<torch::Tensor> trainable)
+      : dp_(dp),
+        model_(model),
+        shard_(std::move(shard)),
+        prefetch_(prefetch),
+        trainable_(std::move(trainable)),
+        owners_(DataParallel::ShardOwners(trainable_, dp->world_size())) {}
+
+  void Begin() override {
+    if (shard_ == "gradients" || shard_ == "full")
+      ThrowIfFailed(dp_->ShardGradients(trainable_, owners_));  // the run lays them out alike
+    if (shard_ == "full") {
+      auto gather = std::make_shared<ShardedParameters>(dp_, trainable_, owners_);
+      std::vector<std::vector<torch::Tensor>> blocks;
+      if (model_->SetParameterGather(gather, &blocks)) {  // else the run refuses the model
+        gather->SetBlocks(blocks, prefetch_);
+        gather->ReleaseAll();
+        gather_ = gather;
+      }
+    }
+    dp_->SetLocal(true);
+    dp_->SetSync(true);
+  }
+  void AfterBackward() override { ThrowIfFailed(dp_->FinishGradients()); }
+  void AfterUpdate() override {
+    if (shard_ == "optimizer" || shard_ == "gradients")
+      ThrowIfFailed(dp_->BroadcastFromOwners(trainable_, owners_));
+  }
+  void EndStep() override {
+    if (gather_) gather_->ReleaseAll();
+    dp_->ResetStep();
+  }
+  void End() override {
+    if (gather_) {
+      gather_->ReleaseAll();
+      std::vector<std::vector<torch::Tensor>> blocks;
+      model_->SetParameterGather(nullptr, &blocks);
+      gather_.reset();
+    }
+    dp_->SetLocal(false);
+    dp_->SetSync(false);
+  }
+
+ private:
+  DataParallel* dp_;
+  Model* model_;
+  const std::string shard_;
+  const bool prefetch_;
+  const std::vector<torch::Tensor> trainable_;
+  const std::vector<int> owners_;
+  std::shared_ptr<ShardedParameters> gather_;
+};
+
+}  // namespace
+
 Status Trainer::CheckCudaGraphs() {
   exit_code = kExitUsage;
   if (std::string why = CudaGraph::Unsupported(); !why.empty())
@@ -243,7 +316,6 @@ Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
     Result<int64_t> common = dp_->MinOverRanks(batch_);
     if (!common.ok()) return common.status();
     chosen = {{"batch", *common}, {"searched", batch_}, {"rank", rank_.rank}};
-    if (batch_from_model_) chosen["memory_model"] = true;
     if (*common != batch_)
       std::fprintf(stderr, "fullburn: micro-batch %lld, the smallest any rank found\n",
                    static_cast<long long>(*common));
@@ -376,13 +448,16 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   BatchSearchOptions bo;
   bo.max_batch = std::min(cfg_.Int("train.max_batch_size"), (*probe_src)->batches_per_epoch() * 8);
   bo.optimizer = oo;
-  if (dp_ && cfg_.Str("dist.shard") != "none") {
-    // A trial holds the optimizer state this rank will: its owners' share.
-    std::vector<torch::Tensor> trainable;
+  if (dp_) {
+    std::vector<torch::Tensor> trainable;  // the optimizer's parameters, in its order
     for (const torch::Tensor& p : ctx_.model->parameters())
       if (p.requires_grad()) trainable.push_back(p);
-    for (int owner : DataParallel::ShardOwners(trainable, dp_->world_size()))
-      bo.owned.push_back(owner == dp_->rank());
+    // A trial holds the optimizer state this rank will: its owners' share.
+    if (cfg_.Str("dist.shard") != "none")
+      for (int owner : DataParallel::ShardOwners(trainable, dp_->world_size()))
+        bo.owned.push_back(owner == dp_->rank());
+    bo.shape = std::make_shared<RankTrialShape>(dp_.get(), ctx_.model.get(), cfg_.Str("dist.shard"),
+                                                cfg_.Bool("dist.prefetch"), trainable);
   }
   // The probe source stays open through the search: what it holds (an
   // in-memory dataset, loader buffers) is held while training too.
@@ -398,27 +473,12 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     else
       std::fprintf(stderr, "  batch %-6lld %s\n", static_cast<long long>(t.batch), t.error.c_str());
   });
-  int64_t from_model = 0;
-  if (chosen.ok() || chosen.status().code() == Status::Code::kResourceExhausted)
-    from_model =
-        ShardedBatchBeyondTrials(probe, oo, trials, chosen.ok() ? *chosen : 0, bo.max_batch);
   probe_src->reset();
-  if (!chosen.ok() && from_model == 0) {
+  if (!chosen.ok()) {
     exit_code = kExitFailed;
-    const std::string shard = cfg_.Str("dist.shard");
-    if (dp_ && (shard == "gradients" || shard == "full") &&
-        chosen.status().code() == Status::Code::kResourceExhausted)
-      // The trials and the probe hold what the rank will not: "use a smaller
-      // model" would be wrong advice.
-      return Status::ResourceExhausted(fmt::format(
-          "batch 1 does not fit in a batch-size trial, which holds every gradient{} whole on "
-          "this rank where dist.shard = {} holds its share: set train.batch_size by hand "
-          "(train.memory_report = true measures what a rank holds)",
-          shard == "full" ? " and weight" : "", shard));
     return chosen.status();
   }
-  batch_ = from_model > 0 ? from_model : *chosen;
-  batch_from_model_ = from_model > 0;
+  batch_ = *chosen;
   cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search");
   for (const BatchTrial& t : trials) {
     nlohmann::json trial = {{"batch", t.batch},
@@ -429,19 +489,8 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     if (rank_.world_size > 1) trial["rank"] = rank_.rank;  // each rank searches its own device
     pending_events_.push_back({0, "batch_size_trial", trial.dump()});
   }
-  if (batch_from_model_) {
-    std::fprintf(stderr,
-                 "fullburn: micro-batch %lld: the memory model's largest for dist.shard = %s "
-                 "(the trials, which hold every gradient%s whole where this rank will hold its "
-                 "share, ran out of memory at %lld)\n",
-                 static_cast<long long>(batch_), cfg_.Str("dist.shard").c_str(),
-                 cfg_.Str("dist.shard") == "full" ? " and weight" : "",
-                 static_cast<long long>(FirstOutOfMemory(trials)));
-  } else {
-    std::fprintf(stderr,
-                 "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
-                 static_cast<long long>(batch_));
-  }
+  std::fprintf(stderr, "fullburn: micro-batch %lld (best measured throughput of those that fit)\n",
+               static_cast<long long>(batch_));
   return Status::Ok();
 }
 

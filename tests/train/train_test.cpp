@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -675,6 +676,96 @@ TEST(ShardedParameters, PlacingFromTheHostKeepsOnlyTheRanksShareWithRankZerosVal
       why << "gather failed: " << e.what();
     }
     error = why.str();
+  };
+  std::thread other(run_rank, 1);
+  run_rank(0);
+  other.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+// The batch-size search's local steps (DataParallel::SetLocal): rank 0
+// runs a stage 3 step (gather, backward into sharded buckets, the update's
+// broadcast) while rank 1 is in no collective at all; with a 10 s timeout a
+// collective that sent anything would fail. The step holds what the run's
+// rank would: only its own gradients after it, the others' parameters
+// gathered (as zeros) while used, and nothing once reset. Afterwards the
+// group still meets.
+TEST(DataParallel, LocalStepsWaitForNoRankAndHoldTheRanksShare) {
+  const std::string port = testing::FreeLoopbackPort();
+  ASSERT_FALSE(port.empty());
+  const std::vector<std::vector<int64_t>> shapes = {{8, 4}, {4}, {16, 8}, {8}, {6, 6}, {5}};
+  std::string errors[2];
+  std::atomic<bool> local_done{false};
+  auto run_rank = [&](int rank) {
+    std::ostringstream why;
+    RankInfo info;
+    info.rank = rank;
+    info.world_size = 2;
+    info.local_world_size = 2;
+    info.master_port = std::stoi(port);
+    DistOptions options;
+    options.backend = "gloo";
+    options.timeout_s = 10;
+    options.bucket_mb = 0.0002;  // 200 bytes: several buckets, reduced as backward goes
+    options.first_bucket_mb = 0.0002;
+    auto dp = DataParallel::Connect(info, options, torch::kCPU);
+    if (!dp.ok()) {
+      errors[rank] = dp.status().message();
+      return;
+    }
+    std::vector<torch::Tensor> params, weights;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      params.push_back(torch::full(shapes[i], 1.0 + static_cast<double>(i)).requires_grad_());
+      weights.push_back(torch::full(shapes[i], 2.0 + static_cast<double>(i)));
+    }
+    std::vector<int> owner = DataParallel::ShardOwners(params, 2);
+    DataParallel& d = **dp;
+    if (rank == 0) {
+      try {
+        if (Status s = d.Attach(params, false); !s.ok()) throw std::runtime_error(s.message());
+        if (Status s = d.ShardGradients(params, owner); !s.ok())
+          throw std::runtime_error(s.message());
+        ShardedParameters sharded(&d, params, owner);
+        sharded.ReleaseAll();
+        d.SetLocal(true);
+        d.SetSync(true);
+        sharded.Gather(params);  // every parameter: the others' as zeros
+        torch::Tensor loss = torch::zeros({});
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (owner[i] != 0 && params[i].abs().sum().item<double>() != 0)
+            why << "parameter " << i << " of rank 1 gathered with values; ";
+          loss = loss + (params[i] * weights[i]).sum();
+        }
+        loss.backward();
+        if (Status s = d.FinishGradients(); !s.ok()) throw std::runtime_error(s.message());
+        for (size_t i = 0; i < params.size(); ++i) {
+          const torch::Tensor& g = params[i].grad();
+          if (owner[i] != 0 && g.defined()) why << "kept rank 1's gradient " << i << "; ";
+          if (owner[i] == 0 && (!g.defined() || !g.equal(weights[i])))
+            why << "gradient " << i << " is not this rank's own sum; ";
+        }
+        if (d.stats().started_in_backward == 0) why << "no bucket was filled during backward; ";
+        if (Status s = d.BroadcastFromOwners(params, owner); !s.ok())
+          throw std::runtime_error(s.message());
+        sharded.ReleaseAll();
+        d.ResetStep();
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (params[i].grad().defined()) why << "gradient " << i << " left after ResetStep; ";
+          if (owner[i] != 0 && params[i].numel() != 0) why << "parameter " << i << " held; ";
+        }
+        d.SetLocal(false);
+      } catch (const std::exception& e) {
+        why << "local step failed: " << e.what();
+      }
+      local_done = true;
+    } else {
+      while (!local_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    // Both ranks meet in a real collective: nothing was left half-sent.
+    Result<int64_t> smallest = d.MinOverRanks(10 + rank);
+    if (!smallest.ok() || *smallest != 10) why << "the ranks did not meet afterwards; ";
+    errors[rank] = why.str();
   };
   std::thread other(run_rank, 1);
   run_rank(0);
