@@ -358,6 +358,7 @@ Status Trainer::Setup() {
   if (Status s = SetupProfile(); !s.ok()) return s;
   if (Status s = SetupData(); !s.ok()) return s;
   if (Status s = ConnectRanks(); !s.ok()) return s;
+  if (Status s = RefusedSharding(); !s.ok()) return s;
   accumulate_ = cfg_.Int("train.accumulate");
   OptimizerOptions oo = OptimizerFromConfig();
   if (Status s = ChooseBatch(oo); !s.ok()) return s;
@@ -402,6 +403,12 @@ Status Trainer::BuildModel(const BatchSource& source) {
       return m.status();
     }
     ctx_.model = *m;
+  }
+  std::vector<std::vector<torch::Tensor>> blocks;  // (a null gather only names them)
+  if (dp_ && cfg_.Str("dist.shard") == "full" &&
+      !ctx_.model->SetParameterGather(nullptr, &blocks)) {
+    exit_code = kExitUsage;
+    return NoBlocksToGather();
   }
   // A probe (the batch-size search, the memory report) runs the model whole
   // on the device; without one, stage 3 never needs it there.

@@ -241,6 +241,32 @@ Status Trainer::SetupOffload() {
   return Status::Ok();
 }
 
+// What a sharded run refuses, known before the model is built, so a
+// batch-size search does not run first (ShardStates asks again).
+Status Trainer::RefusedSharding() const {
+  const std::string shard = cfg_.Str("dist.shard");
+  if (!dp_ || shard == "none") return Status::Ok();
+  if (cfg_.Bool("train.cuda_graphs"))
+    return Status::InvalidArgument("dist.shard = " + shard +
+                                   " does not run inside a CUDA graph yet: set train.cuda_graphs "
+                                   "= false or dist.shard = none");
+  if (cfg_.Float("checkpoint.every_minutes") > 0)
+    return Status::InvalidArgument(
+        "dist.shard = " + shard +
+        " gathers the state from every rank at each checkpoint, so the ranks must checkpoint at "
+        "the same steps: use checkpoint.every_steps instead of checkpoint.every_minutes");
+  return Status::Ok();
+}
+
+// dist.shard = full needs a model with blocks to gather.
+Status Trainer::NoBlocksToGather() const {
+  return Status::InvalidArgument(
+      "dist.shard = full gathers a model's parameters block by block, and " +
+      cfg_.Str("model.name") +
+      " has no blocks to gather: use dist.shard = gradients, or a model with blocks (gpt, "
+      "resnet18, resnet50, mlp)");
+}
+
 Status Trainer::ShardStates() {
   const std::string shard = cfg_.Str("dist.shard");
   if (shard == "none") return Status::Ok();
@@ -252,15 +278,7 @@ Status Trainer::ShardStates() {
                    shard.c_str());
     return Status::Ok();
   }
-  if (cfg_.Bool("train.cuda_graphs"))
-    return Status::InvalidArgument("dist.shard = " + shard +
-                                   " does not run inside a CUDA graph yet: set train.cuda_graphs "
-                                   "= false or dist.shard = none");
-  if (cfg_.Float("checkpoint.every_minutes") > 0)
-    return Status::InvalidArgument(
-        "dist.shard = " + shard +
-        " gathers the state from every rank at each checkpoint, so the ranks must checkpoint at "
-        "the same steps: use checkpoint.every_steps instead of checkpoint.every_minutes");
+  if (Status s = RefusedSharding(); !s.ok()) return s;
   shard_owner_ = DataParallel::ShardOwners(optim_->params(), dp_->world_size());
   std::vector<bool> owned;
   for (int owner : shard_owner_) owned.push_back(owner == dp_->rank());
@@ -278,11 +296,7 @@ Status Trainer::ShardStates() {
     std::vector<std::vector<torch::Tensor>> blocks;
     if (!ctx_.model->SetParameterGather(params_sharded_, &blocks)) {
       params_sharded_.reset();
-      return Status::InvalidArgument(
-          "dist.shard = full gathers a model's parameters block by block, and " +
-          cfg_.Str("model.name") +
-          " has no blocks to gather: use dist.shard = gradients, or a model with blocks (gpt, "
-          "resnet18, resnet50, mlp)");
+      return NoBlocksToGather();
     }
     params_sharded_->SetBlocks(blocks, cfg_.Bool("dist.prefetch"));
     model_gather_ = params_sharded_;

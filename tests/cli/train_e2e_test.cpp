@@ -799,15 +799,18 @@ TEST_F(ShardedE2E, ShardedGptTrainsLikeDataParallelOnThreeAndTwoRanks) {
     }
   EXPECT_EQ(compared, weights.size());
 
-  // A model without blocks to gather: one line naming the settings that work.
+  // A model without blocks to gather: one line naming the settings that work,
+  // before a batch-size search would spend minutes.
   std::vector<std::string> argv = {FULLBURN_BIN, "launch", "--nproc", "2", "--", FULLBURN_BIN,
                                    "train", "-q", "--store", store_};
   argv.insert(argv.end(), kTiny.begin(), kTiny.end());
-  argv.insert(argv.end(), {"model.name=lstm", "dist.shard=full"});
+  argv.insert(argv.end(), {"model.name=lstm", "dist.shard=full", "train.batch_size=auto"});
   auto refused = RunToEnd(argv, 300);
   EXPECT_NE(refused.code, 0);
   EXPECT_NE(refused.err.find("lstm has no blocks to gather: use dist.shard = gradients"),
             std::string::npos)
+      << refused.err;
+  EXPECT_EQ(refused.err.find("searching for the largest micro-batch"), std::string::npos)
       << refused.err;
 }
 
