@@ -211,7 +211,7 @@ class Trainer {
   // for the host update); null: nothing.
   std::shared_ptr<ParameterGather> model_gather_;
   bool update_overlaps_ = false;  // dist.offload unsharded: StepAsync
-  Status RefusedSharding() const;
+  Status RefusedMemorySettings() const;
   Status NoBlocksToGather() const;
   Status ShardStates();           // dist.shard (SetupSharding's first half)
   Status SetupOffload();          // dist.offload (its second)

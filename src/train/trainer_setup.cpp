@@ -358,7 +358,7 @@ Status Trainer::Setup() {
   if (Status s = SetupProfile(); !s.ok()) return s;
   if (Status s = SetupData(); !s.ok()) return s;
   if (Status s = ConnectRanks(); !s.ok()) return s;
-  if (Status s = RefusedSharding(); !s.ok()) return s;
+  if (Status s = RefusedMemorySettings(); !s.ok()) return s;
   accumulate_ = cfg_.Int("train.accumulate");
   OptimizerOptions oo = OptimizerFromConfig();
   if (Status s = ChooseBatch(oo); !s.ok()) return s;

@@ -202,10 +202,7 @@ Status Trainer::SetupSharding() {
 // rank updates): refused before training when the host cannot hold it.
 Status Trainer::SetupOffload() {
   if (cfg_.Str("dist.offload") == "none") return Status::Ok();
-  if (cfg_.Bool("train.cuda_graphs"))
-    return Status::InvalidArgument(
-        "dist.offload = optimizer updates on the host, outside a CUDA graph: set "
-        "train.cuda_graphs = false or dist.offload = none");
+  if (Status s = RefusedMemorySettings(); !s.ok()) return s;
   const int64_t needed = optim_->OffloadBytes();
   const int64_t available = HostBytesAvailable(ctx_.device);
   if (available >= 0 && needed > available)
@@ -241,9 +238,14 @@ Status Trainer::SetupOffload() {
   return Status::Ok();
 }
 
-// What a sharded run refuses, known before the model is built, so a
-// batch-size search does not run first (ShardStates asks again).
-Status Trainer::RefusedSharding() const {
+// What dist.shard and dist.offload refuse, known before the model is
+// built, so a batch-size search does not run first (ShardStates and
+// SetupOffload ask again).
+Status Trainer::RefusedMemorySettings() const {
+  if (cfg_.Str("dist.offload") != "none" && cfg_.Bool("train.cuda_graphs"))
+    return Status::InvalidArgument(
+        "dist.offload = optimizer updates on the host, outside a CUDA graph: set "
+        "train.cuda_graphs = false or dist.offload = none");
   const std::string shard = cfg_.Str("dist.shard");
   if (!dp_ || shard == "none") return Status::Ok();
   if (cfg_.Bool("train.cuda_graphs"))
@@ -278,7 +280,7 @@ Status Trainer::ShardStates() {
                    shard.c_str());
     return Status::Ok();
   }
-  if (Status s = RefusedSharding(); !s.ok()) return s;
+  if (Status s = RefusedMemorySettings(); !s.ok()) return s;
   shard_owner_ = DataParallel::ShardOwners(optim_->params(), dp_->world_size());
   std::vector<bool> owned;
   for (int owner : shard_owner_) owned.push_back(owner == dp_->rank());
