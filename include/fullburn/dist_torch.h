@@ -43,7 +43,8 @@
 //   arrive). A rank out of memory in a local step leaves no other rank
 //   waiting; ResetStep then drops what the step left (buckets in flight,
 //   gradients). Gradients are sums, not means, and weights other ranks own
-//   are zeros: for memory and time, not for training.
+//   are zeros: for memory and time, not for training. stats() after
+//   SetLocal(false) is what it was before SetLocal(true).
 // - One training thread calls these methods; hooks may run on autograd's
 //   threads and take an internal mutex. Not copyable.
 #pragma once

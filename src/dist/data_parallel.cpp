@@ -140,7 +140,7 @@ struct DataParallel::Impl {
   bool sync = true;
   bool local = false;  // SetLocal: collectives keep this rank's values, send nothing
   bool in_finish = false;
-  DistStats stats;
+  DistStats stats, stats_before_local;
   std::mutex mu;
 
   // After a failed collective: survivors check in through the store; the
@@ -476,7 +476,12 @@ const std::string& DataParallel::backend() const { return impl_->backend; }
 size_t DataParallel::bucket_count() const { return impl_->buckets.size(); }
 const DistStats& DataParallel::stats() const { return impl_->stats; }
 void DataParallel::SetSync(bool sync) { impl_->sync = sync; }
-void DataParallel::SetLocal(bool local) { impl_->local = local; }
+void DataParallel::SetLocal(bool local) {
+  // Local steps leave the run's statistics as they were.
+  if (local && !impl_->local) impl_->stats_before_local = impl_->stats;
+  if (!local && impl_->local) impl_->stats = impl_->stats_before_local;
+  impl_->local = local;
+}
 
 void DataParallel::ResetStep() {
   Impl& m = *impl_;

@@ -755,6 +755,8 @@ TEST(DataParallel, LocalStepsWaitForNoRankAndHoldTheRanksShare) {
           if (owner[i] != 0 && params[i].numel() != 0) why << "parameter " << i << " held; ";
         }
         d.SetLocal(false);
+        if (d.stats().started_in_backward != 0 || d.stats().grad_copies != 0)
+          why << "the local step stayed in the run's statistics; ";
       } catch (const std::exception& e) {
         why << "local step failed: " << e.what();
       }
