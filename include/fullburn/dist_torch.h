@@ -36,13 +36,16 @@
 // - SetSync(false) before a micro-batch's backward is DDP's no_sync: gradients
 //   accumulate locally and nothing is sent. FinishGradients after the last
 //   micro-batch waits for every bucket; .grad is then the average.
-// - SetLocal(true) (the batch-size search's trials): every collective
-//   returns at once with this rank's own values, sending nothing, while
-//   holding the memory it would (the buckets, their kept parts, a
-//   broadcast's buffers, filled with zeros where another rank's values would
-//   arrive). A rank out of memory in a local step leaves no other rank
-//   waiting; ResetStep then drops what the step left (buckets in flight,
-//   gradients). Gradients are sums, not means, and weights other ranks own
+// - SetLocal(true) (the batch-size search's trials): every tensor
+//   collective (the gradient buckets' reduces, the broadcasts, AnyRank,
+//   MinOverRanks, SumOverRanks; not the store's ShareFromRankZero and
+//   GatherToRankZero) returns at once with this rank's own values, sending
+//   nothing, while holding the memory it would (the buckets, their kept
+//   parts, a broadcast-from-owners' buffers, filled with zeros where another
+//   rank's values would arrive). A failure there (an out-of-memory) is
+//   thrown as it is, never reported as a lost rank, and leaves no other
+//   rank waiting; ResetStep then drops what the step left (buckets in
+//   flight, gradients). Gradients are sums, not means, and weights other ranks own
 //   are zeros: for memory and time, not for training. stats() after
 //   SetLocal(false) is what it was before SetLocal(true).
 // - One training thread calls these methods; hooks may run on autograd's

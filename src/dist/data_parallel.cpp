@@ -581,6 +581,7 @@ DataParallel::StartBroadcastFromOwners(const std::vector<torch::Tensor>& tensors
       }
     }
   } catch (const std::exception& e) {
+    if (impl_->local) throw;  // nothing started elsewhere: an out-of-memory stays one
     pending->error = e.what();
   }
   return pending;
@@ -600,6 +601,7 @@ Status DataParallel::FinishBroadcast(PendingBroadcast* pending) {
       }
     }
   } catch (const std::exception& e) {
+    if (impl_->local) throw;
     return impl_->Lost(e);
   }
   return Status::Ok();
@@ -733,6 +735,7 @@ Status DataParallel::FinishGradients(double* wait_s) {
     // step's, reported with the memory model's advice, not a lost rank.
     throw;
   } catch (const std::exception& e) {
+    if (m.local) throw;  // no other rank took part
     return m.Lost(e);
   }
   std::lock_guard<std::mutex> lock(m.mu);

@@ -64,7 +64,9 @@ struct BatchTrial {
 };
 // What a batch-size trial does besides forward, backward and the update,
 // so that it holds what the run's step holds (data parallel's buckets,
-// stage 3's gathers). Exceptions from these end the search.
+// stage 3's gathers). An out-of-memory from these is the trial's, as one
+// from forward is; other exceptions end the search (at batch 1 they are
+// taken for "cannot train at batch 1", as one from forward is).
 struct TrialShape {
   virtual ~TrialShape() = default;
   virtual void Begin() {}          // before the first trial, after the weights are saved

@@ -72,8 +72,8 @@ class RankTrialShape : public TrialShape {
       ThrowIfFailed(dp_->BroadcastFromOwners(trainable_, owners_));
   }
   void EndStep() override {
+    dp_->ResetStep();  // allocates nothing: safe after an out-of-memory
     if (gather_) gather_->ReleaseAll();
-    dp_->ResetStep();
   }
   void End() override {
     if (gather_) {
@@ -410,8 +410,9 @@ Status Trainer::BuildModel(const BatchSource& source) {
     exit_code = kExitUsage;
     return NoBlocksToGather();
   }
-  // A probe (the batch-size search, the memory report) runs the model whole
-  // on the device; without one, stage 3 never needs it there.
+  // The batch-size search and the memory probe start from the whole model
+  // on the device (the search's trials then release the others' share);
+  // without them, stage 3 never needs it there.
   share_to_device_ = dp_ && cfg_.Str("dist.shard") == "full" && !MemoryReportWanted();
   if (!share_to_device_) {
     ctx_.model->to(ctx_.device);
@@ -422,8 +423,8 @@ Status Trainer::BuildModel(const BatchSource& source) {
   if (dp_) {
     // Every rank starts from rank 0's weights (stage 3 without a probe: as
     // ShardStates moves them). Unsharded gradients' buckets are allocated
-    // now, so a batch-size search counts their memory (its trials do not
-    // sync); sharded ones exist only while backward reduces them.
+    // now (the run holds them for good); sharded ones exist only while
+    // backward reduces them.
     // (Stage 3 from the host attaches in ShardStates, once on the device.)
     if (!share_to_device_) {
       std::vector<torch::Tensor> state = ctx_.model->parameters();

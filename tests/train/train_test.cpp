@@ -686,11 +686,12 @@ TEST(ShardedParameters, PlacingFromTheHostKeepsOnlyTheRanksShareWithRankZerosVal
 
 // The batch-size search's local steps (DataParallel::SetLocal): rank 0
 // runs a stage 3 step (gather, backward into sharded buckets, the update's
-// broadcast) while rank 1 is in no collective at all; with a 10 s timeout a
-// collective that sent anything would fail. The step holds what the run's
-// rank would: only its own gradients after it, the others' parameters
-// gathered (as zeros) while used, and nothing once reset. Afterwards the
-// group still meets.
+// broadcast) and then one that fails in the middle of backward, while rank 1
+// is in no collective at all; with a 10 s timeout a collective that sent
+// anything would fail. The good step holds what the run's rank would: only
+// its own gradients after it (sums: nothing was averaged), the others'
+// parameters gathered as zeros while used, nothing once reset. After
+// ResetStep both ranks take a real step together, which averages.
 TEST(DataParallel, LocalStepsWaitForNoRankAndHoldTheRanksShare) {
   const std::string port = testing::FreeLoopbackPort();
   ASSERT_FALSE(port.empty());
@@ -721,24 +722,30 @@ TEST(DataParallel, LocalStepsWaitForNoRankAndHoldTheRanksShare) {
     }
     std::vector<int> owner = DataParallel::ShardOwners(params, 2);
     DataParallel& d = **dp;
-    if (rank == 0) {
-      try {
-        if (Status s = d.Attach(params, false); !s.ok()) throw std::runtime_error(s.message());
-        if (Status s = d.ShardGradients(params, owner); !s.ok())
-          throw std::runtime_error(s.message());
+    auto check = [](const Status& s) {
+      if (!s.ok()) throw std::runtime_error(s.message());
+    };
+    auto loss_of = [&](double scale) {
+      torch::Tensor loss = torch::zeros({});
+      for (size_t i = 0; i < params.size(); ++i) loss = loss + (params[i] * weights[i] * scale).sum();
+      return loss;
+    };
+    try {
+      check(d.Attach(params, false));
+      check(d.ShardGradients(params, owner));
+      d.SetSync(true);
+      if (rank == 0) {
+        std::vector<torch::Tensor> saved;
+        for (const torch::Tensor& p : params) saved.push_back(p.detach().clone());
         ShardedParameters sharded(&d, params, owner);
         sharded.ReleaseAll();
         d.SetLocal(true);
-        d.SetSync(true);
         sharded.Gather(params);  // every parameter: the others' as zeros
-        torch::Tensor loss = torch::zeros({});
-        for (size_t i = 0; i < params.size(); ++i) {
+        for (size_t i = 0; i < params.size(); ++i)
           if (owner[i] != 0 && params[i].abs().sum().item<double>() != 0)
             why << "parameter " << i << " of rank 1 gathered with values; ";
-          loss = loss + (params[i] * weights[i]).sum();
-        }
-        loss.backward();
-        if (Status s = d.FinishGradients(); !s.ok()) throw std::runtime_error(s.message());
+        loss_of(1).backward();
+        check(d.FinishGradients());
         for (size_t i = 0; i < params.size(); ++i) {
           const torch::Tensor& g = params[i].grad();
           if (owner[i] != 0 && g.defined()) why << "kept rank 1's gradient " << i << "; ";
@@ -746,27 +753,49 @@ TEST(DataParallel, LocalStepsWaitForNoRankAndHoldTheRanksShare) {
             why << "gradient " << i << " is not this rank's own sum; ";
         }
         if (d.stats().started_in_backward == 0) why << "no bucket was filled during backward; ";
-        if (Status s = d.BroadcastFromOwners(params, owner); !s.ok())
-          throw std::runtime_error(s.message());
+        check(d.BroadcastFromOwners(params, owner));
         sharded.ReleaseAll();
         d.ResetStep();
         for (size_t i = 0; i < params.size(); ++i) {
           if (params[i].grad().defined()) why << "gradient " << i << " left after ResetStep; ";
           if (owner[i] != 0 && params[i].numel() != 0) why << "parameter " << i << " held; ";
         }
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (params[i].numel() == 0) params[i].set_data(torch::empty_like(saved[i]));
+          params[i].copy_(saved[i]);
+        }
+      }
+      if (rank == 0) {
+        // A step that fails half-way through backward (buckets filled,
+        // some started), as an out-of-memory would.
+        auto hook = params[2].register_hook([](const torch::Tensor&) -> torch::Tensor {
+          throw std::runtime_error("injected failure");
+        });
+        try {
+          loss_of(1).backward();
+          why << "the injected failure did not stop backward; ";
+        } catch (const std::exception&) {
+        }
+        params[2].remove_hook(hook);
+        d.ResetStep();
         d.SetLocal(false);
         if (d.stats().started_in_backward != 0 || d.stats().grad_copies != 0)
-          why << "the local step stayed in the run's statistics; ";
-      } catch (const std::exception& e) {
-        why << "local step failed: " << e.what();
+          why << "the local steps stayed in the run's statistics; ";
+        local_done = true;
+      } else {
+        while (!local_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
+      // A real step on both ranks: each keeps its own gradients, the mean.
+      loss_of(1.0 + rank).backward();
+      check(d.FinishGradients());
+      for (size_t i = 0; i < params.size(); ++i)
+        if (owner[i] == rank && !params[i].grad().allclose(weights[i] * 1.5))
+          why << "gradient " << i << " after the local steps is not the mean; ";
+    } catch (const std::exception& e) {
+      why << "failed: " << e.what();
       local_done = true;
-    } else {
-      while (!local_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    // Both ranks meet in a real collective: nothing was left half-sent.
-    Result<int64_t> smallest = d.MinOverRanks(10 + rank);
-    if (!smallest.ok() || *smallest != 10) why << "the ranks did not meet afterwards; ";
     errors[rank] = why.str();
   };
   std::thread other(run_rank, 1);
