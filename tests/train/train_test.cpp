@@ -727,7 +727,8 @@ TEST(DataParallel, LocalStepsWaitForNoRankAndHoldTheRanksShare) {
     };
     auto loss_of = [&](double scale) {
       torch::Tensor loss = torch::zeros({});
-      for (size_t i = 0; i < params.size(); ++i) loss = loss + (params[i] * weights[i] * scale).sum();
+      for (size_t i = 0; i < params.size(); ++i)
+        loss = loss + (params[i] * weights[i] * scale).sum();
       return loss;
     };
     try {
