@@ -45,9 +45,9 @@
 //   rank's values would arrive). A failure there (an out-of-memory) is
 //   thrown as it is, never reported as a lost rank, and leaves no other
 //   rank waiting; ResetStep then drops what the step left (buckets in
-//   flight, gradients). Gradients are sums, not means, and weights other ranks own
-//   are zeros: for memory and time, not for training. stats() after
-//   SetLocal(false) is what it was before SetLocal(true).
+//   flight, gradients). Gradients are sums, not means, and weights other
+//   ranks own are zeros: for memory and time, not for training. stats()
+//   after SetLocal(false) is what it was before SetLocal(true).
 // - One training thread calls these methods; hooks may run on autograd's
 //   threads and take an internal mutex. Not copyable.
 #pragma once
