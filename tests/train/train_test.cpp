@@ -604,6 +604,18 @@ TEST(BatchSearch, ABudgetFilledBeforeTheSearchIsNamedAsSuch) {
       << r.status().message();
 }
 
+// Rank `rank` of 2, a thread of this test, over Gloo on loopback `port`.
+Result<std::unique_ptr<DataParallel>> ConnectThreadRank(int rank, const std::string& port,
+                                                        DistOptions options) {
+  RankInfo info;
+  info.rank = rank;
+  info.world_size = 2;
+  info.local_world_size = 2;
+  info.master_port = std::stoi(port);
+  options.backend = "gloo";
+  return DataParallel::Connect(info, options, torch::kCPU);
+}
+
 // dist.shard = full from host memory: two ranks (threads here) built
 // different weights; after PlaceOnDevice each holds only the parameters it
 // owns, with rank 0's values, and a gather fills the rest with rank 0's
@@ -626,15 +638,9 @@ TEST(ShardedParameters, PlacingFromTheHostKeepsOnlyTheRanksShareWithRankZerosVal
   std::string errors[2];
   auto run_rank = [&](int rank) {
     std::string& error = errors[rank];
-    RankInfo info;
-    info.rank = rank;
-    info.world_size = 2;
-    info.local_world_size = 2;
-    info.master_port = std::stoi(port);
     DistOptions options;
-    options.backend = "gloo";
     options.timeout_s = 60;
-    auto dp = DataParallel::Connect(info, options, torch::kCPU);
+    auto dp = ConnectThreadRank(rank, port, options);
     if (!dp.ok()) {
       error = dp.status().message();
       return;
@@ -700,17 +706,11 @@ TEST(DataParallel, LocalStepsWaitForNoRankAndHoldTheRanksShare) {
   std::atomic<bool> local_done{false};
   auto run_rank = [&](int rank) {
     std::ostringstream why;
-    RankInfo info;
-    info.rank = rank;
-    info.world_size = 2;
-    info.local_world_size = 2;
-    info.master_port = std::stoi(port);
     DistOptions options;
-    options.backend = "gloo";
     options.timeout_s = 10;
     options.bucket_mb = 0.0002;  // 200 bytes: several buckets, reduced as backward goes
     options.first_bucket_mb = 0.0002;
-    auto dp = DataParallel::Connect(info, options, torch::kCPU);
+    auto dp = ConnectThreadRank(rank, port, options);
     if (!dp.ok()) {
       errors[rank] = dp.status().message();
       return;
