@@ -196,23 +196,7 @@ struct DataParallel::Impl {
         b.wire = b.flat;
       else
         b.wire = b.flat.to(options.compress == "bf16" ? torch::kBFloat16 : torch::kHalf);
-      if (!sharded() && !local) {
-        std::vector<torch::Tensor> tensors = {b.wire};
-        b.works.push_back(group->allreduce(tensors));
-      }
-      // c10d's reduce_scatter wants equal chunks (Gloo's has none in 1.13):
-      // a reduce to each owner moves the same bytes over a ring.
-      for (const Segment& seg : b.segments) {
-        if (local) break;
-        std::vector<torch::Tensor> part = {b.wire.narrow(0, seg.offset, seg.numel)};
-        if (seg.owner < 0) {
-          b.works.push_back(group->allreduce(part));
-        } else {
-          c10d::ReduceOptions opts;
-          opts.rootRank = seg.owner;
-          b.works.push_back(group->reduce(part, opts));
-        }
-      }
+      if (!local) StartReduces(&b);
       (in_finish ? stats.started_after : stats.started_in_backward)++;
     }
     // Sharded: at most kBucketsInFlight buckets exist at once during
@@ -230,6 +214,27 @@ struct DataParallel::Impl {
   }
 
   static constexpr size_t kBucketsInFlight = 2;
+
+  // The bucket's sum over ranks: all-reduced whole, or sharded a reduce of
+  // each owner's part (c10d's reduce_scatter wants equal chunks, and Gloo's
+  // has none in 1.13: a reduce to each owner moves the same bytes over a
+  // ring).
+  void StartReduces(Bucket* b) {
+    if (!sharded()) {
+      std::vector<torch::Tensor> tensors = {b->wire};
+      b->works.push_back(group->allreduce(tensors));
+    }
+    for (const Segment& seg : b->segments) {
+      std::vector<torch::Tensor> part = {b->wire.narrow(0, seg.offset, seg.numel)};
+      if (seg.owner < 0) {
+        b->works.push_back(group->allreduce(part));
+      } else {
+        c10d::ReduceOptions opts;
+        opts.rootRank = seg.owner;
+        b->works.push_back(group->reduce(part, opts));
+      }
+    }
+  }
 
   // Sharded: waits for a started bucket, keeps this rank's part, frees it.
   void FinishBucket(Bucket* b) {

@@ -197,13 +197,6 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
   return PickSearchedBatch(fits, first_fail);
 }
 
-int64_t FirstOutOfMemory(const std::vector<BatchTrial>& trials) {
-  int64_t first = 0;
-  for (const BatchTrial& t : trials)
-    if (t.error == kOutOfMemory && (first == 0 || t.batch < first)) first = t.batch;
-  return first;
-}
-
 int64_t PickSearchedBatch(const std::vector<BatchTrial>& fits, int64_t first_fail) {
   int64_t last_fit = 0;
   for (const BatchTrial& t : fits) last_fit = std::max(last_fit, t.batch);

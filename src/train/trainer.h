@@ -96,8 +96,6 @@ struct BatchSearchOptions {
 // out-of-memory limit (`first_fail` > 0): the run holds more than a trial.
 // A search stopped by max_batch found no limit, so its last size counts.
 int64_t PickSearchedBatch(const std::vector<BatchTrial>& fits, int64_t first_fail);
-// The smallest trial that ran out of memory; 0: none did.
-int64_t FirstOutOfMemory(const std::vector<BatchTrial>& trials);
 // `batch` samples drawn at random from `probe` (the batch search's trials,
 // the memory probe), channels_last where the model takes it.
 TrainBatch SampleBatch(const StepContext& ctx, const TrainBatch& probe, int64_t batch);

@@ -42,14 +42,15 @@ void ThrowIfFailed(const Status& s) {
 // time the collectives take.
 class RankTrialShape : public TrialShape {
  public:
+  // `owners`: DataParallel::ShardOwners of `trainable`.
   RankTrialShape(DataParallel* dp, Model* model, std::string shard, bool prefetch,
-                 std::vector<torch::Tensor> trainable)
+                 std::vector<torch::Tensor> trainable, std::vector<int> owners)
       : dp_(dp),
         model_(model),
         shard_(std::move(shard)),
         prefetch_(prefetch),
         trainable_(std::move(trainable)),
-        owners_(DataParallel::ShardOwners(trainable_, dp->world_size())) {}
+        owners_(std::move(owners)) {}
 
   void Begin() override {
     if (shard_ == "gradients" || shard_ == "full")
@@ -57,7 +58,7 @@ class RankTrialShape : public TrialShape {
     if (shard_ == "full") {
       auto gather = std::make_shared<ShardedParameters>(dp_, trainable_, owners_);
       std::vector<std::vector<torch::Tensor>> blocks;
-      if (model_->SetParameterGather(gather, &blocks)) {  // else the run refuses the model
+      if (model_->SetParameterGather(gather, &blocks)) {  // (BuildModel refused one without)
         gather->SetBlocks(blocks, prefetch_);
         gather->ReleaseAll();
         gather_ = gather;
@@ -460,12 +461,12 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     std::vector<torch::Tensor> trainable;  // the optimizer's parameters, in its order
     for (const torch::Tensor& p : ctx_.model->parameters())
       if (p.requires_grad()) trainable.push_back(p);
+    std::vector<int> owners = DataParallel::ShardOwners(trainable, dp_->world_size());
     // A trial holds the optimizer state this rank will: its owners' share.
     if (cfg_.Str("dist.shard") != "none")
-      for (int owner : DataParallel::ShardOwners(trainable, dp_->world_size()))
-        bo.owned.push_back(owner == dp_->rank());
+      for (int owner : owners) bo.owned.push_back(owner == dp_->rank());
     bo.shape = std::make_shared<RankTrialShape>(dp_.get(), ctx_.model.get(), cfg_.Str("dist.shard"),
-                                                cfg_.Bool("dist.prefetch"), trainable);
+                                                cfg_.Bool("dist.prefetch"), trainable, owners);
   }
   // The probe source stays open through the search: what it holds (an
   // in-memory dataset, loader buffers) is held while training too.

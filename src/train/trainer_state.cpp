@@ -202,7 +202,6 @@ Status Trainer::SetupSharding() {
 // rank updates): refused before training when the host cannot hold it.
 Status Trainer::SetupOffload() {
   if (cfg_.Str("dist.offload") == "none") return Status::Ok();
-  if (Status s = RefusedMemorySettings(); !s.ok()) return s;
   const int64_t needed = optim_->OffloadBytes();
   const int64_t available = HostBytesAvailable(ctx_.device);
   if (available >= 0 && needed > available)
@@ -238,9 +237,9 @@ Status Trainer::SetupOffload() {
   return Status::Ok();
 }
 
-// What dist.shard and dist.offload refuse, known before the model is
-// built, so a batch-size search does not run first (ShardStates and
-// SetupOffload ask again).
+// What dist.shard and dist.offload refuse, known from the config: Setup
+// asks once the ranks are connected, before the model is built or a batch
+// size searched.
 Status Trainer::RefusedMemorySettings() const {
   if (cfg_.Str("dist.offload") != "none" && cfg_.Bool("train.cuda_graphs"))
     return Status::InvalidArgument(
@@ -280,7 +279,6 @@ Status Trainer::ShardStates() {
                    shard.c_str());
     return Status::Ok();
   }
-  if (Status s = RefusedMemorySettings(); !s.ok()) return s;
   shard_owner_ = DataParallel::ShardOwners(optim_->params(), dp_->world_size());
   std::vector<bool> owned;
   for (int owner : shard_owner_) owned.push_back(owner == dp_->rank());
