@@ -28,6 +28,12 @@ flags="-DFMT_HEADER_ONLY"
 flags+=" -isystem $kit/root/usr/include/x86_64-linux-gnu"
 # c10d's Gloo headers include gloo's: libtorch's own where it ships them.
 [[ -f $torch_include/gloo/config.h || -f /usr/include/gloo/config.h ]] || flags+=" -isystem $kit/gloo"
+# The Python module (fullburn_python) against this Python and the pybind11
+# of its pip packages, where it has one (the GPU machine's does).
+python_module=()
+if pybind=$("$python" -m pybind11 --cmakedir 2>/dev/null); then
+  python_module=(-Dpybind11_DIR="$pybind" -DPython_EXECUTABLE="$(command -v "$python")")
+fi
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cuda=()
@@ -49,7 +55,7 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_W
   -DHTTPLIB_INCLUDE_DIR="$kit/root/usr/include" -DTOMLPP_INCLUDE_DIR="$kit/root/usr/include" \
   -DHTTPLIB_LIBRARY="$lib/libcpp-httplib.so" \
   -DHTTPLIB_DEFINITIONS="CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT" \
-  "${cuda[@]}"
+  "${cuda[@]}" "${python_module[@]}"
 keep=()
 if [[ ${KEEP_GOING:-0} == 1 ]]; then keep=(-- -k); [[ ${#generator[@]} -gt 0 ]] && keep+=(0); fi
 targets=()
