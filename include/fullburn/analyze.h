@@ -147,6 +147,10 @@ struct CommStats {
   int64_t kernels = 0;
   double comm_us = 0;     // merged
   double overlap_us = 0;  // of comm_us, while a computation kernel ran
+  // Collectives the host ran itself (Gloo), merged within the steps: what
+  // ranks are compared by when no rank ran communication kernels.
+  int64_t host_collectives = 0;
+  double host_collective_us = 0;
   double Exposed() const { return comm_us - overlap_us; }
 };
 
@@ -197,10 +201,12 @@ struct RankReport {
 };
 
 // Across ranks: in a collective every rank waits for the last to arrive, so
-// the rank with the least time in communication kernels is the straggler and
-// the others' extra communication time is what waiting for it cost.
+// the rank with the least time in communication kernels (in Gloo's host-side
+// collectives when no rank ran such kernels) is the straggler and the others'
+// extra communication time is what waiting for it cost.
 struct CrossRank {
   bool compared = false;
+  std::string basis;  // "communication kernels" or "Gloo collectives on the host"
   int straggler = -1;
   double straggler_comm_us = 0;
   std::map<int, double> waited_us;  // rank -> its comm time beyond the straggler's

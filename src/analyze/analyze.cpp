@@ -69,22 +69,33 @@ std::string MixedRuns(const std::vector<RankReport>& ranks) {
 }
 
 void CompareRanks(TraceReport* rep) {
-  std::vector<const RankReport*> with_comm;
-  for (const RankReport& r : rep->ranks)
+  std::vector<const RankReport*> with_comm, with_host;
+  for (const RankReport& r : rep->ranks) {
     if (r.comm.kernels > 0) with_comm.push_back(&r);
+    if (r.comm.host_collectives > 0) with_host.push_back(&r);
+  }
+  // Gloo's collectives run on the host: their spans stand in for kernels.
+  bool host = with_comm.size() < 2 && with_host.size() >= 2;
+  if (host) with_comm = with_host;
   if (with_comm.size() < 2) {
     if (rep->ranks.size() > 1)
-      rep->cross.note = "fewer than two ranks ran communication kernels: no straggler to find";
+      rep->cross.note =
+          "fewer than two ranks ran communication kernels or Gloo collectives: no straggler to "
+          "find";
     return;
   }
+  auto comm_us = [host](const RankReport* r) {
+    return host ? r->comm.host_collective_us : r->comm.comm_us;
+  };
   const RankReport* slow = *std::min_element(
       with_comm.begin(), with_comm.end(),
-      [](const RankReport* a, const RankReport* b) { return a->comm.comm_us < b->comm.comm_us; });
+      [&](const RankReport* a, const RankReport* b) { return comm_us(a) < comm_us(b); });
   rep->cross.compared = true;
+  rep->cross.basis = host ? "Gloo collectives on the host" : "communication kernels";
   rep->cross.straggler = slow->rank;
-  rep->cross.straggler_comm_us = slow->comm.comm_us;
+  rep->cross.straggler_comm_us = comm_us(slow);
   for (const RankReport* r : with_comm)
-    if (r != slow) rep->cross.waited_us[r->rank] = r->comm.comm_us - slow->comm.comm_us;
+    if (r != slow) rep->cross.waited_us[r->rank] = comm_us(r) - comm_us(slow);
 }
 
 // uneven_ranks: the rank that waited longest for the straggler, as a share
@@ -109,10 +120,10 @@ void UnevenRanks(const TraceReport& rep, std::vector<Finding>* out) {
   f.title = fmt::format("rank {} straggles: the other ranks wait for it in collectives",
                         rep.cross.straggler);
   f.evidence = fmt::format(
-      "rank {} spent the least time in communication kernels ({:.1f} ms); rank {} spent {:.1f} "
-      "ms more, waiting for it ({:.1f}% of its kernel span)",
-      rep.cross.straggler, rep.cross.straggler_comm_us / 1e3, worst, worst_us / 1e3,
-      100 * worst_share);
+      "rank {} spent the least time in {} ({:.1f} ms); rank {} spent {:.1f} ms more, waiting "
+      "for it ({:.1f}% of its kernel span)",
+      rep.cross.straggler, rep.cross.basis, rep.cross.straggler_comm_us / 1e3, worst,
+      worst_us / 1e3, 100 * worst_share);
   f.share_lost = worst_share;
   f.confidence = 0.7;
   f.fix = fmt::format(

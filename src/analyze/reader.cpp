@@ -176,6 +176,10 @@ bool IsSyncCall(std::string_view name) {
          name == "cuCtxSynchronize" || name == "cuEventSynchronize";
 }
 // Ops that read a CUDA tensor's value on the host, or copy it there.
+// ProcessGroupGloo records each collective as "gloo:<op>"; Gloo runs them on
+// the host, so a Gloo job's trace has no communication kernels to compare.
+bool IsHostCollective(std::string_view name) { return name.substr(0, 5) == "gloo:"; }
+
 bool IsSyncOp(std::string_view name) {
   static const char* const kOps[] = {"aten::item",     "aten::_local_scalar_dense",
                                      "aten::nonzero",  "aten::is_nonzero",
@@ -254,6 +258,11 @@ void AddHostEvent(const Fields& f, RawTrace* t) {
     t->calls.push_back(c);
   }
   if (step >= 0) return;
+  if (f.cat == "python_function") {
+    // Built-ins ("<built-in method item ...>") name no place in the user's code.
+    if (!StartsWith(f.name, "<")) AddSpan(f, SpanKind::kPythonFrame, -1, t);
+    return;
+  }
   if (IsDataLoader(f.name)) {
     AddSpan(f, SpanKind::kDataLoader, -1, t);
   } else if (IsOptimizerStep(f.name)) {
@@ -262,6 +271,8 @@ void AddHostEvent(const Fields& f, RawTrace* t) {
     AddSpan(f, SpanKind::kSync, -1, t);
   } else if (IsSyncOp(f.name)) {
     AddSpan(f, SpanKind::kSyncOp, -1, t);
+  } else if (IsHostCollective(f.name)) {
+    AddSpan(f, SpanKind::kHostCollective, -1, t);
   }
 }
 

@@ -206,9 +206,9 @@ std::string RenderTraceReport(const TraceReport& rep) {
   }
   if (rep.cross.compared) {
     out += fmt::format(
-        "ranks: rank {} spends the least time in communication ({}); the others "
+        "ranks: rank {} spends the least time in communication ({}, {}); the others "
         "wait for it:",
-        rep.cross.straggler, Ms(rep.cross.straggler_comm_us));
+        rep.cross.straggler, rep.cross.basis, Ms(rep.cross.straggler_comm_us));
     for (const auto& [rank, us] : rep.cross.waited_us)
       out += fmt::format(" rank {} {}", rank, Ms(us));
     out += "\n";
@@ -226,6 +226,7 @@ nlohmann::json TraceReportJson(const TraceReport& rep) {
   for (const auto& [rank, us] : rep.cross.waited_us) waited[std::to_string(rank)] = us;
   j["cross_rank"] = {{"compared", rep.cross.compared},
                      {"straggler", rep.cross.straggler},
+                     {"basis", rep.cross.basis},
                      {"straggler_comm_us", rep.cross.straggler_comm_us},
                      {"waited_us", waited},
                      {"note", rep.cross.note}};

@@ -72,7 +72,9 @@ enum class SpanKind : uint8_t {
   kDataLoader,
   kOptimizer,
   kSync,
-  kSyncOp
+  kSyncOp,
+  kHostCollective,  // a collective on the host: Gloo's "gloo:all_reduce" and the like
+  kPythonFrame      // torch 2.x's with_stack: a python_function event, "file.py(12): fn"
 };
 struct Span {
   double ts = 0, dur = 0;

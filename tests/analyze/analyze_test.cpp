@@ -864,6 +864,99 @@ TEST(Analyze, RealTracePageableBatchCopies) {
   EXPECT_FALSE(r.host.sync_sites.empty());
 }
 
+// Real CUDA traces from torch 2.11 on an H200 (bench/gpu_traces; fixtures/README.md):
+// each loop was written to have one cause, which must come out on top.
+std::string H200(const std::string& name) {
+  return kFixtures + "/torch211_h200_" + name + ".pt.trace.json.gz";
+}
+
+void ExpectSharesOfTheSteps(const RankReport& r) {
+  EXPECT_GT(r.host.window_us, 0);
+  EXPECT_LE(r.host.data_loader_us, r.host.window_us);
+  EXPECT_LE(r.host.sync_us, r.host.window_us);
+  EXPECT_LE(r.host.optimizer_us, r.host.window_us);
+  EXPECT_NEAR(r.temporal.idle_us + r.temporal.compute_us + r.temporal.non_compute_us,
+              r.temporal.span_us, 1.0);
+}
+
+TEST(Analyze, RealCudaTraceStarvedByTheDataLoader) {
+  RankReport r = Analyze(H200("starved"));
+  EXPECT_TRUE(r.has_gpu);
+  ExpectSharesOfTheSteps(r);
+  ASSERT_FALSE(r.findings.empty());
+  const Finding& top = r.findings.front();
+  EXPECT_EQ(top.cause, "input_workers");
+  EXPECT_GT(top.share_lost, 0.8);  // ~3 ms of host work per sample against a ~3 ms GPU step
+  EXPECT_NE(top.evidence.find(kLoaderName), std::string::npos) << top.evidence;
+  EXPECT_NEAR(top.share_lost, r.idle_causes.data_loader_us / r.temporal.span_us, 1e-12);
+}
+
+TEST(Analyze, RealCudaTraceLaunchBound) {
+  RankReport r = Analyze(H200("launch"));
+  ExpectSharesOfTheSteps(r);
+  ASSERT_FALSE(r.findings.empty());
+  EXPECT_EQ(r.findings.front().cause, "small_batch");
+  EXPECT_GT(r.launches.shorter_than_launch, 0.9);  // an MLP of width 256 at batch 8
+  EXPECT_NE(r.findings.front().fix.find("CUDA graphs"), std::string::npos);
+}
+
+TEST(Analyze, RealCudaTracesPageableAgainstPinnedCopies) {
+  RankReport pageable = Analyze(H200("pageable")), pinned = Analyze(H200("pinned"));
+  ExpectSharesOfTheSteps(pageable);
+  ExpectSharesOfTheSteps(pinned);
+  for (const RankReport* r : {&pageable, &pinned}) {
+    ASSERT_EQ(r->copies.size(), 1u);
+    EXPECT_EQ(r->copies[0].direction, "HtoD");
+    EXPECT_GE(r->copies[0].count, 4);  // 64 MiB a step
+    EXPECT_NEAR(r->copies[0].bytes / r->copies[0].count, 64.0 * 1024 * 1024, 1.0);
+  }
+  EXPECT_EQ(pageable.copies[0].pageable, pageable.copies[0].count);
+  EXPECT_EQ(pinned.copies[0].pageable, 0);
+  EXPECT_GT(pinned.copies[0].GBps(), 3 * pageable.copies[0].GBps());
+  const Finding* slow = FindCause(pageable.findings, "h2d_copy");
+  const Finding* fast = FindCause(pinned.findings, "h2d_copy");
+  ASSERT_NE(slow, nullptr);
+  ASSERT_NE(fast, nullptr);
+  EXPECT_NE(slow->fix.find("pin_memory=True"), std::string::npos);
+  EXPECT_EQ(fast->fix.find("pin_memory"), std::string::npos);
+  EXPECT_GT(slow->share_lost, fast->share_lost);
+}
+
+TEST(Analyze, RealCudaTraceItemEveryStepNamesItsPlace) {
+  RankReport r = Analyze(H200("sync"));  // with_stack=True: python_function events
+  ExpectSharesOfTheSteps(r);
+  const Finding* f = FindCause(r.findings, "host_sync");
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->evidence.find("aten::_local_scalar_dense"), std::string::npos) << f->evidence;
+  ASSERT_EQ(r.host.sync_sites.size(), 1u);
+  // The innermost user frame around loss.item(): the loop's function, sync().
+  EXPECT_EQ(r.host.sync_sites.begin()->first, "gpu_traces(123): sync");
+  EXPECT_EQ(r.host.sync_sites.begin()->second, static_cast<int64_t>(r.steps.size()));
+  EXPECT_NE(f->evidence.find("gpu_traces(123): sync"), std::string::npos);
+}
+
+TEST(Analyze, RealGlooRanksNameTheStraggler) {
+  // Rank 1 slept 30 ms before each step; Gloo's collectives ran on the host,
+  // so there are no communication kernels to compare.
+  Result<TraceReport> rep = AnalyzeTraces({H200("ranks_rank0"), H200("ranks_rank1")}, {});
+  ASSERT_TRUE(rep.ok()) << rep.status().message();
+  ASSERT_EQ(rep->ranks.size(), 2u);
+  EXPECT_FALSE(rep->mixed_runs);
+  for (const RankReport& r : rep->ranks) {
+    EXPECT_EQ(r.comm.kernels, 0);
+    EXPECT_GT(r.comm.host_collectives, 0);
+  }
+  ASSERT_TRUE(rep->cross.compared) << rep->cross.note;
+  EXPECT_EQ(rep->cross.basis, "Gloo collectives on the host");
+  EXPECT_EQ(rep->cross.straggler, 1);
+  double steps = static_cast<double>(rep->ranks[0].steps.size());
+  EXPECT_NEAR(rep->cross.waited_us.at(0) / steps, 30000, 3000);  // the sleep, per step
+  const Finding* f = FindCause(rep->findings, "uneven_ranks");
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->title.find("rank 1"), std::string::npos);
+  EXPECT_NE(f->evidence.find("Gloo collectives"), std::string::npos);
+}
+
 TEST(Analyze, CpuOnlyTraceFromTorch113) {
   // Made by make_cpu_trace.py: every batch of 4 waits 3 ms per sample.
   RankReport r = Analyze(kCpuTrace);
