@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,11 @@ namespace fullburn {
 // Blocks of batch memory, reused by size: the slots' memory and, once handed
 // over, the arrays'. Blocks stay in the process until the pool goes (the
 // loader and every array from it). Thread-safe.
+//
+// Device registration (device="cuda": cudaHostRegister through torch, so the
+// copy to the GPU reads a block directly): a block is registered whole, once,
+// and unregistered before it is freed, so no registered range outlives its
+// memory and a later block at an overlapping address registers cleanly.
 class BatchMemory : public std::enable_shared_from_this<BatchMemory> {
  public:
   // A block of `bytes` (64-byte aligned; a freed one of that size when there
@@ -43,12 +49,27 @@ class BatchMemory : public std::enable_shared_from_this<BatchMemory> {
   void Give(uint8_t* block, size_t bytes);
   // Every block made so far (tests: a batch's array lies in one of them).
   std::vector<uintptr_t> Blocks() const;
+
+  // What registers and unregisters a block (address, bytes) with a device.
+  using BlockHook = std::function<void(uintptr_t block, size_t bytes)>;
+  void SetDeviceHooks(BlockHook register_block, BlockHook unregister_block);
+  // Registers the block that starts at `block` unless it is already; false
+  // when no block starts there or no hooks were set. Throws what the hook throws.
+  bool RegisterBlock(uintptr_t block);
+  // Blocks registered now (tests).
+  size_t RegisteredBlocks() const;
   ~BatchMemory();
 
  private:
+  struct Block {
+    uint8_t* data;
+    size_t bytes;
+    bool registered;
+  };
   mutable std::mutex mu_;
   std::multimap<size_t, uint8_t*> free_;
-  std::vector<std::pair<uint8_t*, size_t>> all_;
+  std::vector<Block> all_;
+  BlockHook register_, unregister_;
 };
 
 }  // namespace fullburn

@@ -33,7 +33,7 @@ uint8_t* BatchMemory::Take(size_t bytes) {
   auto* block = static_cast<uint8_t*>(std::aligned_alloc(64, rounded));
   if (!block) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  all_.emplace_back(block, bytes);
+  all_.push_back({block, bytes, false});
   return block;
 }
 
@@ -45,12 +45,55 @@ void BatchMemory::Give(uint8_t* block, size_t bytes) {
 std::vector<uintptr_t> BatchMemory::Blocks() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<uintptr_t> out;
-  for (const auto& [block, bytes] : all_) out.push_back(reinterpret_cast<uintptr_t>(block));
+  for (const Block& b : all_) out.push_back(reinterpret_cast<uintptr_t>(b.data));
   return out;
 }
 
+void BatchMemory::SetDeviceHooks(BlockHook register_block, BlockHook unregister_block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  register_ = std::move(register_block);
+  unregister_ = std::move(unregister_block);
+}
+
+bool BatchMemory::RegisterBlock(uintptr_t block) {
+  BlockHook hook;
+  size_t at = 0, bytes = 0;  // an index: other threads may grow all_ meanwhile
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!register_) return false;
+    while (at < all_.size() && reinterpret_cast<uintptr_t>(all_[at].data) != block) ++at;
+    if (at == all_.size()) return false;
+    if (all_[at].registered) return true;
+    all_[at].registered = true;
+    bytes = all_[at].bytes;
+    hook = register_;
+  }
+  // Outside the lock: the hook waits for the GIL, which a thread giving a
+  // block back may hold while it waits for the lock.
+  try {
+    hook(block, bytes);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    all_[at].registered = false;
+    throw;
+  }
+  return true;
+}
+
+size_t BatchMemory::RegisteredBlocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const Block& b : all_) n += b.registered;
+  return n;
+}
+
 BatchMemory::~BatchMemory() {
-  for (const auto& [block, bytes] : all_) std::free(block);
+  for (const Block& b : all_) {
+    // Unregistered first: a registration left on freed memory makes the
+    // next block there fail to register ("already mapped").
+    if (b.registered && unregister_) unregister_(reinterpret_cast<uintptr_t>(b.data), b.bytes);
+    std::free(b.data);
+  }
 }
 
 namespace {
@@ -70,6 +113,41 @@ PyObject* g_data_error = nullptr;  // fullburn.DataError, made at import
   }
   PyErr_SetString(type, FirstLine(s.message()).c_str());
   throw py::error_already_set();
+}
+
+bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// A Python callable as a BatchMemory hook, called with the GIL. One that
+// unregisters (`quiet`) never throws: it runs while memory is freed, and does
+// nothing once the interpreter is finalizing (the process is ending).
+BatchMemory::BlockHook PythonHook(py::function fn, bool quiet) {
+  std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+    if (Py_IsInitialized() && !Finalizing()) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    } else {
+      f->release();  // no GIL to be had: the reference goes with the process
+      delete f;
+    }
+  });
+  return [held, quiet](uintptr_t block, size_t bytes) {
+    if (quiet && (!Py_IsInitialized() || Finalizing())) return;
+    py::gil_scoped_acquire gil;
+    if (!quiet) {
+      (*held)(block, bytes);
+      return;
+    }
+    try {
+      (*held)(block, bytes);
+    } catch (py::error_already_set&) {
+    }
+  };
 }
 
 // A block handed to an array: back to its pool when the array goes.
@@ -207,6 +285,12 @@ class NativeImageLoader {
 
   py::dict Stats() const { return StatsDict(loader_->stats()); }
   std::vector<uintptr_t> MemoryBlocks() const { return pool_->Blocks(); }
+  void SetDeviceHooks(py::function register_block, py::function unregister_block) {
+    pool_->SetDeviceHooks(PythonHook(std::move(register_block), false),
+                          PythonHook(std::move(unregister_block), true));
+  }
+  bool RegisterBlock(uintptr_t block) { return pool_->RegisterBlock(block); }
+  size_t RegisteredBlocks() const { return pool_->RegisteredBlocks(); }
 
  private:
   std::shared_ptr<BatchMemory> pool_;
@@ -383,7 +467,10 @@ PYBIND11_MODULE(_native, m) {
       .def("position", &NativeImageLoader::Position)
       .def("next", &NativeImageLoader::Next)
       .def("stats", &NativeImageLoader::Stats)
-      .def("memory_blocks", &NativeImageLoader::MemoryBlocks);
+      .def("memory_blocks", &NativeImageLoader::MemoryBlocks)
+      .def("set_device_hooks", &NativeImageLoader::SetDeviceHooks)
+      .def("register_block", &NativeImageLoader::RegisterBlock)
+      .def("registered_blocks", &NativeImageLoader::RegisteredBlocks);
 
   py::class_<NativeTokenLoader>(m, "TokenLoader")
       .def(py::init<std::vector<std::string>, int, int, uint64_t>(), py::arg("paths"),

@@ -94,18 +94,28 @@ class _Events:
 
 
 class _Pinned:
-    """Host blocks registered with CUDA (cudaHostRegister) the first time a
-    batch lies in one, so the copy to the GPU reads the slot directly."""
+    """The loader's memory blocks registered with CUDA (cudaHostRegister) the
+    first time a batch lies in one, whole, so the copy to the GPU reads the
+    slot directly; the native pool unregisters each before freeing it."""
 
-    def __init__(self, torch):
-        self.cudart = torch.cuda.cudart()
-        self.done = set()
+    def __init__(self, torch, native):
+        cudart = torch.cuda.cudart()
+        success = getattr(getattr(cudart, "cudaError", None), "success", 0)
 
-    def ensure(self, address, nbytes):
-        if address in self.done:
-            return
-        self.cudart.cudaHostRegister(address, nbytes, 0)
-        self.done.add(address)
+        def register(address, nbytes):
+            err = cudart.cudaHostRegister(address, nbytes, 0)
+            if err != success:
+                raise RuntimeError("cudaHostRegister of %d bytes of batch memory failed (%s): "
+                                   "pass device=None and copy the batches yourself"
+                                   % (nbytes, getattr(err, "name", err)))
+
+        native.set_device_hooks(register, lambda address, nbytes: cudart.cudaHostUnregister(address))
+        self.native = native
+
+    def ensure(self, address):
+        if not self.native.register_block(address):
+            raise RuntimeError("fullburn: a batch outside the loader's memory blocks (a bug: "
+                               "please report it)")
 
 
 class ImageLoader:
@@ -140,7 +150,10 @@ class ImageLoader:
             raise ValueError("prefetch must be None (tuned while running) or at least 1")
         self._device = _device_of(device, "fullburn.ImageLoader")
         self._dtype = dtype
-        raw = self._device is not None or _is_uint8(dtype)
+        # uint8 slots (not normalized by the threads) for uint8 batches and for
+        # the GPU, which normalizes after the copy unless uint8 was asked for.
+        raw = _is_uint8(dtype)
+        uint8_slots = raw or self._device is not None
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.batch_size = int(batch_size)
         self.train = bool(train)
@@ -152,7 +165,7 @@ class ImageLoader:
         self._native = _native.ImageLoader(
             root, self.batch_size, self.train, int(crop), int(threads or 0), int(prefetch or 0),
             self.seed, self.shuffle, not self.drop_last, self.rank, self.world_size,
-            on_bad_sample == "fail", not raw, list(self._mean), list(self._std),
+            on_bad_sample == "fail", not uint8_slots, list(self._mean), list(self._std),
             self.channels_last, int(cache_mb) << 20, int(resize or 0),
             # threads=None may take every CPU this process may use: the tuner
             # adds a thread only while the loop waits for batches, so a loop
@@ -267,15 +280,17 @@ class ImageLoader:
             scale = torch.tensor([1.0 / (255.0 * s) for s in self._std]).view(shape)
             bias = torch.tensor([-m / s for m, s in zip(self._mean, self._std)]).view(shape)
             self._gpu = (torch.cuda.Stream(self._device), scale.to(self._device),
-                         bias.to(self._device), _Pinned(torch), collections.deque())
+                         bias.to(self._device), _Pinned(torch, self._native), collections.deque())
         stream, scale, bias, pinned, in_flight = self._gpu
-        pinned.ensure(images.ctypes.data, images.nbytes)
+        pinned.ensure(images.ctypes.data)
         with torch.cuda.stream(stream):
             gpu = x.to(self._device, non_blocking=True)
             labels = y.to(self._device, non_blocking=True)
             if not self._raw:
-                dtype = self._dtype or torch.float32
-                gpu = gpu.to(dtype).mul_(scale.to(dtype)).add_(bias.to(dtype))
+                # In float32, then the dtype asked for: the CPU path's values.
+                gpu = gpu.float().mul_(scale).add_(bias)
+                if self._dtype is not None and self._dtype != torch.float32:
+                    gpu = gpu.to(self._dtype)
             done = torch.cuda.Event()
             done.record(stream)
         current = torch.cuda.current_stream(self._device)
