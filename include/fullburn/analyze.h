@@ -84,9 +84,10 @@ struct HostCauses {
   double optimizer_us = 0;
   double between_steps_us = 0;
   double other_us = 0;
+  double collective_us = 0;  // in a collective the host runs itself (Gloo's gloo:<op>)
   double Total() const {
     return queued_us + data_loader_us + sync_us + blocking_copy_us + optimizer_us +
-           between_steps_us + other_us;
+           between_steps_us + other_us + collective_us;
   }
 };
 

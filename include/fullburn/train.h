@@ -111,6 +111,11 @@ struct OptimizerOptions {
   // operation's order within the formula differs). LARS always loops.
   bool foreach = false;
 };
+// optim.foreach's setting ("true", "false" or "auto") for a run on a CUDA
+// device or not: auto is the multi-tensor update on CUDA, where it measured
+// +9.4% tokens/s on GPT-2 124M (H200, docs/benchmarks.md), and the loop on
+// the CPU, where fewer launches buy nothing.
+bool ForeachFor(const std::string& setting, bool cuda);
 class Optimizer {
  public:
   Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params, const OptimizerOptions& o);

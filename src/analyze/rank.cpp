@@ -224,6 +224,7 @@ bool IsSynchronousCopyCall(const std::string& name) {
 struct HostTimeline {
   std::vector<Interval> data_loader, optimizer, between_steps;
   std::vector<Interval> sync, blocking_copy;  // calls that make the host wait for the GPU
+  std::vector<Interval> collective;           // Gloo's collectives, run by the host
 
   // Cuts the gap [a, b), ended by an op launched at `launch` (kNone when
   // unknown), among the causes (HostCauses' comment).
@@ -235,6 +236,12 @@ struct HostTimeline {
     }
     double dl = static_cast<double>(OverlapWith(data_loader, a, b));
     c->data_loader_us += dl;
+    // Before syncs: a Gloo collective on CUDA tensors waits for the GPU (and
+    // for the other ranks) inside itself.
+    if (Covers(collective, a, kSyncSlackUs)) {
+      c->collective_us += len - dl;
+      return;
+    }
     if (Covers(sync, a, kSyncSlackUs)) {
       c->sync_us += len - dl;
       return;
@@ -251,21 +258,25 @@ struct HostTimeline {
   }
 };
 
+// The trace's time outside the window's ProfilerStep spans.
+std::vector<Interval> OutsideSteps(const RawTrace& t, const Window& w) {
+  std::vector<Interval> steps;
+  for (const StepSpan& s : w.steps)
+    steps.push_back(
+        {static_cast<int64_t>(s.start_us), static_cast<int64_t>(s.start_us + s.dur_us)});
+  int64_t lo = static_cast<int64_t>(std::floor(t.min_ts));
+  int64_t hi = static_cast<int64_t>(std::ceil(t.max_end)) + 1;
+  return Complement(Merge(steps), lo, hi);
+}
+
 HostTimeline BuildTimeline(const RawTrace& t, const Window& w, const std::vector<Op>& ops) {
   HostTimeline h;
   h.data_loader = SpanIntervals(t, w, SpanKind::kDataLoader);
   h.optimizer = Subtract(SpanIntervals(t, w, SpanKind::kOptimizer), h.data_loader);
-  if (!w.steps.empty()) {
-    std::vector<Interval> steps;
-    for (const StepSpan& s : w.steps)
-      steps.push_back(
-          {static_cast<int64_t>(s.start_us), static_cast<int64_t>(s.start_us + s.dur_us)});
-    int64_t lo = static_cast<int64_t>(std::floor(t.min_ts));
-    int64_t hi = static_cast<int64_t>(std::ceil(t.max_end)) + 1;
-    h.between_steps =
-        Subtract(Subtract(Complement(Merge(steps), lo, hi), h.data_loader), h.optimizer);
-  }
+  if (!w.steps.empty())
+    h.between_steps = Subtract(Subtract(OutsideSteps(t, w), h.data_loader), h.optimizer);
   h.sync = SpanIntervals(t, w, SpanKind::kSync);
+  h.collective = SpanIntervals(t, w, SpanKind::kHostCollective);
   std::vector<Interval> copies;
   for (const Op& op : ops) {
     if (op.g().kind != GpuKind::kMemcpy || !op.launch) continue;
@@ -502,14 +513,7 @@ void Host(const RawTrace& t, const Window& w, const HostTimeline& h, RankReport*
   // span begun before the first step, or a synchronize after the loop, once
   // made shares over 100% on real torch 2.11 traces).
   auto in_steps = [&](std::vector<Interval> v) {
-    if (w.steps.empty()) return v;
-    std::vector<Interval> steps;
-    for (const StepSpan& s : w.steps)
-      steps.push_back(
-          {static_cast<int64_t>(s.start_us), static_cast<int64_t>(s.start_us + s.dur_us)});
-    int64_t lo = static_cast<int64_t>(std::floor(t.min_ts));
-    int64_t hi = static_cast<int64_t>(std::ceil(t.max_end)) + 1;
-    return Subtract(Merge(std::move(v)), Complement(Merge(steps), lo, hi));
+    return w.steps.empty() ? v : Subtract(Merge(std::move(v)), OutsideSteps(t, w));
   };
   hs.data_loader_us = static_cast<double>(TotalLength(in_steps(h.data_loader)));
   hs.optimizer_us =

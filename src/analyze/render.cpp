@@ -40,6 +40,7 @@ std::string Causes(const HostCauses& c, double whole) {
       "data loader {} · sync {} · blocking copy {} · optimizer {} · between steps {} · other {}",
       Pct(c.data_loader_us, whole), Pct(c.sync_us, whole), Pct(c.blocking_copy_us, whole),
       Pct(c.optimizer_us, whole), Pct(c.between_steps_us, whole), Pct(c.other_us, whole));
+  if (c.collective_us > 0) out += " · Gloo collectives " + Pct(c.collective_us, whole);
   if (c.queued_us > 0) out += " · next op already queued " + Pct(c.queued_us, whole);
   return out;
 }
@@ -113,7 +114,7 @@ nlohmann::json CausesJson(const HostCauses& c) {
   return {{"queued_us", c.queued_us},       {"data_loader_us", c.data_loader_us},
           {"sync_us", c.sync_us},           {"blocking_copy_us", c.blocking_copy_us},
           {"optimizer_us", c.optimizer_us}, {"between_steps_us", c.between_steps_us},
-          {"other_us", c.other_us}};
+          {"other_us", c.other_us},         {"collective_us", c.collective_us}};
 }
 
 nlohmann::json RankJson(const RankReport& r) {

@@ -121,6 +121,10 @@ bool Optimizer::StepForeach(double lr) {
   return true;
 }
 
+bool ForeachFor(const std::string& setting, bool cuda) {
+  return setting == "true" || (setting == "auto" && cuda);
+}
+
 void Optimizer::Step(double lr) {
   StepAsync(lr);
   WaitForUpdate();

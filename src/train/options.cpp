@@ -64,10 +64,11 @@ const std::vector<OptionDef>& TrainOptions() {
        "", ">0"},
       {"model.fused_loss", T::kBool, "false",
        "gpt: the output layer and the cross-entropy in one function over chunks of logits (about "
-       "256 MiB on a GPU, 32 MiB on a CPU), keeping none for backward (which recomputes them): at GPT-2's vocabulary the "
-       "fp32 log-softmax and its gradient, 3.3 GB each at 16 x 1024 tokens, are never held. "
-       "The same loss and gradients up to rounding; one more output-layer product per step. Off "
-       "until measured on a GPU"},
+       "256 MiB on a GPU, 32 MiB on a CPU), keeping none for backward (which recomputes them): at "
+       "GPT-2's vocabulary the fp32 log-softmax and its gradient, 3.3 GB each at 16 x 1024 "
+       "tokens, are never held. The same loss and gradients up to rounding. A memory lever, off "
+       "by default: on an H200 GPT-2 124M's step took half the memory (16.0 -> 8.0 GiB) at half "
+       "the speed"},
       {"model.checkpoint", T::kString, "none",
        "Activation checkpointing: blocks keeps only each GPT block's or ResNet stage's input "
        "and recomputes the block in backward (same dropout), trading a second forward for "
@@ -144,10 +145,12 @@ const std::vector<OptionDef>& TrainOptions() {
       {"optim.beta2", T::kFloat, "0.999", "AdamW beta2", "", ">=0"},
       {"optim.eps", T::kFloat, "1e-08", "AdamW epsilon", "", ">0"},
       {"optim.trust", T::kFloat, "0.001", "LARS trust coefficient", "", ">0"},
-      {"optim.foreach", T::kBool, "false",
+      {"optim.foreach", T::kString, "auto",
        "AdamW and SGD: one multi-tensor kernel per operation over all parameters (torch's "
-       "_foreach_*) instead of a loop over parameters: fewer kernel launches on a GPU, the same "
-       "update up to rounding. Off until measured on a GPU (bench/gpu_session levers)"},
+       "_foreach_*) instead of a loop over parameters: fewer kernel launches, the same update up "
+       "to rounding. auto: on a CUDA device (+9.4% tokens/s for GPT-2 124M on an H200), the "
+       "loop on the CPU",
+       "", "auto|true|false"},
       {"optim.warmup_steps", T::kInt, "20", "Linear warm-up from 0 to the peak LR (steps)", "",
        ">=0"},
       {"optim.schedule", T::kString, "cosine",

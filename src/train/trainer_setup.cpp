@@ -300,7 +300,7 @@ OptimizerOptions Trainer::OptimizerFromConfig() const {
   oo.beta2 = cfg_.Float("optim.beta2");
   oo.eps = cfg_.Float("optim.eps");
   oo.trust = cfg_.Float("optim.trust");
-  oo.foreach = cfg_.Bool("optim.foreach");
+  oo.foreach = ForeachFor(cfg_.Str("optim.foreach"), ctx_.device.is_cuda());
   return oo;
 }
 

@@ -955,6 +955,13 @@ TEST(Analyze, RealGlooRanksNameTheStraggler) {
   ASSERT_NE(f, nullptr);
   EXPECT_NE(f->title.find("rank 1"), std::string::npos);
   EXPECT_NE(f->evidence.find("Gloo collectives"), std::string::npos);
+  EXPECT_EQ(rep->findings.front().cause, "uneven_ranks");
+  // Rank 0 waits for rank 1 in cudaEventSynchronize inside gloo:all_reduce:
+  // communication, not a sync of its own loop.
+  const RankReport& r0 = rep->ranks[0].rank == 0 ? rep->ranks[0] : rep->ranks[1];
+  EXPECT_GT(r0.idle_causes.collective_us, rep->cross.waited_us.at(0) / 2);
+  EXPECT_EQ(FindCause(r0.findings, "host_sync"), nullptr);
+  EXPECT_NE(FindCause(r0.findings, "communication"), nullptr);
 }
 
 TEST(Analyze, CpuOnlyTraceFromTorch113) {

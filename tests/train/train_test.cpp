@@ -145,6 +145,13 @@ TEST(Optimizer, SgdAndAdamWMatchLibtorch) {
 // to rounding: m + (1-b1)(g-m) there, b1 m + (1-b1) g here), with state
 // created on the first step, a parameter without a gradient left alone, and
 // a rank's unowned parameters skipped.
+TEST(Optimizer, ForeachIsOnByDefaultOnlyOnCuda) {
+  EXPECT_TRUE(ForeachFor("auto", true));
+  EXPECT_FALSE(ForeachFor("auto", false));
+  EXPECT_TRUE(ForeachFor("true", false));
+  EXPECT_FALSE(ForeachFor("false", true));
+}
+
 TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
   struct Case {
     std::string name;
