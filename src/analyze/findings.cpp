@@ -163,27 +163,30 @@ void Comm(const RankReport& r, std::vector<Finding>* out) {
   if (share < kCommShare) return;
   Finding f;
   f.cause = "communication";
-  f.title =
-      gloo ? fmt::format("exposed communication: the GPU idled {} in Gloo collectives", Pct(share))
-           : fmt::format("exposed communication: {} of the kernel span", Pct(share));
-  f.evidence = gloo
-                   ? fmt::format(
-                         "GPU idle {} of the kernel span ({:.1f} of {:.1f} ms, {}) while the host "
-                         "ran Gloo collectives ({} of them, {:.1f} ms within the steps)",
-                         Pct(share), r.idle_causes.collective_us / 1e3, r.temporal.span_us / 1e3,
-                         r.window, r.comm.host_collectives, r.comm.host_collective_us / 1e3)
-                   : fmt::format(
-                         "{} communication kernels, {:.1f} ms merged, {} of it overlapped by "
-                         "computation ({}); {:.1f} ms exposed",
-                         r.comm.kernels, r.comm.comm_us / 1e3,
-                         Pct(r.comm.overlap_us / r.comm.comm_us), r.window, r.comm.Exposed() / 1e3);
   f.share_lost = share;
   f.confidence = 0.7;
-  f.fix = gloo ? "on GPUs, backend=\"nccl\": collectives as kernels that overlap backward; with "
-                 "Gloo, fewer and larger reductions (DDP bucket_cap_mb, no_sync over accumulated "
-                 "micro-batches)"
-               : "overlap communication with backward (DDP buckets: bucket_cap_mb), bf16 gradient "
-                 "compression hooks, more accumulation per reduction (no_sync)";
+  if (gloo) {
+    f.title =
+        fmt::format("exposed communication: the GPU idled {} in Gloo collectives", Pct(share));
+    f.evidence = fmt::format(
+        "GPU idle {} of the kernel span ({:.1f} of {:.1f} ms, {}) while the host ran Gloo "
+        "collectives ({} of them, {:.1f} ms within the steps)",
+        Pct(share), r.idle_causes.collective_us / 1e3, r.temporal.span_us / 1e3, r.window,
+        r.comm.host_collectives, r.comm.host_collective_us / 1e3);
+    f.fix =
+        "on GPUs, backend=\"nccl\": collectives as kernels that overlap backward; with Gloo, "
+        "fewer and larger reductions (DDP bucket_cap_mb, no_sync over accumulated micro-batches)";
+  } else {
+    f.title = fmt::format("exposed communication: {} of the kernel span", Pct(share));
+    f.evidence = fmt::format(
+        "{} communication kernels, {:.1f} ms merged, {} of it overlapped by computation ({}); "
+        "{:.1f} ms exposed",
+        r.comm.kernels, r.comm.comm_us / 1e3, Pct(r.comm.overlap_us / r.comm.comm_us), r.window,
+        r.comm.Exposed() / 1e3);
+    f.fix =
+        "overlap communication with backward (DDP buckets: bucket_cap_mb), bf16 gradient "
+        "compression hooks, more accumulation per reduction (no_sync)";
+  }
   out->push_back(f);
 }
 

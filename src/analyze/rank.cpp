@@ -512,17 +512,15 @@ void Host(const RawTrace& t, const Window& w, const HostTimeline& h, RankReport*
   // Shares of the steps' time: the spans clipped to the steps (a DataLoader
   // span begun before the first step, or a synchronize after the loop, once
   // made shares over 100% on real torch 2.11 traces).
-  auto in_steps = [&](std::vector<Interval> v) {
-    return w.steps.empty() ? v : Subtract(Merge(std::move(v)), OutsideSteps(t, w));
-  };
+  const std::vector<Interval> outside =
+      w.steps.empty() ? std::vector<Interval>{} : OutsideSteps(t, w);
+  auto in_steps = [&](std::vector<Interval> v) { return Subtract(Merge(std::move(v)), outside); };
   hs.data_loader_us = static_cast<double>(TotalLength(in_steps(h.data_loader)));
   hs.optimizer_us =
       static_cast<double>(TotalLength(in_steps(SpanIntervals(t, w, SpanKind::kOptimizer))));
   hs.sync_us = static_cast<double>(TotalLength(in_steps(h.sync)));
   r->comm.host_collective_us =
       static_cast<double>(TotalLength(in_steps(SpanIntervals(t, w, SpanKind::kHostCollective))));
-  for (const Span& s : t.spans)
-    r->comm.host_collectives += s.kind == SpanKind::kHostCollective && Inside(w, s.start());
   std::map<uint32_t, int64_t> loader_names;
   std::map<uint32_t, std::vector<const Span*>> ops_by_tid, frames_by_tid;
   for (const Span& s : t.spans) {
@@ -532,6 +530,7 @@ void Host(const RawTrace& t, const Window& w, const HostTimeline& h, RankReport*
     }
     if (s.kind == SpanKind::kSyncOp) ops_by_tid[s.tid].push_back(&s);
     if (s.kind == SpanKind::kPythonFrame) frames_by_tid[s.tid].push_back(&s);
+    if (s.kind == SpanKind::kHostCollective && Inside(w, s.start())) r->comm.host_collectives++;
   }
   int64_t most = 0;
   for (const auto& [name, n] : loader_names)

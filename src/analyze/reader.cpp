@@ -175,11 +175,10 @@ bool IsSyncCall(std::string_view name) {
          name == "cudaEventSynchronize" || name == "cuStreamSynchronize" ||
          name == "cuCtxSynchronize" || name == "cuEventSynchronize";
 }
-// Ops that read a CUDA tensor's value on the host, or copy it there.
 // ProcessGroupGloo records each collective as "gloo:<op>"; Gloo runs them on
 // the host, so a Gloo job's trace has no communication kernels to compare.
-bool IsHostCollective(std::string_view name) { return name.substr(0, 5) == "gloo:"; }
-
+bool IsHostCollective(std::string_view name) { return StartsWith(name, "gloo:"); }
+// Ops that read a CUDA tensor's value on the host, or copy it there.
 bool IsSyncOp(std::string_view name) {
   static const char* const kOps[] = {"aten::item",     "aten::_local_scalar_dense",
                                      "aten::nonzero",  "aten::is_nonzero",
