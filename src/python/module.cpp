@@ -394,7 +394,7 @@ class NativeSave {
     auto copy = [&](size_t begin, size_t end) {
       for (size_t k = begin; k < end; ++k) {
         const auto& [i, src, bytes] = items[k];
-        std::memcpy(job_->stage(i), reinterpret_cast<const void*>(src), bytes);
+        CopyToStage(job_->stage(i), reinterpret_cast<const void*>(src), bytes);
       }
     };
     std::thread other(copy, cut, items.size());

@@ -7,6 +7,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -15,6 +19,31 @@
 #include <nlohmann/json.hpp>
 
 namespace fullburn {
+
+void CopyToStage(void* stage, const void* src, size_t bytes) {
+  auto* d = static_cast<char*>(stage);
+  const auto* s = static_cast<const char*>(src);
+#if defined(__SSE2__)
+  if (bytes >= 256) {
+    size_t head = (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16;
+    std::memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 64; d += 64, s += 64, bytes -= 64) {
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+      __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+    }
+    _mm_sfence();  // streamed stores are weakly ordered: visible before the job starts
+  }
+#endif
+  std::memcpy(d, s, bytes);
+}
+
 namespace {
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }

@@ -181,5 +181,25 @@ TEST(TensorFile, TheSaverWritesStagedJobsInOrder) {
   EXPECT_NE(s.message().find("no/such/dir"), std::string::npos);
 }
 
+// Streamed stores cover the aligned middle; the edges go through memcpy: every
+// split of head, body and tail must land each byte, and touch none beyond.
+TEST(TensorFile, CopyToStageCopiesEveryByteAtAnyAlignment) {
+  std::vector<uint8_t> src(5000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t bytes : {0, 1, 63, 255, 256, 257, 320, 1000, 4097}) {
+    for (size_t dst_offset = 0; dst_offset < 17; ++dst_offset) {
+      for (size_t src_offset : {0, 3, 16}) {
+        std::vector<uint8_t> dst(bytes + 64, 0xEE);
+        CopyToStage(dst.data() + dst_offset, src.data() + src_offset, bytes);
+        for (size_t i = 0; i < dst_offset; ++i) ASSERT_EQ(dst[i], 0xEE) << "before, at " << i;
+        ASSERT_EQ(0, std::memcmp(dst.data() + dst_offset, src.data() + src_offset, bytes))
+            << bytes << " bytes to offset " << dst_offset << " from " << src_offset;
+        for (size_t i = dst_offset + bytes; i < dst.size(); ++i)
+          ASSERT_EQ(dst[i], 0xEE) << "after, at " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fullburn

@@ -45,37 +45,39 @@ def save_async(state_dict, path):
     """
     torch = _torch("fullburn.save_async")
     path = str(path)
-    tensors = []
-    tree = _flatten(torch, state_dict, "", tensors, set())
-    codes = {getattr(torch, name): code for name, code in _DTYPES}
-    records = []
-    for name, t in tensors:
+    # A model's state dict (str -> tensor) is stored as it is; its one pass
+    # below is most of what the caller waits for besides the copy.
+    flat = _flat_tensors(state_dict, torch)
+    tensors = list(state_dict.items()) if flat else []
+    tree = None if flat else _flatten(torch, state_dict, "", tensors, set())
+    codes = _dtype_codes(torch)
+    records, direct, through_torch = [], [], []
+    # Contiguous host tensors are copied by C++ threads in one call; others
+    # (a GPU's, views with strides) through torch, which takes them off the
+    # device or gathers them.
+    for i, (name, t) in enumerate(tensors):
         code = codes.get(t.dtype)
         if code is None:
             raise TypeError("save_async: tensor %s has dtype %s, which safetensors cannot hold"
                             % (name, t.dtype))
-        records.append((name, code, list(t.shape), t.numel() * t.element_size()))
+        size = t.numel() * t.element_size()
+        records.append((name, code, list(t.shape), size))
+        if size == 0:
+            continue
+        if t.is_cpu and t.is_contiguous():
+            direct.append((i, t.data_ptr(), size))  # `tensors` keeps t alive through the copy
+        else:
+            through_torch.append((i, t))
     meta = {"format": _FORMAT}
-    if not _flat_tensors(state_dict, torch):
+    if tree is not None:
         meta["fullburn.tree"] = json.dumps(tree)
     job = _native.Save(path, records, meta)
-    # Contiguous host tensors are copied by C++ threads in one call; others
-    # (a GPU's, views with strides) through torch, which takes them off the
-    # device or gathers them.
-    direct, held = [], []
-    for i, (name, t) in enumerate(tensors):
-        if t.numel() == 0:
-            continue
+    for i, t in through_torch:
         t = t.detach()
-        if t.device.type == "cpu" and t.is_contiguous():
-            direct.append((i, t.data_ptr(), records[i][3]))
-            held.append(t)
-            continue
         staged = torch.frombuffer(job.stage(i), dtype=t.dtype, count=t.numel()).view(t.shape)
         staged.copy_(t)
         del staged  # the stage memory belongs to the job from here on
     job.copy_from(direct)
-    del held
     job.start()
     return SaveHandle(job)
 
@@ -108,6 +110,16 @@ def load(path, device=None):
     if "fullburn.tree" in meta:
         return _unflatten(json.loads(meta["fullburn.tree"]), tensors)
     return tensors
+
+
+_codes = {}
+
+
+def _dtype_codes(torch):
+    """torch dtype -> safetensors dtype code, built once."""
+    if not _codes:
+        _codes.update({getattr(torch, name): code for name, code in _DTYPES})
+    return _codes
 
 
 def _flat_tensors(obj, torch):
