@@ -424,7 +424,7 @@ class SampleRing {
                               : epoch_size() / options_.batch_size;
   }
   const RingOptions& options() const { return options_; }
-  // As ImageLoader's (below).
+  // As ImageLoader's (below), with the read-ahead across epochs it describes.
   void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0);
   LoaderPosition position() const;
   bool Next(Batch* batch);
@@ -444,12 +444,21 @@ class SampleRing {
  private:
   struct Slot;
   SampleRing() = default;
+  // One epoch's share of this rank: its samples by position, and how many
+  // of them its batches hold.
+  struct EpochPlan {
+    std::vector<int64_t> order;
+    int64_t items = 0;
+  };
+  EpochPlan PlanEpoch(int epoch, int64_t consumed_samples) const;  // no lock needed
   bool HandOut(Slot& slot, Batch* out);           // with mu_ held
+  Slot& SlotAt(int64_t in_sequence);              // batch k of this epoch: SlotAt(base_ + k)
   void Tune();                                    // with mu_ held
   bool Allocate(Slot& slot, std::string* error);  // with mu_ held
   bool MakeOrExplain(const SampleJob& job, std::string* error);
   void Worker(int id);
-  int64_t BatchSize(int64_t batch) const;  // batch_size, or less for keep_last's last batch
+  // batch_size, or less for keep_last's last batch of an epoch of `items` samples.
+  int64_t BatchSize(int64_t batch, int64_t items) const;
   void StopWorkers();
 
   RingOptions options_;
@@ -480,6 +489,17 @@ class SampleRing {
   int64_t epoch_items_ = 0;  // samples of this rank in the epoch's batches
   int64_t epoch_skip_ = 0;   // the epoch's samples read before this start (consumed_samples)
   int64_t window_batches_ = 0, window_samples_ = 0;
+  // Batch k of this epoch lives in slot (base_ + k) % slots: the batches of
+  // the epoch read ahead follow this one's in the same sequence of slots.
+  int64_t base_ = 0;
+  // The loop went from the epoch before to this one: it will likely go on to
+  // the next, which the workers then begin once this one is all claimed.
+  bool advancing_ = false;
+  struct ReadAhead {
+    bool planned = false, planning = false;  // planning: a worker makes it, unlocked
+    EpochPlan plan;                          // epoch_ + 1, from its first sample
+    int64_t next_item = 0;
+  } ahead_;
   LoaderStats stats_;
 };
 
@@ -499,6 +519,12 @@ class ImageLoader {
 
   // Starts producing the batches of `epoch` (drop_last: every batch is full),
   // from batch `first_batch` on (a resumed run passes its saved position).
+  // Once a loop has gone from one epoch to the next, the workers begin the
+  // epoch after as soon as every sample of the current one is claimed, into
+  // the slots behind it, so the first batches of the next epoch do not wait
+  // for the pipeline to fill again; StartEpoch(epoch + 1) from its first
+  // batch keeps what they made, any other start drops it (the batches are
+  // the same either way: they follow from seed, epoch and position).
   // `consumed_samples`: the first samples of the epoch's permutation that
   // every rank together already read, in a run whose world size or batch may
   // have been different; this rank reads every world_size-th of the rest

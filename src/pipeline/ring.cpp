@@ -1,6 +1,8 @@
 // The slot ring: worker threads make an epoch's samples into batch slots.
 //
-// Batch k of an epoch always lives in slot k % slots. Workers claim samples
+// Batch k of an epoch lives in slot (base_ + k) % slots; the epoch read ahead
+// (StartEpoch) continues the sequence after the current epoch's last batch,
+// so a switch to it keeps the slots its batches are in. Workers claim samples
 // one at a time in batch order, (k, 0), (k, 1), ..., so all threads work on
 // the oldest unfinished batches first; a worker whose next sample belongs to
 // a slot the consumer still holds waits for Release(). What a sample becomes
@@ -114,8 +116,12 @@ void SampleRing::StopWorkers() {
     if (t.joinable()) t.join();
 }
 
-int64_t SampleRing::BatchSize(int64_t batch) const {
-  return std::min<int64_t>(options_.batch_size, epoch_items_ - batch * options_.batch_size);
+SampleRing::Slot& SampleRing::SlotAt(int64_t in_sequence) {
+  return *slots_[static_cast<size_t>(in_sequence % static_cast<int64_t>(slots_.size()))];
+}
+
+int64_t SampleRing::BatchSize(int64_t batch, int64_t items) const {
+  return std::min<int64_t>(options_.batch_size, items - batch * options_.batch_size);
 }
 
 int64_t SampleRing::epoch_size() const {
@@ -128,34 +134,62 @@ LoaderPosition SampleRing::position() const {
   return LoaderPosition{epoch_, next_to_hand_};
 }
 
-void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
-  std::unique_lock<std::mutex> lock(mu_);
-  // Samples being made for the old epoch finish first; slots they filled are freed.
-  draining_ = true;
-  ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
-  draining_ = false;
-  for (auto& s : slots_)
-    if (s->state != Slot::State::kInUse) {
-      s->state = Slot::State::kFree;
-      s->batch = -1;
-    }
-  epoch_ = epoch;
+SampleRing::EpochPlan SampleRing::PlanEpoch(int epoch, int64_t consumed_samples) const {
   // This rank's samples: every world_size-th of the (padded) permutation,
   // after the samples every rank together already read.
   const int64_t n = options_.dataset_size, w = options_.world_size;
   const int64_t skip = std::max<int64_t>(0, std::min(consumed_samples, n));
-  epoch_skip_ = skip;
   std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch, options_.shuffle);
   const int64_t per_rank = RankShare(n - skip, options_.rank, options_.world_size,
                                      options_.shard_pad, options_.keep_last);
-  order_.resize(static_cast<size_t>(per_rank));
+  EpochPlan plan;
+  plan.order.resize(static_cast<size_t>(per_rank));
   for (int64_t i = 0; i < per_rank; ++i)
-    order_[static_cast<size_t>(i)] = perm[static_cast<size_t>((skip + options_.rank + i * w) % n)];
+    plan.order[static_cast<size_t>(i)] =
+        perm[static_cast<size_t>((skip + options_.rank + i * w) % n)];
   const int64_t b = options_.batch_size;
-  epoch_items_ = options_.keep_last ? per_rank : per_rank / b * b;
+  plan.items = options_.keep_last ? per_rank : per_rank / b * b;
+  return plan;
+}
+
+void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Samples in flight finish first (no worker claims more meanwhile).
+  draining_ = true;
+  ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
+  draining_ = false;
+  const bool follows = epoch_ >= 0 && epoch == epoch_ + 1;
+  const bool read_ahead = follows && ahead_.planned && first_batch == 0 && consumed_samples == 0;
+  // Slots of other epochs are freed; the read-ahead's batches stay when it is
+  // the epoch asked for.
+  for (auto& s : slots_)
+    if (s->state != Slot::State::kInUse && !(read_ahead && s->epoch == epoch)) {
+      s->state = Slot::State::kFree;
+      s->batch = -1;
+    }
+  const int64_t b = options_.batch_size;
+  if (read_ahead) {
+    base_ += epoch_batches_;
+    order_.swap(ahead_.plan.order);
+    epoch_items_ = ahead_.plan.items;
+    epoch_skip_ = 0;
+    next_item_ = ahead_.next_item;
+    first_batch = 0;
+  } else {
+    const int64_t n = options_.dataset_size;
+    epoch_skip_ = std::max<int64_t>(0, std::min(consumed_samples, n));
+    EpochPlan plan = PlanEpoch(epoch, consumed_samples);
+    order_.swap(plan.order);
+    epoch_items_ = plan.items;
+  }
+  ahead_.planned = false;
+  ahead_.plan = EpochPlan();
+  ahead_.next_item = 0;
+  advancing_ = follows;
+  epoch_ = epoch;
   epoch_batches_ = (epoch_items_ + b - 1) / b;
   first_batch = std::max<int64_t>(0, std::min(first_batch, epoch_batches_));
-  next_item_ = first_batch * options_.batch_size;
+  if (!read_ahead) next_item_ = first_batch * b;
   next_to_hand_ = first_batch;
   window_start_ = -1;  // the tuner does not count the pause between epochs
   epoch_start_ = Seconds();
@@ -210,30 +244,37 @@ bool SampleRing::MakeOrExplain(const SampleJob& job, std::string* error) {
 
 void SampleRing::Worker(int id) {
   const int b = options_.batch_size;
-  const int64_t slots = static_cast<int64_t>(slots_.size());
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     int64_t batch = -1;
+    bool ahead = false, plan_ahead = false;
     std::string error;
     work_cv_.wait(lock, [&] {
       if (stop_) return true;
-      if (id >= active_) return false;  // parked by the tuner
-      if (epoch_ < 0 || next_item_ >= epoch_items_) return false;
-      batch = next_item_ / b;
+      if (id >= active_ || draining_ || epoch_ < 0) return false;  // parked by the tuner
+      ahead = next_item_ >= epoch_items_;
+      if (ahead) {  // this epoch is all claimed: the next one, if the loop advances
+        if (!advancing_ || ahead_.planning) return false;
+        if (!ahead_.planned) return plan_ahead = true;
+        if (ahead_.next_item >= ahead_.plan.items) return false;
+      }
+      batch = (ahead ? ahead_.next_item : next_item_) / b;
+      const int64_t in_sequence = base_ + (ahead ? epoch_batches_ : 0) + batch;
       // Up to depth_ batches ready ahead of the consumer, plus one being filled.
-      if (batch > next_to_hand_ + depth_) {
+      if (in_sequence > base_ + next_to_hand_ + depth_) {
         gated_ = true;
         return false;
       }
-      Slot& s = *slots_[static_cast<size_t>(batch % slots)];
+      const int epoch = ahead ? epoch_ + 1 : epoch_;
+      Slot& s = SlotAt(in_sequence);
       if (s.state == Slot::State::kFree && !s.data && !Allocate(s, &error)) return true;
       if (s.state == Slot::State::kFree) {
         s.state = Slot::State::kFilling;
         s.batch = batch;
-        s.epoch = epoch_;
+        s.epoch = epoch;
         s.filled = 0;
       }
-      return s.state == Slot::State::kFilling && s.batch == batch && s.epoch == epoch_;
+      return s.state == Slot::State::kFilling && s.batch == batch && s.epoch == epoch;
     });
     if (stop_) return;
     if (!error.empty()) {
@@ -241,20 +282,39 @@ void SampleRing::Worker(int id) {
       Fail(error);
       return;
     }
-    Slot* slot = slots_[static_cast<size_t>(batch % slots)].get();
-    const int i = static_cast<int>(next_item_ % b);
+    if (plan_ahead) {  // the permutation is O(dataset): made outside the lock
+      const int next_epoch = epoch_ + 1;
+      ahead_.planning = true;
+      lock.unlock();
+      EpochPlan plan = PlanEpoch(next_epoch, 0);
+      lock.lock();
+      ahead_.planning = false;
+      if (epoch_ + 1 == next_epoch && !ahead_.planned) {  // not overtaken by a StartEpoch
+        ahead_.plan = std::move(plan);
+        ahead_.next_item = 0;
+        ahead_.planned = true;
+      }
+      work_cv_.notify_all();
+      continue;
+    }
+    // Neither plan changes while a sample is in flight (StartEpoch waits).
+    const int64_t items = ahead ? ahead_.plan.items : epoch_items_;
+    int64_t& next_item = ahead ? ahead_.next_item : next_item_;
+    const int64_t in_sequence = base_ + (ahead ? epoch_batches_ : 0) + batch;
+    Slot* slot = &SlotAt(in_sequence);
+    const int i = static_cast<int>(next_item % b);
     StageTimes t;
     SampleJob job;
-    job.epoch = epoch_;
-    job.position = next_item_;
-    job.place = epoch_skip_ + options_.rank + next_item_ * options_.world_size;
+    job.epoch = ahead ? epoch_ + 1 : epoch_;
+    job.position = next_item;
+    job.place = (ahead ? 0 : epoch_skip_) + options_.rank + next_item * options_.world_size;
     job.index_in_batch = i;
-    job.order = &order_;  // not resized while a sample is in flight (StartEpoch waits)
+    job.order = ahead ? &ahead_.plan.order : &order_;
     job.slot = slot->data;
     job.label = &slot->labels[static_cast<size_t>(i)];
     job.sample = &slot->samples[static_cast<size_t>(i)];
     job.times = &t;
-    ++next_item_;
+    ++next_item;
     ++inflight_;
     lock.unlock();
     bool ok = MakeOrExplain(job, &error);
@@ -273,7 +333,7 @@ void SampleRing::Worker(int id) {
     }
     // The consumer waits for a whole batch (StartEpoch, for no sample in
     // flight): waking it for every sample costs small samples their speed.
-    bool ready = ++slot->filled == BatchSize(batch);
+    bool ready = ++slot->filled == BatchSize(batch, items);
     if (ready) slot->state = Slot::State::kReady;
     if (ready || (draining_ && inflight_ == 0)) ready_cv_.notify_all();
   }
@@ -282,7 +342,7 @@ void SampleRing::Worker(int id) {
 bool SampleRing::Next(Batch* out) {
   std::unique_lock<std::mutex> lock(mu_);
   if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
-  Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
+  Slot& s = SlotAt(base_ + next_to_hand_);
   double t0 = Seconds();
   ready_cv_.wait(lock, [&] {
     return stop_ ||
@@ -363,7 +423,7 @@ void SampleRing::Tune() {
 bool SampleRing::TryNext(Batch* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
-  Slot& s = *slots_[static_cast<size_t>(next_to_hand_ % static_cast<int64_t>(slots_.size()))];
+  Slot& s = SlotAt(base_ + next_to_hand_);
   if (s.state != Slot::State::kReady || s.batch != next_to_hand_ || s.epoch != epoch_) return false;
   bool ok = HandOut(s, out);
   if (gated_) {
@@ -378,11 +438,11 @@ bool SampleRing::HandOut(Slot& s, Batch* out) {
   s.state = Slot::State::kInUse;
   out->index = next_to_hand_;
   out->epoch = epoch_;
-  out->size = static_cast<int>(BatchSize(next_to_hand_));
+  out->size = static_cast<int>(BatchSize(next_to_hand_, epoch_items_));
   out->images = s.data;
   out->labels = s.labels.data();
   out->samples = s.samples.data();
-  out->slot = static_cast<int>(next_to_hand_ % static_cast<int64_t>(slots_.size()));
+  out->slot = static_cast<int>((base_ + next_to_hand_) % static_cast<int64_t>(slots_.size()));
   ++next_to_hand_;
   ++stats_.batches;
   stats_.samples += out->size;
