@@ -158,7 +158,7 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
   draining_ = true;
   ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
   draining_ = false;
-  const bool follows = epoch_ >= 0 && epoch == epoch_ + 1;
+  const bool first = epoch_ < 0, follows = !first && epoch == epoch_ + 1;
   const bool read_ahead = follows && ahead_.planned && first_batch == 0 && consumed_samples == 0;
   // Slots of other epochs are freed; the read-ahead's batches stay when it is
   // the epoch asked for.
@@ -185,7 +185,9 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
   ahead_.planned = false;
   ahead_.plan = EpochPlan();
   ahead_.next_item = 0;
-  advancing_ = follows;
+  // A first epoch reads ahead too: a loop that restarts its epoch instead
+  // (evaluation) costs the read-ahead's batches once.
+  advancing_ = first || follows;
   epoch_ = epoch;
   epoch_batches_ = (epoch_items_ + b - 1) / b;
   first_batch = std::max<int64_t>(0, std::min(first_batch, epoch_batches_));

@@ -658,9 +658,13 @@ TEST(Ring, ALoopThatAdvancesFindsTheNextEpochBegun) {
   };
   ring.StartEpoch(0);
   EXPECT_EQ(traced.Drain(), fresh(0, 0));
-  // One epoch read does not yet say the loop goes on: nothing made ahead.
+  ASSERT_TRUE(traced.Began(1));  // from the first epoch on
+  // A loop that restarts its epoch (evaluation) stops the read-ahead.
+  ring.StartEpoch(0);
+  const int made_ahead = traced.made[1];
+  EXPECT_EQ(traced.Drain(), fresh(0, 0));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(traced.made[1], 0);
+  EXPECT_EQ(traced.made[1], made_ahead);
   ring.StartEpoch(1);
   EXPECT_EQ(traced.Drain(), fresh(1, 0));
   ASSERT_TRUE(traced.Began(2));
@@ -877,12 +881,16 @@ TEST(Loader, CacheServesLaterEpochsWithTheSameBytes) {
   auto cached = ImageLoader::Open(o);
   auto plain = ImageLoader::Open(Small(dir, 2));
   Epoch(**cached, 0, nullptr);
-  EXPECT_EQ((*cached)->stats().cache_hits, 0);
   EXPECT_GT((*cached)->stats().cache_bytes, 0);
-  // Epoch 2, not 1: a loop that goes on epoch by epoch reads the epoch after
-  // ahead (StartEpoch), which would count hits of its own here.
+  // Epoch 0 again: every file a hit. The first pass read part of epoch 1
+  // ahead (StartEpoch), hits too, at most its 3 slots of 4; a restarted epoch
+  // reads nothing ahead, so the counts stand still from here.
+  Epoch(**cached, 0, nullptr);
+  const int64_t hits = (*cached)->stats().cache_hits;
+  EXPECT_GE(hits, 24);
+  EXPECT_LE(hits, 24 + 12);
   auto e2 = Epoch(**cached, 2, nullptr);
-  EXPECT_EQ((*cached)->stats().cache_hits, 24);
+  EXPECT_EQ((*cached)->stats().cache_hits, hits + 24);
   EXPECT_EQ(e2, Epoch(**plain, 2, nullptr));
   // A budget smaller than one file caches nothing.
   o.cache_bytes = 10;
