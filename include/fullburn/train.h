@@ -75,8 +75,11 @@ class LossScaler {
   explicit LossScaler(const LossScalerOptions& o) : o_(o), scale_(o.init_scale) {}
   torch::Tensor Scale(const torch::Tensor& loss) const { return o_.enabled ? loss * scale_ : loss; }
   // Divides the gradients by the scale (when enabled) and returns a 0-dim
-  // tensor on their device: 1 when any is inf/NaN. No host sync.
-  torch::Tensor UnscaleAndCheck(const std::vector<torch::Tensor>& params) const;
+  // tensor on their device: 1 when any is inf/NaN. No host sync. `foreach`
+  // (optim.foreach's verdict): multi-tensor ops, a few kernels for every
+  // gradient instead of one or two per parameter, the same verdict.
+  torch::Tensor UnscaleAndCheck(const std::vector<torch::Tensor>& params,
+                                bool foreach = false) const;
   // After the step's check: true when the optimizer step must be skipped.
   bool Update(bool found_inf);
   bool enabled() const { return o_.enabled; }
@@ -144,6 +147,7 @@ class Optimizer {
   // correction) are 0-dim tensors on the parameters' device. Gradients must
   // be finite (a skipped step's are zeroed first). Needs InitState().
   void StepGated(const torch::Tensor& lr, const torch::Tensor& keep, const torch::Tensor& steps);
+  const OptimizerOptions& options() const { return o_; }
   // Creates every state buffer now, as zeros (the same first update as
   // creating them lazily), so a captured step never allocates state.
   void InitState();

@@ -30,8 +30,20 @@ AutocastGuard::~AutocastGuard() {
   SetDtype(device_, prev_dtype_);
 }
 
-torch::Tensor LossScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params) const {
+torch::Tensor LossScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params,
+                                          bool foreach) const {
   torch::NoGradGuard no_grad;
+  if (foreach) {
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (grads.empty()) return torch::zeros({}, torch::kBool);
+    if (o_.enabled) at::_foreach_mul_(grads, 1.0 / scale_);
+    // The L1 norms: inf/NaN exactly when the sums below are (|x| summed
+    // overflows where x summed may not, at the same edge of float32).
+    std::vector<torch::Tensor> norms = at::_foreach_norm(grads, 1);
+    return torch::stack(norms).sum(torch::kFloat).isfinite().logical_not();
+  }
   // One read of each gradient and no tensor-sized temporaries: a sum is
   // inf/NaN exactly when an element is (or when finite values overflow
   // float32 in the sum, which only gradients already at the edge reach).

@@ -76,7 +76,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   // orders the streams, so the host's clock cannot see it).
   if (events) events->Mark(dp_ ? "comm" : "");
   // Averaged gradients are the same on every rank, so is the inf/NaN verdict.
-  torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params());
+  torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params(), optim_->options().foreach);
   // One host read per step, for the loss and the inf/NaN flag together (as
   // GradScaler's step does).
   torch::Tensor both =

@@ -63,6 +63,44 @@ TEST(LossScaler, GrowsAfterIntervalBacksOffAndSkipsOnInf) {
   EXPECT_TRUE(off.Scale(torch::ones({})).equal(torch::ones({})));
 }
 
+// optim.foreach's unscale and check (multi-tensor ops) against the loop over
+// parameters: the same unscaled gradients and the same verdict, finite or not.
+TEST(LossScaler, ForeachUnscaleAndCheckEqualsTheLoop) {
+  for (bool enabled : {true, false}) {
+    for (float bad : {0.0f, INFINITY, -INFINITY, NAN}) {
+      LossScalerOptions o;
+      o.enabled = enabled;
+      o.init_scale = 512;
+      LossScaler s(o);
+      torch::manual_seed(3);
+      std::vector<torch::Tensor> loop, multi;
+      for (auto shape : {std::vector<int64_t>{4, 3}, {7}, {2, 2, 2}}) {
+        torch::Tensor g = torch::randn(shape) * 1000;
+        for (auto* set : {&loop, &multi}) {
+          set->push_back(torch::zeros(shape, torch::requires_grad()));
+          set->back().mutable_grad() = g.clone();
+        }
+      }
+      torch::Tensor no_grad = torch::zeros({3}, torch::requires_grad());  // skipped by both
+      loop.push_back(no_grad);
+      multi.push_back(no_grad);
+      if (bad != 0) {
+        loop[1].mutable_grad()[5] = bad;
+        multi[1].mutable_grad()[5] = bad;
+      }
+      bool want = s.UnscaleAndCheck(loop).item<bool>();
+      EXPECT_EQ(want, bad != 0);
+      EXPECT_EQ(s.UnscaleAndCheck(multi, /*foreach=*/true).item<bool>(), want) << bad;
+      for (size_t i = 0; i + 1 < loop.size(); ++i)
+        EXPECT_TRUE(loop[i].grad().equal(multi[i].grad()) ||
+                    (bad != 0 && i == 1 && loop[i].grad().isnan().any().item<bool>()))
+            << "parameter " << i << " enabled " << enabled;
+    }
+  }
+  LossScaler off(LossScalerOptions{});
+  EXPECT_FALSE(off.UnscaleAndCheck({torch::zeros({2})}, true).item<bool>());  // no gradients
+}
+
 TEST(AutocastGuard, EnablesAndRestoresStateAndCache) {
   ASSERT_FALSE(at::autocast::is_cpu_enabled());
   torch::ScalarType before = at::autocast::get_autocast_cpu_dtype();
