@@ -158,6 +158,10 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
   draining_ = true;
   ready_cv_.wait(lock, [this] { return inflight_ == 0 || stop_; });
   draining_ = false;
+  // Stopped (an error, or the ring going away): samples may still be in
+  // flight, reading the orders below; the epoch stays as it is, and Next()
+  // says there is nothing more.
+  if (stop_) return;
   const bool first = epoch_ < 0, follows = !first && epoch == epoch_ + 1;
   const bool read_ahead = follows && ahead_.planned && first_batch == 0 && consumed_samples == 0;
   // Slots of other epochs are freed; the read-ahead's batches stay when it is

@@ -667,9 +667,12 @@ TEST(Ring, ALoopThatAdvancesFindsTheNextEpochBegun) {
   EXPECT_EQ(traced.made[1], made_ahead);
   ring.StartEpoch(1);
   EXPECT_EQ(traced.Drain(), fresh(1, 0));
+  // Epoch 1 all handed out and released, the workers fill the 3 slots with
+  // epoch 2's batches 0-2 (prefetch 2 ahead of the consumer, plus one).
   ASSERT_TRUE(traced.Began(2));
-  for (int i = 0; i < 3000 && ring.stats().ready_batches == 0; ++i)
+  for (int i = 0; i < 3000 && ring.stats().ready_batches < 3; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(ring.stats().ready_batches, 3);
   ring.StartEpoch(2);
   Batch first;
   ASSERT_TRUE(ring.TryNext(&first));  // kept: ready without waiting
@@ -689,6 +692,40 @@ TEST(Ring, ALoopThatAdvancesFindsTheNextEpochBegun) {
   ring.StartEpoch(5);
   EXPECT_EQ(traced.Drain(), fresh(5, 0));
   EXPECT_TRUE(ring.status().ok());
+}
+
+// A sample of the read-ahead fails while another is still being made, and
+// the loop starts the next epoch without asking status(): the start must not
+// take the order the slow sample still reads (it read a freed one before).
+TEST(Ring, AStartAfterAFailureLeavesSamplesInFlightTheirOrder) {
+  RingOptions o = SmallRing();
+  std::atomic<bool> slow_done{false};
+  auto ring = SampleRing::Open(o, [&](const SampleJob& job, std::string* error) {
+    if (job.epoch == 1 && job.position == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      *job.sample = (*job.order)[static_cast<size_t>(job.position)];
+      slow_done = true;
+      return true;
+    }
+    if (job.epoch == 1 && job.position == 1) {
+      *error = "sample 1 is broken";
+      return false;
+    }
+    return true;
+  });
+  ASSERT_TRUE(ring.ok());
+  // Epoch 0; the workers go on into epoch 1, whose failure may end epoch 0's
+  // last batches too.
+  EXPECT_LE(DrainRing(**ring), 16);
+  for (int i = 0; i < 3000 && (*ring)->status().ok(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  (*ring)->StartEpoch(1);
+  Batch b;
+  EXPECT_FALSE((*ring)->Next(&b));
+  EXPECT_NE((*ring)->status().message().find("sample 1 is broken"), std::string::npos);
+  for (int i = 0; i < 3000 && !slow_done; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(slow_done);
 }
 
 // Dataset indices of every sample of an epoch, in order.
