@@ -492,9 +492,9 @@ class SampleRing {
   // Batch k of this epoch lives in slot (base_ + k) % slots: the batches of
   // the epoch read ahead follow this one's in the same sequence of slots.
   int64_t base_ = 0;
-  // This is the first epoch, or the loop went from the epoch before to this
-  // one: it will likely go on to the next, which the workers then begin once
-  // this one is all claimed.
+  // The loop did not start this epoch again (as evaluation does): it will
+  // likely go on to the next, which the workers then begin once this one is
+  // all claimed.
   bool advancing_ = false;
   struct ReadAhead {
     bool planned = false, planning = false;  // planning: a worker makes it, unlocked
@@ -520,9 +520,9 @@ class ImageLoader {
 
   // Starts producing the batches of `epoch` (drop_last: every batch is full),
   // from batch `first_batch` on (a resumed run passes its saved position).
-  // From the first epoch, and after a loop went from one epoch to the next,
-  // the workers begin the epoch after as soon as every sample of the current
-  // one is claimed (not after a loop restarted an epoch or jumped), into
+  // Unless this start repeats the epoch before it (as an evaluation loop
+  // does), the workers begin the epoch after as soon as every sample of the
+  // current one is claimed, into
   // the slots behind it, so the first batches of the next epoch do not wait
   // for the pipeline to fill again; StartEpoch(epoch + 1) from its first
   // batch keeps what they made, any other start drops it (the batches are

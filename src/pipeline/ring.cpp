@@ -189,9 +189,11 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
   ahead_.planned = false;
   ahead_.plan = EpochPlan();
   ahead_.next_item = 0;
-  // A first epoch reads ahead too: a loop that restarts its epoch instead
-  // (evaluation) costs the read-ahead's batches once.
-  advancing_ = first || follows;
+  // Only a loop that starts the same epoch again (evaluation) stops reading
+  // ahead; its first pass costs the read-ahead's batches once. A jump (the
+  // trainer's probe draws from the epoch after, then starts its own) is not
+  // a restart.
+  advancing_ = first || epoch != epoch_;
   epoch_ = epoch;
   epoch_batches_ = (epoch_items_ + b - 1) / b;
   first_batch = std::max<int64_t>(0, std::min(first_batch, epoch_batches_));
