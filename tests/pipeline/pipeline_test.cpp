@@ -1262,7 +1262,9 @@ TEST(Png, FoldersMayMixPngAndJpeg) {
   EXPECT_EQ((*l)->dataset_size(), 27);
   std::vector<int64_t> seen = EpochSamples(**l, 0);
   EXPECT_EQ(seen.size(), 24u);          // 27 images, 6 full batches of 4
-  EXPECT_LE((*l)->stats().skipped, 1);  // the broken one, if it was drawn
+  // The broken one, if it was drawn, and again if the read-ahead of epoch 1
+  // (StartEpoch) drew it already.
+  EXPECT_LE((*l)->stats().skipped, 2);
   // Packing turns them into JPEG records (or raw pixels).
   std::string dst = dir + ".pack";
   fs::remove_all(dst);
