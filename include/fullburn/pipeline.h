@@ -449,10 +449,12 @@ class SampleRing {
   struct EpochPlan {
     std::vector<int64_t> order;
     int64_t items = 0;
+    int64_t skip = 0;  // the samples of the permutation read before (consumed_samples)
   };
   EpochPlan PlanEpoch(int epoch, int64_t consumed_samples) const;  // no lock needed
   bool HandOut(Slot& slot, Batch* out);           // with mu_ held
-  Slot& SlotAt(int64_t in_sequence);              // batch k of this epoch: SlotAt(base_ + k)
+  int SlotIndex(int64_t in_sequence) const;       // batch k of this epoch: SlotIndex(base_ + k)
+  Slot& SlotAt(int64_t in_sequence) { return *slots_[static_cast<size_t>(SlotIndex(in_sequence))]; }
   void Tune();                                    // with mu_ held
   bool Allocate(Slot& slot, std::string* error);  // with mu_ held
   bool MakeOrExplain(const SampleJob& job, std::string* error);

@@ -116,8 +116,8 @@ void SampleRing::StopWorkers() {
     if (t.joinable()) t.join();
 }
 
-SampleRing::Slot& SampleRing::SlotAt(int64_t in_sequence) {
-  return *slots_[static_cast<size_t>(in_sequence % static_cast<int64_t>(slots_.size()))];
+int SampleRing::SlotIndex(int64_t in_sequence) const {
+  return static_cast<int>(in_sequence % static_cast<int64_t>(slots_.size()));
 }
 
 int64_t SampleRing::BatchSize(int64_t batch, int64_t items) const {
@@ -143,6 +143,7 @@ SampleRing::EpochPlan SampleRing::PlanEpoch(int epoch, int64_t consumed_samples)
   const int64_t per_rank = RankShare(n - skip, options_.rank, options_.world_size,
                                      options_.shard_pad, options_.keep_last);
   EpochPlan plan;
+  plan.skip = skip;
   plan.order.resize(static_cast<size_t>(per_rank));
   for (int64_t i = 0; i < per_rank; ++i)
     plan.order[static_cast<size_t>(i)] =
@@ -172,20 +173,14 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
       s->batch = -1;
     }
   const int64_t b = options_.batch_size;
-  if (read_ahead) {
+  EpochPlan plan = read_ahead ? std::move(ahead_.plan) : PlanEpoch(epoch, consumed_samples);
+  if (read_ahead) {  // (first_batch is 0)
     base_ += epoch_batches_;
-    order_.swap(ahead_.plan.order);
-    epoch_items_ = ahead_.plan.items;
-    epoch_skip_ = 0;
     next_item_ = ahead_.next_item;
-    first_batch = 0;
-  } else {
-    const int64_t n = options_.dataset_size;
-    epoch_skip_ = std::max<int64_t>(0, std::min(consumed_samples, n));
-    EpochPlan plan = PlanEpoch(epoch, consumed_samples);
-    order_.swap(plan.order);
-    epoch_items_ = plan.items;
   }
+  order_.swap(plan.order);
+  epoch_items_ = plan.items;
+  epoch_skip_ = plan.skip;
   ahead_.planned = false;
   ahead_.plan = EpochPlan();
   ahead_.next_item = 0;
@@ -254,7 +249,7 @@ void SampleRing::Worker(int id) {
   const int b = options_.batch_size;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    int64_t batch = -1;
+    int64_t batch = -1, in_sequence = -1;
     bool ahead = false, plan_ahead = false;
     std::string error;
     work_cv_.wait(lock, [&] {
@@ -267,7 +262,7 @@ void SampleRing::Worker(int id) {
         if (ahead_.next_item >= ahead_.plan.items) return false;
       }
       batch = (ahead ? ahead_.next_item : next_item_) / b;
-      const int64_t in_sequence = base_ + (ahead ? epoch_batches_ : 0) + batch;
+      in_sequence = base_ + (ahead ? epoch_batches_ : 0) + batch;
       // Up to depth_ batches ready ahead of the consumer, plus one being filled.
       if (in_sequence > base_ + next_to_hand_ + depth_) {
         gated_ = true;
@@ -308,14 +303,14 @@ void SampleRing::Worker(int id) {
     // Neither plan changes while a sample is in flight (StartEpoch waits).
     const int64_t items = ahead ? ahead_.plan.items : epoch_items_;
     int64_t& next_item = ahead ? ahead_.next_item : next_item_;
-    const int64_t in_sequence = base_ + (ahead ? epoch_batches_ : 0) + batch;
     Slot* slot = &SlotAt(in_sequence);
     const int i = static_cast<int>(next_item % b);
     StageTimes t;
     SampleJob job;
     job.epoch = ahead ? epoch_ + 1 : epoch_;
     job.position = next_item;
-    job.place = (ahead ? 0 : epoch_skip_) + options_.rank + next_item * options_.world_size;
+    job.place =
+        (ahead ? ahead_.plan.skip : epoch_skip_) + options_.rank + next_item * options_.world_size;
     job.index_in_batch = i;
     job.order = ahead ? &ahead_.plan.order : &order_;
     job.slot = slot->data;
@@ -450,7 +445,7 @@ bool SampleRing::HandOut(Slot& s, Batch* out) {
   out->images = s.data;
   out->labels = s.labels.data();
   out->samples = s.samples.data();
-  out->slot = static_cast<int>((base_ + next_to_hand_) % static_cast<int64_t>(slots_.size()));
+  out->slot = SlotIndex(base_ + next_to_hand_);
   ++next_to_hand_;
   ++stats_.batches;
   stats_.samples += out->size;
