@@ -113,6 +113,14 @@ struct OptimizerOptions {
   // fewer kernel launches on a GPU. The same update up to rounding (an
   // operation's order within the formula differs). LARS always loops.
   bool foreach = false;
+  // The multi-tensor update runs over groups of parameters of about this
+  // many bytes (a group closes at the parameter that reaches it): AdamW's
+  // denominator is one temporary the size of a group, so a 1.5B-parameter
+  // model holds 256 MiB for it, not 6 GB. On an H200 the whole-list
+  // temporary was the step's peak with model.checkpoint = blocks (29.4 GiB
+  // measured, 24.6 predicted without it). GPT-2 124M (0.5 GB of fp32
+  // parameters) takes two groups: a few more launches per step.
+  int64_t foreach_group_bytes = int64_t{256} << 20;
 };
 // optim.foreach's setting ("true", "false" or "auto") for a run on a CUDA
 // device or not: auto is the multi-tensor update on CUDA, where it measured
@@ -180,12 +188,24 @@ class Optimizer {
   // copy, the staging buffer and the state, each the parameter's size.
   int64_t OffloadBytes() const;
   int64_t steps() const { return steps_; }
+  // The most memory an update with `o` allocates at once on the parameters'
+  // device beyond the parameters, gradients and state (its temporaries),
+  // for parameters of `param_bytes` bytes each in update order: a few times
+  // the largest parameter, or with optim.foreach its group of parameters
+  // (the multi-tensor update runs over groups of about 256 MiB). `gated`:
+  // StepGated's formulas (CUDA graphs). The memory model's update term.
+  static int64_t UpdateTemporaryBytes(const OptimizerOptions& o,
+                                      const std::vector<int64_t>& param_bytes, bool gated);
   // "<param>.<state>" -> tensor, and the step count.
   std::vector<std::pair<std::string, torch::Tensor>> State() const;
   Status LoadState(const std::map<std::string, torch::Tensor>& state, int64_t steps);
 
  private:
   bool StepForeach(double lr);  // false: not for this optimizer or state yet
+  // One group of StepForeach's lists (m and v empty where there is no such state).
+  void StepForeachGroup(double lr, const std::vector<torch::Tensor>& p,
+                        const std::vector<torch::Tensor>& g, const std::vector<torch::Tensor>& m,
+                        const std::vector<torch::Tensor>& v);
   void Update(double lr);       // Step's formulas on each Param's p
   struct Param;
   void UpdateOne(Param& s, torch::Tensor p, const torch::Tensor& g, double lr);

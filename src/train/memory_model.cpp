@@ -54,6 +54,13 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
   } else {
     m.gradients = grad_bytes;  // the buckets, kept between steps
   }
+  // The update: the rank's gradients all made, the activations freed. With
+  // the state on the host, the update and its temporaries are there too.
+  const int64_t grads_kept =
+      grads_sharded ? std::min(grad_bytes, grad_bytes / world + largest_grad_bytes) : grad_bytes;
+  m.update = grads_kept + (state_on_host ? 0
+                           : sharded     ? update_temp_share_bytes
+                                         : update_temp_bytes);
   const auto& fits = fused_loss ? fused_activations : activations;
   auto fit = fits.find(ActivationMode(shard, checkpoint, world));
   if (fit != fits.end()) m.activations = static_cast<int64_t>(std::max(0.0, fit->second.At(batch)));
@@ -83,20 +90,35 @@ std::vector<std::string> MemoryModel::ShardSettings() const {
 }
 
 MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optimizer& optimizer,
-                           int world, double bucket_mb) {
+                           int world, double bucket_mb, bool gated) {
   MemoryModel m;
   m.world = std::max(1, world);
   m.bucket_bytes = static_cast<int64_t>(bucket_mb * 1e6);
   const int64_t slots = static_cast<int64_t>(optimizer.StateSlots().size());
+  std::vector<int64_t> trainable;
   for (const torch::Tensor& p : params) {
     int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
     m.weight_bytes += bytes;
     if (!p.requires_grad()) continue;
+    trainable.push_back(bytes);
     m.grad_bytes += bytes;
     m.largest_grad_bytes = std::max(m.largest_grad_bytes, bytes);
     m.state_bytes += slots * bytes;  // the state takes the parameter's dtype
     m.largest_state_bytes = std::max(m.largest_state_bytes, slots * bytes);
   }
+  const OptimizerOptions& o = optimizer.options();
+  m.update_temp_bytes = Optimizer::UpdateTemporaryBytes(o, trainable, gated);
+  // A share: the parameters in update order up to 1/N of the bytes (the
+  // owners' split is by bytes too), never more than the whole.
+  std::vector<int64_t> share;
+  int64_t held = 0;
+  for (int64_t bytes : trainable) {
+    if (held >= m.grad_bytes / m.world) break;
+    share.push_back(bytes);
+    held += bytes;
+  }
+  m.update_temp_share_bytes =
+      std::min(m.update_temp_bytes, Optimizer::UpdateTemporaryBytes(o, share, gated));
   return m;
 }
 

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,9 +19,13 @@ namespace fullburn {
 struct StepContext;
 struct TrainBatch;
 
+// `update`: what the optimizer's update holds besides the weights and the
+// state, the gradients this rank keeps and the update's temporaries. It
+// comes after backward, with the activations gone, so the peak is the larger
+// of the two moments.
 struct MemoryParts {
-  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
-  int64_t total() const { return weights + gradients + optimizer + activations; }
+  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, update = 0;
+  int64_t total() const { return weights + optimizer + std::max(gradients + activations, update); }
 };
 
 // A step's activations, fitted from probes: fixed + per_sample * batch, and
@@ -45,6 +50,9 @@ struct MemoryModel {
   int64_t state_bytes = 0;         // the optimizer's state for every parameter
   int64_t largest_state_bytes = 0;
   int64_t bucket_bytes = 0;  // dist.bucket_mb
+  // The update's temporaries (Optimizer::UpdateTemporaryBytes): updating
+  // every parameter, and a 1/N share of them (dist.shard).
+  int64_t update_temp_bytes = 0, update_temp_share_bytes = 0;
   // dist.shard = full: what a rank gathers on top of its share at a time
   // (the parameters outside blocks, held for the step, and the largest
   // block); -1: the model has no blocks to gather (full is not offered).
@@ -79,9 +87,10 @@ struct MemoryModel {
 // every block in backward, so its `none` is `blocks`.
 std::string ActivationMode(const std::string& shard, const std::string& checkpoint, int world);
 
-// The parameter and optimizer parts (activations are probed).
+// The parameter and optimizer parts (activations are probed); `gated`:
+// the update is StepGated's (train.cuda_graphs).
 MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optimizer& optimizer,
-                           int world, double bucket_mb);
+                           int world, double bucket_mb, bool gated = false);
 
 // Peak accounting on the training device: the counting allocator on CPU
 // (installed by the first reset), the caching allocator's statistics on CUDA.

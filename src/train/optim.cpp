@@ -1,4 +1,5 @@
 // SGD, AdamW and LARS over named parameter tensors, and the LR schedule.
+#include <algorithm>
 #include <cmath>
 
 #include "fullburn/train.h"
@@ -18,6 +19,28 @@ torch::Tensor SgdDirection(const torch::Tensor& p, const torch::Tensor& g,
   torch::Tensor ratio = torch::where(w_norm.gt(0).logical_and(d_norm.gt(0)),
                                      w_norm.div(d_norm).mul_(o.trust), torch::ones_like(w_norm));
   return d * ratio;
+}
+
+// [begin, end) index ranges over `bytes`, each group closed once it holds
+// `cap` bytes or more (OptimizerOptions::foreach_group_bytes).
+std::vector<std::pair<size_t, size_t>> ByteGroups(const std::vector<int64_t>& bytes, int64_t cap) {
+  std::vector<std::pair<size_t, size_t>> groups;
+  size_t begin = 0;
+  int64_t held = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    held += bytes[i];
+    if (held >= cap || i + 1 == bytes.size()) {
+      groups.emplace_back(begin, i + 1);
+      begin = i + 1;
+      held = 0;
+    }
+  }
+  return groups;
+}
+
+std::vector<torch::Tensor> Slice(const std::vector<torch::Tensor>& list,
+                                 std::pair<size_t, size_t> range) {
+  return {list.begin() + range.first, list.begin() + range.second};
 }
 
 }  // namespace
@@ -83,6 +106,7 @@ void Optimizer::ZeroGrad() {
 bool Optimizer::StepForeach(double lr) {
   if (o_.name == "lars") return false;
   std::vector<torch::Tensor> p, g, m, v;
+  std::vector<int64_t> bytes;
   for (Param& s : params_) {
     if (!s.p.grad().defined() || !s.owned) continue;
     if (o_.name == "adamw" && !s.buf1.defined()) {
@@ -91,11 +115,21 @@ bool Optimizer::StepForeach(double lr) {
     }
     if (o_.name != "adamw" && o_.momentum != 0 && !s.buf1.defined()) return false;
     p.push_back(s.p);
+    bytes.push_back(s.p.numel() * static_cast<int64_t>(s.p.element_size()));
     g.push_back(s.p.grad());
     if (s.buf1.defined()) m.push_back(s.buf1);
     if (s.buf2.defined()) v.push_back(s.buf2);
   }
-  if (p.empty()) return true;
+  for (std::pair<size_t, size_t> group : ByteGroups(bytes, o_.foreach_group_bytes))
+    StepForeachGroup(lr, Slice(p, group), Slice(g, group), m.empty() ? m : Slice(m, group),
+                     v.empty() ? v : Slice(v, group));
+  return true;
+}
+
+void Optimizer::StepForeachGroup(double lr, const std::vector<torch::Tensor>& p,
+                                 const std::vector<torch::Tensor>& g,
+                                 const std::vector<torch::Tensor>& m,
+                                 const std::vector<torch::Tensor>& v) {
   const double wd = o_.weight_decay;
   if (o_.name == "adamw") {
     if (wd != 0) at::_foreach_mul_(p, 1 - lr * wd);
@@ -109,7 +143,7 @@ bool Optimizer::StepForeach(double lr) {
     at::_foreach_div_(denom, std::sqrt(bc2));
     at::_foreach_add_(denom, o_.eps);
     at::_foreach_addcdiv_(p, m, denom, -lr / bc1);
-    return true;
+    return;
   }
   std::vector<torch::Tensor> d = wd != 0 ? at::_foreach_add(g, p, wd) : g;
   if (o_.momentum != 0) {
@@ -118,7 +152,34 @@ bool Optimizer::StepForeach(double lr) {
     d = o_.nesterov ? at::_foreach_add(d, m, o_.momentum) : m;
   }
   at::_foreach_add_(p, d, -lr);
-  return true;
+}
+
+int64_t Optimizer::UpdateTemporaryBytes(const OptimizerOptions& o,
+                                        const std::vector<int64_t>& param_bytes, bool gated) {
+  if (param_bytes.empty()) return 0;
+  const bool adamw = o.name == "adamw", wd = o.weight_decay != 0, lars = o.name == "lars";
+  const bool nesterov = !adamw && o.momentum != 0 && o.nesterov;
+  // Tensors the size of one parameter alive at once, counted from the
+  // formulas below (an upper bound where they differ by parameter).
+  int k;
+  if (gated)  // StepGated: lerp's g * g or the direction, then buf1 / denom * step_size
+    k = adamw ? 3 : (wd || lars ? 1 : 0) + 1 + (nesterov ? 1 : 0);
+  else if (adamw)  // the denominator
+    k = 1;
+  else
+    k = (wd ? 1 : 0) + (lars ? 1 : 0) + (nesterov ? 1 : 0);
+  // The multi-tensor path holds them for a whole group (the first SGD
+  // step with momentum loops, but no later one does).
+  if (!gated && o.foreach && !lars) {
+    int64_t largest_group = 0;
+    for (std::pair<size_t, size_t> group : ByteGroups(param_bytes, o.foreach_group_bytes)) {
+      int64_t bytes = 0;
+      for (size_t i = group.first; i < group.second; ++i) bytes += param_bytes[i];
+      largest_group = std::max(largest_group, bytes);
+    }
+    return k * largest_group;
+  }
+  return k * *std::max_element(param_bytes.begin(), param_bytes.end());
 }
 
 bool ForeachFor(const std::string& setting, bool cuda) {
@@ -255,7 +316,7 @@ void Optimizer::UpdateOne(Param& s, torch::Tensor p, const torch::Tensor& g, dou
     s.buf2.mul_(o_.beta2).addcmul_(g, g, 1 - o_.beta2);
     double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
     double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
-    torch::Tensor denom = (s.buf2.sqrt() / std::sqrt(bc2)).add_(o_.eps);
+    torch::Tensor denom = s.buf2.sqrt().div_(std::sqrt(bc2)).add_(o_.eps);  // one temporary
     p.addcdiv_(s.buf1, denom, -lr / bc1);
     return;
   }

@@ -13,11 +13,8 @@ namespace fullburn {
 namespace {
 
 nlohmann::json PartsJson(const MemoryParts& m) {
-  return {{"weights", m.weights},
-          {"gradients", m.gradients},
-          {"optimizer", m.optimizer},
-          {"activations", m.activations},
-          {"total", m.total()}};
+  return {{"weights", m.weights},         {"gradients", m.gradients}, {"optimizer", m.optimizer},
+          {"activations", m.activations}, {"update", m.update},       {"total", m.total()}};
 }
 
 // A change of setting and what it costs, cheapest first: the optimizer's
@@ -115,7 +112,8 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
                                  int64_t large) {
   if (dp_) dp_->SetSync(false);
   MemoryModel m = MemoryModelFor(ctx_.model->parameters(), optimizer, rank_.world_size,
-                                 cfg_.Float("dist.bucket_mb"));
+                                 cfg_.Float("dist.bucket_mb"),
+                                 ctx_.device.is_cuda() && cfg_.Bool("train.cuda_graphs"));
   m.accumulate = accumulate_;
   m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
@@ -270,9 +268,12 @@ std::string Trainer::OutOfMemoryAdvice() {
   const int64_t limit = DeviceMemoryLimit(ctx_.device);
   MemoryParts now = memory_->Predict(batch_, shard, ckpt);
   std::string advice = fmt::format(
-      " (memory model: {} per rank, weights {}, gradients {}, optimizer {}, activations {}{})",
+      " (memory model: {} per rank, weights {}, gradients {}, optimizer {}, activations {}{}{})",
       FormatBytes(now.total()), FormatBytes(now.weights), FormatBytes(now.gradients),
       FormatBytes(now.optimizer), FormatBytes(now.activations),
+      now.update > now.gradients + now.activations
+          ? ", at the peak the update's " + FormatBytes(now.update) + " in their place"
+          : "",
       limit > 0 ? ", limit " + FormatBytes(limit) : "");
   // The cheapest change that fits at this micro-batch, with 10% headroom.
   // Stage 3 last: it costs the recompute of checkpointing and more

@@ -210,8 +210,10 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
                                         torch::randn({4})};
     // `offload_at`: the step before which dist.offload moves the state to
     // host copies (-1: never), as a resumed run's existing state moves.
-    auto run = [&](bool foreach, int offload_at = -1, bool async = false) {
+    auto run = [&](bool foreach, int offload_at = -1, bool async = false,
+                   int64_t group_bytes = OptimizerOptions().foreach_group_bytes) {
       o.foreach = foreach;
+      o.foreach_group_bytes = group_bytes;
       std::vector<std::pair<std::string, torch::Tensor>> named;
       for (size_t i = 0; i < start.size(); ++i)
         named.emplace_back("p" + std::to_string(i), start[i].clone().requires_grad_());
@@ -241,6 +243,11 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
           << loop[i].first << "\n" << multi[i].second - loop[i].second;
     EXPECT_TRUE(torch::equal(multi[2].second, start[2])) << "an unowned parameter moved";
     EXPECT_FALSE(torch::equal(multi[0].second, start[0]));
+    // In groups of 40 bytes ({p0} and {p1, p3}; {p0} and {p3} at the step
+    // without p1's gradient): the same elementwise arithmetic, so bit-equal.
+    auto grouped = run(true, -1, false, 40);
+    for (size_t i = 0; i < loop.size(); ++i)
+      EXPECT_TRUE(torch::equal(grouped[i].second, multi[i].second)) << "grouped: " << loop[i].first;
     // dist.offload = optimizer: the same update on the host copies, from the
     // start or with state already made.
     for (int at : {0, 2, 10}) {  // 10: from the start, the update on its own thread
@@ -251,6 +258,31 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
       EXPECT_TRUE(torch::equal(offloaded[2].second, start[2])) << "an unowned parameter moved";
     }
   }
+}
+
+// The memory model's update term: what each update path holds at once
+// besides parameters, gradients and state.
+TEST(Optimizer, UpdateTemporariesByPath) {
+  std::vector<int64_t> bytes = {600, 100, 300, 50};
+  OptimizerOptions adamw;
+  adamw.name = "adamw";
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, false), 600);  // one denominator
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, true), 3 * 600);
+  adamw.foreach = true;
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, false), 1050);  // the whole list
+  adamw.foreach_group_bytes = 400;                                        // {600}, {100, 300}, {50}
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, false), 600);
+  adamw.foreach_group_bytes = 350;
+  bytes[0] = 10;  // {10, 100, 300} closes at 410 bytes, then {50}
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, false), 410);
+  OptimizerOptions sgd;  // momentum 0.9, no decay, not Nesterov: no temporary
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(sgd, bytes, false), 0);
+  sgd.weight_decay = 0.1;
+  sgd.nesterov = true;
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(sgd, bytes, false), 2 * 300);
+  sgd.foreach = true;
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(sgd, bytes, false), 2 * 460);
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(sgd, {}, false), 0);
 }
 
 TEST(Optimizer, LarsScalesEachLayersStepByItsTrustRatio) {
