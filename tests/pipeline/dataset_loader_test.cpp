@@ -305,5 +305,34 @@ TEST(DatasetLoader, WhatADatasetGetsWrongIsOneLineNamingTheSample) {
   EXPECT_NE(small.status().message().find("fewer than one batch of 4"), std::string::npos);
 }
 
+// The GPU tier (skipped without CUDA; run by bench/gpu_session owed): the
+// same batches on the device as on the CPU, for the same seed, and a batch
+// the caller keeps on the device is intact after two more epochs.
+TEST(DatasetLoader, CudaBatchesEqualTheCpuOnesAndKeptOnesStayIntact) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto dataset = std::make_shared<Numbers>(40, /*augment=*/true);
+  DatasetLoaderOptions o = Options(2);
+  auto host = DatasetLoader::Open(dataset, o);
+  o.device = torch::Device(torch::kCUDA, 0);
+  auto cuda = DatasetLoader::Open(dataset, o);
+  ASSERT_TRUE(host.ok() && cuda.ok()) << cuda.status().message();
+  EXPECT_TRUE((*cuda)->uses_cuda());
+  std::vector<TensorBatch> on_host = Epoch(**host, 0), on_device = Epoch(**cuda, 0);
+  ASSERT_EQ(on_device.size(), 10u);
+  ASSERT_EQ(on_host.size(), on_device.size());
+  std::vector<torch::Tensor> reference;
+  for (size_t k = 0; k < on_device.size(); ++k) {
+    ASSERT_TRUE(on_device[k].inputs.is_cuda() && on_device[k].targets.is_cuda());
+    EXPECT_TRUE(torch::equal(on_device[k].inputs.cpu(), on_host[k].inputs)) << "batch " << k;
+    EXPECT_TRUE(torch::equal(on_device[k].targets.cpu(), on_host[k].targets)) << "batch " << k;
+    reference.push_back(on_device[k].inputs.cpu().clone());
+  }
+  Epoch(**cuda, 1);
+  Epoch(**cuda, 2);
+  for (size_t k = 0; k < on_device.size(); ++k)
+    EXPECT_TRUE(torch::equal(on_device[k].inputs.cpu(), reference[k]))
+        << "batch " << k << " changed";
+}
+
 }  // namespace
 }  // namespace fullburn

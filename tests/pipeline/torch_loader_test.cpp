@@ -103,5 +103,54 @@ TEST(TorchLoader, ResumeAndCudaRequestOnACpuBuild) {
   }
 }
 
+// The GPU tier (skipped without CUDA; run by bench/gpu_session owed): the
+// batches made on the device equal the CPU reference's, and a batch the
+// caller keeps on the device is still intact after two more epochs (its
+// pinned slot was refilled only after its copy was done).
+TEST(TorchLoader, CudaBatchesEqualTheCpuOnesAndKeptOnesStayIntact) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  std::string dir = Dataset();
+  for (bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "bf16, channels-last" : "float");
+    TorchLoaderOptions o = Options(dir);
+    o.channels_last = channels_last;
+    o.dtype = channels_last ? torch::kBFloat16 : torch::kFloat;
+    auto host = TorchLoader::Open(o);
+    o.device = torch::Device(torch::kCUDA, 0);
+    auto cuda = TorchLoader::Open(o);
+    ASSERT_TRUE(host.ok() && cuda.ok()) << cuda.status().message();
+    EXPECT_TRUE((*cuda)->uses_cuda());
+    std::vector<DeviceBatch> kept;
+    std::vector<torch::Tensor> reference;
+    (*host)->StartEpoch(0);
+    (*cuda)->StartEpoch(0);
+    DeviceBatch h, d;
+    while ((*cuda)->Next(&d)) {
+      ASSERT_TRUE((*host)->Next(&h));
+      ASSERT_TRUE(d.images.is_cuda());
+      EXPECT_EQ(d.images.dtype(), o.dtype);
+      EXPECT_EQ(d.images.sizes(), h.images.sizes());
+      if (channels_last) EXPECT_TRUE(d.images.is_contiguous(torch::MemoryFormat::ChannelsLast));
+      // Normalized on the device in float32 (then cast), on the host the same:
+      // equal up to float32 rounding, one bf16 step after the cast.
+      torch::Tensor diff = (d.images.cpu().to(torch::kFloat) - h.images.to(torch::kFloat)).abs();
+      EXPECT_LT(diff.max().item<float>(), channels_last ? 0.02f : 1e-5f);
+      EXPECT_TRUE(torch::equal(d.labels.cpu(), h.labels));
+      kept.push_back(d);
+      reference.push_back(d.images.cpu().clone());
+    }
+    EXPECT_FALSE((*host)->Next(&h));
+    EXPECT_EQ(kept.size(), 6u);
+    ASSERT_TRUE((*cuda)->status().ok()) << (*cuda)->status().message();
+    for (int epoch = 1; epoch <= 2; ++epoch) {
+      (*cuda)->StartEpoch(epoch);
+      while ((*cuda)->Next(&d)) {
+      }
+    }
+    for (size_t k = 0; k < kept.size(); ++k)
+      EXPECT_TRUE(torch::equal(kept[k].images.cpu(), reference[k])) << "batch " << k << " changed";
+  }
+}
+
 }  // namespace
 }  // namespace fullburn
