@@ -98,6 +98,11 @@ torch::Tensor Checkpointed(Holder module, const torch::Tensor& x) {
                            x, module->parameters(), module->buffers());
 }
 
+// Whether this build has fullburn's own CUDA kernels (ModelSpec::loss_kernel
+// = "cuda"): configured with -DFULLBURN_CUDA_KERNELS=ON where nvcc and a CUDA
+// libtorch are.
+bool CudaLossKernelBuilt();
+
 // model.checkpoint: blocks per recomputed segment (blocks: 1, every_K: K), 0
 // for none, -1 when the value is not one of them. dist.shard = full gathers
 // a segment's blocks together (at least one).
@@ -125,6 +130,12 @@ struct ModelSpec {
   // logits for backward, which recomputes them chunk by chunk.
   bool fused_loss = false;
   int64_t loss_rows = 0;
+  // gpt: "cuda" computes the cross-entropy with fullburn's own kernels
+  // (builds with FULLBURN_CUDA_KERNELS, on CUDA tensors): the logits read in
+  // their own dtype, no fp32 copy of them, the gradient written once. "aten":
+  // libtorch's log-softmax over an fp32 copy. Where "cuda" cannot run the
+  // model uses aten (the trainer says so at start).
+  std::string loss_kernel = "aten";
   int64_t seq_len = 128;  // gpt context (positional table size)
   int64_t hidden = 512, layers = 2, heads = 4;
   double dropout = 0;

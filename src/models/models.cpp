@@ -119,6 +119,7 @@ class Gpt : public Model {
         segment_(CheckpointSegment(s.checkpoint)),
         vocab_(s.vocab),
         fused_loss_(s.fused_loss),
+        cuda_loss_(s.loss_kernel == "cuda" && CudaLossKernelBuilt()),
         loss_rows_(s.loss_rows) {
     const int64_t padded = (s.vocab + s.pad_vocab - 1) / s.pad_vocab * s.pad_vocab;
     // Built at the vocabulary's size, then grown: the padded model draws the
@@ -173,6 +174,11 @@ class Gpt : public Model {
     return logits.size(-1) == vocab_ ? logits : logits.narrow(-1, 0, vocab_);
   }
   torch::Tensor ForwardLoss(torch::Tensor tokens, const torch::Tensor& targets) override {
+    if (cuda_loss_ && !fused_loss_ && tokens.is_cuda()) {
+      // The padded logits whole: the kernel reads only the first vocab_ columns.
+      torch::Tensor logits = Linear(Features(tokens), wte_->weight, {});
+      return CudaCrossEntropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), vocab_);
+    }
     if (!fused_loss_ || !torch::GradMode::is_enabled()) return Model::ForwardLoss(tokens, targets);
     torch::Tensor x = Features(tokens);
     return HeadCrossEntropy(x.reshape({-1, x.size(-1)}), wte_->weight, targets.reshape({-1}),
@@ -229,6 +235,7 @@ class Gpt : public Model {
   size_t segment_;  // blocks per recomputed segment; 0: none
   int64_t vocab_;   // wte_ may hold more rows (ModelSpec::pad_vocab)
   bool fused_loss_;
+  bool cuda_loss_;  // model.loss_kernel = cuda, in a build that has it
   int64_t loss_rows_;
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
   nn::Sequential blocks_;
@@ -270,6 +277,11 @@ Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& s) {
     return Status::InvalidArgument("model.checkpoint = " + s.checkpoint +
                                    " recomputes gpt blocks and resnet stages; " + s.name +
                                    " has none: set model.checkpoint = none");
+  if (s.loss_kernel != "aten" && s.loss_kernel != "cuda")
+    return Status::InvalidArgument("model.loss_kernel = '" + s.loss_kernel + "': use aten or cuda");
+  if (s.loss_kernel == "cuda" && s.name != "gpt")
+    return Status::InvalidArgument("model.loss_kernel = cuda computes gpt's loss; " + s.name +
+                                   " has none of its own: set model.loss_kernel = aten");
   if (s.fused_loss && s.name != "gpt")
     return Status::InvalidArgument(
         "model.fused_loss = true fuses gpt's output layer with its loss; " + s.name +

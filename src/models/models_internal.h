@@ -37,6 +37,15 @@ torch::Tensor HeadCrossEntropy(const torch::Tensor& x, const torch::Tensor& w,
 // Rows per chunk: about 256 MiB of fp32 logits on a GPU, 32 MiB on a CPU.
 int64_t HeadLossRows(int64_t vocab, const torch::Device& device);
 
+// model.loss_kernel = cuda (loss_kernel.cpp): the mean cross-entropy over
+// the rows of `logits` [rows, >= vocab] on
+// a CUDA device (the columns past `vocab` are a padded vocabulary's, not
+// classes), with ATen's ignore_index: targets < 0 count nothing. fp32
+// arithmetic on float32, bfloat16 or float16 logits, whose gradient comes
+// back in their dtype. Throws where it cannot run.
+torch::Tensor CudaCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                               int64_t vocab);
+
 // softmax(q k^T / sqrt(d) + causal mask) v, through the fused kernel where
 // this libtorch has one.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,

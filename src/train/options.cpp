@@ -69,6 +69,14 @@ const std::vector<OptionDef>& TrainOptions() {
        "tokens, are never held. The same loss and gradients up to rounding. A memory lever, off "
        "by default: on an H200 GPT-2 124M's step took half the memory (16.0 -> 8.0 GiB) at half "
        "the speed"},
+      {"model.loss_kernel", T::kString, "aten",
+       "gpt's cross-entropy. aten: libtorch's log-softmax over an fp32 copy of the logits (at "
+       "GPT-2's vocabulary and 16 x 1024 tokens the fp32 copy, log-softmax and gradient are 3.3 "
+       "GB each). cuda: fullburn's own kernels read the bf16 logits once in forward and once in "
+       "backward and write the gradient in bf16, computing in fp32 (a build configured with "
+       "-DFULLBURN_CUDA_KERNELS=ON, on a CUDA device; elsewhere aten runs and the run says so). "
+       "Not yet measured on a GPU: off until it is",
+       "aten|cuda"},
       {"model.checkpoint", T::kString, "none",
        "Activation checkpointing: blocks keeps only each GPT block's or ResNet stage's input "
        "and recomputes the block in backward (same dropout), trading a second forward for "

@@ -397,6 +397,23 @@ Status Trainer::BuildModel(const BatchSource& source) {
     ms.dropout = cfg_.Float("model.dropout");
     ms.pad_vocab = cfg_.Int("model.pad_vocab");
     ms.fused_loss = cfg_.Bool("model.fused_loss");
+    ms.loss_kernel = cfg_.Str("model.loss_kernel");
+    if (ms.loss_kernel == "cuda" && ms.name == "gpt" && rank_.rank == 0) {
+      // Never a silent fallback: where the kernels cannot run, say what does.
+      const char* instead = nullptr;
+      if (!CudaLossKernelBuilt())
+        instead =
+            "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON "
+            "where nvcc and a CUDA libtorch are)";
+      else if (!ctx_.device.is_cuda())
+        instead = "the kernels run on CUDA devices only";
+      else if (ms.fused_loss)
+        instead = "model.fused_loss = true computes the loss chunk by chunk";
+      if (instead)
+        std::fprintf(
+            stderr, "fullburn: model.loss_kernel = cuda: %s: the ATen cross-entropy runs instead\n",
+            instead);
+    }
     ms.checkpoint = cfg_.Str("model.checkpoint");
     auto m = MakeModel(ms);
     if (!m.ok()) {

@@ -1797,6 +1797,44 @@ TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
   EXPECT_EQ(std::count(named.err.begin(), named.err.end(), '\n'), 1) << named.err;
 }
 
+// model.loss_kernel = cuda where it cannot run (a CPU run; here also a build
+// without the kernels): one line at start says why and that the ATen loss
+// runs instead, and the run trains as with aten. A model it does not apply
+// to is refused with the setting to change.
+TEST_F(TrainE2E, TheCudaLossKernelSaysWhatRunsInsteadWhereItCannotRun) {
+  std::vector<std::string> gpt = {"model.name=gpt",   "data.source=tokens", "model.hidden=32",
+                                  "model.heads=4",    "data.seq_len=16",    "train.batch_size=4",
+                                  "train.steps=3",    "train.threads=1",    "train.seed=5",
+                                  "eval.at_end=false"};
+  auto with = [&](const std::string& kernel) {
+    std::vector<std::string> args = gpt;
+    args.push_back("model.loss_kernel=" + kernel);
+    auto o = Train(args, /*tiny=*/false);
+    EXPECT_EQ(o.code, 0) << o.err;
+    return std::make_pair(o, Store()->GetRun("last").value().id);
+  };
+  auto [cuda, cuda_run] = with("cuda");
+  EXPECT_NE(cuda.err.find("fullburn: model.loss_kernel = cuda: "), std::string::npos) << cuda.err;
+  EXPECT_NE(cuda.err.find(": the ATen cross-entropy runs instead\n"), std::string::npos)
+      << cuda.err;
+  auto [aten, aten_run] = with("aten");
+  EXPECT_EQ(aten.err.find("loss_kernel"), std::string::npos) << aten.err;
+  EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'),
+            std::count(aten.err.begin(), aten.err.end(), '\n') + 1)
+      << "one line more than aten's run:\n"
+      << cuda.err;
+  auto losses = [&](int64_t run) {
+    std::vector<double> out;
+    for (const StepRecord& r : Store()->LoadSteps(run).value()) out.push_back(r.loss);
+    return out;
+  };
+  EXPECT_EQ(losses(cuda_run), losses(aten_run));
+  EXPECT_EQ(losses(cuda_run).size(), 3u);
+  auto refused = Train({"model.loss_kernel=cuda", "train.steps=1"});
+  EXPECT_EQ(refused.code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("set model.loss_kernel = aten"), std::string::npos) << refused.err;
+}
+
 // Mistakes found before the first step, each a one-line error naming the
 // setting to change, and no run left in the store.
 TEST_F(TrainE2E, DataAndMemoryMistakesStopBeforeTraining) {

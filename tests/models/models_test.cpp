@@ -125,6 +125,88 @@ TEST(Models, PaddedVocabularyTrainsExactlyAsTheUnpadded) {
   EXPECT_EQ(ParameterCount(*padded) - ParameterCount(*plain), (64 - vocab) * 32);
 }
 
+// model.loss_kernel = cuda against ATen's cross-entropy in float64 on the
+// same values (the GPU tier: skipped without CUDA or a build with the
+// kernels). Loss and gradient for float32, bfloat16 and float16 logits, with
+// a padded vocabulary's columns (gradient 0), an ignored row (gradient 0) and
+// the last class as a target; fresh random values for every case.
+TEST(LossKernel, CudaCrossEntropyEqualsAtenInFloat64) {
+  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
+  struct Shape {
+    int64_t rows, vocab, cols;
+  };
+  int seed = 0;
+  for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    for (Shape sh : {Shape{64, 1000, 1000}, Shape{300, 50257, 50304}, Shape{17, 37, 64}}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " vocab " + std::to_string(sh.vocab) +
+                   " of " + std::to_string(sh.cols));
+      torch::manual_seed(++seed);
+      auto cuda = torch::TensorOptions().device(torch::kCUDA);
+      torch::Tensor values = (torch::randn({sh.rows, sh.cols}, cuda) * 4).to(dtype);
+      torch::Tensor targets = torch::randint(sh.vocab, {sh.rows}, cuda.dtype(torch::kLong));
+      targets[3] = -100;
+      targets[5] = sh.vocab - 1;
+      torch::Tensor x = values.clone().requires_grad_(true);
+      torch::Tensor loss = CudaCrossEntropy(x, targets, sh.vocab);
+      loss.backward();
+      torch::Tensor ref_x = values.to(torch::kDouble).requires_grad_(true);
+      torch::Tensor ref = torch::cross_entropy_loss(ref_x.narrow(1, 0, sh.vocab), targets);
+      ref.backward();
+      EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+      EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>()));
+      ASSERT_EQ(x.grad().scalar_type(), dtype);
+      torch::Tensor g = x.grad().to(torch::kDouble), ref_g = ref_x.grad();
+      EXPECT_FALSE(g.isnan().any().item<bool>());
+      const double tolerance = dtype == torch::kFloat ? 1e-5 : dtype == torch::kHalf ? 2e-3 : 1e-2;
+      EXPECT_LT(((g - ref_g).norm() / ref_g.norm()).item<double>(), tolerance);
+      if (sh.cols > sh.vocab)
+        EXPECT_EQ(g.narrow(1, sh.vocab, sh.cols - sh.vocab).abs().max().item<double>(), 0.0);
+      EXPECT_EQ(g[3].abs().max().item<double>(), 0.0) << "the ignored row has a gradient";
+    }
+}
+
+// The same GPT (padded vocabulary, bf16 autocast) with model.loss_kernel =
+// cuda and aten: one forward and backward give the same loss and gradients
+// up to bf16 rounding.
+TEST(LossKernel, GptWithTheCudaLossTrainsAsWithAten) {
+  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
+  torch::manual_seed(1);
+  torch::Tensor tokens = torch::randint(300, {4, 32}).to(torch::kCUDA);
+  torch::Tensor targets = torch::randint(300, {4, 32}).to(torch::kCUDA);
+  auto run = [&](const std::string& kernel, double* loss_out) {
+    ModelSpec s;
+    s.name = "gpt";
+    s.num_classes = s.vocab = 300;
+    s.pad_vocab = 64;
+    s.seq_len = 32;
+    s.hidden = 64;
+    s.heads = 4;
+    s.loss_kernel = kernel;
+    torch::manual_seed(3);
+    auto m = Make(s);
+    m->to(torch::kCUDA);
+    torch::Tensor loss;
+    {
+      AutocastGuard bf16(torch::kCUDA, torch::kBFloat16);  // as the trainer's forward
+      loss = m->ForwardLoss(tokens, targets);
+    }
+    loss.backward();
+    *loss_out = loss.item<double>();
+    return m->named_parameters();
+  };
+  double aten_loss = 0, cuda_loss = 0;
+  auto aten = run("aten", &aten_loss);
+  auto cuda = run("cuda", &cuda_loss);
+  EXPECT_NEAR(cuda_loss, aten_loss, 1e-3 * aten_loss);
+  for (const auto& p : aten) {
+    torch::Tensor a = p.value().grad(), c = cuda[p.key()].grad();
+    ASSERT_TRUE(a.defined() && c.defined()) << p.key();
+    EXPECT_LT(((c - a).norm() / a.norm().clamp_min(1e-12)).item<double>(), 2e-2) << p.key();
+  }
+}
+
 TEST(Models, FusedAttentionEqualsTheReference) {
   torch::manual_seed(1);
   torch::Tensor q = torch::randn({2, 3, 7, 8}), k = torch::randn({2, 3, 7, 8}), v = torch::randn({2, 3, 7, 8});
