@@ -8,7 +8,8 @@
 #   BUILD        the build folder (build-gpu)
 #   KEEP_GOING   1: build every target it can past a failing one, to see all errors in one call
 #   TARGETS      only these targets (space-separated), to save a lent machine's minutes
-#   KERNELS=1    also fullburn's own CUDA kernels (-DFULLBURN_CUDA_KERNELS=ON: model.loss_kernel)
+#   KERNELS=1    also fullburn's own CUDA kernels (-DFULLBURN_CUDA_KERNELS=ON: model.loss_kernel);
+#                the build folder keeps the setting until KERNELS=0
 # Debian builds cpp-httplib as a library with OpenSSL, zlib and Brotli
 # (its pkg-config Cflags): the same definitions here, or its classes differ.
 set -euo pipefail
@@ -56,7 +57,7 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_W
   -DHTTPLIB_INCLUDE_DIR="$kit/root/usr/include" -DTOMLPP_INCLUDE_DIR="$kit/root/usr/include" \
   -DHTTPLIB_LIBRARY="$lib/libcpp-httplib.so" \
   -DHTTPLIB_DEFINITIONS="CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT" \
-  "${cuda[@]}" "${python_module[@]}" $([[ ${KERNELS:-0} == 1 ]] && echo -DFULLBURN_CUDA_KERNELS=ON)
+  "${cuda[@]}" "${python_module[@]}" ${KERNELS:+-DFULLBURN_CUDA_KERNELS=$([[ $KERNELS == 1 ]] && echo ON || echo OFF)}
 keep=()
 if [[ ${KEEP_GOING:-0} == 1 ]]; then keep=(-- -k); [[ ${#generator[@]} -gt 0 ]] && keep+=(0); fi
 targets=()

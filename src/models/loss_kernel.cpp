@@ -96,6 +96,12 @@ torch::Tensor CudaCrossEntropy(const torch::Tensor& logits, const torch::Tensor&
     throw std::invalid_argument(
         "model.loss_kernel = cuda needs CUDA logits [rows, >= vocab]: set model.loss_kernel = "
         "aten");
+  if (targets.device() != logits.device() || targets.dim() != 1 ||
+      targets.size(0) != logits.size(0))
+    throw std::invalid_argument(
+        "model.loss_kernel = cuda: targets must be [rows] on the logits' device (" +
+        logits.device().str() + "), got " + std::to_string(targets.dim()) + "-d on " +
+        targets.device().str() + ": set model.loss_kernel = aten");
   torch::Tensor rows = logits.stride(1) == 1 ? logits : logits.contiguous();
   return CudaCrossEntropyFunction::apply(rows, targets.to(torch::kLong).contiguous(), vocab);
 #else

@@ -55,6 +55,9 @@ __device__ __forceinline__ void Add(MaxSum& a, float x) {
 }
 
 __device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
+  // A NaN logit (its sum NaN, its max maybe still -inf) makes the row's
+  // loss NaN, as ATen's: never dropped with an empty side.
+  if (isnan(a.s) || isnan(b.s)) return {fmaxf(a.m, b.m), NAN};
   if (a.m == -INFINITY) return b;
   if (b.m == -INFINITY) return a;
   float m = fmaxf(a.m, b.m);

@@ -128,35 +128,46 @@ TEST(Models, PaddedVocabularyTrainsExactlyAsTheUnpadded) {
 // model.loss_kernel = cuda against ATen's cross-entropy in float64 on the
 // same values (the GPU tier: skipped without CUDA or a build with the
 // kernels). Loss and gradient for float32, bfloat16 and float16 logits, with
-// a padded vocabulary's columns (gradient 0), an ignored row (gradient 0) and
-// the last class as a target; fresh random values for every case.
+// a padded vocabulary's columns (gradient 0), an ignored row (gradient 0),
+// the last class as a target and a loss gradient of 2.5 (a loss scale, an
+// accumulation's 1/K); rows of a width that is no multiple of 8, and rows
+// cut from a wider tensor one column in (misaligned, their stride not their
+// width), take the kernels' element-by-element paths. Fresh random values
+// for every case.
 TEST(LossKernel, CudaCrossEntropyEqualsAtenInFloat64) {
   if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
   struct Shape {
     int64_t rows, vocab, cols;
+    bool offset = false;  // the rows start one column into a tensor of cols + 8
   };
   int seed = 0;
   for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
-    for (Shape sh : {Shape{64, 1000, 1000}, Shape{300, 50257, 50304}, Shape{17, 37, 64}}) {
+    for (Shape sh : {Shape{64, 1000, 1000}, Shape{300, 50257, 50304}, Shape{17, 37, 64},
+                     Shape{300, 50257, 50257}, Shape{40, 1000, 1024, true}}) {
       SCOPED_TRACE(std::string(c10::toString(dtype)) + " vocab " + std::to_string(sh.vocab) +
-                   " of " + std::to_string(sh.cols));
+                   " of " + std::to_string(sh.cols) + (sh.offset ? ", offset" : ""));
       torch::manual_seed(++seed);
       auto cuda = torch::TensorOptions().device(torch::kCUDA);
       torch::Tensor values = (torch::randn({sh.rows, sh.cols}, cuda) * 4).to(dtype);
       torch::Tensor targets = torch::randint(sh.vocab, {sh.rows}, cuda.dtype(torch::kLong));
       targets[3] = -100;
       targets[5] = sh.vocab - 1;
-      torch::Tensor x = values.clone().requires_grad_(true);
+      torch::Tensor wide = torch::zeros({sh.rows, sh.cols + 8}, cuda.dtype(dtype));
+      wide.narrow(1, 1, sh.cols).copy_(values);
+      torch::Tensor leaf = (sh.offset ? wide : values.clone()).requires_grad_(true);
+      torch::Tensor x = sh.offset ? leaf.narrow(1, 1, sh.cols) : leaf;
       torch::Tensor loss = CudaCrossEntropy(x, targets, sh.vocab);
-      loss.backward();
+      (loss * 2.5).backward();
       torch::Tensor ref_x = values.to(torch::kDouble).requires_grad_(true);
       torch::Tensor ref = torch::cross_entropy_loss(ref_x.narrow(1, 0, sh.vocab), targets);
-      ref.backward();
+      (ref * 2.5).backward();
       EXPECT_EQ(loss.scalar_type(), torch::kFloat);
       EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>()));
-      ASSERT_EQ(x.grad().scalar_type(), dtype);
-      torch::Tensor g = x.grad().to(torch::kDouble), ref_g = ref_x.grad();
+      ASSERT_EQ(leaf.grad().scalar_type(), dtype);
+      torch::Tensor g = (sh.offset ? leaf.grad().narrow(1, 1, sh.cols) : leaf.grad())
+                            .to(torch::kDouble),
+                    ref_g = ref_x.grad();
       EXPECT_FALSE(g.isnan().any().item<bool>());
       const double tolerance = dtype == torch::kFloat ? 1e-5 : dtype == torch::kHalf ? 2e-3 : 1e-2;
       EXPECT_LT(((g - ref_g).norm() / ref_g.norm()).item<double>(), tolerance);
