@@ -123,8 +123,10 @@ class DataParallel {
   // largest first, each to the rank holding the fewest elements so far.
   static std::vector<int> ShardOwners(const std::vector<torch::Tensor>& params, int world_size);
   // Every rank's `tensors` take the values of their owner's (`owner[i]`):
-  // one broadcast per owner rank and dtype, its tensors flattened into one
-  // buffer. After each rank updated the parameters it owns.
+  // in pieces of about `bucket_mb` (two in flight), each one broadcast per
+  // owner rank and dtype with its tensors flattened into one buffer, so it
+  // holds a few buckets at a time, not a copy of every tensor. After each
+  // rank updated the parameters it owns.
   Status BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
                              const std::vector<int>& owner);
   // The same, started and not waited for (dist.shard = full's prefetch):

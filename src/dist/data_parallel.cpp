@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -614,7 +615,33 @@ Status DataParallel::FinishBroadcast(PendingBroadcast* pending) {
 
 Status DataParallel::BroadcastFromOwners(const std::vector<torch::Tensor>& tensors,
                                          const std::vector<int>& owner) {
-  return FinishBroadcast(StartBroadcastFromOwners(tensors, owner).get());
+  // In pieces of about a bucket, two in flight while the next is flattened:
+  // one piece for the whole model would add the weights' size again to the
+  // step's peak, which ZeRO's stages 1 and 2 are there to lower (GPT 124M
+  // shape on 2 CPU ranks: 1,195 MB measured against 891 predicted). Every
+  // rank cuts at the same tensors: the sizes are the same everywhere.
+  const double piece_bytes = std::max(1.0, impl_->options.bucket_mb * 1e6);
+  std::deque<std::unique_ptr<PendingBroadcast, void (*)(PendingBroadcast*)>> in_flight;
+  std::vector<torch::Tensor> piece;
+  std::vector<int> piece_owner;
+  double bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    piece.push_back(tensors[i]);
+    piece_owner.push_back(owner[i]);
+    bytes += static_cast<double>(tensors[i].numel() * tensors[i].element_size());
+    if (bytes < piece_bytes && i + 1 < tensors.size()) continue;
+    in_flight.push_back(StartBroadcastFromOwners(piece, piece_owner));
+    piece.clear();
+    piece_owner.clear();
+    bytes = 0;
+    if (in_flight.size() > 2) {
+      if (Status s = FinishBroadcast(in_flight.front().get()); !s.ok()) return s;
+      in_flight.pop_front();
+    }
+  }
+  for (auto& pending : in_flight)
+    if (Status s = FinishBroadcast(pending.get()); !s.ok()) return s;
+  return Status::Ok();
 }
 
 Status DataParallel::Attach(const std::vector<torch::Tensor>& params, bool allocate_buckets) {

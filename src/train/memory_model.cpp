@@ -61,6 +61,11 @@ MemoryParts MemoryModel::Predict(int64_t batch, const std::string& shard,
   m.update = grads_kept + (state_on_host ? 0
                            : sharded     ? update_temp_share_bytes
                                          : update_temp_bytes);
+  // Stages 1 and 2 then broadcast the updated weights from their owners, a
+  // few buckets at a time (DataParallel::BroadcastFromOwners: two in flight
+  // and the next one flattened), with the gradients still held.
+  if (sharded && !full)
+    m.update = std::max(m.update, grads_kept + std::min(grad_bytes, 3 * bucket_bytes));
   const auto& fits = fused_loss ? fused_activations : activations;
   auto fit = fits.find(ActivationMode(shard, checkpoint, world));
   if (fit != fits.end()) m.activations = static_cast<int64_t>(std::max(0.0, fit->second.At(batch)));
