@@ -170,13 +170,13 @@ class Gpt : public Model {
     return true;
   }
   torch::Tensor forward(torch::Tensor tokens) override {
-    torch::Tensor logits = Linear(Features(tokens), wte_->weight, {});
+    torch::Tensor logits = PaddedLogits(tokens);
     return logits.size(-1) == vocab_ ? logits : logits.narrow(-1, 0, vocab_);
   }
   torch::Tensor ForwardLoss(torch::Tensor tokens, const torch::Tensor& targets) override {
     if (cuda_loss_ && !fused_loss_ && tokens.is_cuda()) {
       // The padded logits whole: the kernel reads only the first vocab_ columns.
-      torch::Tensor logits = Linear(Features(tokens), wte_->weight, {});
+      torch::Tensor logits = PaddedLogits(tokens);
       return CudaCrossEntropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), vocab_);
     }
     if (!fused_loss_ || !torch::GradMode::is_enabled()) return Model::ForwardLoss(tokens, targets);
@@ -194,6 +194,10 @@ class Gpt : public Model {
   }
 
  private:
+  // The output layer's product over every row of the (padded) table.
+  torch::Tensor PaddedLogits(const torch::Tensor& tokens) {
+    return Linear(Features(tokens), wte_->weight, {});
+  }
   // Everything but the output layer: ln_f's output, [batch, positions, width].
   torch::Tensor Features(const torch::Tensor& tokens) {
     int64_t t = tokens.size(1);

@@ -97,6 +97,18 @@ class RankTrialShape : public TrialShape {
   std::shared_ptr<ShardedParameters> gather_;
 };
 
+// Why a gpt asked for model.loss_kernel = cuda computes its loss with ATen
+// instead; nullptr when the kernels run (or were not asked for).
+const char* CudaLossKernelUnused(const ModelSpec& ms, const torch::Device& device) {
+  if (ms.loss_kernel != "cuda" || ms.name != "gpt") return nullptr;
+  if (!CudaLossKernelBuilt())
+    return "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON where nvcc "
+           "and a CUDA libtorch are)";
+  if (!device.is_cuda()) return "the kernels run on CUDA devices only";
+  if (ms.fused_loss) return "model.fused_loss = true computes the loss chunk by chunk";
+  return nullptr;
+}
+
 }  // namespace
 
 Status Trainer::CheckCudaGraphs() {
@@ -398,22 +410,11 @@ Status Trainer::BuildModel(const BatchSource& source) {
     ms.pad_vocab = cfg_.Int("model.pad_vocab");
     ms.fused_loss = cfg_.Bool("model.fused_loss");
     ms.loss_kernel = cfg_.Str("model.loss_kernel");
-    if (ms.loss_kernel == "cuda" && ms.name == "gpt" && rank_.rank == 0) {
-      // Never a silent fallback: where the kernels cannot run, say what does.
-      const char* instead = nullptr;
-      if (!CudaLossKernelBuilt())
-        instead =
-            "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON "
-            "where nvcc and a CUDA libtorch are)";
-      else if (!ctx_.device.is_cuda())
-        instead = "the kernels run on CUDA devices only";
-      else if (ms.fused_loss)
-        instead = "model.fused_loss = true computes the loss chunk by chunk";
-      if (instead)
-        std::fprintf(
-            stderr, "fullburn: model.loss_kernel = cuda: %s: the ATen cross-entropy runs instead\n",
-            instead);
-    }
+    // Never a silent fallback: where the kernels cannot run, say what does.
+    if (const char* why = CudaLossKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
+      std::fprintf(stderr,
+                   "fullburn: model.loss_kernel = cuda: %s: the ATen cross-entropy runs instead\n",
+                   why);
     ms.checkpoint = cfg_.Str("model.checkpoint");
     auto m = MakeModel(ms);
     if (!m.ok()) {
