@@ -180,6 +180,19 @@ int64_t DeviceMemoryLimit(const torch::Device& device) {
   return CpuMemoryBudget();
 }
 
+int64_t DeviceBytesFree(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef FULLBURN_TORCH_CUDA
+    size_t free = 0, total = 0;
+    c10::cuda::CUDAGuard guard(CudaIndex(device));
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return static_cast<int64_t>(free);
+#endif
+    return -1;
+  }
+  if (CpuMemoryBudget() <= 0) return -1;
+  return std::max<int64_t>(0, CpuMemoryBudget() - DeviceBytesInUse(device));
+}
+
 int64_t HostBytesAvailable(const torch::Device& device) {
   if (!device.is_cuda() && CpuMemoryBudget() > 0)
     return std::max<int64_t>(0, CpuMemoryBudget() - DeviceBytesInUse(device));

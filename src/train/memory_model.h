@@ -100,6 +100,10 @@ int64_t DeviceBytesInUse(const torch::Device& device);
 // The memory one rank may use: train.memory_budget_mb on CPU (0: no limit),
 // the GPU's total on CUDA.
 int64_t DeviceMemoryLimit(const torch::Device& device);
+// What more this process may allocate on the device now: the budget less
+// what is in use on CPU, the driver's free memory on CUDA; -1 when unknown
+// (a CPU run without train.memory_budget_mb).
+int64_t DeviceBytesFree(const torch::Device& device);
 // Host memory dist.offload may take: on a CPU run with train.memory_budget_mb
 // what the budget leaves, else MemAvailable (/proc/meminfo, through Env);
 // -1 when unknown.

@@ -178,6 +178,8 @@ class Trainer {
   std::atomic<int64_t> part_write_us_{0};  // part_ckpt_'s time writing them, in total
   // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
   bool MemoryReportWanted() const;
+  std::string WholeModelShortfall() const;  // dist.shard = full's probe and search
+  Status ProbeOrShare();
   Status DrawProbeBatch(TrainBatch* probe);
   Status ProbeMemory(int64_t batch);
   Status ProbeMemoryIfWanted();  // train.memory_report, the batch search's table

@@ -81,6 +81,24 @@ bool Trainer::MemoryReportWanted() const {
   return cfg_.Bool("train.memory_report") || batch_searched_ || cfg_.IsAuto("train.batch_size");
 }
 
+// Empty when the weights and a gradient for each fit on the device next to
+// what it holds (or its memory is unknown), else how much is missing. On the
+// CPU the weights are in that memory already.
+std::string Trainer::WholeModelShortfall() const {
+  const int64_t free = DeviceBytesFree(ctx_.device);
+  if (free < 0) return "";
+  int64_t weights = 0;
+  for (const torch::Tensor& p : ctx_.model->parameters())
+    weights += p.numel() * static_cast<int64_t>(p.element_size());
+  const int64_t need = ctx_.device.is_cuda() ? 2 * weights : weights;
+  if (need <= free) return "";
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  return fmt::format(
+      "{} {:.1f} MiB, {:.1f} MiB free on {}",
+      ctx_.device.is_cuda() ? "weights and gradients" : "gradients beside the weights", mib(need),
+      mib(free), ctx_.device.str());
+}
+
 // A batch of the run's own source (a second source would hold a second
 // copy of an in-memory dataset); the loop starts the epoch over after it.
 Status Trainer::DrawProbeBatch(TrainBatch* probe) {

@@ -432,7 +432,10 @@ Status Trainer::BuildModel(const BatchSource& source) {
   // The batch-size search and the memory probe start from the whole model
   // on the device (the search's trials then release the others' share);
   // without them, stage 3 never needs it there.
-  share_to_device_ = dp_ && cfg_.Str("dist.shard") == "full" && !MemoryReportWanted();
+  const bool full = dp_ && cfg_.Str("dist.shard") == "full";
+  if (full && MemoryReportWanted())
+    if (Status s = ProbeOrShare(); !s.ok()) return s;
+  share_to_device_ = full && !MemoryReportWanted();
   if (!share_to_device_) {
     ctx_.model->to(ctx_.device);
     if (ctx_.channels_last)
@@ -454,6 +457,32 @@ Status Trainer::BuildModel(const BatchSource& source) {
     dp_->SetSync(false);
   }
   return Status::Ok();
+}
+
+// dist.shard = full is for a model whose share fits where the whole does
+// not; the probe and the search need it whole (weights and every gradient),
+// so where that cannot fit the run starts from each rank's share without the
+// report, and a search, which cannot, is refused. The ranks agree (the probe
+// is collective).
+Status Trainer::ProbeOrShare() {
+  std::string shortfall = WholeModelShortfall();
+  Result<bool> any = dp_->AnyRank(!shortfall.empty());
+  if (!any.ok()) return any.status();
+  if (!*any) return Status::Ok();
+  if (shortfall.empty()) shortfall = "on another rank";
+  if (cfg_.IsAuto("train.batch_size")) {
+    exit_code = kExitUsage;
+    return Status::InvalidArgument(
+        "train.batch_size = auto with dist.shard = full searches with the model whole on each "
+        "device, and it does not fit (" +
+        shortfall + "): set train.batch_size to a number (each rank then starts from its share)");
+  }
+  if (rank_.rank == 0)
+    std::fprintf(stderr,
+                 "fullburn: dist.shard = full: no memory report: the probe needs the model whole "
+                 "on each device, and it does not fit (%s); each rank starts from its share\n",
+                 shortfall.c_str());
+  return cfg_.Set("train.memory_report", "false", "the whole model does not fit for the probe");
 }
 
 bool Trainer::BucketsHeld() const {

@@ -876,6 +876,32 @@ TEST_F(ShardedE2E, StageThreeStartsWhereEveryWeightAndGradientDoNotFitTogether) 
   EXPECT_GT(weights + grads, budget_mb << 20);
   EXPECT_LT(weights, budget_mb << 20);
 
+  // A memory report's probe needs them whole: it is left out, said on one
+  // line, and the run starts from the shares as without it (before, the
+  // model went whole to the device first: on a GPU that is the run's end).
+  std::vector<std::string> report = argv;
+  report.push_back("train.memory_report=true");
+  auto reported = RunToEnd(report, 300);
+  ASSERT_EQ(reported.code, 0) << reported.err;
+  EXPECT_NE(reported.err.find("dist.shard = full: no memory report: the probe needs the model "
+                              "whole on each device, and it does not fit (gradients beside the "
+                              "weights"),
+            std::string::npos)
+      << reported.err;
+  EXPECT_NE(reported.err.find("each rank moved only its own parameters to cpu"), std::string::npos)
+      << reported.err;
+  EXPECT_EQ(Rank0Losses(Store()->GetRun("last").value().id).size(), 3u);
+  // The search cannot run from the shares: refused before it starts.
+  report.back() = "train.batch_size=auto";
+  auto searched = RunToEnd(report, 300);
+  EXPECT_EQ(searched.code, 2) << searched.err;
+  EXPECT_NE(searched.err.find("train.batch_size = auto with dist.shard = full searches with the "
+                              "model whole on each device, and it does not fit"),
+            std::string::npos)
+      << searched.err;
+  EXPECT_NE(searched.err.find("set train.batch_size to a number"), std::string::npos)
+      << searched.err;
+
   // Unsharded, the ranks hold both from the start: out of memory before
   // training, with the setting that shares them named.
   *std::find(argv.begin(), argv.end(), "dist.shard=full") = "dist.shard=none";
