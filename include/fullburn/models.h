@@ -136,6 +136,13 @@ struct ModelSpec {
   // libtorch's log-softmax over an fp32 copy. Where "cuda" cannot run the
   // model uses aten (the trainer says so at start).
   std::string loss_kernel = "aten";
+  // gpt: "cuda" computes each block's layer norms, the second with the
+  // residual add before it, with fullburn's own kernels (builds with
+  // FULLBURN_CUDA_KERNELS, on CUDA tensors): the fp32 residual stream read
+  // and written once each way, the normed output written in autocast's
+  // dtype. "aten": libtorch's add, layer norm and cast. Where "cuda" cannot
+  // run the model uses aten (the trainer says so at start).
+  std::string norm_kernel = "aten";
   int64_t seq_len = 128;  // gpt context (positional table size)
   int64_t hidden = 512, layers = 2, heads = 4;
   double dropout = 0;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "cuda_convert.cuh"
 #include "loss_kernel.h"
 
 namespace fullburn {
@@ -20,24 +21,8 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half(x);
-}
+using cuda_convert::FromFloat;
+using cuda_convert::ToFloat;
 
 // A running max `m` and the sum `s` of exp(x - m) over the values seen.
 struct MaxSum {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autocast_state.h"
 #include "models_internal.h"
 
 namespace fullburn {
@@ -82,7 +83,8 @@ class LstmClassifier : public Model {
 };
 
 struct GptBlockImpl : nn::Module {
-  GptBlockImpl(int64_t d, int64_t heads, double dropout) : heads(heads), dropout(dropout) {
+  GptBlockImpl(int64_t d, int64_t heads, double dropout, bool cuda_norm)
+      : heads(heads), dropout(dropout), cuda_norm(cuda_norm) {
     ln_1 = register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({d})));
     c_attn = register_module("c_attn", FastLinear(d, 3 * d));
     attn_proj = register_module("attn_proj", FastLinear(d, d));
@@ -91,20 +93,37 @@ struct GptBlockImpl : nn::Module {
     mlp_proj = register_module("mlp_proj", FastLinear(4 * d, d));
   }
   torch::Tensor forward(torch::Tensor x) {
-    int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-    auto qkv = c_attn(ln_1(x)).split(d, 2);
+    if (cuda_norm && x.is_cuda()) return ForwardCudaNorm(x);
+    x = x + torch::dropout(attn_proj(Attention(ln_1(x))), dropout, is_training());
+    x = x + torch::dropout(mlp_proj(torch::gelu(c_fc(ln_2(x)), "tanh")), dropout, is_training());
+    return x;
+  }
+  // The same block with model.norm_kernel = cuda: ln_2 takes the attention's
+  // residual add with it, and both norms write autocast's dtype directly.
+  torch::Tensor ForwardCudaNorm(const torch::Tensor& x) {
+    const torch::ScalarType out = autocast_state::Enabled(torch::kCUDA)
+                                      ? autocast_state::Dtype(torch::kCUDA)
+                                      : x.scalar_type();
+    torch::Tensor attn =
+        torch::dropout(attn_proj(Attention(CudaLayerNorm(x, ln_1, out))), dropout, is_training());
+    auto [sum, normed] = CudaAddLayerNorm(x, attn, ln_2, out);
+    return sum +
+           torch::dropout(mlp_proj(torch::gelu(c_fc(normed), "tanh")), dropout, is_training());
+  }
+  // Causal self-attention of the normed input, before its output projection.
+  torch::Tensor Attention(const torch::Tensor& normed) {
+    int64_t b = normed.size(0), t = normed.size(1), d = normed.size(2);
+    auto qkv = c_attn(normed).split(d, 2);
     auto heads_of = [&](const torch::Tensor& y) {
       return y.view({b, t, heads, d / heads}).transpose(1, 2);
     };
     torch::Tensor y = CausalAttention(heads_of(qkv[0]), heads_of(qkv[1]), heads_of(qkv[2]),
                                       is_training() ? dropout : 0.0);
-    y = y.transpose(1, 2).contiguous().view({b, t, d});
-    x = x + torch::dropout(attn_proj(y), dropout, is_training());
-    x = x + torch::dropout(mlp_proj(torch::gelu(c_fc(ln_2(x)), "tanh")), dropout, is_training());
-    return x;
+    return y.transpose(1, 2).contiguous().view({b, t, d});
   }
   int64_t heads;
   double dropout;
+  bool cuda_norm;  // model.norm_kernel = cuda, in a build that has it
   nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   FastLinear c_attn{nullptr}, attn_proj{nullptr}, c_fc{nullptr}, mlp_proj{nullptr};
 };
@@ -133,7 +152,8 @@ class Gpt : public Model {
     }
     wpe_ = register_module("wpe", nn::Embedding(s.seq_len, s.hidden));
     for (int64_t i = 0; i < s.layers; ++i) {
-      block_list_.push_back(GptBlock(s.hidden, s.heads, s.dropout));
+      block_list_.push_back(
+          GptBlock(s.hidden, s.heads, s.dropout, s.norm_kernel == "cuda" && CudaLossKernelBuilt()));
       blocks_->push_back(block_list_.back());
     }
     register_module("h", blocks_);
@@ -283,6 +303,11 @@ Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& s) {
                                    " has none: set model.checkpoint = none");
   if (s.loss_kernel != "aten" && s.loss_kernel != "cuda")
     return Status::InvalidArgument("model.loss_kernel = '" + s.loss_kernel + "': use aten or cuda");
+  if (s.norm_kernel != "aten" && s.norm_kernel != "cuda")
+    return Status::InvalidArgument("model.norm_kernel = '" + s.norm_kernel + "': use aten or cuda");
+  if (s.norm_kernel == "cuda" && s.name != "gpt")
+    return Status::InvalidArgument("model.norm_kernel = cuda computes gpt's layer norms; " +
+                                   s.name + " has none: set model.norm_kernel = aten");
   if (s.loss_kernel == "cuda" && s.name != "gpt")
     return Status::InvalidArgument("model.loss_kernel = cuda computes gpt's loss; " + s.name +
                                    " has none of its own: set model.loss_kernel = aten");

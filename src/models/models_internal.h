@@ -46,6 +46,19 @@ int64_t HeadLossRows(int64_t vocab, const torch::Device& device);
 torch::Tensor CudaCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                int64_t vocab);
 
+// model.norm_kernel = cuda (norm_kernel.cpp): `ln`'s layer norm of x, and
+// of x + residual (returned first, as the residual stream goes on), each in
+// one kernel forward and one backward, the normed output written directly in
+// `out_dtype` (autocast's dtype: the next matmul's input). x fp32 and
+// contiguous-able on a CUDA device, width at most 8192. Throws where it
+// cannot run.
+torch::Tensor CudaLayerNorm(const torch::Tensor& x, const torch::nn::LayerNorm& ln,
+                            torch::ScalarType out_dtype);
+std::pair<torch::Tensor, torch::Tensor> CudaAddLayerNorm(const torch::Tensor& x,
+                                                         const torch::Tensor& residual,
+                                                         const torch::nn::LayerNorm& ln,
+                                                         torch::ScalarType out_dtype);
+
 // softmax(q k^T / sqrt(d) + causal mask) v, through the fused kernel where
 // this libtorch has one.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,

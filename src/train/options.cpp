@@ -77,6 +77,14 @@ const std::vector<OptionDef>& TrainOptions() {
        "-DFULLBURN_CUDA_KERNELS=ON, on a CUDA device; elsewhere aten runs and the run says so). "
        "Not yet measured on a GPU: off until it is",
        "aten|cuda"},
+      {"model.norm_kernel", T::kString, "aten",
+       "gpt's layer norms. aten: libtorch's residual add, layer norm (fp32 under autocast) and "
+       "cast of its output to bf16, three passes over the fp32 residual stream forward and about "
+       "five backward. cuda: fullburn's own kernels do the second norm with the residual add "
+       "before it and write the normed output in autocast's dtype, one pass each way (a build "
+       "configured with -DFULLBURN_CUDA_KERNELS=ON, on a CUDA device; elsewhere aten runs and the "
+       "run says so). Not yet measured on a GPU: off until it is",
+       "aten|cuda"},
       {"model.checkpoint", T::kString, "none",
        "Activation checkpointing: blocks keeps only each GPT block's or ResNet stage's input "
        "and recomputes the block in backward (same dropout), trading a second forward for "

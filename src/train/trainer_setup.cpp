@@ -109,6 +109,17 @@ const char* CudaLossKernelUnused(const ModelSpec& ms, const torch::Device& devic
   return nullptr;
 }
 
+// Why a gpt asked for model.norm_kernel = cuda runs ATen's layer norms
+// instead; nullptr when the kernels run (or were not asked for).
+const char* CudaNormKernelUnused(const ModelSpec& ms, const torch::Device& device) {
+  if (ms.norm_kernel != "cuda" || ms.name != "gpt") return nullptr;
+  if (!CudaLossKernelBuilt())
+    return "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON where nvcc "
+           "and a CUDA libtorch are)";
+  if (!device.is_cuda()) return "the kernels run on CUDA devices only";
+  return nullptr;
+}
+
 }  // namespace
 
 Status Trainer::CheckCudaGraphs() {
@@ -415,6 +426,10 @@ Status Trainer::BuildModel(const BatchSource& source) {
       std::fprintf(stderr,
                    "fullburn: model.loss_kernel = cuda: %s: the ATen cross-entropy runs instead\n",
                    why);
+    ms.norm_kernel = cfg_.Str("model.norm_kernel");
+    if (const char* why = CudaNormKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
+      std::fprintf(stderr,
+                   "fullburn: model.norm_kernel = cuda: %s: ATen's layer norms run instead\n", why);
     ms.checkpoint = cfg_.Str("model.checkpoint");
     auto m = MakeModel(ms);
     if (!m.ok()) {

@@ -1830,42 +1830,52 @@ TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
   EXPECT_EQ(std::count(named.err.begin(), named.err.end(), '\n'), 1) << named.err;
 }
 
-// model.loss_kernel = cuda where it cannot run (a CPU run; here also a build
-// without the kernels): one line at start says why and that the ATen loss
-// runs instead, and the run trains as with aten. A model it does not apply
-// to is refused with the setting to change.
-TEST_F(TrainE2E, TheCudaLossKernelSaysWhatRunsInsteadWhereItCannotRun) {
+// model.loss_kernel = cuda and model.norm_kernel = cuda where they cannot
+// run (a CPU run; here also a build without the kernels): one line at start
+// each says why and what runs instead, and the run trains as with aten. A
+// model they do not apply to is refused with the setting to change.
+TEST_F(TrainE2E, TheCudaKernelsSayWhatRunsInsteadWhereTheyCannotRun) {
   std::vector<std::string> gpt = {"model.name=gpt",   "data.source=tokens", "model.hidden=32",
                                   "model.heads=4",    "data.seq_len=16",    "train.batch_size=4",
                                   "train.steps=3",    "train.threads=1",    "train.seed=5",
                                   "eval.at_end=false"};
-  auto with = [&](const std::string& kernel) {
+  auto with = [&](const std::vector<std::string>& kernels) {
     std::vector<std::string> args = gpt;
-    args.push_back("model.loss_kernel=" + kernel);
+    args.insert(args.end(), kernels.begin(), kernels.end());
     auto o = Train(args, /*tiny=*/false);
     EXPECT_EQ(o.code, 0) << o.err;
     return std::make_pair(o, Store()->GetRun("last").value().id);
   };
-  auto [cuda, cuda_run] = with("cuda");
-  EXPECT_NE(cuda.err.find("fullburn: model.loss_kernel = cuda: "), std::string::npos) << cuda.err;
-  EXPECT_NE(cuda.err.find(": the ATen cross-entropy runs instead\n"), std::string::npos)
-      << cuda.err;
-  auto [aten, aten_run] = with("aten");
-  EXPECT_EQ(aten.err.find("loss_kernel"), std::string::npos) << aten.err;
-  EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'),
-            std::count(aten.err.begin(), aten.err.end(), '\n') + 1)
-      << "one line more than aten's run:\n"
-      << cuda.err;
+  auto lines = [](const std::string& err) { return std::count(err.begin(), err.end(), '\n'); };
   auto losses = [&](int64_t run) {
     std::vector<double> out;
     for (const StepRecord& r : Store()->LoadSteps(run).value()) out.push_back(r.loss);
     return out;
   };
-  EXPECT_EQ(losses(cuda_run), losses(aten_run));
-  EXPECT_EQ(losses(cuda_run).size(), 3u);
-  auto refused = Train({"model.loss_kernel=cuda", "train.steps=1"});
-  EXPECT_EQ(refused.code, 2) << refused.err;
-  EXPECT_NE(refused.err.find("set model.loss_kernel = aten"), std::string::npos) << refused.err;
+  auto [aten, aten_run] = with({"model.loss_kernel=aten", "model.norm_kernel=aten"});
+  EXPECT_EQ(aten.err.find("_kernel"), std::string::npos) << aten.err;
+  ASSERT_EQ(losses(aten_run).size(), 3u);
+
+  auto [loss, loss_run] = with({"model.loss_kernel=cuda"});
+  EXPECT_NE(loss.err.find("fullburn: model.loss_kernel = cuda: "), std::string::npos) << loss.err;
+  EXPECT_NE(loss.err.find(": the ATen cross-entropy runs instead\n"), std::string::npos)
+      << loss.err;
+  EXPECT_EQ(lines(loss.err), lines(aten.err) + 1) << "one line more than aten's run:\n" << loss.err;
+  EXPECT_EQ(losses(loss_run), losses(aten_run));
+
+  auto [both, both_run] = with({"model.loss_kernel=cuda", "model.norm_kernel=cuda"});
+  EXPECT_NE(both.err.find("fullburn: model.norm_kernel = cuda: "), std::string::npos) << both.err;
+  EXPECT_NE(both.err.find(": ATen's layer norms run instead\n"), std::string::npos) << both.err;
+  EXPECT_EQ(lines(both.err), lines(aten.err) + 2) << "two lines more than aten's run:\n"
+                                                  << both.err;
+  EXPECT_EQ(losses(both_run), losses(aten_run));
+
+  for (const char* kernel : {"loss_kernel", "norm_kernel"}) {
+    auto refused = Train({std::string("model.") + kernel + "=cuda", "train.steps=1"});
+    EXPECT_EQ(refused.code, 2) << refused.err;
+    EXPECT_NE(refused.err.find(std::string("set model.") + kernel + " = aten"), std::string::npos)
+        << refused.err;
+  }
 }
 
 // Mistakes found before the first step, each a one-line error naming the

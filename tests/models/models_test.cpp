@@ -218,6 +218,126 @@ TEST(LossKernel, GptWithTheCudaLossTrainsAsWithAten) {
   }
 }
 
+// model.norm_kernel = cuda's layer norms against ATen's in float64: the
+// normed output in each dtype, the sum, and the gradients of x, the
+// residual (in each dtype), gamma and beta, with and without the residual,
+// at GPT-2's widths, an odd one and the kernels' largest.
+TEST(NormKernel, CudaLayerNormEqualsAtenInFloat64) {
+  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
+  struct Residual {
+    bool on;
+    torch::ScalarType dtype;
+  };
+  auto tolerance = [](torch::ScalarType t) {
+    return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2;
+  };
+  auto relative = [](const torch::Tensor& a, const torch::Tensor& ref) {
+    return ((a.to(torch::kDouble) - ref).norm() / ref.norm().clamp_min(1e-30)).item<double>();
+  };
+  auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  int seed = 0;
+  for (int64_t width : {768, 37, 1600, 8192})
+    for (torch::ScalarType out_dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+      for (Residual res : {Residual{false, torch::kFloat}, Residual{true, torch::kFloat},
+                           Residual{true, torch::kBFloat16}, Residual{true, torch::kHalf}}) {
+        SCOPED_TRACE("width " + std::to_string(width) + ", out " + c10::toString(out_dtype) +
+                     (res.on ? std::string(", residual ") + c10::toString(res.dtype) : ""));
+        torch::manual_seed(++seed);
+        torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({width}));
+        ln->to(torch::kCUDA);
+        {
+          torch::NoGradGuard no_grad;
+          ln->weight.normal_(1, 0.3);
+          ln->bias.normal_(0, 0.2);
+        }
+        torch::Tensor x0 = torch::randn({3, 100, width}, cuda) * 2 + 0.5;
+        torch::Tensor r0 = torch::randn({3, 100, width}, cuda).to(res.dtype);
+        torch::Tensor grad_out = torch::randn(x0.sizes(), cuda).to(out_dtype);
+        torch::Tensor grad_sum = torch::randn(x0.sizes(), cuda);
+        torch::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+        torch::Tensor sum, out;
+        if (res.on) {
+          std::tie(sum, out) = CudaAddLayerNorm(x, r, ln, out_dtype);
+          torch::autograd::backward({sum, out}, {grad_sum, grad_out});
+        } else {
+          out = CudaLayerNorm(x, ln, out_dtype);
+          torch::autograd::backward({out}, {grad_out});
+        }
+        torch::Tensor xd = x0.to(torch::kDouble).requires_grad_(true);
+        torch::Tensor rd = r0.to(torch::kDouble).requires_grad_(true);
+        torch::Tensor wd = ln->weight.detach().to(torch::kDouble).requires_grad_(true);
+        torch::Tensor bd = ln->bias.detach().to(torch::kDouble).requires_grad_(true);
+        torch::Tensor sd = res.on ? xd + rd : xd;
+        torch::Tensor outd = torch::layer_norm(sd, {width}, wd, bd, 1e-5);
+        if (res.on)
+          torch::autograd::backward({sd, outd},
+                                    {grad_sum.to(torch::kDouble), grad_out.to(torch::kDouble)});
+        else
+          torch::autograd::backward({outd}, {grad_out.to(torch::kDouble)});
+
+        ASSERT_EQ(out.scalar_type(), out_dtype);
+        EXPECT_LT(relative(out, outd), tolerance(out_dtype));
+        if (res.on) {  // the fp32 add, as ATen's
+          EXPECT_TRUE(torch::equal(sum, x0 + r0.to(torch::kFloat)));
+          ASSERT_EQ(r.grad().scalar_type(), res.dtype);
+          EXPECT_LT(relative(r.grad(), rd.grad()), std::max(1e-4, tolerance(res.dtype)));
+        }
+        EXPECT_LT(relative(x.grad(), xd.grad()), 1e-4);
+        EXPECT_LT(relative(ln->weight.grad(), wd.grad()), 1e-4);
+        EXPECT_LT(relative(ln->bias.grad(), bd.grad()), 1e-4);
+        EXPECT_FALSE(x.grad().isnan().any().item<bool>());
+      }
+}
+
+// The same GPT (bf16 autocast) with model.norm_kernel = cuda and aten, and
+// with cuda and its blocks recomputed (model.checkpoint = blocks): one
+// forward and backward give the same loss and gradients up to bf16 rounding.
+TEST(NormKernel, GptWithTheCudaNormTrainsAsWithAten) {
+  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
+  torch::manual_seed(1);
+  torch::Tensor tokens = torch::randint(300, {4, 32}).to(torch::kCUDA);
+  torch::Tensor targets = torch::randint(300, {4, 32}).to(torch::kCUDA);
+  auto run = [&](const std::string& kernel, const std::string& checkpoint, double* loss_out) {
+    ModelSpec s;
+    s.name = "gpt";
+    s.num_classes = s.vocab = 300;
+    s.seq_len = 32;
+    s.hidden = 64;
+    s.heads = 4;
+    s.layers = 3;
+    s.dropout = 0;
+    s.norm_kernel = kernel;
+    s.checkpoint = checkpoint;
+    torch::manual_seed(3);
+    auto m = Make(s);
+    m->to(torch::kCUDA);
+    m->train();
+    torch::Tensor loss;
+    {
+      AutocastGuard bf16(torch::kCUDA, torch::kBFloat16);  // as the trainer's forward
+      loss = m->ForwardLoss(tokens, targets);
+    }
+    loss.backward();
+    *loss_out = loss.item<double>();
+    return m->named_parameters();
+  };
+  double aten_loss = 0, cuda_loss = 0, recomputed_loss = 0;
+  auto aten = run("aten", "none", &aten_loss);
+  auto cuda = run("cuda", "none", &cuda_loss);
+  auto recomputed = run("cuda", "blocks", &recomputed_loss);
+  EXPECT_NEAR(cuda_loss, aten_loss, 1e-3 * aten_loss);
+  EXPECT_NEAR(recomputed_loss, cuda_loss, 1e-6 * cuda_loss);
+  for (const auto& p : aten) {
+    torch::Tensor a = p.value().grad(), c = cuda[p.key()].grad(), rc = recomputed[p.key()].grad();
+    ASSERT_TRUE(a.defined() && c.defined() && rc.defined()) << p.key();
+    EXPECT_LT(((c - a).norm() / a.norm().clamp_min(1e-12)).item<double>(), 2e-2) << p.key();
+    EXPECT_LT(((rc - c).norm() / c.norm().clamp_min(1e-12)).item<double>(), 1e-3)
+        << p.key() << ": recomputed blocks differ";
+  }
+}
+
 TEST(Models, FusedAttentionEqualsTheReference) {
   torch::manual_seed(1);
   torch::Tensor q = torch::randn({2, 3, 7, 8}), k = torch::randn({2, 3, 7, 8}), v = torch::randn({2, 3, 7, 8});
@@ -252,6 +372,13 @@ TEST(Models, BadSpecsAreRefused) {
   EXPECT_NE(MakeModel(s).status().message().find(
                 "model.fused_loss = true fuses gpt's output layer with its loss; resnet18 has none"),
             std::string::npos)
+      << MakeModel(s).status().message();
+  s.fused_loss = false;
+  s.norm_kernel = "triton";
+  EXPECT_NE(MakeModel(s).status().message().find("model.norm_kernel = 'triton': use aten or cuda"),
+            std::string::npos);
+  s.norm_kernel = "cuda";
+  EXPECT_NE(MakeModel(s).status().message().find("set model.norm_kernel = aten"), std::string::npos)
       << MakeModel(s).status().message();
 }
 
