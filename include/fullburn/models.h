@@ -71,7 +71,9 @@ class Model : public torch::nn::Module {
   // such loss, or it is switched off).
   virtual int64_t LossChunkRows() const { return 0; }
   // Turns that chunked loss on or off (the memory probe asks what
-  // model.fused_loss would hold); false where the model has none.
+  // model.fused_loss would hold); false where the model has none. While it
+  // is on, GPT's loss runs chunk by chunk through ATen, not through
+  // model.loss_kernel = cuda's kernels.
   virtual bool SetFusedLoss(bool /*on*/) { return false; }
 };
 

@@ -1,4 +1,6 @@
 // SGD, AdamW and LARS over named parameter tensors, and the LR schedule.
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -131,6 +133,18 @@ void Optimizer::StepForeachGroup(double lr, const std::vector<torch::Tensor>& p,
                                  const std::vector<torch::Tensor>& m,
                                  const std::vector<torch::Tensor>& v) {
   const double wd = o_.weight_decay;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (o_.fused && o_.name == "adamw") {
+    // The kernel reads the step count from a device tensor per parameter
+    // (read only: torch's own AdamW increments its counters before the call).
+    torch::Tensor step =
+        torch::full({}, static_cast<double>(steps_), p.front().options().dtype(torch::kFloat));
+    std::vector<torch::Tensor> steps(p.size(), step);
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, o_.beta1, o_.beta2, wd, o_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+    return;
+  }
+#endif
   if (o_.name == "adamw") {
     if (wd != 0) at::_foreach_mul_(p, 1 - lr * wd);
     at::_foreach_mul_(m, o_.beta1);
@@ -164,6 +178,8 @@ int64_t Optimizer::UpdateTemporaryBytes(const OptimizerOptions& o,
   int k;
   if (gated)  // StepGated: lerp's g * g or the direction, then buf1 / denom * step_size
     k = adamw ? 3 : (wd || lars ? 1 : 0) + 1 + (nesterov ? 1 : 0);
+  else if (adamw && o.fused)  // one kernel, in place
+    k = 0;
   else if (adamw)  // the denominator
     k = 1;
   else
@@ -180,6 +196,18 @@ int64_t Optimizer::UpdateTemporaryBytes(const OptimizerOptions& o,
     return k * largest_group;
   }
   return k * *std::max_element(param_bytes.begin(), param_bytes.end());
+}
+
+const char* FusedAdamWUnused(const OptimizerOptions& o, const torch::Device& device) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (o.name != "adamw") return "the fused update is AdamW's (optim.name = adamw)";
+  if (!device.is_cuda()) return "it runs on CUDA devices only";
+  return nullptr;
+#else
+  (void)o;
+  (void)device;
+  return "this libtorch (" TORCH_VERSION ") has no _fused_adamw_ (2.1 or later has)";
+#endif
 }
 
 bool ForeachFor(const std::string& setting, bool cuda) {
@@ -297,7 +325,7 @@ int64_t Optimizer::OffloadBytes() const {
 }
 
 void Optimizer::Update(double lr) {
-  if (o_.foreach && StepForeach(lr)) return;
+  if ((o_.foreach || o_.fused) && StepForeach(lr)) return;
   for (Param& s : params_)
     if (s.p.grad().defined() && s.owned) UpdateOne(s, s.p, s.p.grad(), lr);
 }

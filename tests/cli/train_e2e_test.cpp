@@ -1830,10 +1830,11 @@ TEST_F(TrainE2E, NoUsableCheckpointIsAClearError) {
   EXPECT_EQ(std::count(named.err.begin(), named.err.end(), '\n'), 1) << named.err;
 }
 
-// model.loss_kernel = cuda and model.norm_kernel = cuda where they cannot
-// run (a CPU run; here also a build without the kernels): one line at start
-// each says why and what runs instead, and the run trains as with aten. A
-// model they do not apply to is refused with the setting to change.
+// model.loss_kernel = cuda, model.norm_kernel = cuda and optim.fused = true
+// where they cannot run (a CPU run; here also a build without the kernels
+// and a libtorch without the fused AdamW): one line at start each says why
+// and what runs instead, and the run trains as without them. A model the
+// kernels do not apply to is refused with the setting to change.
 TEST_F(TrainE2E, TheCudaKernelsSayWhatRunsInsteadWhereTheyCannotRun) {
   std::vector<std::string> gpt = {"model.name=gpt",   "data.source=tokens", "model.hidden=32",
                                   "model.heads=4",    "data.seq_len=16",    "train.batch_size=4",
@@ -1869,6 +1870,16 @@ TEST_F(TrainE2E, TheCudaKernelsSayWhatRunsInsteadWhereTheyCannotRun) {
   EXPECT_EQ(lines(both.err), lines(aten.err) + 2) << "two lines more than aten's run:\n"
                                                   << both.err;
   EXPECT_EQ(losses(both_run), losses(aten_run));
+
+  // optim.fused = true: the same one line, and the update it names runs.
+  auto [fused, fused_run] = with({"optim.name=adamw", "optim.fused=true"});
+  EXPECT_NE(fused.err.find("fullburn: optim.fused = true: "), std::string::npos) << fused.err;
+  EXPECT_NE(fused.err.find(": the per-parameter update runs instead\n"), std::string::npos)
+      << fused.err;
+  auto [adamw, adamw_run] = with({"optim.name=adamw"});
+  EXPECT_EQ(lines(fused.err), lines(adamw.err) + 1) << fused.err;
+  EXPECT_EQ(losses(fused_run), losses(adamw_run));
+  EXPECT_EQ(losses(fused_run).size(), 3u);
 
   for (const char* kernel : {"loss_kernel", "norm_kernel"}) {
     auto refused = Train({std::string("model.") + kernel + "=cuda", "train.steps=1"});

@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -260,6 +261,63 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
   }
 }
 
+// optim.fused = true (torch's _fused_adamw_, CUDA, libtorch 2.1 or later):
+// the same AdamW as the multi-tensor path within rounding, over groups and
+// a parameter without a gradient at one step, with weight decay. Elsewhere
+// FusedAdamWUnused says why.
+TEST(Optimizer, FusedAdamWEqualsTheMultiTensorUpdate) {
+  OptimizerOptions o;
+  o.name = "adamw";
+  o.weight_decay = 0.05;
+  o.foreach = true;
+  o.foreach_group_bytes = 40;
+  const torch::Device cuda(torch::kCUDA);
+  if (const char* why = FusedAdamWUnused(o, torch::cuda::is_available() ? cuda : torch::kCPU))
+    GTEST_SKIP() << why;
+  torch::manual_seed(2);
+  std::vector<torch::Tensor> start = {torch::randn({5, 3}, cuda), torch::randn({7}, cuda),
+                                      torch::randn({300}, cuda)};
+  auto run = [&](bool fused) {
+    o.fused = fused;
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (size_t i = 0; i < start.size(); ++i)
+      named.emplace_back("p" + std::to_string(i), start[i].clone().requires_grad_());
+    Optimizer opt(named, o);
+    torch::manual_seed(3);
+    for (int step = 0; step < 5; ++step) {
+      for (size_t i = 0; i < named.size(); ++i)
+        named[i].second.mutable_grad() =
+            i == 1 && step == 2 ? torch::Tensor() : torch::randn(start[i].sizes(), cuda);
+      opt.Step(0.05);
+    }
+    return named;
+  };
+  auto multi = run(false), fused = run(true);
+  for (size_t i = 0; i < multi.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(fused[i].second, multi[i].second, 1e-5, 1e-6))
+        << multi[i].first << "\n"
+        << (fused[i].second - multi[i].second).abs().max();
+    EXPECT_FALSE(torch::equal(fused[i].second, start[i])) << multi[i].first << " did not move";
+  }
+}
+
+TEST(Optimizer, FusedAdamWSaysWhyItCannotRun) {
+  OptimizerOptions o;
+  o.name = "sgd";
+  const char* sgd = FusedAdamWUnused(o, torch::kCPU);
+  ASSERT_NE(sgd, nullptr);
+  o.name = "adamw";
+  const char* cpu = FusedAdamWUnused(o, torch::kCPU);
+  ASSERT_NE(cpu, nullptr);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  EXPECT_STREQ(sgd, "the fused update is AdamW's (optim.name = adamw)");
+  EXPECT_STREQ(cpu, "it runs on CUDA devices only");
+  EXPECT_EQ(FusedAdamWUnused(o, torch::Device(torch::kCUDA)), nullptr);
+#else
+  EXPECT_NE(std::string(cpu).find("has no _fused_adamw_ (2.1 or later has)"), std::string::npos);
+#endif
+}
+
 // The memory model's update term: what each update path holds at once
 // besides parameters, gradients and state.
 TEST(Optimizer, UpdateTemporariesByPath) {
@@ -275,6 +333,9 @@ TEST(Optimizer, UpdateTemporariesByPath) {
   adamw.foreach_group_bytes = 350;
   bytes[0] = 10;  // {10, 100, 300} closes at 410 bytes, then {50}
   EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, false), 410);
+  adamw.fused = true;  // one kernel, in place
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, false), 0);
+  EXPECT_EQ(Optimizer::UpdateTemporaryBytes(adamw, bytes, true), 3 * 300);  // the graph's own
   OptimizerOptions sgd;  // momentum 0.9, no decay, not Nesterov: no temporary
   EXPECT_EQ(Optimizer::UpdateTemporaryBytes(sgd, bytes, false), 0);
   sgd.weight_decay = 0.1;
