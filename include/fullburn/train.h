@@ -121,17 +121,18 @@ struct OptimizerOptions {
   // measured, 24.6 predicted without it). GPT-2 124M (0.5 GB of fp32
   // parameters) takes two groups: a few more launches per step.
   int64_t foreach_group_bytes = int64_t{256} << 20;
-  // AdamW on a CUDA device: each group's update in one kernel (torch's
-  // _fused_adamw_, libtorch 2.1 or later), reading each parameter, gradient
-  // and both moments once and writing three, with no temporaries, where the
-  // multi-tensor path makes about nine passes. The same formula up to
-  // rounding. Set only where it runs (FusedAdamWUnused); the groups are the
-  // multi-tensor path's.
+  // AdamW and SGD on a CUDA device: each group's update in one kernel
+  // (torch's _fused_adamw_, libtorch 2.1 or later; _fused_sgd_, 2.3), reading
+  // each parameter, gradient and state once and writing them once, with no
+  // temporaries, where the multi-tensor path makes about nine passes
+  // (AdamW) or three (SGD). The same formulas up to rounding. Set only
+  // where it runs (FusedUpdateUnused); the groups are the multi-tensor
+  // path's, and SGD's first step, which makes the momentum, loops.
   bool fused = false;
 };
 // Why optim.fused = true cannot run for these options on `device`: nullptr
 // when it can.
-const char* FusedAdamWUnused(const OptimizerOptions& o, const torch::Device& device);
+const char* FusedUpdateUnused(const OptimizerOptions& o, const torch::Device& device);
 // optim.foreach's setting ("true", "false" or "auto") for a run on a CUDA
 // device or not: auto is the multi-tensor update on CUDA, where it measured
 // +9.4% tokens/s on GPT-2 124M (H200, docs/benchmarks.md), and the loop on

@@ -6,6 +6,12 @@
 
 #include "fullburn/train.h"
 
+// Where this libtorch has torch's fused optimizer kernels (optim.fused).
+#define FULLBURN_FUSED_ADAMW \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
+#define FULLBURN_FUSED_SGD \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+
 namespace fullburn {
 namespace {
 
@@ -133,7 +139,7 @@ void Optimizer::StepForeachGroup(double lr, const std::vector<torch::Tensor>& p,
                                  const std::vector<torch::Tensor>& m,
                                  const std::vector<torch::Tensor>& v) {
   const double wd = o_.weight_decay;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if FULLBURN_FUSED_ADAMW
   if (o_.fused && o_.name == "adamw") {
     // The kernel reads the step count from a device tensor per parameter
     // (read only: torch's own AdamW increments its counters before the call).
@@ -142,6 +148,13 @@ void Optimizer::StepForeachGroup(double lr, const std::vector<torch::Tensor>& p,
     std::vector<torch::Tensor> steps(p.size(), step);
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, o_.beta1, o_.beta2, wd, o_.eps,
                       /*amsgrad=*/false, /*maximize=*/false);
+    return;
+  }
+#endif
+#if FULLBURN_FUSED_SGD
+  if (o_.fused && o_.name == "sgd") {  // momentum buffers exist: not the first step
+    at::_fused_sgd_(p, g, m, wd, o_.momentum, lr, /*dampening=*/0, o_.nesterov,
+                    /*maximize=*/false, /*is_first_step=*/false);
     return;
   }
 #endif
@@ -178,7 +191,7 @@ int64_t Optimizer::UpdateTemporaryBytes(const OptimizerOptions& o,
   int k;
   if (gated)  // StepGated: lerp's g * g or the direction, then buf1 / denom * step_size
     k = adamw ? 3 : (wd || lars ? 1 : 0) + 1 + (nesterov ? 1 : 0);
-  else if (adamw && o.fused)  // one kernel, in place
+  else if (o.fused && !lars)  // one kernel, in place
     k = 0;
   else if (adamw)  // the denominator
     k = 1;
@@ -198,16 +211,14 @@ int64_t Optimizer::UpdateTemporaryBytes(const OptimizerOptions& o,
   return k * *std::max_element(param_bytes.begin(), param_bytes.end());
 }
 
-const char* FusedAdamWUnused(const OptimizerOptions& o, const torch::Device& device) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  if (o.name != "adamw") return "the fused update is AdamW's (optim.name = adamw)";
+const char* FusedUpdateUnused(const OptimizerOptions& o, const torch::Device& device) {
+  if (o.name == "lars") return "LARS has no fused update (AdamW and SGD have)";
+  if (o.name == "adamw" && !FULLBURN_FUSED_ADAMW)
+    return "this libtorch (" TORCH_VERSION ") has no _fused_adamw_ (2.1 or later has)";
+  if (o.name == "sgd" && !FULLBURN_FUSED_SGD)
+    return "this libtorch (" TORCH_VERSION ") has no _fused_sgd_ (2.3 or later has)";
   if (!device.is_cuda()) return "it runs on CUDA devices only";
   return nullptr;
-#else
-  (void)o;
-  (void)device;
-  return "this libtorch (" TORCH_VERSION ") has no _fused_adamw_ (2.1 or later has)";
-#endif
 }
 
 bool ForeachFor(const std::string& setting, bool cuda) {

@@ -169,11 +169,12 @@ const std::vector<OptionDef>& TrainOptions() {
        "on the CPU",
        "", "auto|true|false"},
       {"optim.fused", T::kBool, "false",
-       "AdamW on CUDA: each group's update in one kernel (torch's _fused_adamw_, libtorch 2.1 or "
-       "later) that reads each parameter, gradient and both moments once, in place of optim."
-       "foreach's nine passes; the same formula up to rounding. Where it cannot run (libtorch "
-       "1.13, the CPU, SGD or LARS, dist.offload, train.cuda_graphs) the run says so on one line "
-       "and the update above runs. Not yet measured on a GPU: off until it is"},
+       "AdamW and SGD on CUDA: each group's update in one kernel (torch's _fused_adamw_, libtorch "
+       "2.1 or later; _fused_sgd_, 2.3) that reads each parameter, gradient and state once, in "
+       "place of optim.foreach's nine passes (AdamW) or three (SGD); the same formulas up to "
+       "rounding. Where it cannot run (an older libtorch, the CPU, LARS, dist.offload, "
+       "train.cuda_graphs) the run says so on one line and the update above runs. Not yet "
+       "measured on a GPU: off until it is"},
       {"optim.warmup_steps", T::kInt, "20", "Linear warm-up from 0 to the peak LR (steps)", "",
        ">=0"},
       {"optim.schedule", T::kString, "cosine",

@@ -141,7 +141,7 @@ class Trainer {
   Status SetupDevice();
   Status SetupData();
   OptimizerOptions OptimizerFromConfig() const;
-  const char* FusedAdamWUnusedHere(const OptimizerOptions& oo) const;
+  const char* FusedUpdateUnusedHere(const OptimizerOptions& oo) const;
   Status ChooseBatch(const OptimizerOptions& oo);
   void SetupOptimization(const OptimizerOptions& oo);
   Status BuildModel(const BatchSource& source);

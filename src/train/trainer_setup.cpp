@@ -324,15 +324,15 @@ OptimizerOptions Trainer::OptimizerFromConfig() const {
   oo.eps = cfg_.Float("optim.eps");
   oo.trust = cfg_.Float("optim.trust");
   oo.foreach = ForeachFor(cfg_.Str("optim.foreach"), ctx_.device.is_cuda());
-  oo.fused = cfg_.Bool("optim.fused") && !FusedAdamWUnusedHere(oo);
+  oo.fused = cfg_.Bool("optim.fused") && !FusedUpdateUnusedHere(oo);
   return oo;
 }
 
 // Why optim.fused = true does not run in this run; nullptr when it does (or
 // was not asked for).
-const char* Trainer::FusedAdamWUnusedHere(const OptimizerOptions& oo) const {
+const char* Trainer::FusedUpdateUnusedHere(const OptimizerOptions& oo) const {
   if (!cfg_.Bool("optim.fused")) return nullptr;
-  if (const char* why = FusedAdamWUnused(oo, ctx_.device)) return why;
+  if (const char* why = FusedUpdateUnused(oo, ctx_.device)) return why;
   if (cfg_.Str("dist.offload") == "optimizer")
     return "dist.offload = optimizer updates on the host";
   if (cfg_.Bool("train.cuda_graphs"))
@@ -398,7 +398,7 @@ Status Trainer::Setup() {
   if (Status s = RefusedMemorySettings(); !s.ok()) return s;
   accumulate_ = cfg_.Int("train.accumulate");
   OptimizerOptions oo = OptimizerFromConfig();
-  if (const char* why = FusedAdamWUnusedHere(oo); why && rank_.rank == 0)
+  if (const char* why = FusedUpdateUnusedHere(oo); why && rank_.rank == 0)
     std::fprintf(stderr, "fullburn: optim.fused = true: %s: the %s update runs instead\n", why,
                  oo.foreach ? "multi-tensor (optim.foreach)" : "per-parameter");
   if (Status s = ChooseBatch(oo); !s.ok()) return s;

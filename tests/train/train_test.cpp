@@ -261,61 +261,86 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
   }
 }
 
-// optim.fused = true (torch's _fused_adamw_, CUDA, libtorch 2.1 or later):
-// the same AdamW as the multi-tensor path within rounding, over groups and
-// a parameter without a gradient at one step, with weight decay. Elsewhere
-// FusedAdamWUnused says why.
-TEST(Optimizer, FusedAdamWEqualsTheMultiTensorUpdate) {
-  OptimizerOptions o;
-  o.name = "adamw";
-  o.weight_decay = 0.05;
-  o.foreach = true;
-  o.foreach_group_bytes = 40;
+// optim.fused = true (torch's _fused_adamw_ and _fused_sgd_ on CUDA): the
+// same AdamW and SGD as the multi-tensor path within rounding, over groups,
+// a parameter without a gradient at one step, and weight decay. Where they
+// cannot run FusedUpdateUnused says why.
+TEST(Optimizer, FusedUpdateEqualsTheMultiTensorUpdate) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA);
-  if (const char* why = FusedAdamWUnused(o, torch::cuda::is_available() ? cuda : torch::kCPU))
-    GTEST_SKIP() << why;
-  torch::manual_seed(2);
-  std::vector<torch::Tensor> start = {torch::randn({5, 3}, cuda), torch::randn({7}, cuda),
-                                      torch::randn({300}, cuda)};
-  auto run = [&](bool fused) {
-    o.fused = fused;
-    std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (size_t i = 0; i < start.size(); ++i)
-      named.emplace_back("p" + std::to_string(i), start[i].clone().requires_grad_());
-    Optimizer opt(named, o);
-    torch::manual_seed(3);
-    for (int step = 0; step < 5; ++step) {
-      for (size_t i = 0; i < named.size(); ++i)
-        named[i].second.mutable_grad() =
-            i == 1 && step == 2 ? torch::Tensor() : torch::randn(start[i].sizes(), cuda);
-      opt.Step(0.05);
-    }
-    return named;
+  struct Case {
+    std::string name;
+    double momentum;
+    bool nesterov;
   };
-  auto multi = run(false), fused = run(true);
-  for (size_t i = 0; i < multi.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(fused[i].second, multi[i].second, 1e-5, 1e-6))
-        << multi[i].first << "\n"
-        << (fused[i].second - multi[i].second).abs().max();
-    EXPECT_FALSE(torch::equal(fused[i].second, start[i])) << multi[i].first << " did not move";
+  int ran = 0;
+  for (const Case& c : {Case{"adamw", 0, false}, Case{"sgd", 0.9, true}, Case{"sgd", 0.9, false},
+                        Case{"sgd", 0, false}}) {
+    SCOPED_TRACE(c.name + " momentum " + std::to_string(c.momentum) +
+                 (c.nesterov ? " nesterov" : ""));
+    OptimizerOptions o;
+    o.name = c.name;
+    o.momentum = c.momentum;
+    o.nesterov = c.nesterov;
+    o.weight_decay = 0.05;
+    o.foreach = true;
+    o.foreach_group_bytes = 40;
+    if (const char* why = FusedUpdateUnused(o, cuda)) {
+      std::printf("not run: %s\n", why);
+      continue;
+    }
+    ++ran;
+    torch::manual_seed(2);
+    std::vector<torch::Tensor> start = {torch::randn({5, 3}, cuda), torch::randn({7}, cuda),
+                                        torch::randn({300}, cuda)};
+    auto run = [&](bool fused) {
+      o.fused = fused;
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      for (size_t i = 0; i < start.size(); ++i)
+        named.emplace_back("p" + std::to_string(i), start[i].clone().requires_grad_());
+      Optimizer opt(named, o);
+      torch::manual_seed(3);
+      for (int step = 0; step < 5; ++step) {
+        for (size_t i = 0; i < named.size(); ++i)
+          named[i].second.mutable_grad() =
+              i == 1 && step == 2 ? torch::Tensor() : torch::randn(start[i].sizes(), cuda);
+        opt.Step(0.05);
+      }
+      return named;
+    };
+    auto multi = run(false), fused = run(true);
+    for (size_t i = 0; i < multi.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(fused[i].second, multi[i].second, 1e-5, 1e-6))
+          << multi[i].first << "\n"
+          << (fused[i].second - multi[i].second).abs().max();
+      EXPECT_FALSE(torch::equal(fused[i].second, start[i])) << multi[i].first << " did not move";
+    }
   }
+  if (ran == 0) GTEST_SKIP() << "this libtorch has neither fused update";
 }
 
-TEST(Optimizer, FusedAdamWSaysWhyItCannotRun) {
+TEST(Optimizer, FusedUpdateSaysWhyItCannotRun) {
   OptimizerOptions o;
-  o.name = "sgd";
-  const char* sgd = FusedAdamWUnused(o, torch::kCPU);
-  ASSERT_NE(sgd, nullptr);
-  o.name = "adamw";
-  const char* cpu = FusedAdamWUnused(o, torch::kCPU);
-  ASSERT_NE(cpu, nullptr);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  EXPECT_STREQ(sgd, "the fused update is AdamW's (optim.name = adamw)");
-  EXPECT_STREQ(cpu, "it runs on CUDA devices only");
-  EXPECT_EQ(FusedAdamWUnused(o, torch::Device(torch::kCUDA)), nullptr);
-#else
-  EXPECT_NE(std::string(cpu).find("has no _fused_adamw_ (2.1 or later has)"), std::string::npos);
-#endif
+  o.name = "lars";
+  EXPECT_STREQ(FusedUpdateUnused(o, torch::Device(torch::kCUDA)),
+               "LARS has no fused update (AdamW and SGD have)");
+  for (const char* name : {"adamw", "sgd"}) {
+    o.name = name;
+    const bool built =
+        o.name == "adamw"
+            ? TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+            : TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3);
+    const char* cpu = FusedUpdateUnused(o, torch::kCPU);
+    ASSERT_NE(cpu, nullptr) << name;
+    if (built) {
+      EXPECT_STREQ(cpu, "it runs on CUDA devices only");
+      EXPECT_EQ(FusedUpdateUnused(o, torch::Device(torch::kCUDA)), nullptr) << name;
+    } else {
+      EXPECT_NE(std::string(cpu).find(std::string("has no _fused_") + name + "_ ("),
+                std::string::npos)
+          << cpu;
+    }
+  }
 }
 
 // The memory model's update term: what each update path holds at once
