@@ -102,7 +102,9 @@ nlohmann::json SamplesJson(const RunInfo& run, const std::map<std::string, Serie
 struct StepsSummary {
   int64_t steps = 0, skipped = 0, samples = 0;
   int ranks = 0;
-  double first_loss = NAN, final_loss = NAN;  // means of the first/last 10 finite losses
+  // Means of the first and last 10 finite losses (of half of them, at least
+  // one, in a run of fewer than 20: the two windows never overlap).
+  double first_loss = NAN, final_loss = NAN;
   double median_samples_per_s = 0;            // the job's, first tenth of the steps left out
   // Every sample over the wall time from the first step's start to the last
   // one's end: what happened between steps (evaluations, saves) included.

@@ -295,6 +295,14 @@ TEST(StepsReport, SummaryAddsUpPhasesAndRate) {
   EXPECT_EQ(s.phase_share[0].first, "data_wait");
   EXPECT_NEAR(s.phase_share[0].second, 0.4, 1e-9);
   EXPECT_NE(RenderStepsSummary(MakeSteps(3)).find("data_wait 40.0%"), std::string::npos);
+  // A short run: windows of half the losses, never overlapping.
+  StepsSummary three = SummarizeSteps(MakeSteps(3));
+  EXPECT_NEAR(three.first_loss, 2.99, 1e-9);
+  EXPECT_NEAR(three.final_loss, 2.97, 1e-9);
+  StepsSummary six = SummarizeSteps(MakeSteps(6));
+  EXPECT_NEAR(six.first_loss, 2.98, 1e-9);  // steps 1-3
+  EXPECT_NEAR(six.final_loss, 2.95, 1e-9);  // steps 4-6
+  EXPECT_NEAR(SummarizeSteps(MakeSteps(1)).first_loss, 2.99, 1e-9);
 }
 
 // 100 steps of 0.1 s with a 5 s evaluation after step 50: the median step
