@@ -26,13 +26,8 @@ bool CudaLossKernelBuilt() {
 }
 
 #ifdef FULLBURN_CUDA_KERNELS
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-LossDtype KernelDtype(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
+LossDtype CudaKernelDtype(torch::ScalarType t, const char* setting, const char* what) {
+  switch (t) {
     case torch::kFloat:
       return LossDtype::kFloat;
     case torch::kBFloat16:
@@ -41,10 +36,18 @@ LossDtype KernelDtype(const torch::Tensor& t) {
       return LossDtype::kHalf;
     default:
       throw std::invalid_argument(
-          std::string("model.loss_kernel = cuda: logits of dtype ") +
-          c10::toString(t.scalar_type()) +
-          " (float32, bfloat16 or float16 only): set model.loss_kernel = aten");
+          std::string("model.") + setting + " = cuda: " + what + " of dtype " + c10::toString(t) +
+          " (float32, bfloat16 or float16 only): set model." + setting + " = aten");
   }
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+LossDtype KernelDtype(const torch::Tensor& t) {
+  return CudaKernelDtype(t.scalar_type(), "loss_kernel", "logits");
 }
 
 void Check(const char* error) {

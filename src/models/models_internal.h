@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fullburn/models.h"
+#include "loss_kernel.h"  // LossDtype: plain C++, shared with the .cu files
 
 namespace fullburn {
 
@@ -45,6 +46,12 @@ int64_t HeadLossRows(int64_t vocab, const torch::Device& device);
 // back in their dtype. Throws where it cannot run.
 torch::Tensor CudaCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                int64_t vocab);
+
+#ifdef FULLBURN_CUDA_KERNELS
+// The kernels' element type for `t` (float32, bfloat16, float16), or an
+// invalid_argument naming model.`setting` and `what` had the dtype.
+LossDtype CudaKernelDtype(torch::ScalarType t, const char* setting, const char* what);
+#endif
 
 // model.norm_kernel = cuda (norm_kernel.cpp): `ln`'s layer norm of x, and
 // of x + residual (returned first, as the residual stream goes on), each in

@@ -31,17 +31,7 @@ using torch::autograd::variable_list;
 }
 
 LossDtype KernelDtype(torch::ScalarType t, const char* what) {
-  switch (t) {
-    case torch::kFloat:
-      return LossDtype::kFloat;
-    case torch::kBFloat16:
-      return LossDtype::kBFloat16;
-    case torch::kHalf:
-      return LossDtype::kHalf;
-    default:
-      Refuse(std::string(what) + " of dtype " + c10::toString(t) +
-             " (float32, bfloat16 or float16 only)");
-  }
+  return CudaKernelDtype(t, "norm_kernel", what);
 }
 
 void Check(const char* error) {

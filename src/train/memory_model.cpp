@@ -168,26 +168,35 @@ int64_t DeviceAllocated(const torch::Device& device, bool peak) {
 int64_t DevicePeakBytes(const torch::Device& device) { return DeviceAllocated(device, true); }
 int64_t DeviceBytesInUse(const torch::Device& device) { return DeviceAllocated(device, false); }
 
-int64_t DeviceMemoryLimit(const torch::Device& device) {
-  if (device.is_cuda()) {
+namespace {
+// The driver's free and total bytes of a CUDA device; false where unknown.
+bool CudaMemInfo(const torch::Device& device, int64_t* free_bytes, int64_t* total_bytes) {
 #ifdef FULLBURN_TORCH_CUDA
-    size_t free = 0, total = 0;
-    c10::cuda::CUDAGuard guard(CudaIndex(device));
-    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return static_cast<int64_t>(total);
+  size_t free = 0, total = 0;
+  c10::cuda::CUDAGuard guard(CudaIndex(device));
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return false;
+  *free_bytes = static_cast<int64_t>(free);
+  *total_bytes = static_cast<int64_t>(total);
+  return true;
+#else
+  (void)device;
+  (void)free_bytes;
+  (void)total_bytes;
+  return false;
 #endif
-    return 0;
-  }
-  return CpuMemoryBudget();
+}
+}  // namespace
+
+int64_t DeviceMemoryLimit(const torch::Device& device) {
+  if (!device.is_cuda()) return CpuMemoryBudget();
+  int64_t free = 0, total = 0;
+  return CudaMemInfo(device, &free, &total) ? total : 0;
 }
 
 int64_t DeviceBytesFree(const torch::Device& device) {
   if (device.is_cuda()) {
-#ifdef FULLBURN_TORCH_CUDA
-    size_t free = 0, total = 0;
-    c10::cuda::CUDAGuard guard(CudaIndex(device));
-    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return static_cast<int64_t>(free);
-#endif
-    return -1;
+    int64_t free = 0, total = 0;
+    return CudaMemInfo(device, &free, &total) ? free : -1;
   }
   if (CpuMemoryBudget() <= 0) return -1;
   return std::max<int64_t>(0, CpuMemoryBudget() - DeviceBytesInUse(device));

@@ -97,14 +97,20 @@ class RankTrialShape : public TrialShape {
   std::shared_ptr<ShardedParameters> gather_;
 };
 
-// Why a gpt asked for model.loss_kernel = cuda computes its loss with ATen
-// instead; nullptr when the kernels run (or were not asked for).
-const char* CudaLossKernelUnused(const ModelSpec& ms, const torch::Device& device) {
-  if (ms.loss_kernel != "cuda" || ms.name != "gpt") return nullptr;
+// Why fullburn's own CUDA kernels cannot run on `device`; nullptr when they can.
+const char* CudaKernelsUnavailable(const torch::Device& device) {
   if (!CudaLossKernelBuilt())
     return "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON where nvcc "
            "and a CUDA libtorch are)";
   if (!device.is_cuda()) return "the kernels run on CUDA devices only";
+  return nullptr;
+}
+
+// Why a gpt asked for model.loss_kernel = cuda computes its loss with ATen
+// instead; nullptr when the kernels run (or were not asked for).
+const char* CudaLossKernelUnused(const ModelSpec& ms, const torch::Device& device) {
+  if (ms.loss_kernel != "cuda" || ms.name != "gpt") return nullptr;
+  if (const char* why = CudaKernelsUnavailable(device)) return why;
   if (ms.fused_loss) return "model.fused_loss = true computes the loss chunk by chunk";
   return nullptr;
 }
@@ -113,11 +119,7 @@ const char* CudaLossKernelUnused(const ModelSpec& ms, const torch::Device& devic
 // instead; nullptr when the kernels run (or were not asked for).
 const char* CudaNormKernelUnused(const ModelSpec& ms, const torch::Device& device) {
   if (ms.norm_kernel != "cuda" || ms.name != "gpt") return nullptr;
-  if (!CudaLossKernelBuilt())
-    return "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON where nvcc "
-           "and a CUDA libtorch are)";
-  if (!device.is_cuda()) return "the kernels run on CUDA devices only";
-  return nullptr;
+  return CudaKernelsUnavailable(device);
 }
 
 }  // namespace
