@@ -4,6 +4,7 @@
 // here.
 #include <torch/torch.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -71,7 +72,7 @@ struct Grads {
 
 Grads Backward(const torch::Tensor& s, const torch::Tensor& gamma, const torch::Tensor& mean,
                const torch::Tensor& rstd, torch::Tensor grad_out, torch::ScalarType out_dtype,
-               const torch::Tensor& grad_sum, c10::optional<torch::ScalarType> residual_dtype) {
+               const torch::Tensor& grad_sum, std::optional<torch::ScalarType> residual_dtype) {
   c10::cuda::CUDAGuard guard(s.device());
   const int64_t width = s.size(-1), rows = s.numel() / width;
   grad_out = grad_out.defined() ? grad_out.to(out_dtype).contiguous()
@@ -113,7 +114,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     variable_list v = ctx->get_saved_variables();
     Grads g = Backward(v[0], v[1], v[2], v[3], grad_output[0],
                        static_cast<torch::ScalarType>(ctx->saved_data["out_dtype"].toInt()),
-                       torch::Tensor(), c10::nullopt);
+                       torch::Tensor(), std::nullopt);
     return {g.x, g.gamma, g.beta, torch::Tensor(), torch::Tensor()};
   }
 };
