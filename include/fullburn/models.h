@@ -105,6 +105,14 @@ torch::Tensor Checkpointed(Holder module, const torch::Tensor& x) {
 // libtorch are.
 bool CudaLossKernelBuilt();
 
+// Which of scaled_dot_product_attention's kernels gpt's causal attention
+// takes for these shapes on `device` in `dtype` when training (the backward
+// needed): "flash", "efficient" (memory-efficient), "cudnn", "math" (the
+// unfused fallback, which holds the positions x positions scores) or
+// another backend's number; "" where this libtorch cannot say (before 2.0).
+std::string AttentionKernel(int64_t heads, int64_t head_dim, int64_t positions,
+                            torch::ScalarType dtype, const torch::Device& device, double dropout);
+
 // model.checkpoint: blocks per recomputed segment (blocks: 1, every_K: K), 0
 // for none, -1 when the value is not one of them. dist.shard = full gathers
 // a segment's blocks together (at least one).

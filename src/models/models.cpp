@@ -281,6 +281,32 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
 #endif
 }
 
+std::string AttentionKernel(int64_t heads, int64_t head_dim, int64_t positions,
+                            torch::ScalarType dtype, const torch::Device& device, double dropout) {
+#if TORCH_VERSION_MAJOR >= 2
+  torch::Tensor q = torch::empty({1, heads, positions, head_dim},
+                                 torch::TensorOptions().device(device).dtype(dtype))
+                        .requires_grad_(true);
+  // ATen's sdp::SDPBackend: the first four numbers are the same in every 2.x.
+  const int64_t backend = at::_fused_sdp_choice(q, q, q, {}, dropout, /*is_causal=*/true);
+  switch (backend) {
+    case 0:
+      return "math";
+    case 1:
+      return "flash";
+    case 2:
+      return "efficient";
+    case 3:
+      return "cudnn";
+    default:
+      return "backend " + std::to_string(backend);
+  }
+#else
+  (void)heads, (void)head_dim, (void)positions, (void)dtype, (void)device, (void)dropout;
+  return "";
+#endif
+}
+
 torch::Tensor Model::ForwardLoss(torch::Tensor input, const torch::Tensor& targets) {
   torch::Tensor logits = forward(std::move(input));
   return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),

@@ -142,6 +142,7 @@ class Trainer {
   Status SetupData();
   OptimizerOptions OptimizerFromConfig() const;
   const char* FusedUpdateUnusedHere(const OptimizerOptions& oo) const;
+  void ReportAttentionKernel(const ModelSpec& ms) const;
   Status ChooseBatch(const OptimizerOptions& oo);
   void SetupOptimization(const OptimizerOptions& oo);
   Status BuildModel(const BatchSource& source);

@@ -342,6 +342,28 @@ const char* Trainer::FusedUpdateUnusedHere(const OptimizerOptions& oo) const {
   return nullptr;
 }
 
+// Which SDPA kernel gpt's attention runs on this GPU, on one line; the math
+// fallback (fp32 on a GPU without a fused fp32 kernel, an unusual head
+// size) with what would take a fused one.
+void Trainer::ReportAttentionKernel(const ModelSpec& ms) const {
+  if (ms.heads < 1 || ms.hidden % ms.heads != 0) return;  // MakeModel refuses it
+  const torch::ScalarType dtype = ctx_.autocast.value_or(torch::kFloat);
+  std::string kernel;
+  try {
+    kernel =
+        AttentionKernel(ms.heads, ms.hidden / ms.heads, ms.seq_len, dtype, ctx_.device, ms.dropout);
+  } catch (const std::exception& e) {  // advice only
+    std::string what = e.what();
+    kernel = "unknown (" + what.substr(0, what.find('\n')) + ")";
+  }
+  if (kernel.empty()) return;
+  std::fprintf(stderr, "fullburn: gpt attention: SDPA's %s kernel (%s, head size %lld)%s\n",
+               kernel.c_str(), c10::toString(dtype), static_cast<long long>(ms.hidden / ms.heads),
+               kernel == "math" ? ": the unfused fallback, which holds every head's positions x "
+                                  "positions scores; train.precision = bf16 takes a fused one"
+                                : "");
+}
+
 // The micro-batch: as configured, or searched (and agreed over the ranks).
 Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
   if (!cfg_.IsAuto("train.batch_size")) {
@@ -449,6 +471,7 @@ Status Trainer::BuildModel(const BatchSource& source) {
       std::fprintf(stderr,
                    "fullburn: model.norm_kernel = cuda: %s: ATen's layer norms run instead\n", why);
     ms.checkpoint = cfg_.Str("model.checkpoint");
+    if (ms.name == "gpt" && ctx_.device.is_cuda() && rank_.rank == 0) ReportAttentionKernel(ms);
     auto m = MakeModel(ms);
     if (!m.ok()) {
       exit_code = kExitUsage;

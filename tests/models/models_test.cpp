@@ -1,10 +1,11 @@
-#include <gtest/gtest.h>
+#include "fullburn/models.h"
 
 #include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/version.h>
 
-#include "fullburn/models.h"
-#include "fullburn/train.h"
 #include "../../src/models/models_internal.h"
+#include "fullburn/train.h"
 
 namespace fullburn {
 namespace {
@@ -618,6 +619,26 @@ TEST(FusedLoss, HoldsFarLessAtALargeVocabulary) {
   EXPECT_LE(fused, 0.6 * plain) << "fused " << fused / 1048576 << " MiB, plain " << plain / 1048576
                                 << " MiB";
   std::printf("loss peak: %.1f MiB plain, %.1f MiB fused\n", plain / 1048576.0, fused / 1048576.0);
+}
+
+}  // namespace
+}  // namespace fullburn
+
+namespace fullburn {
+namespace {
+
+// Which SDPA kernel gpt's attention takes: a fused one for GPT-2's heads in
+// bf16 on a GPU (the check issue 33 names); nothing to say before libtorch 2.
+TEST(Models, AttentionKernelNamesTheSdpaBackend) {
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  std::string kernel = AttentionKernel(12, 64, 1024, torch::kBFloat16, device, 0.0);
+#if TORCH_VERSION_MAJOR >= 2
+  ASSERT_FALSE(kernel.empty());
+  if (device.is_cuda())
+    EXPECT_TRUE(kernel == "flash" || kernel == "efficient" || kernel == "cudnn") << kernel;
+#else
+  EXPECT_EQ(kernel, "");
+#endif
 }
 
 }  // namespace
