@@ -256,7 +256,7 @@ StepsSummary SummarizeSteps(const std::vector<StepRecord>& steps) {
   };
   // Windows of up to 10 that never overlap: a short run's first and last
   // losses, not one mean twice ("loss 5.40 -> 5.40" over 3 falling steps).
-  size_t k = std::max<size_t>(1, std::min<size_t>(10, finite.size() / 2));
+  size_t k = finite.empty() ? 0 : std::max<size_t>(1, std::min<size_t>(10, finite.size() / 2));
   s.first_loss = mean(finite.begin(), finite.begin() + k);
   s.final_loss = mean(finite.end() - k, finite.end());
   if (!rates.empty()) s.median_samples_per_s = Percentile(rates, 50);

@@ -303,6 +303,10 @@ TEST(StepsReport, SummaryAddsUpPhasesAndRate) {
   EXPECT_NEAR(six.first_loss, 2.98, 1e-9);  // steps 1-3
   EXPECT_NEAR(six.final_loss, 2.95, 1e-9);  // steps 4-6
   EXPECT_NEAR(SummarizeSteps(MakeSteps(1)).first_loss, 2.99, 1e-9);
+  std::vector<StepRecord> no_loss = MakeSteps(4);  // steps that record none
+  for (StepRecord& r : no_loss) r.loss = NAN;
+  EXPECT_TRUE(std::isnan(SummarizeSteps(no_loss).first_loss));
+  EXPECT_TRUE(std::isnan(SummarizeSteps(no_loss).final_loss));
 }
 
 // 100 steps of 0.1 s with a 5 s evaluation after step 50: the median step
