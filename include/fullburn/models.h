@@ -101,9 +101,9 @@ torch::Tensor Checkpointed(Holder module, const torch::Tensor& x) {
 }
 
 // Whether this build has fullburn's own CUDA kernels (ModelSpec::loss_kernel
-// = "cuda"): configured with -DFULLBURN_CUDA_KERNELS=ON where nvcc and a CUDA
-// libtorch are.
-bool CudaLossKernelBuilt();
+// and norm_kernel = "cuda"): configured with -DFULLBURN_CUDA_KERNELS=ON where
+// nvcc and a CUDA libtorch are.
+bool CudaKernelsBuilt();
 
 // Which of scaled_dot_product_attention's kernels gpt's causal attention
 // takes for these shapes on `device` in `dtype` when training (the backward

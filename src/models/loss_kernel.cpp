@@ -1,6 +1,6 @@
 // model.loss_kernel = cuda: the cross-entropy of GPT's logits through
 // fullburn's own CUDA kernels (loss_kernel.cu), as one autograd function.
-// Without FULLBURN_CUDA_KERNELS only CudaLossKernelBuilt() is here.
+// Without FULLBURN_CUDA_KERNELS only CudaKernelsBuilt() is here.
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -17,7 +17,7 @@
 
 namespace fullburn {
 
-bool CudaLossKernelBuilt() {
+bool CudaKernelsBuilt() {
 #ifdef FULLBURN_CUDA_KERNELS
   return true;
 #else

@@ -138,7 +138,7 @@ class Gpt : public Model {
         segment_(CheckpointSegment(s.checkpoint)),
         vocab_(s.vocab),
         fused_loss_(s.fused_loss),
-        cuda_loss_(s.loss_kernel == "cuda" && CudaLossKernelBuilt()),
+        cuda_loss_(s.loss_kernel == "cuda" && CudaKernelsBuilt()),
         loss_rows_(s.loss_rows) {
     const int64_t padded = (s.vocab + s.pad_vocab - 1) / s.pad_vocab * s.pad_vocab;
     // Built at the vocabulary's size, then grown: the padded model draws the
@@ -153,7 +153,7 @@ class Gpt : public Model {
     wpe_ = register_module("wpe", nn::Embedding(s.seq_len, s.hidden));
     for (int64_t i = 0; i < s.layers; ++i) {
       block_list_.push_back(
-          GptBlock(s.hidden, s.heads, s.dropout, s.norm_kernel == "cuda" && CudaLossKernelBuilt()));
+          GptBlock(s.hidden, s.heads, s.dropout, s.norm_kernel == "cuda" && CudaKernelsBuilt()));
       blocks_->push_back(block_list_.back());
     }
     register_module("h", blocks_);

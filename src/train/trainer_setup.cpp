@@ -99,7 +99,7 @@ class RankTrialShape : public TrialShape {
 
 // Why fullburn's own CUDA kernels cannot run on `device`; nullptr when they can.
 const char* CudaKernelsUnavailable(const torch::Device& device) {
-  if (!CudaLossKernelBuilt())
+  if (!CudaKernelsBuilt())
     return "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON where nvcc "
            "and a CUDA libtorch are)";
   if (!device.is_cuda()) return "the kernels run on CUDA devices only";
@@ -326,14 +326,14 @@ OptimizerOptions Trainer::OptimizerFromConfig() const {
   oo.eps = cfg_.Float("optim.eps");
   oo.trust = cfg_.Float("optim.trust");
   oo.foreach = ForeachFor(cfg_.Str("optim.foreach"), ctx_.device.is_cuda());
-  oo.fused = cfg_.Bool("optim.fused") && !FusedUpdateUnusedHere(oo);
+  oo.fused = cfg_.Bool("optim.fused");  // Setup turns it off where it cannot run
   return oo;
 }
 
 // Why optim.fused = true does not run in this run; nullptr when it does (or
 // was not asked for).
 const char* Trainer::FusedUpdateUnusedHere(const OptimizerOptions& oo) const {
-  if (!cfg_.Bool("optim.fused")) return nullptr;
+  if (!oo.fused) return nullptr;
   if (const char* why = FusedUpdateUnused(oo, ctx_.device)) return why;
   if (cfg_.Str("dist.offload") == "optimizer")
     return "dist.offload = optimizer updates on the host";
@@ -346,7 +346,6 @@ const char* Trainer::FusedUpdateUnusedHere(const OptimizerOptions& oo) const {
 // fallback (fp32 on a GPU without a fused fp32 kernel, an unusual head
 // size) with what would take a fused one.
 void Trainer::ReportAttentionKernel(const ModelSpec& ms) const {
-  if (ms.heads < 1 || ms.hidden % ms.heads != 0) return;  // MakeModel refuses it
   const torch::ScalarType dtype = ctx_.autocast.value_or(torch::kFloat);
   std::string kernel;
   try {
@@ -422,9 +421,12 @@ Status Trainer::Setup() {
   if (Status s = RefusedMemorySettings(); !s.ok()) return s;
   accumulate_ = cfg_.Int("train.accumulate");
   OptimizerOptions oo = OptimizerFromConfig();
-  if (const char* why = FusedUpdateUnusedHere(oo); why && rank_.rank == 0)
-    std::fprintf(stderr, "fullburn: optim.fused = true: %s: the %s update runs instead\n", why,
-                 oo.foreach ? "multi-tensor (optim.foreach)" : "per-parameter");
+  if (const char* why = FusedUpdateUnusedHere(oo)) {
+    oo.fused = false;
+    if (rank_.rank == 0)
+      std::fprintf(stderr, "fullburn: optim.fused = true: %s: the %s update runs instead\n", why,
+                   oo.foreach ? "multi-tensor (optim.foreach)" : "per-parameter");
+  }
   if (Status s = ChooseBatch(oo); !s.ok()) return s;
   spec_.batch_size = static_cast<int>(batch_);
   auto src = OpenSource(cfg_, spec_);
@@ -471,13 +473,13 @@ Status Trainer::BuildModel(const BatchSource& source) {
       std::fprintf(stderr,
                    "fullburn: model.norm_kernel = cuda: %s: ATen's layer norms run instead\n", why);
     ms.checkpoint = cfg_.Str("model.checkpoint");
-    if (ms.name == "gpt" && ctx_.device.is_cuda() && rank_.rank == 0) ReportAttentionKernel(ms);
     auto m = MakeModel(ms);
     if (!m.ok()) {
       exit_code = kExitUsage;
       return m.status();
     }
     ctx_.model = *m;
+    if (ms.name == "gpt" && ctx_.device.is_cuda() && rank_.rank == 0) ReportAttentionKernel(ms);
   }
   std::vector<std::vector<torch::Tensor>> blocks;  // (a null gather only names them)
   if (dp_ && cfg_.Str("dist.shard") == "full" &&

@@ -136,7 +136,7 @@ TEST(Models, PaddedVocabularyTrainsExactlyAsTheUnpadded) {
 // width), take the kernels' element-by-element paths. Fresh random values
 // for every case.
 TEST(LossKernel, CudaCrossEntropyEqualsAtenInFloat64) {
-  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+  if (!CudaKernelsBuilt() || !torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
   struct Shape {
     int64_t rows, vocab, cols;
@@ -182,7 +182,7 @@ TEST(LossKernel, CudaCrossEntropyEqualsAtenInFloat64) {
 // cuda and aten: one forward and backward give the same loss and gradients
 // up to bf16 rounding.
 TEST(LossKernel, GptWithTheCudaLossTrainsAsWithAten) {
-  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+  if (!CudaKernelsBuilt() || !torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
   torch::manual_seed(1);
   torch::Tensor tokens = torch::randint(300, {4, 32}).to(torch::kCUDA);
@@ -224,7 +224,7 @@ TEST(LossKernel, GptWithTheCudaLossTrainsAsWithAten) {
 // residual (in each dtype), gamma and beta, with and without the residual,
 // at GPT-2's widths, an odd one and the kernels' largest.
 TEST(NormKernel, CudaLayerNormEqualsAtenInFloat64) {
-  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+  if (!CudaKernelsBuilt() || !torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
   struct Residual {
     bool on;
@@ -295,7 +295,7 @@ TEST(NormKernel, CudaLayerNormEqualsAtenInFloat64) {
 // with cuda and its blocks recomputed (model.checkpoint = blocks): one
 // forward and backward give the same loss and gradients up to bf16 rounding.
 TEST(NormKernel, GptWithTheCudaNormTrainsAsWithAten) {
-  if (!CudaLossKernelBuilt() || !torch::cuda::is_available())
+  if (!CudaKernelsBuilt() || !torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device, or a build without -DFULLBURN_CUDA_KERNELS=ON";
   torch::manual_seed(1);
   torch::Tensor tokens = torch::randint(300, {4, 32}).to(torch::kCUDA);
