@@ -13,6 +13,8 @@ pass under torch.no_grad() follows every epoch.
                                         # Markers().step_end() by hand, after a validation pass
   python3 plain_torch.py --fail-at 5    # dies after optimizer step 5 the way a GPU OOM does
   python3 plain_torch.py --log-ms 20    # 20 ms of synchronous logging after each step
+  python3 plain_torch.py --workers 2 --slow-start-s 8
+                                        # with DataLoader workers, 8 s before the first batch
   python3 plain_torch.py --save-every 4 --save-mb 200 --save-dir /tmp/ck
                                         # a synchronous torch.save every 4 steps
                                         # (--save-in-thread: on a background thread)
@@ -91,6 +93,9 @@ def main():
                    help="no optimizer object: update the parameters by hand after backward()")
     p.add_argument("--log-ms", type=float, default=0,
                    help="work after each optimizer step (synchronous logging, metrics)")
+    p.add_argument("--slow-start-s", type=float, default=0,
+                   help="with DataLoader workers (as given or as tuned), this long before the first "
+                        "batch: a worker's set-up, such as opening a remote dataset")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -123,6 +128,8 @@ def main():
     if a.validate_first:
         print(f"before training: validation accuracy {validate(model, val):.2f}", flush=True)
     pad = torch.zeros(int(a.save_mb * 2**20) // 4) if a.save_every else None
+    if a.slow_start_s and train.num_workers > 0:
+        time.sleep(a.slow_start_s)
     for epoch in range(a.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)

@@ -187,6 +187,7 @@ struct Trial {
   double wall_s = 0;
   std::string log;  // the trial's output file
   bool too_short = false;  // too few steps to measure: a longer trial would (not stored)
+  bool no_steps = false;   // ran its whole length without a step (not stored)
 };
 nlohmann::json TrialJson(const Trial& t);
 Trial TrialFromJson(const nlohmann::json& j);

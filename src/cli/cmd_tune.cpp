@@ -185,7 +185,7 @@ class TrainTuner : public KnobTuner {
           continue;
         }
       }
-      Trial trial = RunOne(knob, c.value, merged);
+      Trial trial = RunKnobTrial(knob, c.value, merged);
       if (knob == "batch" && trial.status == "ok") trial = SettleBatch(trial, ctx);
       Judge(&trial);
     }
@@ -305,6 +305,7 @@ class TrainTuner : public KnobTuner {
                                        "--store", t_->store()->path()});
     spec.tuning_id = t_->id();
     spec.timeout_s = p.trial_s + kTrainTrialAllowanceS;
+    spec.length_s = p.trial_s;
     spec.objective = p.objective;
     RunTrial(spec, t_->store(), &trial);
     return trial;

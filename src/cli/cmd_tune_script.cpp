@@ -35,7 +35,7 @@ class ScriptTuner : public KnobTuner {
       if (t_->interrupted()) return true;
       if (!t_->BudgetAllows()) return false;
       std::map<std::string, std::string> merged = OnBest(c);
-      Trial trial = RunOne(knob, c.value, merged);
+      Trial trial = RunKnobTrial(knob, c.value, merged);
       Judge(&trial);
     }
     return true;

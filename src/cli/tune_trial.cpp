@@ -118,6 +118,8 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
           "python/fullburn_markers.py, or measure the output with --grid and --metric-regex");
     else
       m = MeasureRun(*data, spec.objective);
+    trial->no_steps =
+        data.ok() && data->steps.empty() && (stopped_by_us || trial->wall_s >= spec.length_s);
   }
   if (!m.ok()) {
     trial->status = "failed";
@@ -152,6 +154,7 @@ TrialSpec CommandTrialSpec(const Tuning& t, const std::string& label,
   spec.argv.insert(spec.argv.end(), command.begin(), command.end());
   spec.tuning_id = t.id();
   spec.timeout_s = t.plan().trial_s;
+  spec.length_s = t.plan().trial_s;
   spec.stop_is_normal = true;  // a command still running at the trial's end is measured
   spec.objective = t.plan().objective;
   return spec;
@@ -216,6 +219,30 @@ void KnobTuner::MeasureNoise() {
     best_.measure.spread = std::max(best_.measure.spread, again.measure.spread);
   }
   t_->Record(again);
+}
+
+Trial KnobTuner::RunKnobTrial(const std::string& knob, const std::string& value,
+                              const std::map<std::string, std::string>& overrides) {
+  Trial trial = RunOne(knob, value, overrides);
+  // The start was measured with this length, so a value that leaves too few
+  // steps, or none, starts slower (or runs far slower, which a longer trial
+  // measures too, roughly).
+  if (!(trial.too_short || trial.no_steps) || t_->interrupted()) return trial;
+  const double was = t_->plan().trial_s;
+  if (!t_->StretchTrial(kSlowStartStretch)) {
+    trial.reason += " (no budget left for a longer trial)";
+    return trial;
+  }
+  trial.reason =
+      fmt::format("{} in {}: tried again at {}", trial.no_steps ? "no step" : "too few steps",
+                  FormatDuration(was), FormatDuration(t_->plan().trial_s));
+  t_->Record(trial);
+  std::fprintf(stderr, "tune: %s=%s: too few steps in %s (a slower start): once more at %s\n",
+               knob.c_str(), value.c_str(), FormatDuration(was).c_str(),
+               FormatDuration(t_->plan().trial_s).c_str());
+  Trial again = RunOne(knob, value, overrides);
+  t_->RestoreTrialLength();
+  return again;
 }
 
 Trial KnobTuner::NewTrial(const std::string& knob, const std::string& value,

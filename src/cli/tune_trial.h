@@ -18,6 +18,8 @@ struct TrialSpec {
   std::vector<std::string> argv;  // records a run with --parent tuning_id
   int64_t tuning_id = 0;
   double timeout_s = 0;
+  double length_s =
+      0;  // the stretch measured (--trial): the child ran it all when it lasted this long
   // --grid: a command still running at the trial's end is stopped and
   // measured; fullburn-train stops itself, so running past it is a failure.
   bool stop_is_normal = false;
@@ -39,6 +41,10 @@ struct Plan {
 };
 
 inline double TuneClock() { return Env::Default()->MonotonicSeconds(); }
+
+// How much longer a value's trial runs again when its start left too few
+// steps: cuDNN's benchmark mode took 4.1 s of an 8 s trial on an H200.
+constexpr double kSlowStartStretch = 3;
 
 // <store directory>/tune-<id>: the trials' output files.
 std::string TrialLogDir(const std::string& store_path, int64_t tuning_id);
@@ -74,6 +80,20 @@ class Tuning {
     if (TuneClock() - start_ + 2 * longer > plan_.budget_s) return false;
     plan_.trial_s = longer;
     return true;
+  }
+
+  // One trial `factor` times as long: the plan's length changed until
+  // RestoreTrialLength, if the budget holds it; false (unchanged) if not.
+  bool StretchTrial(double factor) {
+    double longer = plan_.trial_s * factor;
+    if (TuneClock() - start_ + longer > plan_.budget_s) return false;
+    stretched_from_ = plan_.trial_s;
+    plan_.trial_s = longer;
+    return true;
+  }
+  void RestoreTrialLength() {
+    if (stretched_from_ > 0) plan_.trial_s = stretched_from_;
+    stretched_from_ = 0;
   }
 
   // Room for one more trial, judged by the longest so far.
@@ -117,6 +137,7 @@ class Tuning {
   std::string log_dir_;
   std::vector<Trial> trials_;
   bool interrupted_ = false;
+  double stretched_from_ = 0;  // the plan's trial length before StretchTrial
 };
 
 // A trial of `command` under `fullburn run`, recorded as a run of the
@@ -161,6 +182,11 @@ class KnobTuner {
                  const std::map<std::string, std::string>& overrides) const;
   // The best settings so far with the candidate's on top.
   std::map<std::string, std::string> OnBest(const Candidate& c) const;
+  // RunOne, and where a value's start is slower than the start trial's (cuDNN
+  // trying algorithms, DataLoader workers starting, a CUDA graph captured)
+  // and left too few steps to measure, once more at three times the length.
+  Trial RunKnobTrial(const std::string& knob, const std::string& value,
+                     const std::map<std::string, std::string>& overrides);
   // Records the trial with its verdict against the best; a kept one is the new best.
   void Judge(Trial* trial);
   void Skip(const std::string& knob, const std::string& reason);

@@ -201,6 +201,35 @@ TEST_F(TuneE2E, AnUnchangedPyTorchScriptsLoaderSettingsAreTriedAndAdvised) {
   }
 }
 
+// A value whose start is slower than the trial (here: workers take 8 s to
+// set up; on a GPU, cuDNN trying algorithms) is tried again, three times as
+// long, and measured, rather than failed for too few steps. The budget
+// holds one such value. Time: about 45 s.
+TEST_F(TuneE2E, AValueWithASlowStartIsMeasuredOnALongerTrial) {
+  if (RunToEnd({"/usr/bin/python3", "-c", "import torch"}).code != 0)
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch: scripts/install-deps.sh installs it";
+  auto o = Tune({"--knobs", "workers", "--trial", "6s", "--budget", "60s", "--", "/usr/bin/python3",
+                 kPlainTorch, "--epochs", "1000", "--samples", "256", "--sample-ms", "2",
+                 "--slow-start-s", "8"},
+                300);
+  ASSERT_EQ(o.code, 0) << o.err;
+  std::vector<json> trials = Trials();
+  size_t first = 0;
+  while (first < trials.size() && trials[first]["knob"] != "workers") ++first;
+  ASSERT_LT(first + 1, trials.size()) << o.err;
+  const json& short_trial = trials[first];
+  const json& longer = trials[first + 1];
+  EXPECT_EQ(short_trial["status"], "failed") << short_trial.dump();
+  EXPECT_NE(short_trial["reason"].get<std::string>().find("in 6.0s: tried again at 18.0s"),
+            std::string::npos)
+      << short_trial.dump();
+  EXPECT_EQ(longer["knob"], "workers");
+  EXPECT_EQ(longer["value"], short_trial["value"]);
+  EXPECT_EQ(longer["status"], "ok") << longer.dump();
+  EXPECT_GT(longer["wall_s"].get<double>(), 14.0) << longer.dump();
+  EXPECT_NE(o.err.find("(a slower start): once more at"), std::string::npos) << o.err;
+}
+
 // The same script as 2 data-parallel ranks under fullburn launch: worker
 // counts are tried per rank (the ranks split the cores), and every rank must
 // have taken the trial's setting. Time: 4 trials of 6 s, about 30 s.
