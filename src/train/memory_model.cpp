@@ -140,6 +140,14 @@ int64_t CudaAllocatedBytes(const torch::Device& device, bool peak) {
   const auto& all = stats.allocated_bytes[0];
   return peak ? all.peak : all.current;
 }
+// The bytes the caching allocator holds from the driver: its tensors and its
+// cache (max_memory_reserved's counter); more than the tensors by what it
+// rounds and what its blocks leave unused between them.
+int64_t CudaReservedBytes(const torch::Device& device, bool peak) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+  const auto& all = stats.reserved_bytes[0];
+  return peak ? all.peak : all.current;
+}
 #endif
 }  // namespace
 
@@ -190,13 +198,34 @@ bool CudaMemInfo(const torch::Device& device, int64_t* free_bytes, int64_t* tota
 int64_t DeviceMemoryLimit(const torch::Device& device) {
   if (!device.is_cuda()) return CpuMemoryBudget();
   int64_t free = 0, total = 0;
-  return CudaMemInfo(device, &free, &total) ? total : 0;
+  if (!CudaMemInfo(device, &free, &total)) return 0;
+#ifdef FULLBURN_TORCH_CUDA
+  // Not the card's total: the CUDA context, other libraries and other
+  // processes hold part of it (a second rank on the same GPU, another job).
+  return free + CudaReservedBytes(device, false);
+#else
+  return total;
+#endif
+}
+
+int64_t DeviceReservedPeakBytes(const torch::Device& device) {
+#ifdef FULLBURN_TORCH_CUDA
+  if (device.is_cuda()) return CudaReservedBytes(device, true);
+#else
+  (void)device;
+#endif
+  return -1;
 }
 
 int64_t DeviceBytesFree(const torch::Device& device) {
   if (device.is_cuda()) {
     int64_t free = 0, total = 0;
-    return CudaMemInfo(device, &free, &total) ? free : -1;
+    if (!CudaMemInfo(device, &free, &total)) return -1;
+#ifdef FULLBURN_TORCH_CUDA
+    // The allocator's cache is free for this process's tensors too.
+    free += CudaReservedBytes(device, false) - CudaAllocatedBytes(device, false);
+#endif
+    return free;
   }
   if (CpuMemoryBudget() <= 0) return -1;
   return std::max<int64_t>(0, CpuMemoryBudget() - DeviceBytesInUse(device));

@@ -97,12 +97,17 @@ MemoryModel MemoryModelFor(const std::vector<torch::Tensor>& params, const Optim
 void ResetDevicePeak(const torch::Device& device);
 int64_t DevicePeakBytes(const torch::Device& device);
 int64_t DeviceBytesInUse(const torch::Device& device);
-// The memory one rank may use: train.memory_budget_mb on CPU (0: no limit),
-// the GPU's total on CUDA.
+// The memory one rank may use: train.memory_budget_mb on CPU (0: no limit);
+// on CUDA the driver's free memory plus what torch's caching allocator holds
+// already, so not the CUDA context's or another process's share of the GPU.
 int64_t DeviceMemoryLimit(const torch::Device& device);
+// The caching allocator's peak reserved bytes since ResetDevicePeak (on
+// CUDA: what the tensors needed from the driver, fragmentation included);
+// -1 elsewhere.
+int64_t DeviceReservedPeakBytes(const torch::Device& device);
 // What more this process may allocate on the device now: the budget less
-// what is in use on CPU, the driver's free memory on CUDA; -1 when unknown
-// (a CPU run without train.memory_budget_mb).
+// what is in use on CPU, the driver's free memory and the allocator's cache
+// on CUDA; -1 when unknown (a CPU run without train.memory_budget_mb).
 int64_t DeviceBytesFree(const torch::Device& device);
 // Host memory dist.offload may take: on a CPU run with train.memory_budget_mb
 // what the budget leaves, else MemAvailable (/proc/meminfo, through Env);

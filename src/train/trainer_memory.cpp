@@ -226,7 +226,13 @@ nlohmann::json Trainer::MemoryJson(bool measured) const {
                    {"limit_bytes", limit},
                    {"per_sample_bytes", memory_->activations.at(ckpt).per_sample},
                    {"predicted", PartsJson(memory_->Predict(batch_, shard, ckpt))}};
-  if (measured) j["measured_peak_bytes"] = DevicePeakBytes(ctx_.device) - memory_other_;
+  if (measured) {
+    j["measured_peak_bytes"] = DevicePeakBytes(ctx_.device) - memory_other_;
+    // On CUDA, what the allocator took from the driver for it: the gap is
+    // fragmentation, which the model has no term for (docs/memory.md).
+    if (int64_t reserved = DeviceReservedPeakBytes(ctx_.device); reserved >= 0)
+      j["measured_reserved_peak_bytes"] = reserved - memory_other_;
+  }
   j["probed_at"] = {memory_->probed_small, memory_->probed_large};
   for (const auto& [mode, fit] : memory_->activations) j["activation_fit"][mode] = FitJson(fit);
   for (const auto& [mode, fit] : memory_->fused_activations)
@@ -248,10 +254,15 @@ void Trainer::RecordMemory() {
   if (!memory_) return;
   nlohmann::json j = MemoryJson(true);
   RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j.dump()});
-  if (rank_.rank == 0 && !opt_.quiet)
-    std::fprintf(stderr, "fullburn: memory per rank: predicted %s, measured peak %s\n",
+  if (rank_.rank == 0 && !opt_.quiet) {
+    std::string reserved;
+    if (j.contains("measured_reserved_peak_bytes"))
+      reserved = " (" + FormatBytes(j["measured_reserved_peak_bytes"].get<int64_t>()) +
+                 " reserved from the driver)";
+    std::fprintf(stderr, "fullburn: memory per rank: predicted %s, measured peak %s%s\n",
                  FormatBytes(j["predicted"]["total"].get<int64_t>()).c_str(),
-                 FormatBytes(j["measured_peak_bytes"].get<int64_t>()).c_str());
+                 FormatBytes(j["measured_peak_bytes"].get<int64_t>()).c_str(), reserved.c_str());
+  }
 }
 
 void Trainer::PrintBatchTable() {
