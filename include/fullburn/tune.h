@@ -188,6 +188,7 @@ struct Trial {
   std::string log;  // the trial's output file
   bool too_short = false;  // too few steps to measure: a longer trial would (not stored)
   bool no_steps = false;   // ran its whole length without a step (not stored)
+  bool stretched = false;  // ran longer than the plan's trials, for a slow start (not stored)
 };
 nlohmann::json TrialJson(const Trial& t);
 Trial TrialFromJson(const nlohmann::json& j);

@@ -241,6 +241,7 @@ Trial KnobTuner::RunKnobTrial(const std::string& knob, const std::string& value,
                knob.c_str(), value.c_str(), FormatDuration(was).c_str(),
                FormatDuration(t_->plan().trial_s).c_str());
   Trial again = RunOne(knob, value, overrides);
+  again.stretched = true;
   t_->RestoreTrialLength();
   return again;
 }

@@ -96,10 +96,11 @@ class Tuning {
     stretched_from_ = 0;
   }
 
-  // Room for one more trial, judged by the longest so far.
+  // Room for one more trial, judged by the longest so far at the plan's length.
   bool BudgetAllows() const {
     double longest = plan_.trial_s;
-    for (const Trial& t : trials_) longest = std::max(longest, t.wall_s);
+    for (const Trial& t : trials_)
+      if (!t.stretched) longest = std::max(longest, t.wall_s);
     return TuneClock() - start_ + longest <= plan_.budget_s;
   }
 

@@ -204,7 +204,7 @@ TEST_F(TuneE2E, AnUnchangedPyTorchScriptsLoaderSettingsAreTriedAndAdvised) {
 // A value whose start is slower than the trial (here: workers take 8 s to
 // set up; on a GPU, cuDNN trying algorithms) is tried again, three times as
 // long, and measured, rather than failed for too few steps. The budget
-// holds one such value. Time: about 45 s.
+// holds one such value. Time: about 50 s.
 TEST_F(TuneE2E, AValueWithASlowStartIsMeasuredOnALongerTrial) {
   if (RunToEnd({"/usr/bin/python3", "-c", "import torch"}).code != 0)
     GTEST_SKIP() << "/usr/bin/python3 cannot import torch: scripts/install-deps.sh installs it";
