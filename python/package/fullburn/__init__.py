@@ -11,8 +11,8 @@ the step markers of fullburn's C++ core, for PyTorch training scripts.
 
 docs/python.md is the guide: the API, how long a batch's memory lives,
 threads and the GIL, and how this differs from DataLoader, DALI and FFCV.
-torch is imported only when a loader yields or a checkpoint is taken, so the
-module imports without it.
+torch is imported only when a loader yields or is built with device="cuda",
+or when a checkpoint is saved or loaded, so the module imports without it.
 """
 from ._version import __version__
 
