@@ -257,7 +257,7 @@ class TrainTuner : public KnobTuner {
     }
     search.verdict = fmt::format("search chose {}", chosen);
     t_->Record(search);
-    return RunOne("batch", fmt::format("{} x {}", micro, accumulate), overrides);
+    return RunKnobTrial("batch", fmt::format("{} x {}", micro, accumulate), overrides);
   }
 
   TuneContext Context(const std::vector<Finding>& findings) {

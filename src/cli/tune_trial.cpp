@@ -118,13 +118,17 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
           "python/fullburn_markers.py, or measure the output with --grid and --metric-regex");
     else
       m = MeasureRun(*data, spec.objective);
-    trial->no_steps =
-        data.ok() && data->steps.empty() && (stopped_by_us || trial->wall_s >= spec.length_s);
+    // Stopped at the trial's end before its first step (fullburn-train
+    // never ends on its time limit before one: there no step is a failure).
+    trial->no_steps = data.ok() && data->steps.empty() && stopped_by_us;
   }
   if (!m.ok()) {
     trial->status = "failed";
     trial->reason = m.status().message();
-    trial->too_short = m.status().code() == Status::Code::kUnavailable;
+    // Only a child that ran the whole trial would have had more steps in a
+    // longer one; one that ended by itself would not.
+    trial->too_short = m.status().code() == Status::Code::kUnavailable &&
+                       (stopped_by_us || trial->wall_s >= spec.length_s);
     return;
   }
   trial->status = "ok";
@@ -227,15 +231,18 @@ Trial KnobTuner::RunKnobTrial(const std::string& knob, const std::string& value,
   // The start was measured with this length, so a value that leaves too few
   // steps, or none, starts slower (or runs far slower, which a longer trial
   // measures too, roughly).
-  if (!(trial.too_short || trial.no_steps) || t_->interrupted()) return trial;
+  if (!(trial.too_short || trial.no_steps) || t_->interrupted() || ReceivedSignal()) return trial;
   const double was = t_->plan().trial_s;
-  if (!t_->StretchTrial(kSlowStartStretch)) {
-    trial.reason += " (no budget left for a longer trial)";
+  const char* what = trial.no_steps ? "no step" : "too few steps";
+  // The trial's start-up and stop come on top of its length, in the budget too.
+  if (!t_->StretchTrial(kSlowStartStretch, std::max(0.0, trial.wall_s - was))) {
+    trial.reason =
+        fmt::format("{} in {} (a slower start), and the budget has no room for a {} trial", what,
+                    FormatDuration(was), FormatDuration(was * kSlowStartStretch));
     return trial;
   }
-  trial.reason =
-      fmt::format("{} in {}: tried again at {}", trial.no_steps ? "no step" : "too few steps",
-                  FormatDuration(was), FormatDuration(t_->plan().trial_s));
+  trial.reason = fmt::format("{} in {}: tried again at {}", what, FormatDuration(was),
+                             FormatDuration(t_->plan().trial_s));
   t_->Record(trial);
   std::fprintf(stderr, "tune: %s=%s: too few steps in %s (a slower start): once more at %s\n",
                knob.c_str(), value.c_str(), FormatDuration(was).c_str(),

@@ -83,10 +83,11 @@ class Tuning {
   }
 
   // One trial `factor` times as long: the plan's length changed until
-  // RestoreTrialLength, if the budget holds it; false (unchanged) if not.
-  bool StretchTrial(double factor) {
+  // RestoreTrialLength, if the budget holds it and `overhead_s` (the
+  // child's start-up and stop); false (unchanged) if not.
+  bool StretchTrial(double factor, double overhead_s) {
     double longer = plan_.trial_s * factor;
-    if (TuneClock() - start_ + longer > plan_.budget_s) return false;
+    if (TuneClock() - start_ + longer + overhead_s > plan_.budget_s) return false;
     stretched_from_ = plan_.trial_s;
     plan_.trial_s = longer;
     return true;

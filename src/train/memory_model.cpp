@@ -132,21 +132,31 @@ namespace {
 c10::DeviceIndex CudaIndex(const torch::Device& device) {
   return device.has_index() ? device.index() : c10::cuda::current_device();
 }
-// The caching allocator's bytes allocated to tensors (max_memory_allocated's
-// counter): peak or current. By `auto` and index 0 (StatType::AGGREGATE, all
-// pools), so the code stays the same where torch 2.x moved the stat types.
-int64_t CudaAllocatedBytes(const torch::Device& device, bool peak) {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
-  const auto& all = stats.allocated_bytes[0];
-  return peak ? all.peak : all.current;
+// The caching allocator's counters at one moment: bytes allocated to
+// tensors (max_memory_allocated's) and reserved from the driver (tensors and
+// cache, max_memory_reserved's: more than the tensors by what it rounds and
+// what its blocks leave unused between them). By `auto` and index 0
+// (StatType::AGGREGATE, all pools), so the code stays the same where torch
+// 2.x moved the stat types. Zeros before CUDA's lazy initialization, when
+// the allocator refuses the device and holds nothing yet.
+struct CudaAllocatorBytes {
+  int64_t allocated = 0, allocated_peak = 0, reserved = 0, reserved_peak = 0;
+};
+CudaAllocatorBytes ReadCudaAllocator(const torch::Device& device) {
+  CudaAllocatorBytes b;
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+    b.allocated = stats.allocated_bytes[0].current;
+    b.allocated_peak = stats.allocated_bytes[0].peak;
+    b.reserved = stats.reserved_bytes[0].current;
+    b.reserved_peak = stats.reserved_bytes[0].peak;
+  } catch (const c10::Error&) {
+  }
+  return b;
 }
-// The bytes the caching allocator holds from the driver: its tensors and its
-// cache (max_memory_reserved's counter); more than the tensors by what it
-// rounds and what its blocks leave unused between them.
-int64_t CudaReservedBytes(const torch::Device& device, bool peak) {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
-  const auto& all = stats.reserved_bytes[0];
-  return peak ? all.peak : all.current;
+int64_t CudaAllocatedBytes(const torch::Device& device, bool peak) {
+  CudaAllocatorBytes b = ReadCudaAllocator(device);
+  return peak ? b.allocated_peak : b.allocated;
 }
 #endif
 }  // namespace
@@ -197,35 +207,50 @@ bool CudaMemInfo(const torch::Device& device, int64_t* free_bytes, int64_t* tota
 
 int64_t DeviceMemoryLimit(const torch::Device& device) {
   if (!device.is_cuda()) return CpuMemoryBudget();
-  int64_t free = 0, total = 0;
-  if (!CudaMemInfo(device, &free, &total)) return 0;
 #ifdef FULLBURN_TORCH_CUDA
   // Not the card's total: the CUDA context, other libraries and other
   // processes hold part of it (a second rank on the same GPU, another job).
-  return free + CudaReservedBytes(device, false);
+  // The allocator read first: what another thread takes in between then
+  // lowers the sum rather than counting twice.
+  const int64_t reserved = ReadCudaAllocator(device).reserved;
+  int64_t free = 0, total = 0;
+  return CudaMemInfo(device, &free, &total) ? free + reserved : 0;
 #else
-  return total;
+  int64_t free = 0, total = 0;
+  return CudaMemInfo(device, &free, &total) ? total : 0;
 #endif
 }
 
 int64_t DeviceReservedPeakBytes(const torch::Device& device) {
 #ifdef FULLBURN_TORCH_CUDA
-  if (device.is_cuda()) return CudaReservedBytes(device, true);
+  if (device.is_cuda()) return ReadCudaAllocator(device).reserved_peak;
 #else
   (void)device;
 #endif
   return -1;
 }
 
+void ReleaseDeviceCache(const torch::Device& device) {
+#ifdef FULLBURN_TORCH_CUDA
+  if (!device.is_cuda()) return;
+  torch::cuda::synchronize();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  (void)device;
+#endif
+}
+
 int64_t DeviceBytesFree(const torch::Device& device) {
   if (device.is_cuda()) {
-    int64_t free = 0, total = 0;
-    if (!CudaMemInfo(device, &free, &total)) return -1;
 #ifdef FULLBURN_TORCH_CUDA
     // The allocator's cache is free for this process's tensors too.
-    free += CudaReservedBytes(device, false) - CudaAllocatedBytes(device, false);
+    const CudaAllocatorBytes held = ReadCudaAllocator(device);
+    int64_t free = 0, total = 0;
+    return CudaMemInfo(device, &free, &total) ? free + held.reserved - held.allocated : -1;
+#else
+    int64_t free = 0, total = 0;
+    return CudaMemInfo(device, &free, &total) ? free : -1;
 #endif
-    return free;
   }
   if (CpuMemoryBudget() <= 0) return -1;
   return std::max<int64_t>(0, CpuMemoryBudget() - DeviceBytesInUse(device));

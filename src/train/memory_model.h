@@ -105,6 +105,11 @@ int64_t DeviceMemoryLimit(const torch::Device& device);
 // CUDA: what the tensors needed from the driver, fragmentation included);
 // -1 elsewhere.
 int64_t DeviceReservedPeakBytes(const torch::Device& device);
+// On CUDA, the caching allocator's cached blocks given back to the driver
+// (after the device finishes), so a reserved peak counted from here holds
+// this stretch's own fragmentation, not what the probes and the batch
+// search left cached. Nothing elsewhere.
+void ReleaseDeviceCache(const torch::Device& device);
 // What more this process may allocate on the device now: the budget less
 // what is in use on CPU, the driver's free memory and the allocator's cache
 // on CUDA; -1 when unknown (a CPU run without train.memory_budget_mb).

@@ -211,6 +211,7 @@ int64_t Trainer::ModelBudget() const {
 
 void Trainer::StartMemoryCount() {
   if (!memory_) return;
+  ReleaseDeviceCache(ctx_.device);
   CountOtherMemory(*memory_);
   ResetDevicePeak(ctx_.device);
 }
