@@ -232,24 +232,24 @@ Trial KnobTuner::RunKnobTrial(const std::string& knob, const std::string& value,
   // steps, or none, starts slower (or runs far slower, which a longer trial
   // measures too, roughly).
   if (!(trial.too_short || trial.no_steps) || t_->interrupted() || ReceivedSignal()) return trial;
-  const double was = t_->plan().trial_s;
+  const double was = t_->plan().trial_s, longer = was * kSlowStartStretch;
   const char* what = trial.no_steps ? "no step" : "too few steps";
   // The trial's start-up and stop come on top of its length, in the budget too.
-  if (!t_->StretchTrial(kSlowStartStretch, std::max(0.0, trial.wall_s - was))) {
+  if (!t_->BudgetHolds(longer, std::max(0.0, trial.wall_s - was))) {
     trial.reason =
         fmt::format("{} in {} (a slower start), and the budget has no room for a {} trial", what,
-                    FormatDuration(was), FormatDuration(was * kSlowStartStretch));
+                    FormatDuration(was), FormatDuration(longer));
     return trial;
   }
-  trial.reason = fmt::format("{} in {}: tried again at {}", what, FormatDuration(was),
-                             FormatDuration(t_->plan().trial_s));
+  trial.reason =
+      fmt::format("{} in {}: tried again at {}", what, FormatDuration(was), FormatDuration(longer));
   t_->Record(trial);
-  std::fprintf(stderr, "tune: %s=%s: too few steps in %s (a slower start): once more at %s\n",
-               knob.c_str(), value.c_str(), FormatDuration(was).c_str(),
-               FormatDuration(t_->plan().trial_s).c_str());
+  std::fprintf(stderr, "tune: %s=%s: %s in %s (a slower start): once more at %s\n", knob.c_str(),
+               value.c_str(), what, FormatDuration(was).c_str(), FormatDuration(longer).c_str());
+  t_->SetTrialLength(longer);
   Trial again = RunOne(knob, value, overrides);
+  t_->SetTrialLength(was);
   again.stretched = true;
-  t_->RestoreTrialLength();
   return again;
 }
 

@@ -18,8 +18,8 @@ struct TrialSpec {
   std::vector<std::string> argv;  // records a run with --parent tuning_id
   int64_t tuning_id = 0;
   double timeout_s = 0;
-  double length_s =
-      0;  // the stretch measured (--trial): the child ran it all when it lasted this long
+  // The stretch measured (--trial): the child ran it all when it lasted this long.
+  double length_s = 0;
   // --grid: a command still running at the trial's end is stopped and
   // measured; fullburn-train stops itself, so running past it is a failure.
   bool stop_is_normal = false;
@@ -82,20 +82,13 @@ class Tuning {
     return true;
   }
 
-  // One trial `factor` times as long: the plan's length changed until
-  // RestoreTrialLength, if the budget holds it and `overhead_s` (the
-  // child's start-up and stop); false (unchanged) if not.
-  bool StretchTrial(double factor, double overhead_s) {
-    double longer = plan_.trial_s * factor;
-    if (TuneClock() - start_ + longer + overhead_s > plan_.budget_s) return false;
-    stretched_from_ = plan_.trial_s;
-    plan_.trial_s = longer;
-    return true;
+  // Whether the budget holds one more trial of `seconds` and `overhead_s`
+  // (the child's start-up and stop).
+  bool BudgetHolds(double seconds, double overhead_s) const {
+    return TuneClock() - start_ + seconds + overhead_s <= plan_.budget_s;
   }
-  void RestoreTrialLength() {
-    if (stretched_from_ > 0) plan_.trial_s = stretched_from_;
-    stretched_from_ = 0;
-  }
+  // The trials' length from now on (a slow start's longer trial, then back).
+  void SetTrialLength(double seconds) { plan_.trial_s = seconds; }
 
   // Room for one more trial, judged by the longest so far at the plan's length.
   bool BudgetAllows() const {
@@ -139,7 +132,6 @@ class Tuning {
   std::string log_dir_;
   std::vector<Trial> trials_;
   bool interrupted_ = false;
-  double stretched_from_ = 0;  // the plan's trial length before StretchTrial
 };
 
 // A trial of `command` under `fullburn run`, recorded as a run of the

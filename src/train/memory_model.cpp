@@ -158,6 +158,12 @@ int64_t CudaAllocatedBytes(const torch::Device& device, bool peak) {
   CudaAllocatorBytes b = ReadCudaAllocator(device);
   return peak ? b.allocated_peak : b.allocated;
 }
+// The driver's free bytes on a CUDA device; -1 where unknown.
+int64_t CudaDriverFreeBytes(const torch::Device& device) {
+  size_t free = 0, total = 0;
+  c10::cuda::CUDAGuard guard(CudaIndex(device));
+  return cudaMemGetInfo(&free, &total) == cudaSuccess ? static_cast<int64_t>(free) : -1;
+}
 #endif
 }  // namespace
 
@@ -186,25 +192,6 @@ int64_t DeviceAllocated(const torch::Device& device, bool peak) {
 int64_t DevicePeakBytes(const torch::Device& device) { return DeviceAllocated(device, true); }
 int64_t DeviceBytesInUse(const torch::Device& device) { return DeviceAllocated(device, false); }
 
-namespace {
-// The driver's free and total bytes of a CUDA device; false where unknown.
-bool CudaMemInfo(const torch::Device& device, int64_t* free_bytes, int64_t* total_bytes) {
-#ifdef FULLBURN_TORCH_CUDA
-  size_t free = 0, total = 0;
-  c10::cuda::CUDAGuard guard(CudaIndex(device));
-  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return false;
-  *free_bytes = static_cast<int64_t>(free);
-  *total_bytes = static_cast<int64_t>(total);
-  return true;
-#else
-  (void)device;
-  (void)free_bytes;
-  (void)total_bytes;
-  return false;
-#endif
-}
-}  // namespace
-
 int64_t DeviceMemoryLimit(const torch::Device& device) {
   if (!device.is_cuda()) return CpuMemoryBudget();
 #ifdef FULLBURN_TORCH_CUDA
@@ -213,12 +200,10 @@ int64_t DeviceMemoryLimit(const torch::Device& device) {
   // The allocator read first: what another thread takes in between then
   // lowers the sum rather than counting twice.
   const int64_t reserved = ReadCudaAllocator(device).reserved;
-  int64_t free = 0, total = 0;
-  return CudaMemInfo(device, &free, &total) ? free + reserved : 0;
-#else
-  int64_t free = 0, total = 0;
-  return CudaMemInfo(device, &free, &total) ? total : 0;
+  const int64_t free = CudaDriverFreeBytes(device);
+  if (free >= 0) return free + reserved;
 #endif
+  return 0;
 }
 
 int64_t DeviceReservedPeakBytes(const torch::Device& device) {
@@ -245,12 +230,10 @@ int64_t DeviceBytesFree(const torch::Device& device) {
 #ifdef FULLBURN_TORCH_CUDA
     // The allocator's cache is free for this process's tensors too.
     const CudaAllocatorBytes held = ReadCudaAllocator(device);
-    int64_t free = 0, total = 0;
-    return CudaMemInfo(device, &free, &total) ? free + held.reserved - held.allocated : -1;
-#else
-    int64_t free = 0, total = 0;
-    return CudaMemInfo(device, &free, &total) ? free : -1;
+    const int64_t free = CudaDriverFreeBytes(device);
+    if (free >= 0) return free + held.reserved - held.allocated;
 #endif
+    return -1;
   }
   if (CpuMemoryBudget() <= 0) return -1;
   return std::max<int64_t>(0, CpuMemoryBudget() - DeviceBytesInUse(device));

@@ -191,21 +191,29 @@ TEST(Optimizer, ForeachIsOnByDefaultOnlyOnCuda) {
   EXPECT_FALSE(ForeachFor("false", true));
 }
 
-TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
-  struct Case {
-    std::string name;
-    double momentum;
-    bool nesterov;
-  };
-  for (const Case& c : {Case{"adamw", 0.9, false}, Case{"sgd", 0.9, true}, Case{"sgd", 0.9, false},
-                        Case{"sgd", 0, false}}) {
-    SCOPED_TRACE(c.name + " momentum " + std::to_string(c.momentum) +
-                 (c.nesterov ? " nesterov" : ""));
+// An optimizer the update tests compare paths of, with weight decay.
+struct UpdateCase {
+  std::string name;
+  double momentum;
+  bool nesterov;
+  std::string Label() const {
+    return name + " momentum " + std::to_string(momentum) + (nesterov ? " nesterov" : "");
+  }
+  OptimizerOptions Options() const {
     OptimizerOptions o;
-    o.name = c.name;
-    o.momentum = c.momentum;
-    o.nesterov = c.nesterov;
+    o.name = name;
+    o.momentum = momentum;
+    o.nesterov = nesterov;
     o.weight_decay = 0.05;
+    return o;
+  }
+};
+
+TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
+  for (const UpdateCase& c : {UpdateCase{"adamw", 0.9, false}, UpdateCase{"sgd", 0.9, true},
+                              UpdateCase{"sgd", 0.9, false}, UpdateCase{"sgd", 0, false}}) {
+    SCOPED_TRACE(c.Label());
+    OptimizerOptions o = c.Options();
     torch::manual_seed(2);
     std::vector<torch::Tensor> start = {torch::randn({5, 3}), torch::randn({7}), torch::randn({2, 2, 3}),
                                         torch::randn({4})};
@@ -268,21 +276,11 @@ TEST(Optimizer, ForeachUpdateEqualsThePerParameterLoop) {
 TEST(Optimizer, FusedUpdateEqualsTheMultiTensorUpdate) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA);
-  struct Case {
-    std::string name;
-    double momentum;
-    bool nesterov;
-  };
   int ran = 0;
-  for (const Case& c : {Case{"adamw", 0, false}, Case{"sgd", 0.9, true}, Case{"sgd", 0.9, false},
-                        Case{"sgd", 0, false}}) {
-    SCOPED_TRACE(c.name + " momentum " + std::to_string(c.momentum) +
-                 (c.nesterov ? " nesterov" : ""));
-    OptimizerOptions o;
-    o.name = c.name;
-    o.momentum = c.momentum;
-    o.nesterov = c.nesterov;
-    o.weight_decay = 0.05;
+  for (const UpdateCase& c : {UpdateCase{"adamw", 0, false}, UpdateCase{"sgd", 0.9, true},
+                              UpdateCase{"sgd", 0.9, false}, UpdateCase{"sgd", 0, false}}) {
+    SCOPED_TRACE(c.Label());
+    OptimizerOptions o = c.Options();
     o.foreach = true;
     o.foreach_group_bytes = 40;
     if (const char* why = FusedUpdateUnused(o, cuda)) {
