@@ -32,13 +32,23 @@ function(fullburn_find_pkg var module header debian_package)
   message(STATUS "fullburn: ${header} header-only, from ${${var}_INCLUDE_DIR}")
 endfunction()
 
+# A missing one stops the build in one line naming Debian's package (pip
+# install . on a machine without them says what to apt-get, not CMake's page).
+macro(fullburn_require_package name debian_package)
+  find_package(${name} ${ARGN} QUIET)
+  if(NOT ${name}_FOUND)
+    message(FATAL_ERROR "fullburn: ${name} not found: install ${debian_package} (Debian/Ubuntu: "
+                        "apt-get install ${debian_package}; scripts/install-deps.sh installs them all)")
+  endif()
+endmacro()
+
 # What the libraries need (the executables and tests find the rest).
 macro(fullburn_find_library_deps)
   find_package(Threads REQUIRED)
-  find_package(SQLite3 REQUIRED)
-  find_package(nlohmann_json 3 REQUIRED)
-  find_package(fmt REQUIRED)
-  find_package(JPEG REQUIRED)
-  find_package(PNG REQUIRED)
+  fullburn_require_package(SQLite3 libsqlite3-dev)
+  fullburn_require_package(nlohmann_json nlohmann-json3-dev 3)
+  fullburn_require_package(fmt libfmt-dev)
+  fullburn_require_package(JPEG libjpeg62-turbo-dev)
+  fullburn_require_package(PNG libpng-dev)
   fullburn_find_pkg(TOMLPP tomlplusplus toml++/toml.h libtomlplusplus-dev)
 endmacro()

@@ -45,3 +45,20 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/fullburnConfigVersion.cma
 install(FILES ${PROJECT_BINARY_DIR}/fullburnConfig.cmake
               ${PROJECT_BINARY_DIR}/fullburnConfigVersion.cmake cmake/FullburnDeps.cmake
         DESTINATION ${FULLBURN_CMAKE_DIR})
+
+# pip's build (scikit-build-core, pyproject.toml installs only this component):
+# one package in site-packages holding the command, its helpers and the module,
+#   fullburn/_bin/fullburn     the command (venv/bin/fullburn, the entry point
+#                              fullburn._cli:main, execs it)
+#   fullburn/_python/          the helpers fullburn run puts on a job's PYTHONPATH
+#   fullburn/*.py, _native.*   import fullburn
+# so `pip uninstall fullburn` removes all of it.
+if(SKBUILD)
+  install(TARGETS fullburn RUNTIME DESTINATION fullburn/_bin COMPONENT wheel)
+  install(DIRECTORY python/ DESTINATION fullburn/_python COMPONENT wheel
+          FILES_MATCHING PATTERN "*.py" PATTERN "package" EXCLUDE PATTERN "__pycache__" EXCLUDE)
+  if(FULLBURN_HAVE_PYTHON)
+    install(DIRECTORY ${FULLBURN_PYTHON_DIR}/fullburn/ DESTINATION fullburn COMPONENT wheel
+            USE_SOURCE_PERMISSIONS PATTERN "__pycache__" EXCLUDE)
+  endif()
+endif()

@@ -65,6 +65,9 @@ std::string PythonPackageDir();
 
 // fullburn-train beside this executable (the libtorch half), or "" if not built.
 std::string TrainingExecutable();
+// What to do when it is absent: "needs the training half (fullburn-train),
+// which <this>" — a pip install never has it, a CMake build lacked libtorch.
+std::string WithoutTrainingHalf();
 
 void SetupRun(CLI::App& app);
 void SetupAttach(CLI::App& app);

@@ -49,8 +49,8 @@ double Now() {
 int BenchDeviceLoader(const BenchOptions& o) {
   std::string train = TrainingExecutable();
   if (train.empty())
-    return Fail("--device needs the training half (fullburn-train), which was not built: install "
-                "libtorch and rebuild, or leave --device out");
+    return Fail("--device needs the training half (fullburn-train), which " + WithoutTrainingHalf() +
+                "; or leave --device out");
   std::vector<std::string> args = {train, "bench-loader", o.data, "--device", o.device,
                                    "--threads", std::to_string(o.threads),
                                    "--batch-size", std::to_string(o.batch_size),

@@ -33,8 +33,8 @@ int Train(int argc, char** argv) {
   }
   std::string exe = TrainingExecutable();
   if (exe.empty())
-    return Fail(std::string("'") + argv[1] + "' needs the training half (fullburn-train), which was not built: install "
-                "libtorch (scripts/install-deps.sh) and rebuild");
+    return Fail(std::string("'") + argv[1] + "' needs the training half (fullburn-train), which " +
+                WithoutTrainingHalf());
   std::vector<char*> args = {const_cast<char*>(exe.c_str()), argv[1]};
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);

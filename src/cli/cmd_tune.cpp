@@ -141,9 +141,8 @@ Result<Plan> MakePlan(const TuneOptions& o) {
     auto config = Config::Load(p.config_path, p.overrides);
     if (!config.ok()) return config.status();
     if (TrainingExecutable().empty())
-      return Status::InvalidArgument(
-          "tuning fullburn train needs the training half (fullburn-train), which was not "
-          "built: install libtorch (scripts/install-deps.sh) and rebuild, or use --grid");
+      return Status::InvalidArgument("tuning fullburn train needs the training half (fullburn-train), which " +
+                                     WithoutTrainingHalf() + "; or use --grid");
   }
   if (p.objective == Objective::kSamplesPerJoule)
     if (Status s = CheckPowerReadings(); !s.ok()) return s;

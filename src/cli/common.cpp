@@ -62,6 +62,15 @@ std::string TrainingExecutable() {
   return ::access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
+std::string WithoutTrainingHalf() {
+#ifdef FULLBURN_PIP_BUILD
+  return "is not in the pip package (it links libtorch): build fullburn with CMake for it "
+         "(docs/install.md, \"The CMake path\")";
+#else
+  return "was not built: install libtorch (scripts/install-deps.sh) and rebuild";
+#endif
+}
+
 std::string PythonDir() {
   std::vector<std::string> candidates;
   // An installed fullburn's, found from its own path, so a prefix can be
@@ -71,16 +80,17 @@ std::string PythonDir() {
         std::filesystem::path(self.substr(0, self.rfind('/') + 1) + FULLBURN_INSTALLED_PYTHON_DIR)
             .lexically_normal()
             .string());
-  candidates.push_back(FULLBURN_SOURCE_PYTHON_DIR);
+  candidates.push_back(FULLBURN_SOURCE_PYTHON_DIR);  // "" in a pip-built fullburn
   for (const std::string& dir : candidates)
-    if (::access((dir + "/fullburn_markers.py").c_str(), R_OK) == 0) return dir;
+    if (!dir.empty() && ::access((dir + "/fullburn_markers.py").c_str(), R_OK) == 0) return dir;
   return "";
 }
 
 std::string PythonPackageDir() {
   // Only a build-tree fullburn: an installed one's package lives in the
   // interpreter's site-packages (cmake --install --component python).
-  if (PythonDir() != FULLBURN_SOURCE_PYTHON_DIR) return "";
+  if (std::string(FULLBURN_SOURCE_PYTHON_DIR).empty() || PythonDir() != FULLBURN_SOURCE_PYTHON_DIR)
+    return "";
   std::string dir = FULLBURN_BUILD_PYTHON_DIR;
   return ::access((dir + "/fullburn/__init__.py").c_str(), R_OK) == 0 ? dir : "";
 }

@@ -30,7 +30,7 @@ std::string TrainingHalf() {
 }
 
 int Version() {
-  std::printf("fullburn 0.1.0\n");
+  std::printf("fullburn %s\n", FULLBURN_VERSION);
   std::string train = TrainingHalf();
   std::printf("training half: %s\n",
               train.empty() ? "not built (libtorch was not found at build time)" : train.c_str());
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"fullburn: keep GPUs busy while deep-learning models train"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "fullburn 0.1.0");
+  app.set_version_flag("--version", "fullburn " FULLBURN_VERSION);
   SetupRun(app);
   SetupAttach(app);
   SetupWatch(app);

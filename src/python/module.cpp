@@ -443,6 +443,9 @@ py::tuple ReadTensors(const std::string& path) {
 PYBIND11_MODULE(_native, m) {
   using namespace fullburn;
   m.doc() = "fullburn's native half: loaders and the tensor-file saver (use the fullburn package)";
+  // The package checks this against its own _version.py: a module left from
+  // another build beside newer .py files fails in one line, not in a call.
+  m.attr("__version__") = FULLBURN_VERSION;
   g_data_error = PyErr_NewExceptionWithDoc(
       "fullburn.DataError",
       "The data cannot be read: a bad sample under on_bad_sample='fail', an empty or "

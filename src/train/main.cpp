@@ -114,7 +114,7 @@ int ExportWeights(const std::string& from, const std::string& to) {
 
 int main(int argc, char** argv) {
   CLI::App app{"fullburn-train: the libtorch half of fullburn"};
-  app.set_version_flag("--version", "fullburn-train 0.1.0 (" + fullburn::TorchDescription() + ")");
+  app.set_version_flag("--version", "fullburn-train " FULLBURN_VERSION " (" + fullburn::TorchDescription() + ")");
   app.require_subcommand(1);
   BenchOptions o;
   CLI::App* bench = app.add_subcommand("bench-loader", "Input pipeline into device memory (TorchLoader)");

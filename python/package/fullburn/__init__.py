@@ -14,15 +14,38 @@ threads and the GIL, and how this differs from DataLoader, DALI and FFCV.
 torch is imported only when a loader yields or is built with device="cuda",
 or when a checkpoint is saved or loaded, so the module imports without it.
 """
-from ._version import __version__
+
+
+def _native_missing(error):
+    """One line for an ImportError of _native: a module built for another
+    Python beside these files, or none at all (a source tree's package)."""
+    import glob
+    import os
+    import sysconfig
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(here, "_native*.so")))
+    wanted = "_native" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+    if built and wanted not in built:
+        return ("fullburn in %s was built for another Python (%s), not this one (needs %s): "
+                "pip install . with this interpreter, or use the Python it was built for"
+                % (here, ", ".join(built), wanted))
+    if built:
+        return "fullburn's native module in %s does not load (%s): reinstall (pip install --force-reinstall fullburn)" % (here, error)
+    return ("fullburn's native module is not in %s (a source tree's package?): pip install . "
+            "(docs/install.md), or build it (scripts/build.sh) and use build/python" % here)
+
 
 try:
+    from ._version import __version__  # written by the build, as _native is
     from . import _native
-except ImportError as e:  # the .py files without the built module beside them
+except ImportError as e:
+    raise ImportError(_native_missing(e)) from None
+if getattr(_native, "__version__", None) != __version__:
     raise ImportError(
-        "fullburn's native module is not built here (%s): build with pybind11-dev and "
-        "python3-dev installed (scripts/build.sh), then use build/python or "
-        "cmake --install BUILD --component python" % e) from None
+        "fullburn's native module (%s, version %s) is from another build than its Python files "
+        "(version %s): rebuild (pip install . or scripts/build.sh), not a mix of the two"
+        % (_native.__file__, getattr(_native, "__version__", "unknown"), __version__))
 
 DataError = _native.DataError
 
