@@ -349,6 +349,55 @@ class Tokens(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class NumpyOutput(Data):
+    def test_numpy_batches_equal_the_torch_ones_without_torch_imported(self):
+        want = [(x.numpy().copy(), y.numpy().copy())
+                for x, y in fullburn.ImageLoader(self.root, 8, crop=32, seed=5, threads=2)]
+        uint8 = [x.numpy().copy() for x, _ in
+                 fullburn.ImageLoader(self.root, 8, crop=32, seed=5, threads=2, dtype=torch.uint8,
+                                      channels_last=True)]
+        # In a child whose torch cannot be imported: output="numpy" must not need it.
+        code = ("import sys, numpy as np; sys.modules['torch'] = None\n"
+                "import fullburn\n"
+                "out = {}\n"
+                "for i, (x, y) in enumerate(fullburn.ImageLoader(sys.argv[1], 8, crop=32, seed=5, "
+                "threads=2, output='numpy')):\n"
+                "    out['x%d' % i], out['y%d' % i] = x.copy(), y.copy()\n"
+                "for i, (x, _) in enumerate(fullburn.ImageLoader(sys.argv[1], 8, crop=32, seed=5, "
+                "threads=2, output='numpy', dtype=np.uint8, channels_last=True)):\n"
+                "    out['u%d' % i] = x.copy()\n"
+                "np.savez(sys.argv[2], **out)\n")
+        path = os.path.join(self.tmp, "numpy_batches.npz")
+        run = subprocess.run([sys.executable, "-c", code, self.root, path], capture_output=True,
+                             text=True, env=os.environ)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        got = np.load(path)
+        self.assertEqual(len(got.files), 3 * len(want))
+        for i, (x, y) in enumerate(want):
+            self.assertEqual(got["x%d" % i].shape, x.shape)  # [B, 3, crop, crop]
+            self.assertEqual(got["x%d" % i].dtype, np.float32)
+            np.testing.assert_array_equal(got["x%d" % i], x)
+            np.testing.assert_array_equal(got["y%d" % i], y)
+            np.testing.assert_array_equal(got["u%d" % i], uint8[i])  # channels_last: NCHW view
+
+    def test_numpy_output_refuses_what_it_cannot_make(self):
+        with self.assertRaisesRegex(ValueError, "output must be 'torch' or 'numpy'"):
+            fullburn.ImageLoader(self.root, 8, output="jax")
+        with self.assertRaisesRegex(ValueError, "needs output='torch'"):
+            fullburn.ImageLoader(self.root, 8, output="numpy", device="cuda")
+        with self.assertRaisesRegex(ValueError, "float32 or uint8 batches, not float16"):
+            fullburn.ImageLoader(self.root, 8, output="numpy", dtype=np.float16)
+
+    def test_token_batches_as_numpy(self):
+        path = os.path.join(self.tmp, "tokens.bin")
+        np.arange(3000, dtype=np.uint16).tofile(path)
+        for (x, y), (tx, ty) in zip(fullburn.TokenLoader(path, 2, 16, seed=1, output="numpy"),
+                                    fullburn.TokenLoader(path, 2, 16, seed=1)):
+            self.assertIsInstance(x, np.ndarray)
+            np.testing.assert_array_equal(x, tx.numpy())
+            np.testing.assert_array_equal(y, x + 1)
+
+
 class WithoutTorch(unittest.TestCase):
     def test_the_module_imports_and_says_what_needs_torch(self):
         code = ("import sys; sys.modules['torch'] = None\n"

@@ -18,8 +18,9 @@ def _torch(what):
     try:
         import torch
     except ImportError:
-        raise ImportError("%s yields torch tensors and needs PyTorch: install it "
-                          "(Debian: apt-get install python3-torch)" % what) from None
+        raise ImportError("%s yields torch tensors and needs PyTorch: install it (pip install "
+                          "torch; Debian: apt-get install python3-torch), or pass "
+                          "output='numpy' for NumPy arrays" % what) from None
     return torch
 
 
@@ -32,6 +33,16 @@ def _rank_and_world(rank, world_size):
         if world_size is None:
             world_size = dist.get_world_size()
     return (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+
+
+def _output_of(output, device, what):
+    """"torch" (tensors) or "numpy" (arrays: no torch needed, the CPU only)."""
+    if output not in ("torch", "numpy"):
+        raise ValueError("%s: output must be 'torch' or 'numpy', not %r" % (what, output))
+    if output == "numpy" and device is not None and str(device) != "cpu":
+        raise ValueError("%s: output='numpy' yields host arrays; device=%r needs output='torch'"
+                         % (what, str(device)))
+    return output
 
 
 def _device_of(device, what):
@@ -130,14 +141,16 @@ class ImageLoader:
     (channels_last strides with channels_last=True), labels int64 [B]. On the
     CPU the tensors are views of the loader's batch memory, normalized by its
     threads; with device="cuda" the uint8 batch is copied from pinned memory
-    on a side stream and normalized on the GPU.
+    on a side stream and normalized on the GPU. output="numpy" yields NumPy
+    arrays of the same shapes instead (views too; no torch needed).
     """
 
     def __init__(self, root_or_pack, batch_size, *, train=True, crop=224, threads=None,
                  prefetch=None, seed=0, shuffle=True, drop_last=None, rank=None, world_size=None,
                  on_bad_sample="skip", device=None, dtype=None, mean=IMAGENET_MEAN,
-                 std=IMAGENET_STD, channels_last=False, cache_mb=0, resize=None):
+                 std=IMAGENET_STD, channels_last=False, cache_mb=0, resize=None, output="torch"):
         root = os.fspath(root_or_pack)
+        self._output = _output_of(output, device, "fullburn.ImageLoader")
         if not os.path.exists(root):
             raise FileNotFoundError(
                 "%s: no such folder or pack: give an image folder (root/<class>/*.jpg) or a "
@@ -150,6 +163,9 @@ class ImageLoader:
             raise ValueError("prefetch must be None (tuned while running) or at least 1")
         self._device = _device_of(device, "fullburn.ImageLoader")
         self._dtype = dtype
+        if output == "numpy" and dtype is not None and _dtype_name(dtype) not in ("uint8", "float32"):
+            raise ValueError("fullburn.ImageLoader: output='numpy' makes float32 or uint8 batches, "
+                             "not %s: convert the arrays yourself" % _dtype_name(dtype))
         # uint8 slots (not normalized by the threads) for uint8 batches and for
         # the GPU, which normalizes after the copy unless uint8 was asked for.
         raw = _is_uint8(dtype)
@@ -263,6 +279,10 @@ class ImageLoader:
         self._consumed = 0
 
     def _tensors(self, images, labels):
+        if self._output == "numpy":
+            if self.channels_last:
+                return images.transpose(0, 3, 1, 2), labels
+            return images, labels
         torch = _torch("fullburn.ImageLoader")
         x = torch.from_numpy(images)
         y = torch.from_numpy(labels)
@@ -305,8 +325,13 @@ class ImageLoader:
         return gpu, labels
 
 
+def _dtype_name(dtype):
+    """"uint8" for torch.uint8, numpy.uint8, np.dtype("uint8") and "uint8"."""
+    return getattr(dtype, "__name__", None) or str(dtype).replace("torch.", "")
+
+
 def _is_uint8(dtype):
-    return dtype is not None and str(dtype) in ("torch.uint8", "uint8")
+    return dtype is not None and _dtype_name(dtype) == "uint8"
 
 
 def _check_state(state, kind, same):
@@ -372,7 +397,8 @@ class TokenLoader:
     """
 
     def __init__(self, path, batch_size, seq_len, *, seed=0, rank=None, world_size=None,
-                 device=None):
+                 device=None, output="torch"):
+        self._output = _output_of(output, device, "fullburn.TokenLoader")
         paths = _token_paths(path)
         self._device = _device_of(device, "fullburn.TokenLoader")
         self.rank, self.world_size = _rank_and_world(rank, world_size)
@@ -406,7 +432,7 @@ class TokenLoader:
         self._epoch = epoch
 
     def __iter__(self):
-        torch = _torch("fullburn.TokenLoader")
+        torch = _torch("fullburn.TokenLoader") if self._output == "torch" else None
         while self._next_batch < self._len:
             hooks = _StepHooks.state()
             started = time.time()
@@ -415,7 +441,8 @@ class TokenLoader:
             t0 = time.perf_counter()
             step = (self._epoch * self._len + self._next_batch) * self.world_size + self.rank
             x, y = self._native.batch(step)
-            x, y = torch.from_numpy(x), torch.from_numpy(y)
+            if torch is not None:
+                x, y = torch.from_numpy(x), torch.from_numpy(y)
             if self._device is not None:
                 x = x.to(self._device, non_blocking=True)
                 y = y.to(self._device, non_blocking=True)
