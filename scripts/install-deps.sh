@@ -42,6 +42,7 @@ if [[ $mode != demo ]]; then
     chromium                      # tests: the HTML report in a real browser
     prometheus openssl            # tests: fullburn fleet against the real engine (TLS), promtool checks
     pybind11-dev python3-dev python3-numpy  # import fullburn (the module, built by the normal build)
+    python3-venv                  # tests: pip install . into a fresh venv (tests/pip)
   )
   if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
     packages+=(python3-torch python3-torchvision)  # tests: unchanged PyTorch scripts, ImageFolder
