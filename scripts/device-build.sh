@@ -56,6 +56,7 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_W
   -Dnlohmann_json_DIR="$kit/root/usr/share/cmake/nlohmann_json" \
   -DHTTPLIB_INCLUDE_DIR="$kit/root/usr/include" -DTOMLPP_INCLUDE_DIR="$kit/root/usr/include" \
   -DHTTPLIB_LIBRARY="$lib/libcpp-httplib.so" \
+  -DMHD_INCLUDE_DIR="$kit/root/usr/include" -DMHD_LIBRARY="$lib/libmicrohttpd.so" \
   -DHTTPLIB_DEFINITIONS="CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT" \
   "${cuda[@]}" "${python_module[@]}" ${KERNELS:+-DFULLBURN_CUDA_KERNELS=$([[ $KERNELS == 1 ]] && echo ON || echo OFF)}
 keep=()

@@ -24,7 +24,8 @@ packages=(
   libsqlite3-dev sqlite3          # run store
   libcli11-dev                    # command line
   nlohmann-json3-dev libfmt-dev   # JSON, formatting
-  libcpp-httplib-dev              # fullburn serve
+  libcpp-httplib-dev              # fullburn fleet (Prometheus's API)
+  libmicrohttpd-dev               # fullburn serve
   libtomlplusplus-dev             # fullburn train configs
   libjpeg62-turbo-dev libpng-dev  # input pipeline (JPEG, PNG)
   zlib1g-dev                      # checksums, gzip

@@ -1,6 +1,6 @@
 // fullburn serve: Prometheus exposition of the latest sample at /metrics,
-// and of the jobs being recorded on this host (their last minute).
-#include <httplib.h>
+// and of the jobs being recorded on this host (their last minute), over
+// HttpServer (fullburn/http_server.h: idle and slow clients cost no thread).
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "fullburn/http_server.h"
 #include "fullburn/report.h"
 #include "serve_jobs.h"
 
@@ -21,6 +22,8 @@ namespace {
 struct ServeOptions {
   CommonOptions common;
   std::string listen = "127.0.0.1:9400";
+  double idle_timeout_s = HttpServerOptions().idle_timeout_s;
+  unsigned max_connections = HttpServerOptions().max_connections;
 };
 
 bool SplitHostPort(const std::string& s, std::string* host, int* port) {
@@ -88,60 +91,50 @@ int Serve(const ServeOptions& opts) {
     poller.join();
   };
 
-  httplib::Server server;
-  // httplib's default also sets SO_REUSEPORT, which would let a second
-  // exporter bind the same port silently; a port in use must be an error.
-  server.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
   // Who holds each GPU is read at each scrape, from the snapshot's processes.
   GpuHolders holders(Env::Default());
   std::mutex holders_mu;
-  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+  auto metrics = [&] {
     std::optional<Snapshot> s = sampler.Latest();
     std::vector<JobNow> running = jobs ? jobs->Jobs() : std::vector<JobNow>();
-    std::string text;
+    HttpResponse res;
+    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
     if (s) {
       std::vector<GpuInfo> labelled = gpu_info;
       {
         std::lock_guard<std::mutex> lock(holders_mu);
         LabelHolders(s->gpus, holders.Labels(s->gpus, RecordedJobs(running)), &labelled);
       }
-      text = RenderPrometheus(*s, labelled, hostname);
+      res.body = RenderPrometheus(*s, labelled, hostname);
     }
-    if (jobs) text += RenderJobsPrometheus(running, hostname);
-    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
-  });
-  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
-  });
-  if (!server.bind_to_port(host.c_str(), port)) {
+    if (jobs) res.body += RenderJobsPrometheus(running, hostname);
+    return res;
+  };
+  auto healthz = [] {
+    HttpResponse res;
+    res.body = "ok\n";
+    return res;
+  };
+  HttpServerOptions http;
+  http.host = host;
+  http.port = port;
+  http.idle_timeout_s = opts.idle_timeout_s;
+  http.max_connections = opts.max_connections;
+  Result<std::unique_ptr<HttpServer>> server =
+      HttpServer::Start(http, {{"/metrics", metrics}, {"/healthz", healthz}});
+  if (!server.ok()) {
     stop_poller();
-    return Fail("cannot listen on " + opts.listen + " (address in use or not local): choose another --listen");
+    sampler.Stop();
+    return Fail(server.status().message());
   }
-  int bound = port == 0 ? -1 : port;
-  if (port == 0) {
-    // bind_to_port with 0 does not tell the port; rebind to an OS-chosen one.
-    server.stop();
-    bound = server.bind_to_any_port(host.c_str());
-    if (bound < 0) {
-      stop_poller();
-      return Fail("cannot listen on " + host + ": choose another --listen");
-    }
-  }
+  int bound = (*server)->port();
   if (host != "127.0.0.1" && host != "localhost" && host != "::1")
     std::fprintf(stderr, "fullburn: warning: listening on %s, reachable from other machines\n", host.c_str());
   std::fprintf(stderr, "fullburn: serving http://%s:%d/metrics (Ctrl-C to stop)\n", host.c_str(), bound);
-  std::thread stopper([&server, stop_signals] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    server.stop();
-  });
-  server.listen_after_bind();
-  // listen_after_bind returned without a signal only on a server error.
-  pthread_kill(stopper.native_handle(), SIGTERM);
-  stopper.join();
+  // Serving happens on the server's thread; this one waits for a signal.
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  (*server)->Stop();
   stop_poller();
   sampler.Stop();
   return 0;
@@ -154,6 +147,16 @@ void SetupServe(CLI::App& app) {
   CLI::App* serve = app.add_subcommand("serve", "Prometheus exporter: /metrics and /healthz");
   serve->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any free port)")
       ->envname("FULLBURN_LISTEN")
+      ->capture_default_str();
+  serve->add_option("--idle-timeout", opts->idle_timeout_s,
+                    "Seconds a connection may send nothing before it is closed (1 to 3600)")
+      ->envname("FULLBURN_IDLE_TIMEOUT")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  serve->add_option("--max-connections", opts->max_connections,
+                    "Connections open at once; more are accepted and closed (16 to 1000000)")
+      ->envname("FULLBURN_MAX_CONNECTIONS")
+      ->check(CLI::Range(16u, 1000000u))
       ->capture_default_str();
   AddIntervalOption(serve, &opts->common, 1.0);
   AddStoreOption(serve, &opts->common);

@@ -605,11 +605,12 @@ TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
   ASSERT_TRUE(health);
   EXPECT_EQ(health->body, "ok\n");
   EXPECT_EQ(client.Get("/nope")->status, 404);
-  // Malformed requests get a 4xx and the server lives on.
+  // Malformed requests get a 4xx, or (a request line that is not one:
+  // libmicrohttpd's choice) a closed connection, and the server lives on.
   std::string reply = RawRequest(port, "GARBAGE\r\n\r\n");
-  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+  EXPECT_TRUE(reply.empty() || reply.rfind("HTTP/1.1 4", 0) == 0) << reply;
   reply = RawRequest(port, "GET\r\n\r\n");
-  EXPECT_EQ(reply.substr(0, 10), "HTTP/1.1 4") << reply;
+  EXPECT_TRUE(reply.empty() || reply.rfind("HTTP/1.1 4", 0) == 0) << reply;
   reply = RawRequest(port, "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n");
   EXPECT_EQ(reply.substr(0, 10), "HTTP/1.1 4") << reply;
   reply = RawRequest(port, std::string(100000, 'A') + "\r\n\r\n");

@@ -1,0 +1,180 @@
+// HttpServer over libmicrohttpd: its internal thread polls every connection
+// with epoll, so a connection that sends nothing holds a few KiB of its
+// memory pool, not a worker thread (cpp-httplib's pool of 8 threads was
+// starved by 8 idle connections: issue 53).
+#include "fullburn/http_server.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+namespace fullburn {
+
+struct HttpServer::Impl {
+  std::map<std::string, HttpHandler> routes;
+  MHD_Daemon* daemon = nullptr;
+  int listen_fd = -1;
+};
+
+namespace {
+
+// Each connection is a descriptor: let the process have as many as its hard
+// limit allows (often 1024 soft of 1M hard), or max_connections cannot hold.
+void RaiseDescriptorLimit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+MHD_Result Reply(MHD_Connection* connection, const HttpResponse& reply, bool head) {
+  MHD_Response* response = MHD_create_response_from_buffer(
+      reply.body.size(), const_cast<char*>(reply.body.data()), MHD_RESPMEM_MUST_COPY);
+  if (!response) return MHD_NO;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, reply.content_type.c_str());
+  if (reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
+    MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  (void)head;  // libmicrohttpd sends no body for HEAD by itself
+  MHD_Result queued = MHD_queue_response(connection, static_cast<unsigned>(reply.status), response);
+  MHD_destroy_response(response);
+  return queued;
+}
+
+HttpResponse Plain(int status, const char* text) {
+  HttpResponse r;
+  r.status = status;
+  r.body = text;
+  return r;
+}
+
+bool CarriesABody(MHD_Connection* connection) {
+  const char* length = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (length && std::strtoull(length, nullptr, 10) > 0) return true;
+  return MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != nullptr;
+}
+
+// Called once the request line and headers are in (and again for any body
+// data): every answer is queued on that first call, so a body is never read;
+// libmicrohttpd then closes the connection after the response.
+MHD_Result Handle(void* cls, MHD_Connection* connection, const char* url, const char* method,
+                  const char* /*version*/, const char* /*upload_data*/, size_t* upload_data_size,
+                  void** request_state) {
+  auto* impl = static_cast<HttpServer::Impl*>(cls);
+  static int answered;
+  if (*request_state == &answered) {  // body bytes after our answer: discard them
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  *request_state = &answered;
+  bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+  bool head = std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+  if (!get && !head) return Reply(connection, Plain(405, "only GET and HEAD\n"), false);
+  if (CarriesABody(connection))
+    return Reply(connection, Plain(413, "a request to this exporter carries no body\n"), head);
+  auto route = impl->routes.find(url);
+  if (route == impl->routes.end()) return Reply(connection, Plain(404, "not found: try /metrics\n"), head);
+  return Reply(connection, route->second(), head);
+}
+
+// The listening socket is ours, so a failure to bind says why in one line.
+Result<int> Listen(const std::string& host, int port, const std::string& where) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0)
+    return Status::InvalidArgument("cannot listen on " + where + ": '" + host + "' is not an address (" +
+                                   ::gai_strerror(rc) + "): give an IP address of this machine");
+  int fd = -1;
+  int error = 0;
+  for (addrinfo* a = found; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      error = errno;
+      continue;
+    }
+    int yes = 1;
+    // SO_REUSEADDR only: SO_REUSEPORT would let a second exporter bind the
+    // same port silently; a port in use must be an error.
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
+      error = errno;
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd >= 0) return fd;
+  std::string why = error == EADDRINUSE      ? "the address is in use (another fullburn serve or exporter?)"
+                    : error == EADDRNOTAVAIL ? "it is not an address of this machine"
+                    : error == EACCES        ? "a port below 1024 needs root"
+                                             : std::strerror(error);
+  return Status::Unavailable("cannot listen on " + where + ": " + why + ": choose another --listen");
+}
+
+int BoundPort(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
+  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  return -1;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                      std::map<std::string, HttpHandler> routes) {
+  std::string where = options.host + ":" + std::to_string(options.port);
+  if (options.port < 0 || options.port > 65535)
+    return Status::InvalidArgument("cannot listen on " + where + ": the port is not 0-65535");
+  RaiseDescriptorLimit();
+  Result<int> fd = Listen(options.host, options.port, where);
+  if (!fd.ok()) return fd.status();
+  auto impl = std::make_unique<Impl>();
+  impl->routes = std::move(routes);
+  impl->listen_fd = *fd;
+  unsigned timeout_s = static_cast<unsigned>(std::max(1.0, std::ceil(options.idle_timeout_s)));
+  impl->daemon = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, nullptr, nullptr, &Handle,
+      impl.get(), MHD_OPTION_LISTEN_SOCKET, static_cast<MHD_socket>(*fd), MHD_OPTION_CONNECTION_TIMEOUT,
+      timeout_s, MHD_OPTION_CONNECTION_LIMIT, options.max_connections, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      options.request_memory_bytes, MHD_OPTION_END);
+  if (!impl->daemon) {
+    ::close(*fd);
+    return Status::Internal("cannot serve on " + where +
+                            ": libmicrohttpd did not start (out of memory or descriptors?)");
+  }
+  int port = BoundPort(*fd);
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl), port));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl, int port) : impl_(std::move(impl)), port_(port) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+void HttpServer::Stop() {
+  if (!impl_->daemon) return;
+  // Joins its thread (the handlers are done) and closes every socket, the
+  // listening one we handed it included (a test binds the port again).
+  MHD_stop_daemon(impl_->daemon);
+  impl_->daemon = nullptr;
+}
+
+unsigned HttpServer::connections() const {
+  if (!impl_->daemon) return 0;
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(impl_->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+  return info ? info->num_connections : 0;
+}
+
+}  // namespace fullburn
