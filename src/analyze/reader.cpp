@@ -501,7 +501,9 @@ class Scanner {
  private:
   bool Fill() {
     if (!status_.ok() || eof_) return false;
-    offset_ += end_ - buf_.data();
+    // Before the first read there is no buffer's worth behind us (end_ is
+    // null: subtracting the buffer's address made "ends at byte -1399...").
+    if (end_ != nullptr) offset_ += end_ - buf_.data();
     Result<size_t> n = src_->Read(buf_.data(), buf_.size());
     if (!n.ok()) {
       status_ = n.status();

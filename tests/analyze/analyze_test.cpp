@@ -684,7 +684,8 @@ TEST(Analyze, BadInputsAreOneLineErrors) {
   std::string text = IdleScenario().Text();
   p = TempPath("cut.json");
   WriteFile(p, text.substr(0, text.size() / 2));
-  ExpectError(p, "truncated");
+  // The byte it names is where the file ends (it once printed a negative one).
+  ExpectError(p, "truncated: the text ends at byte " + std::to_string(text.size() / 2) + " inside traceEvents");
   p = TempPath("cut.json.gz");
   WriteGzip(p, text);
   std::string gz;
