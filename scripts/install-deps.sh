@@ -52,6 +52,7 @@ fi
 if [[ $mode == bench ]]; then
   packages+=(python3-torch python3-torchvision stress-ng)  # bench/ baselines, a loaded machine
   packages+=(python3-pandas)      # bench/analyze_vs_hta: HTA's definitions in pandas
+  packages+=(prometheus-node-exporter)  # bench/serve_hostile: the exporter beside serve
 fi
 
 if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
