@@ -8,7 +8,8 @@
 //   a thread, so a thousand of them do not delay a scrape. Handlers must be
 //   quick (render from a snapshot) and thread-safe against the caller's
 //   threads; they never run after Stop() or the destructor returned.
-// - Bounded: at most max_connections at once (more are accepted and closed);
+// - Bounded: at most max_connections at once (more wait, unaccepted, in the
+//   kernel's listen queue until one closes: libmicrohttpd stops accepting);
 //   a connection with no traffic for idle_timeout_s is closed; a request's
 //   line and headers live in request_memory_bytes (beyond: 431, closed).
 //   Only GET and HEAD are served (others: 405); a request that carries a body

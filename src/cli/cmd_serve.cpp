@@ -154,7 +154,7 @@ void SetupServe(CLI::App& app) {
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
   serve->add_option("--max-connections", opts->max_connections,
-                    "Connections open at once; more are accepted and closed (16 to 1000000)")
+                    "Connections served at once; more wait in the kernel's queue until one closes (16 to 1000000)")
       ->envname("FULLBURN_MAX_CONNECTIONS")
       ->check(CLI::Range(16u, 1000000u))
       ->capture_default_str();
