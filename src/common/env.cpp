@@ -85,7 +85,10 @@ std::vector<std::string> SelfAndAncestors(std::string path) {
   for (;;) {
     out.push_back(path);
     if (path.empty()) return out;
-    path = path.substr(0, path.rfind('/'));
+    // A path without a '/' (a malformed /proc/self/cgroup line) has no
+    // parent: substr(0, npos) would return it again, forever.
+    size_t slash = path.rfind('/');
+    path = slash == std::string::npos ? std::string() : path.substr(0, slash);
   }
 }
 

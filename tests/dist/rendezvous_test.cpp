@@ -140,6 +140,14 @@ TEST_F(CgroupQuota, V2TakesTheTightestOfTheCgroupAndItsParents) {
   EXPECT_EQ(Quota(), 1);
 }
 
+// Found by fuzz/proc_fuzz (fuzz/regressions/proc/cgroup-without-slash):
+// a cgroup path without a '/' walked up to itself forever, growing a list.
+TEST_F(CgroupQuota, APathWithoutASlashEndsTheWalk) {
+  Write("/proc/self/cgroup", "0::pod1\n");
+  Write("/sys/fs/cgroup/cpu.max", "150000 100000\n");
+  EXPECT_EQ(Quota(), 1);  // the root's limit still counts
+}
+
 TEST_F(CgroupQuota, V1ReadsCfsQuotaAndPeriod) {
   Write("/proc/self/cgroup", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n");
   Write("/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "400000\n");
