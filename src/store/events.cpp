@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -74,6 +75,22 @@ std::string QuoteNonFiniteWords(const std::string& line) {
   return out;
 }
 
+// An optional whole-number field (absent or null: `*out` is kept). json's
+// value() throws on a field of another type and a cast of an out-of-range
+// double is undefined: a job's bad line must be a counted error, not a crash.
+template <typename T>
+Status WholeField(const json& j, const char* key, T* out) {
+  if (!j.contains(key) || j[key].is_null()) return Status::Ok();
+  const json& v = j[key];
+  double x = v.is_number() ? v.get<double>() : NAN;
+  // 2^63 is a double; the largest int64 is not, so the bound is exclusive.
+  bool fits = x >= static_cast<double>(std::numeric_limits<T>::min()) &&
+              x < -static_cast<double>(std::numeric_limits<T>::min()) && x == std::floor(x);
+  if (!fits) return Status::InvalidArgument(std::string("\"") + key + "\" must be a whole number");
+  *out = v.is_number_integer() ? static_cast<T>(v.get<int64_t>()) : static_cast<T>(x);
+  return Status::Ok();
+}
+
 Result<StepRecord> ParseStep(const json& j, double run_start) {
   StepRecord r;
   double time = 0, step_s = 0;
@@ -87,11 +104,17 @@ Result<StepRecord> ParseStep(const json& j, double run_start) {
   r.step = j["step"].get<int64_t>();
   r.t = time - run_start;
   r.step_s = step_s;
-  r.rank = j.value("rank", 0);
-  r.epoch = j.value("epoch", 0);
-  r.samples = j.value("samples", int64_t{0});
-  r.lr = j.value("lr", 0.0);
-  r.skipped = j.value("skipped", false);
+  for (Status s : {WholeField(j, "rank", &r.rank), WholeField(j, "epoch", &r.epoch),
+                   WholeField(j, "samples", &r.samples)})
+    if (!s.ok()) return s;
+  if (j.contains("lr") && !j["lr"].is_null()) {
+    if (!j["lr"].is_number()) return Status::InvalidArgument("\"lr\" must be a number");
+    r.lr = j["lr"].get<double>();
+  }
+  if (j.contains("skipped") && !j["skipped"].is_null()) {
+    if (!j["skipped"].is_boolean()) return Status::InvalidArgument("\"skipped\" must be true or false");
+    r.skipped = j["skipped"].get<bool>();
+  }
   r.loss = NAN;  // none reported
   if (j.contains("loss") && !j["loss"].is_null()) {
     std::optional<double> loss = LossValue(j["loss"]);
@@ -139,7 +162,7 @@ Result<MarkerEvent> ParseEventLine(const std::string& line, double run_start) {
   json j = json::parse(line, nullptr, false);
   if (j.is_discarded()) j = json::parse(QuoteNonFiniteWords(line), nullptr, false);
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
-  std::string kind = j.value("kind", "");
+  std::string kind = j.contains("kind") && j["kind"].is_string() ? j["kind"].get<std::string>() : "";
   MarkerEvent out;
   if (kind == "step") {
     Result<StepRecord> r = ParseStep(j, run_start);

@@ -458,6 +458,35 @@ TEST(StepEvents, ADivergedLossKeepsItsValue) {
             std::string::npos);
 }
 
+// Found by fuzz/events_fuzz (fuzz/regressions/events/): a field of another
+// type threw out of the parser (json's value()), which ended fullburn run.
+TEST(StepEvents, FieldsOfTheWrongTypeAreBadLinesNotCrashes) {
+  const std::string step = R"({"kind":"step","step":1,"time":5,"step_s":1,)";
+  auto message = [](const std::string& line) { return ParseEventLine(line, 0).status().message(); };
+  EXPECT_EQ(message(R"({"kind":0})"), R"("kind" must be "step" or "event")");
+  EXPECT_EQ(message(step + R"("rank":"0"})"), R"("rank" must be a whole number)");
+  EXPECT_EQ(message(step + R"("epoch":1e300})"), R"("epoch" must be a whole number)");
+  EXPECT_EQ(message(step + R"("samples":2.5})"), R"("samples" must be a whole number)");
+  EXPECT_EQ(message(step + R"("lr":"x"})"), R"("lr" must be a number)");
+  EXPECT_EQ(message(step + R"("skipped":1})"), R"("skipped" must be true or false)");
+  auto whole = ParseEventLine(step + R"("rank":3.0,"samples":64,"lr":0.1,"skipped":true})", 0);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  EXPECT_EQ(whole->step.rank, 3);
+  EXPECT_EQ(whole->step.samples, 64);
+  EXPECT_TRUE(whole->step.skipped);
+
+  std::string path = ::testing::TempDir() + "/fb_events_types.jsonl";
+  std::ofstream(path, std::ios::trunc) << step << R"("rank":1})" << "\n"
+                                       << R"({"kind":[]})" << "\n";
+  EventFileReader reader(path);
+  std::vector<StepRecord> steps;
+  std::vector<RunEvent> events;
+  ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
+  EXPECT_EQ(steps.size(), 1u);
+  EXPECT_EQ(reader.bad_lines(), 1);
+  EXPECT_EQ(reader.first_error(), "line 2 of " + path + R"(: "kind" must be "step" or "event")");
+}
+
 TEST(StepEvents, BadLinesSayWhy) {
   EXPECT_NE(ParseEventLine("[1,2]", 0).status().message().find("not a JSON object"),
             std::string::npos);
