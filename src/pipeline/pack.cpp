@@ -294,6 +294,13 @@ Result<std::unique_ptr<PackReader>> PackReader::Open(const std::string& dir) {
     r->classes_.emplace_back(reinterpret_cast<const char*>(c.p), len);
     c.p += len;
   }
+  // The counts are checked against the bytes left before anything is sized
+  // by them: a damaged count would otherwise ask for terabytes.
+  constexpr uint64_t kRecordBytes = 4 + 8 + 4 + 2 + 2 + 4;
+  uint64_t left = static_cast<uint64_t>(c.end - c.p);
+  if (shards > left / 8 || count > (left - uint64_t{shards} * 8) / kRecordBytes)
+    return corrupt("it lists " + std::to_string(shards) + " shards and " + std::to_string(count) +
+                   " records, more than its " + std::to_string(left) + " bytes of tables hold");
   std::vector<uint64_t> sizes(shards);
   for (uint64_t& s : sizes)
     if (!c.Get(&s)) return corrupt("bad shard table");
@@ -302,7 +309,9 @@ Result<std::unique_ptr<PackReader>> PackReader::Open(const std::string& dir) {
     if (!c.Get(&rec.shard) || !c.Get(&rec.offset) || !c.Get(&rec.size) || !c.Get(&rec.width) ||
         !c.Get(&rec.height) || !c.Get(&rec.label))
       return corrupt("record table cut short");
-    if (rec.shard >= shards || rec.offset + rec.size > sizes[rec.shard] ||
+    // offset + size could wrap around: compared without the sum.
+    if (rec.shard >= shards || rec.offset > sizes[rec.shard] ||
+        rec.size > sizes[rec.shard] - rec.offset ||
         (r->format_ == PackFormat::kRaw && rec.size != uint64_t(rec.width) * rec.height * 3) ||
         rec.label < 0 || static_cast<uint32_t>(rec.label) >= classes)
       return corrupt("a record points outside its shard");

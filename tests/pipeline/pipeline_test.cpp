@@ -1045,6 +1045,56 @@ TEST(Pack, IndexChecksumIsStandardFnv1aAndEarlyPacksStillOpen) {
   EXPECT_FALSE((*pack)->records().empty());
 }
 
+// Found by fuzz/pack_fuzz (fuzz/regressions/pack/): counts the index cannot
+// hold were allocated before they were checked (terabytes), and an offset
+// near 2^64 wrapped around the shard's end check.
+TEST(Pack, DamagedCountsAndOffsetsAreRefused) {
+  fs::path dst = fs::path(::testing::TempDir()) / "fb_pack_damaged";
+  fs::remove_all(dst);
+  fs::create_directories(dst);
+  std::string index = (dst / "index.fbpx").string();
+  auto put = [](std::string* s, auto v) { s->append(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto open = [&](std::string body) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : body) h = (h ^ c) * 0x100000001b3ull;
+    put(&body, h);
+    std::ofstream(index, std::ios::binary | std::ios::trunc) << body;
+    return PackReader::Open(dst.string());
+  };
+  std::string head = "FBPACK01";
+  put(&head, uint32_t{1});  // version
+  put(&head, uint32_t{0});  // JPEG
+  std::string counts = head;
+  put(&counts, uint64_t{1} << 40);  // records
+  put(&counts, uint32_t{0});        // classes
+  put(&counts, uint32_t{0});        // shards
+  auto huge = open(counts);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().message(),
+            "pack index " + index + " is corrupt (it lists 0 shards and 1099511627776 records, "
+            "more than its 0 bytes of tables hold): re-run fullburn pack");
+
+  std::string wrap = head;
+  put(&wrap, uint64_t{1});
+  put(&wrap, uint32_t{1});
+  put(&wrap, uint32_t{1});
+  put(&wrap, uint32_t{1});
+  wrap += "a";
+  put(&wrap, uint64_t{16});  // shard 0's size
+  put(&wrap, uint32_t{0});   // the record: shard, offset, size, width, height, label
+  put(&wrap, ~uint64_t{0} - 3);
+  put(&wrap, uint32_t{8});
+  put(&wrap, uint16_t{1});
+  put(&wrap, uint16_t{1});
+  put(&wrap, int32_t{0});
+  std::ofstream((dst / "shard-00000.fbp").string(), std::ios::binary) << std::string(16, 'x');
+  auto outside = open(wrap);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(outside.status().message(), "pack index " + index +
+                                            " is corrupt (a record points outside its shard): "
+                                            "re-run fullburn pack");
+}
+
 TEST(Pack, CorruptSourceImagesAreLeftOut) {
   std::string dir = SmallDataset("packskip");
   std::ofstream(dir + "/class_000/img_00002.jpg", std::ios::trunc) << "junk";
