@@ -568,6 +568,11 @@ void Notes(const RawTrace& t, int64_t linked, RankReport* r) {
         fmt::format("{} events with a negative duration left out (a clock "
                     "problem in the profiler)",
                     t.negative_durations));
+  if (t.absurd_times > 0)
+    r->notes.push_back(
+        fmt::format("{} events with a time or duration beyond 2^53 us left out (no "
+                    "profiler's clock; a damaged trace?)",
+                    t.absurd_times));
   if (linked > 0)
     r->notes.push_back(
         fmt::format("{} GPU ops matched to their launch through flow events "

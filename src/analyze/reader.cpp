@@ -5,6 +5,7 @@
 // (distributedInfo, deviceProperties, ...) are small and parsed on their own.
 #include <simdjson.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -278,6 +279,11 @@ void AddHostEvent(const Fields& f, RawTrace* t) {
 // Sorts one event into the kept vectors.
 void Classify(const Fields& f, RawTrace* t) {
   t->events++;
+  if ((f.has_ts && !(std::fabs(f.ts) < kMaxTraceUs)) ||
+      (f.has_dur && !(std::fabs(f.dur) < kMaxTraceUs))) {
+    t->absurd_times++;
+    return;
+  }
   if (f.ph == "s" || f.ph == "f") {
     if (t->keep_flows && f.has_id && f.has_ts && IsFlowCategory(f.cat, f.name)) {
       FlowEnd e;

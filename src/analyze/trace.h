@@ -112,10 +112,16 @@ struct RawTrace {
   // Counts for the notes.
   int64_t events = 0;
   int64_t negative_durations = 0;
+  int64_t absurd_times = 0;  // ts or dur past kMaxTraceUs
   int64_t host_events = 0;
   double host_min_ts = INFINITY, host_max_end = -INFINITY;
   double min_ts = INFINITY, max_end = -INFINITY;
 };
+
+// Times are kept as doubles and cut to whole microseconds for the
+// intervals: past 2^53 us (285 years) that cut is no longer exact, and past
+// 2^63 it is undefined. No profiler's clock gets there.
+constexpr double kMaxTraceUs = 9007199254740992.0;
 
 // Reads a .json or .json.gz trace (gzip recognized by its magic bytes, not
 // the name). Accepts Kineto's object form ({"traceEvents": [...], ...}) and

@@ -651,6 +651,21 @@ TEST(Analyze, NegativeDurationsAndOutOfOrderOpsAreStated) {
   EXPECT_DOUBLE_EQ(r.temporal.idle_us, 0);
 }
 
+// Found by fuzz/trace_fuzz (fuzz/regressions/trace/): a timestamp of 1e111
+// reached a cast to whole microseconds, which is undefined past 2^63.
+TEST(Analyze, TimesBeyondAnyClockAreLeftOutAndCounted) {
+  TraceBuilder b;
+  b.Kernel(0, 100, 100);
+  b.Kernel(0, 5.77778e+111, 10);
+  b.Host("ProfilerStep#1", -1e300, 10);
+  b.Kernel(0, 300, 9007199254740992.0);  // 2^53 us: the first duration refused
+  RankReport r = Analyze(b.Write("far.json"));
+  EXPECT_TRUE(HasNote(r, "3 events with a time or duration beyond 2^53 us left out"))
+      << ::testing::PrintToString(r.notes);
+  EXPECT_EQ(r.gpu_ops, 1);
+  EXPECT_DOUBLE_EQ(r.temporal.span_us, 100);
+}
+
 void ExpectError(const std::string& path, const std::string& part) {
   Result<RankReport> r = AnalyzeTraceFile(path, 0, {});
   ASSERT_FALSE(r.ok()) << path;
