@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -201,14 +202,26 @@ Status Malformed(const std::string& what) {
                             "): is the URL a Prometheus server?");
 }
 
+// Prometheus answers a range query with at most 11,000 points a series.
+constexpr double kMaxPoints = 11000;
+
 // [t, "v"] -> the series' point in its bucket.
-bool Point(Scanner* s, double grid_start, double step_s, PromSeries* series) {
+bool Point(Scanner* s, double grid_start, double step_s, PromSeries* series, std::string* error) {
   double t = 0;
   std::string v;
   if (!s->Eat('[') || !s->Number(&t) || !s->Eat(',') || !s->String(&v) || !s->Eat(']'))
     return false;
-  int bucket = step_s > 0 ? static_cast<int>(std::lround((t - grid_start) / step_s)) : 0;
-  if (bucket < 0) return true;  // before the grid: not asked for
+  double b = step_s > 0 ? std::round((t - grid_start) / step_s) : 0;
+  if (b < 0) return true;  // before the grid: not asked for
+  // A bucket past the most a range query has is no answer of Prometheus's,
+  // and would size the series (a far timestamp asked for gigabytes).
+  if (!(b <= kMaxPoints)) {
+    char text[96];
+    std::snprintf(text, sizeof text, "a point at t=%.15g, %.0f steps past the start", t, b);
+    *error = text;
+    return false;
+  }
+  int bucket = static_cast<int>(b);
   if (series->values.empty()) series->first = bucket;
   int at = bucket - series->first;
   if (at < 0) return true;  // out of order: Prometheus never does this
@@ -246,12 +259,15 @@ Status ReadResults(Scanner* s, double grid_start, double step_s, PromMatrix* out
         if (!s->Eat('[')) return Malformed("values");
         if (!s->Eat(']')) {
           do {
-            if (!Point(s, grid_start, step_s, &series)) return Malformed("a point");
+            std::string error;
+            if (!Point(s, grid_start, step_s, &series, &error))
+              return Malformed(error.empty() ? "a point" : error);
           } while (s->Eat(','));
           if (!s->Eat(']')) return Malformed("values");
         }
       } else if (key == "value") {
-        if (!Point(s, grid_start, 0, &series)) return Malformed("a point");
+        std::string error;  // an instant query's point is always bucket 0
+        if (!Point(s, grid_start, 0, &series, &error)) return Malformed("a point");
       } else if (!s->Skip()) {
         return Malformed(key);
       }

@@ -17,6 +17,25 @@ namespace {
 
 // ---- the parser ----
 
+// Found by fuzz/prom_json_fuzz (fuzz/regressions/prom_json/): a point far
+// past the grid sized its series by its bucket (a 2 GB allocation).
+TEST(PromParse, APointPastTheMostARangeQueryHasIsRefused) {
+  auto answer = [](const std::string& t) {
+    return ParsePromMatrix(R"({"status":"success","data":{"resultType":"matrix","result":[)"
+                           R"({"metric":{},"values":[[1000,"1"],[)" + t + R"(,"2"]]}]}})",
+                           1000, 10);
+  };
+  Result<PromMatrix> last = answer("111000");  // bucket 11000: the last a query can have
+  ASSERT_TRUE(last.ok()) << last.status().message();
+  EXPECT_EQ(last->at(0).At(11000), 2);
+  Result<PromMatrix> past = answer("111010");
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().message(),
+            "Prometheus's answer is not its API's JSON (a point at t=111010, 11001 steps past "
+            "the start): is the URL a Prometheus server?");
+  EXPECT_FALSE(answer("1e400").ok());
+}
+
 TEST(PromParse, RangeAnswerOnTheGrid) {
   std::string body = R"({"status":"success","data":{"resultType":"matrix","result":[
     {"metric":{"__name__":"x","Hostname":"node \"a\"","pod":"caf\u00e9\\1"},
