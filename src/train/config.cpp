@@ -255,6 +255,16 @@ Config::Config() {
 
 Status Config::SetJson(const OptionDef& def, const nlohmann::json& v, const std::string& origin) {
   std::string where = std::string(def.key) + " = " + Describe(v) + " (" + origin + ")";
+  // A checkpoint's config is JSON of any shape (a damaged or edited file):
+  // a value of another type would throw here or later in Str() and Int().
+  bool fits = def.type == OptionType::kString  ? v.is_string()
+              : def.type == OptionType::kBool  ? v.is_boolean()
+              : def.type == OptionType::kFloat ? v.is_number()
+                                               : v.is_number_integer() || v.is_string();
+  if (!fits) {
+    const char* kinds[] = {"an integer", "a number", "a string", "true or false"};
+    return Status::InvalidArgument(where + ": must be " + kinds[static_cast<int>(def.type)]);
+  }
   std::string choices = def.choices;
   if (def.type == OptionType::kString && !choices.empty()) {
     std::vector<std::string> allowed = Split(choices, '|');

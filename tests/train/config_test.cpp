@@ -100,6 +100,24 @@ TEST(Config, WrongTypesAndImpossibleValuesAreRefused) {
   EXPECT_NE(f.status().message().find("not an integer"), std::string::npos) << f.status().message();
 }
 
+// Found by fuzz/config_fuzz (fuzz/regressions/config/): a checkpoint's
+// config with a value of another type threw out of Load (resume crashed).
+TEST(Config, ACheckpointConfigOfTheWrongTypesIsRefused) {
+  auto message = [](const char* text) {
+    nlohmann::json base = nlohmann::json::parse(text);
+    return Config::Load("", {}, false, &base).status().message();
+  };
+  EXPECT_EQ(message(R"({"model":{"name":{"x":1}}})"),
+            R"(model.name = {"x":1} (checkpoint config): must be a string)");
+  EXPECT_EQ(message(R"({"train":{"epochs":2.5}})"),
+            "train.epochs = 2.5 (checkpoint config): must be an integer");
+  EXPECT_EQ(message(R"({"optim":{"lr":"x"}})"), "optim.lr = x (checkpoint config): must be a number");
+  EXPECT_EQ(message(R"({"checkpoint":{"async":1}})"),
+            "checkpoint.async = 1 (checkpoint config): must be true or false");
+  nlohmann::json good = Config().ToJson();
+  EXPECT_TRUE(Config::Load("", {}, false, &good).ok());
+}
+
 TEST(Config, BrokenOrMissingFilesNameTheFile) {
   std::string path = WriteFile("d.toml", "[train]\nbatch_size = = 3\n");
   auto c = Config::Load(path, {});
