@@ -109,9 +109,13 @@ void ProcTreeCollector::Collect(ProcTreeSample* out) {
   }
   std::unordered_map<Key, uint64_t, KeyHash> ticks_now;
   uint64_t threads = 0, rss_pages = 0, delta = 0;
+  // /proc is read one file at a time, so a pid reused meanwhile can make
+  // the parent links a cycle: each process is counted once.
+  std::unordered_set<int> visited;
   while (!todo.empty()) {
     int pid = todo.back();
     todo.pop_back();
+    if (!visited.insert(pid).second) continue;
     const ProcStat& st = stats[pid];
     out->pids.push_back(pid);
     threads += st.threads;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "fullburn/telemetry.h"
 #include "replay_env.h"
@@ -54,6 +56,28 @@ TEST(ProcTree, AnAdoptersOtherChildrenJoinTheTree) {
   std::vector<int> pids = s.pids;
   std::sort(pids.begin(), pids.end());
   EXPECT_EQ(pids, (std::vector<int>{5836, 5838, 5839, 5840, 5841, 5843, 5845}));
+}
+
+// Found by fuzz/proc_fuzz (fuzz/regressions/proc/): /proc is read a file at
+// a time, so a reused pid can make two processes each other's parent, and
+// the walk down the tree went round that cycle forever.
+TEST(ProcTree, ParentLinksThatFormACycleCountEachProcessOnce) {
+  std::string root = testing::FreshTestDir("fb_proc_cycle");
+  for (auto [pid, ppid] : {std::pair{10, 11}, std::pair{11, 10}}) {
+    std::string dir = root + "/proc/" + std::to_string(pid);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/stat") << pid << " (a) S " << ppid
+                                 << " 10 10 0 -1 0 0 0 0 0 5 5 0 0 20 0 1 0 100 1000 50 0\n";
+  }
+  RootedEnv env(root);
+  ProcTreeCollector c(&env, 10);
+  ProcTreeSample s;
+  c.Collect(&s);
+  std::vector<int> pids = s.pids;
+  std::sort(pids.begin(), pids.end());
+  EXPECT_EQ(pids, (std::vector<int>{10, 11}));
+  EXPECT_DOUBLE_EQ(*s.threads, 2);
+  EXPECT_DOUBLE_EQ(*s.rss_bytes, 100.0 * 4096);
 }
 
 TEST(ProcTree, CpuIsTheSumOfDescendantTicks) {
