@@ -105,7 +105,10 @@ for t in "${targets[@]}"; do
     echo "$t: FAILED (exit $rc): $(grep -m1 -E 'ERROR:|runtime error|==ERROR|timeout' "$log") input: $work/artifacts/$crash log: $log"
     failed=1
   else
-    echo "$t: ok, $seconds s, $cpu CPU-min, ${last}"
+    # Where the edge count last grew, to tell a plateau from a run cut short.
+    grew=$(awk '/cov: [0-9]+/ { for (i = 1; i <= NF; i++) if ($i == "cov:") c = $(i + 1);
+                                if (c != prev) { at = $1; prev = c } } END { print at }' "$log")
+    echo "$t: ok, $seconds s, $cpu CPU-min, ${last}(cov last grew at ${grew})"
   fi
 done
 exit $failed
