@@ -65,6 +65,9 @@ bool ReadInt(od::value v, int64_t* out) {
     if (!v.get_int64().get(*out)) return true;
     double d;
     if (v.get_double().get(d)) return false;
+    // Past int64's range the cast is undefined: such a value is no id,
+    // stream or byte count, and is read as absent.
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) return false;
     *out = static_cast<int64_t>(d);
     return true;
   }

@@ -666,6 +666,17 @@ TEST(Analyze, TimesBeyondAnyClockAreLeftOutAndCounted) {
   EXPECT_DOUBLE_EQ(r.temporal.span_us, 100);
 }
 
+// Found by fuzz/trace_fuzz: a stream or correlation past int64's range went
+// through an undefined cast; such a value is read as absent.
+TEST(Analyze, IdsBeyondInt64AreReadAsAbsent) {
+  TraceBuilder b;
+  b.Kernel(0, 100, 100);
+  b.Add({{"ph", "X"}, {"cat", "kernel"}, {"name", "k"}, {"pid", 0}, {"tid", 7}, {"ts", 300},
+         {"dur", 10}, {"args", {{"stream", 5.90222e+88}, {"correlation", -1e19}}}});
+  RankReport r = Analyze(b.Write("bigids.json"));
+  EXPECT_EQ(r.gpu_ops, 1);  // without a stream the second is no GPU op
+}
+
 void ExpectError(const std::string& path, const std::string& part) {
   Result<RankReport> r = AnalyzeTraceFile(path, 0, {});
   ASSERT_FALSE(r.ok()) << path;
