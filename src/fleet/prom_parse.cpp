@@ -22,8 +22,10 @@ namespace {
 // else (exponents, NaN, Inf, long mantissas) goes to strtod. Timestamps and
 // sample values are millions of such numbers.
 bool Decimal(const char* p, const char* end, double* out, const char** stop) {
-  static const double kPow10[] = {1e0, 1e1, 1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
-                                  1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
+  // Up to 1e16: a number without integer digits (".1234567890123456") has
+  // all 16 in its fraction. 1e16 is still exact in a double.
+  static const double kPow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7, 1e8,
+                                  1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16};
   const char* s = p;
   bool negative = s < end && *s == '-';
   if (negative) ++s;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "fullburn/fleet.h"
@@ -34,6 +35,19 @@ TEST(PromParse, APointPastTheMostARangeQueryHasIsRefused) {
             "Prometheus's answer is not its API's JSON (a point at t=111010, 11001 steps past "
             "the start): is the URL a Prometheus server?");
   EXPECT_FALSE(answer("1e400").ok());
+}
+
+// Found by fuzz/prom_json_fuzz: a value with all 16 of its digits after
+// the point read past the table of powers of ten (UBSan).
+TEST(PromParse, SixteenFractionDigitsWithoutAnIntegerPart) {
+  for (const char* v : {".1234567890123456", "-.0000000000000001", "0.123456789012345"}) {
+    Result<PromMatrix> m = ParsePromMatrix(
+        std::string(R"({"status":"success","data":{"resultType":"vector","result":[)") +
+            R"({"metric":{},"value":[1000,")" + v + R"("]}]}})",
+        0, 0);
+    ASSERT_TRUE(m.ok()) << v << ": " << m.status().message();
+    EXPECT_EQ(m->at(0).At(0), std::strtod(v, nullptr)) << v;
+  }
 }
 
 TEST(PromParse, RangeAnswerOnTheGrid) {
