@@ -44,6 +44,7 @@ if [[ $mode != demo ]]; then
     prometheus openssl            # tests: fullburn fleet against the real engine (TLS), promtool checks
     pybind11-dev python3-dev python3-numpy  # import fullburn (the module, built by the normal build)
     python3-venv                  # tests: pip install . into a fresh venv (tests/pip)
+    clang libclang-rt-14-dev      # tests: the parsers' libFuzzer targets (scripts/fuzz.sh)
   )
   if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
     packages+=(python3-torch python3-torchvision)  # tests: unchanged PyTorch scripts, ImageFolder
