@@ -15,6 +15,10 @@
 //   Only GET and HEAD are served (others: 405); a request that carries a body
 //   gets 413 and the connection is closed without reading the body; a path
 //   without a handler gets 404.
+// - With options.web: TLS (a plain-HTTP client's connection is closed at the
+//   handshake); a client without a verified certificate gets 403 when a
+//   client CA is set; without valid basic-auth credentials, 401 and nothing
+//   else; past the rate limit, 429. Checked in that order, before the method.
 // - Errors: Start() returns a Status naming the address and the fix (in use,
 //   not an address of this machine, no permission); nothing is thrown.
 #pragma once
@@ -25,6 +29,7 @@
 #include <string>
 
 #include "fullburn/status.h"
+#include "fullburn/web_config.h"
 
 namespace fullburn {
 
@@ -45,6 +50,7 @@ struct HttpServerOptions {
   double idle_timeout_s = 30;
   unsigned max_connections = 4096;
   size_t request_memory_bytes = 16 * 1024;
+  WebConfig web;  // TLS, basic auth, headers, rate limit (fullburn/web_config.h)
 };
 
 class HttpServer {

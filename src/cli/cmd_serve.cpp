@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "fullburn/http_server.h"
 #include "fullburn/report.h"
+#include "fullburn/web_config.h"
 #include "serve_jobs.h"
 
 namespace fullburn::cli {
@@ -24,6 +25,7 @@ struct ServeOptions {
   std::string listen = "127.0.0.1:9400";
   double idle_timeout_s = HttpServerOptions().idle_timeout_s;
   unsigned max_connections = HttpServerOptions().max_connections;
+  std::string web_config;
 };
 
 bool SplitHostPort(const std::string& s, std::string* host, int* port) {
@@ -43,6 +45,13 @@ int Serve(const ServeOptions& opts) {
   int port = 0;
   if (!SplitHostPort(opts.listen, &host, &port))
     return Fail("--listen '" + opts.listen + "' is not HOST:PORT, e.g. 127.0.0.1:9400");
+  // Read before anything starts: a bad file stops serve with its one line.
+  WebConfig web;
+  if (!opts.web_config.empty()) {
+    Result<WebConfig> read = ReadWebConfig(opts.web_config);
+    if (!read.ok()) return Fail(read.status().message());
+    web = std::move(*read);
+  }
   // Signals go to a dedicated thread that stops the server cleanly. Blocked
   // before any thread starts (NVML's PCIe reader too), so all inherit the mask.
   sigset_t stop_signals;
@@ -120,6 +129,7 @@ int Serve(const ServeOptions& opts) {
   http.port = port;
   http.idle_timeout_s = opts.idle_timeout_s;
   http.max_connections = opts.max_connections;
+  http.web = web;
   Result<std::unique_ptr<HttpServer>> server =
       HttpServer::Start(http, {{"/metrics", metrics}, {"/healthz", healthz}});
   if (!server.ok()) {
@@ -128,9 +138,15 @@ int Serve(const ServeOptions& opts) {
     return Fail(server.status().message());
   }
   int bound = (*server)->port();
-  if (host != "127.0.0.1" && host != "localhost" && host != "::1")
-    std::fprintf(stderr, "fullburn: warning: listening on %s, reachable from other machines\n", host.c_str());
-  std::fprintf(stderr, "fullburn: serving http://%s:%d/metrics (Ctrl-C to stop)\n", host.c_str(), bound);
+  bool loopback = host == "127.0.0.1" || host == "localhost" || host == "::1";
+  if (!loopback && (!web.tls() || web.basic_auth_users.empty()))
+    std::fprintf(stderr,
+                 "fullburn: warning: listening on %s, reachable from other machines, %s: its series name "
+                 "users and jobs (--web-config adds TLS and basic auth)\n",
+                 host.c_str(), web.tls() ? "without basic auth" : "in plain HTTP");
+  std::string security = opts.web_config.empty() ? "" : ", " + web.Describe();
+  std::fprintf(stderr, "fullburn: serving %s://%s:%d/metrics%s (Ctrl-C to stop)\n", web.tls() ? "https" : "http",
+               host.c_str(), bound, security.c_str());
   // Serving happens on the server's thread; this one waits for a signal.
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -158,6 +174,10 @@ void SetupServe(CLI::App& app) {
       ->envname("FULLBURN_MAX_CONNECTIONS")
       ->check(CLI::Range(16u, 1000000u))
       ->capture_default_str();
+  serve->add_option("--web-config", opts->web_config,
+                    "exporter-toolkit's web configuration file (as node_exporter's --web.config.file): "
+                    "TLS, basic auth, headers, rate limit (docs/metrics.md)")
+      ->envname("FULLBURN_WEB_CONFIG");
   AddIntervalOption(serve, &opts->common, 1.0);
   AddStoreOption(serve, &opts->common);
   serve->callback([opts] { ExitCode() = Serve(*opts); });

@@ -11,14 +11,47 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <gnutls/gnutls.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 namespace fullburn {
 
+// exporter-toolkit's rate limit: a bucket of `burst` tokens, one more every
+// interval; shared by all connections.
+class TokenBucket {
+ public:
+  TokenBucket(double interval_s, int burst) : interval_s_(interval_s), burst_(burst), tokens_(burst) {}
+  bool Take() {
+    if (interval_s_ <= 0) return true;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    tokens_ = std::min<double>(burst_, tokens_ + std::chrono::duration<double>(now - last_).count() / interval_s_);
+    last_ = now;
+    if (tokens_ < 1) return false;
+    tokens_ -= 1;
+    return true;
+  }
+
+ private:
+  double interval_s_;
+  int burst_;
+  std::mutex mu_;
+  double tokens_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
 struct HttpServer::Impl {
+  Impl(const WebConfig& w) : web(w), auth(w.basic_auth_users), bucket(w.rate_limit_interval_s, w.rate_limit_burst) {}
   std::map<std::string, HttpHandler> routes;
+  WebConfig web;  // libmicrohttpd keeps pointers into its PEM text
+  BasicAuth auth;
+  TokenBucket bucket;
   MHD_Daemon* daemon = nullptr;
   int listen_fd = -1;
 };
@@ -35,15 +68,19 @@ void RaiseDescriptorLimit() {
   }
 }
 
-MHD_Result Reply(MHD_Connection* connection, const HttpResponse& reply, bool head) {
+// libmicrohttpd sends no body for HEAD by itself. A 401 goes out with
+// WWW-Authenticate, so a browser asks for the password.
+MHD_Result Reply(const HttpServer::Impl& impl, MHD_Connection* connection, const HttpResponse& reply) {
   MHD_Response* response = MHD_create_response_from_buffer(
       reply.body.size(), const_cast<char*>(reply.body.data()), MHD_RESPMEM_MUST_COPY);
   if (!response) return MHD_NO;
   MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, reply.content_type.c_str());
+  for (const auto& [name, value] : impl.web.headers) MHD_add_response_header(response, name.c_str(), value.c_str());
   if (reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
     MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-  (void)head;  // libmicrohttpd sends no body for HEAD by itself
-  MHD_Result queued = MHD_queue_response(connection, static_cast<unsigned>(reply.status), response);
+  MHD_Result queued = reply.status == MHD_HTTP_UNAUTHORIZED
+                          ? MHD_queue_basic_auth_fail_response(connection, "fullburn", response)
+                          : MHD_queue_response(connection, static_cast<unsigned>(reply.status), response);
   MHD_destroy_response(response);
   return queued;
 }
@@ -55,33 +92,64 @@ HttpResponse Plain(int status, const char* text) {
   return r;
 }
 
+// libmicrohttpd asks for a certificate when it has a trust list; whether one
+// came and is signed by the client CA is ours to check, before anything else.
+bool ClientCertificateVerified(MHD_Connection* connection) {
+  const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+  if (!info || !info->tls_session) return false;
+  unsigned status = 0;
+  auto session = static_cast<gnutls_session_t>(info->tls_session);
+  return gnutls_certificate_verify_peers2(session, &status) == GNUTLS_E_SUCCESS && status == 0;
+}
+
+bool Authorized(HttpServer::Impl* impl, MHD_Connection* connection) {
+  char* password = nullptr;
+  char* user = MHD_basic_auth_get_username_password(connection, &password);
+  bool ok = user && password && impl->auth.Check(user, password);
+  if (user) MHD_free(user);
+  if (password) MHD_free(password);
+  return ok;
+}
+
 bool CarriesABody(MHD_Connection* connection) {
   const char* length = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
   if (length && std::strtoull(length, nullptr, 10) > 0) return true;
   return MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != nullptr;
 }
 
-// Called once the request line and headers are in (and again for any body
-// data): every answer is queued on that first call, so a body is never read;
-// libmicrohttpd then closes the connection after the response.
+// Called when the request line and headers are in, then for each piece of
+// body and once at the end. A request that brings a body or another method is
+// answered on that first call: libmicrohttpd then closes the connection
+// without reading the body. A GET or HEAD is answered on the call at its end,
+// so the connection stays open for the next scrape (keep-alive).
 MHD_Result Handle(void* cls, MHD_Connection* connection, const char* url, const char* method,
                   const char* /*version*/, const char* /*upload_data*/, size_t* upload_data_size,
                   void** request_state) {
   auto* impl = static_cast<HttpServer::Impl*>(cls);
-  static int answered;
+  static int headers_in, answered;
   if (*request_state == &answered) {  // body bytes after our answer: discard them
     *upload_data_size = 0;
     return MHD_YES;
   }
+  if (*request_state == nullptr) {
+    bool get_or_head = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0 || std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    if (get_or_head && !CarriesABody(connection)) {
+      *request_state = &headers_in;
+      return MHD_YES;
+    }
+    *request_state = &answered;
+    if (!get_or_head) return Reply(*impl, connection, Plain(405, "only GET and HEAD\n"));
+    return Reply(*impl, connection, Plain(413, "a request to this exporter carries no body\n"));
+  }
   *request_state = &answered;
-  bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0;
-  bool head = std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-  if (!get && !head) return Reply(connection, Plain(405, "only GET and HEAD\n"), false);
-  if (CarriesABody(connection))
-    return Reply(connection, Plain(413, "a request to this exporter carries no body\n"), head);
+  if (!impl->web.client_ca_pem.empty() && !ClientCertificateVerified(connection))
+    return Reply(*impl, connection, Plain(403, "a client certificate signed by the client CA is required\n"));
+  if (impl->auth.enabled() && !Authorized(impl, connection))
+    return Reply(*impl, connection, Plain(401, "unauthorized\n"));
+  if (!impl->bucket.Take()) return Reply(*impl, connection, Plain(429, "too many requests\n"));
   auto route = impl->routes.find(url);
-  if (route == impl->routes.end()) return Reply(connection, Plain(404, "not found: try /metrics\n"), head);
-  return Reply(connection, route->second(), head);
+  if (route == impl->routes.end()) return Reply(*impl, connection, Plain(404, "not found: try /metrics\n"));
+  return Reply(*impl, connection, route->second());
 }
 
 // The listening socket is ours, so a failure to bind says why in one line.
@@ -141,19 +209,37 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& o
   RaiseDescriptorLimit();
   Result<int> fd = Listen(options.host, options.port, where);
   if (!fd.ok()) return fd.status();
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Impl>(options.web);
   impl->routes = std::move(routes);
   impl->listen_fd = *fd;
   unsigned timeout_s = static_cast<unsigned>(std::max(1.0, std::ceil(options.idle_timeout_s)));
-  impl->daemon = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, nullptr, nullptr, &Handle,
-      impl.get(), MHD_OPTION_LISTEN_SOCKET, static_cast<MHD_socket>(*fd), MHD_OPTION_CONNECTION_TIMEOUT,
-      timeout_s, MHD_OPTION_CONNECTION_LIMIT, options.max_connections, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      options.request_memory_bytes, MHD_OPTION_END);
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL;
+  std::vector<MHD_OptionItem> items = {
+      {MHD_OPTION_LISTEN_SOCKET, *fd, nullptr},
+      {MHD_OPTION_CONNECTION_TIMEOUT, static_cast<intptr_t>(timeout_s), nullptr},
+      {MHD_OPTION_CONNECTION_LIMIT, static_cast<intptr_t>(options.max_connections), nullptr},
+      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<intptr_t>(options.request_memory_bytes), nullptr}};
+  const WebConfig& web = impl->web;
+  if (web.tls()) {
+    flags |= MHD_USE_TLS;
+    items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(web.cert_pem.c_str())});
+    items.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(web.key_pem.c_str())});
+    items.push_back({MHD_OPTION_HTTPS_PRIORITIES, 0, const_cast<char*>(web.tls_priorities.c_str())});
+    if (!web.client_ca_pem.empty())
+      items.push_back({MHD_OPTION_HTTPS_MEM_TRUST, 0, const_cast<char*>(web.client_ca_pem.c_str())});
+  }
+  // A bcrypt takes tens of milliseconds on the thread that serves its
+  // connection: with a few threads, a client trying passwords does not hold
+  // up the scrape on another.
+  if (impl->auth.enabled()) items.push_back({MHD_OPTION_THREAD_POOL_SIZE, 4, nullptr});
+  items.push_back({MHD_OPTION_END, 0, nullptr});
+  impl->daemon = MHD_start_daemon(flags, 0, nullptr, nullptr, &Handle, impl.get(), MHD_OPTION_ARRAY,
+                                  items.data(), MHD_OPTION_END);
   if (!impl->daemon) {
     ::close(*fd);
-    return Status::Internal("cannot serve on " + where +
-                            ": libmicrohttpd did not start (out of memory or descriptors?)");
+    return Status::Internal("cannot serve on " + where + ": libmicrohttpd did not start (" +
+                            (web.tls() ? "the TLS settings were refused, or " : "") +
+                            "out of memory or descriptors?)");
   }
   int port = BoundPort(*fd);
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl), port));

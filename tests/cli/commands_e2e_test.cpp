@@ -628,6 +628,14 @@ TEST_F(CommandsE2E, ServeRejectsBadListen) {
   auto second = Fb({"serve", "--listen", "127.0.0.1:" + std::to_string(port), "--store", store_});
   EXPECT_EQ(second.code, 2);
   EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:"), std::string::npos) << second.err;
+  // A web config it cannot honour stops it before it listens, naming the field.
+  const std::string web = dir_ + "/web.yml";
+  std::ofstream(web) << "tls_server_config:\n  cert_file: " SOURCE_DIR "/tests/http/fixtures/server.pem\n"
+                        "  key_file: " SOURCE_DIR "/tests/http/fixtures/rogue.key\n";
+  ExpectOneLineError(Fb({"serve", "--listen", "127.0.0.1:0", "--web-config", web}),
+                     "web config " + web + ": tls_server_config: the certificate and key do not load");
+  ExpectOneLineError(Fb({"serve", "--listen", "127.0.0.1:0", "--web-config", dir_ + "/none.yml"}),
+                     "web config " + dir_ + "/none.yml: cannot read it");
 }
 
 // The jobs recorded on this host are exported beside the machine: a

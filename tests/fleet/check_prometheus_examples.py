@@ -3,6 +3,8 @@
 dashboard against the fields it uses (no Grafana server):
 
   promtool check config   the scrape configs (static, file-based and Kubernetes discovery)
+  promtool check web-config  serve's TLS and basic auth (web-config.yml), beside the
+                          test certificate where its relative paths point
   promtool check rules    the recording and alerting rules
   promtool test rules     the rules on made-up series: each alert fires when it should
   the dashboard           JSON with the fields Grafana reads (panels, gridPos, targets),
@@ -59,6 +61,12 @@ if p.returncode != 0 and "field kubernetes_sd_configs not found" in p.stdout + p
         run("check", "config", copy)
 else:
     run("check", "config", kube)
+with tempfile.TemporaryDirectory() as tmp:
+    fixtures = os.path.join(src, "tests", "http", "fixtures")
+    shutil.copy(os.path.join(examples, "web-config.yml"), tmp)
+    shutil.copy(os.path.join(fixtures, "server.pem"), os.path.join(tmp, "tls.crt"))
+    shutil.copy(os.path.join(fixtures, "server.key"), os.path.join(tmp, "tls.key"))
+    run("check", "web-config", os.path.join(tmp, "web-config.yml"))
 run("check", "rules", os.path.join(examples, "fullburn-rules.yml"))
 run("test", "rules", os.path.join(examples, "tests", "fullburn-rules.test.yml"))
 

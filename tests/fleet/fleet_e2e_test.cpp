@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 
 #include <cmath>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -96,19 +97,20 @@ class FleetE2E : public ::testing::Test {
   }
   // `fullburn serve` on a free loopback port seeing the GPU of `script`.
   int Serve(Background* b, const std::string& script, const std::string& store,
-            const std::string& tag) {
+            const std::string& tag, const std::vector<std::string>& extra = {}) {
     ::setenv("FAKE_NVML_SCRIPT", script.c_str(), 1);
     ::setenv("FULLBURN_NVML_LIBRARY", FAKE_NVML, 1);
-    testing::Start(b, {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.5",
-                       "--store", store},
-                   tag);
+    std::vector<std::string> args = {FULLBURN_BIN, "serve", "--listen", "127.0.0.1:0", "--interval", "0.5",
+                                     "--store", store};
+    args.insert(args.end(), extra.begin(), extra.end());
+    testing::Start(b, args, tag);
     ::unsetenv("FULLBURN_NVML_LIBRARY");
     int port = -1;
     testing::WaitFor(
         [&] {
           std::smatch m;
           std::string err = b->Err();
-          if (std::regex_search(err, m, std::regex("http://127\\.0\\.0\\.1:(\\d+)/metrics")))
+          if (std::regex_search(err, m, std::regex("https?://127\\.0\\.0\\.1:(\\d+)/metrics")))
             port = std::stoi(m[1]);
           return port > 0;
         },
@@ -349,6 +351,84 @@ TEST_F(FleetE2E, HttpsWithBasicAuthAgainstTheRealEngine) {
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.err.find("certificate"), std::string::npos) << o.err;
   EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+}
+
+// serve behind TLS and basic auth (--web-config), with the very file
+// Prometheus itself is given as --web.config.file (both read
+// exporter-toolkit's format): Prometheus scrapes serve over TLS with the
+// password, a scrape job with a wrong password and one in plain HTTP get
+// nothing, and fullburn fleet reads the window back as before.
+TEST_F(FleetE2E, PrometheusScrapesServeOverTlsWithBasicAuth) {
+  const std::string fixtures = SOURCE_DIR "/tests/http/fixtures/";
+  const std::string web = dir_ + "/web.yml";
+  std::ofstream(web) << "tls_server_config:\n  cert_file: " << fixtures << "server.pem\n  key_file: " << fixtures
+                     << "server.key\nbasic_auth_users:\n"
+                        "  fleet: '$2b$05$abcdefghijklmnopqrstuuiz1Y.0Qtk59V/ZKMvf0YaAfVnLcEY7q'\n";
+  Background job;
+  testing::Start(&job, {"sleep", "120"}, "tls_serve_job");
+  Background serve;
+  int serve_port = Serve(&serve, Gpu("tlsserve", 40, job.pid, 4), dir_ + "/s.db", "serve_web", {"--web-config", web});
+  ASSERT_GT(serve_port, 0) << serve.Err();
+  EXPECT_NE(serve.Err().find("serving https://127.0.0.1:" + std::to_string(serve_port) +
+                             "/metrics, TLS 1.2-1.3, basic auth (1 user)"),
+            std::string::npos)
+      << serve.Err();
+  const int prom_port = FreePort();
+  const std::string target = "['127.0.0.1:" + std::to_string(serve_port) + "']";
+  auto job_config = [&](const std::string& name, const std::string& scheme, const std::string& password) {
+    return "  - job_name: " + name + "\n    scheme: " + scheme + "\n    tls_config:\n      ca_file: " + fixtures +
+           "server.pem\n    basic_auth:\n      username: fleet\n      password: " + password +
+           "\n    static_configs:\n      - targets: " + target + "\n";
+  };
+  std::ofstream(dir_ + "/prometheus.yml")
+      << "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n"
+      << job_config("fullburn", "https", "fleet-secret") << job_config("wrong_password", "https", "guess")
+      << job_config("plain_http", "http", "fleet-secret");
+  Background prom;
+  testing::Start(&prom,
+                 {"prometheus", "--config.file=" + dir_ + "/prometheus.yml", "--web.config.file=" + web,
+                  "--storage.tsdb.path=" + dir_ + "/data",
+                  "--web.listen-address=127.0.0.1:" + std::to_string(prom_port)},
+                 "prometheus_web");
+  httplib::SSLClient api("127.0.0.1", prom_port);
+  api.set_ca_cert_path((fixtures + "server.pem").c_str());
+  api.enable_server_certificate_verification(true);
+  api.set_basic_auth("fleet", "fleet-secret");
+  // Each job's last scrape, as Prometheus's targets API reports it.
+  std::map<std::string, json> targets;
+  bool scraped = testing::WaitFor(
+      [&] {
+        auto res = api.Get("/api/v1/targets");
+        if (!res || res->status != 200) return false;
+        json j = json::parse(res->body, nullptr, false);
+        if (j.is_discarded()) return false;
+        for (const json& t : j["data"]["activeTargets"]) targets[t["labels"]["job"]] = t;
+        return targets.size() == 3 && targets["fullburn"]["health"] == "up" &&
+               targets["wrong_password"]["health"] == "down" && targets["plain_http"]["health"] == "down";
+      },
+      30);
+  ASSERT_TRUE(scraped) << json(targets).dump() << prom.Err().substr(0, 2000);
+  EXPECT_NE(targets["wrong_password"]["lastError"].get<std::string>().find("401 Unauthorized"), std::string::npos)
+      << targets["wrong_password"];
+  const std::vector<std::string> creds = {"env", "FULLBURN_PROMETHEUS_USER=fleet",
+                                          "FULLBURN_PROMETHEUS_PASSWORD=fleet-secret",
+                                          "FULLBURN_PROMETHEUS_CA_FILE=" + fixtures + "server.pem"};
+  testing::Outcome o;
+  bool answered = testing::WaitFor(
+      [&] {
+        std::vector<std::string> cmd = creds;
+        cmd.insert(cmd.end(), {FULLBURN_BIN, "fleet", "--prometheus", "https://127.0.0.1:" + std::to_string(prom_port),
+                               "--window", "10s", "--json", "--timeout", "5"});
+        o = testing::RunToEnd(cmd);
+        if (o.code != 0) return false;
+        json r = json::parse(o.out, nullptr, false);
+        return !r.is_discarded() && r["hours"]["available"].get<double>() * 3600 >= 8;
+      },
+      60);
+  ASSERT_TRUE(answered) << o.out << o.err;
+  json r = json::parse(o.out);
+  EXPECT_EQ(r["gpus"], 1);
+  EXPECT_NEAR(r["hours"]["used"].get<double>() / r["hours"]["available"].get<double>(), 0.40, 0.01);
 }
 
 // A job recorded inside a PID namespace of its own: `fullburn run` there is

@@ -17,6 +17,11 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fstream>
+
+#include "replay_env.h"
 
 namespace fullburn {
 namespace {
@@ -247,6 +252,121 @@ TEST_F(HttpServerTest, APortInUseOrAForeignAddressIsOneLine) {
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("not an address of this machine"), std::string::npos)
       << none.status().message();
+}
+
+// --web-config's TLS, basic auth, headers and rate limit, through a real TLS
+// client (cpp-httplib over OpenSSL) against the certificates in fixtures/.
+const std::string kFixtures = SOURCE_DIR "/tests/http/fixtures/";
+
+WebConfig Web(const std::string& yaml) {
+  std::string path = testing::FreshTestDir("fb_web") + "/web.yml";
+  std::ofstream(path) << yaml;
+  Result<WebConfig> c = ReadWebConfig(path);
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return c.ok() ? *c : WebConfig();
+}
+
+const std::string kTls = "tls_server_config:\n  cert_file: " + kFixtures + "server.pem\n  key_file: " + kFixtures +
+                         "server.key\n";
+
+std::unique_ptr<httplib::SSLClient> TlsClient(int port) {
+  auto c = std::make_unique<httplib::SSLClient>("127.0.0.1", port);
+  c->set_ca_cert_path((kFixtures + "server.pem").c_str());
+  c->enable_server_certificate_verification(true);
+  c->set_read_timeout(30);
+  return c;
+}
+
+TEST_F(HttpServerTest, TlsWithBasicAuthServesOnlyTheRightPasswordAndRefusesPlainHttp) {
+  HttpServerOptions o;
+  o.web = Web(kTls + "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n"
+                     "basic_auth_users:\n  fleet: '$2b$05$abcdefghijklmnopqrstuuiz1Y.0Qtk59V/ZKMvf0YaAfVnLcEY7q'\n");
+  auto server = Start(o);
+  ASSERT_TRUE(server);
+  auto client = TlsClient(server->port());
+  auto anonymous = client->Get("/metrics");
+  ASSERT_TRUE(anonymous) << httplib::to_string(anonymous.error());
+  EXPECT_EQ(anonymous->status, 401);
+  EXPECT_EQ(anonymous->get_header_value("WWW-Authenticate"), "Basic realm=\"fullburn\"");
+  EXPECT_EQ(anonymous->body.find("fullburn_up"), std::string::npos);
+  client->set_basic_auth("fleet", "wrong");
+  auto wrong = client->Get("/metrics");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  EXPECT_EQ(wrong->body.find("fullburn_up"), std::string::npos);
+  EXPECT_EQ(scrapes_.load(), 0);
+  client->set_basic_auth("fleet", "fleet-secret");
+  for (int i = 0; i < 2; ++i) {  // the second on the kept-alive TLS connection
+    auto right = client->Get("/metrics");
+    ASSERT_TRUE(right) << httplib::to_string(right.error());
+    EXPECT_EQ(right->status, 200);
+    EXPECT_EQ(right->body, "fullburn_up 1\n");
+    EXPECT_EQ(right->get_header_value("X-Content-Type-Options"), "nosniff");
+  }
+  EXPECT_EQ(scrapes_.load(), 2);
+  // Plain HTTP to the TLS port: closed at the handshake, nothing answered.
+  std::string plain = Get(server->port(), "/metrics");
+  EXPECT_EQ(plain.find("fullburn_up"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("HTTP/1.1 200"), std::string::npos) << plain;
+  // A client that does not trust the certificate sends nothing.
+  httplib::SSLClient untrusting("127.0.0.1", server->port());
+  untrusting.enable_server_certificate_verification(true);
+  untrusting.set_ca_cert_path((kFixtures + "client-ca.pem").c_str());
+  auto refused = untrusting.Get("/metrics");
+  EXPECT_FALSE(refused);
+  EXPECT_EQ(scrapes_.load(), 2);
+}
+
+TEST_F(HttpServerTest, ClientCertificatesMustBeSignedByTheClientCa) {
+  HttpServerOptions o;
+  o.web = Web(kTls + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: " + kFixtures +
+              "client-ca.pem\n");
+  auto server = Start(o);
+  ASSERT_TRUE(server);
+  auto signed_client = std::make_unique<httplib::SSLClient>("127.0.0.1", server->port(),
+                                                            kFixtures + "client.pem", kFixtures + "client.key");
+  signed_client->set_ca_cert_path((kFixtures + "server.pem").c_str());
+  signed_client->enable_server_certificate_verification(true);
+  auto ok = signed_client->Get("/metrics");
+  ASSERT_TRUE(ok) << httplib::to_string(ok.error());
+  EXPECT_EQ(ok->status, 200);
+  auto rogue = std::make_unique<httplib::SSLClient>("127.0.0.1", server->port(),
+                                                    kFixtures + "rogue.pem", kFixtures + "rogue.key");
+  rogue->set_ca_cert_path((kFixtures + "server.pem").c_str());
+  auto refused = rogue->Get("/metrics");
+  EXPECT_TRUE(!refused || refused->status == 403);
+  auto none = TlsClient(server->port())->Get("/metrics");
+  EXPECT_TRUE(!none || none->status == 403);
+  EXPECT_EQ(scrapes_.load(), 1);
+}
+
+TEST_F(HttpServerTest, PastTheRateLimitA429) {
+  HttpServerOptions o;
+  o.web = Web("rate_limit:\n  interval: 1h\n  burst: 2\n");
+  auto server = Start(o);
+  ASSERT_TRUE(server);
+  EXPECT_EQ(StatusOf(Get(server->port(), "/metrics")), 200);
+  EXPECT_EQ(StatusOf(Get(server->port(), "/metrics")), 200);
+  EXPECT_EQ(StatusOf(Get(server->port(), "/metrics")), 429);
+  EXPECT_EQ(scrapes_.load(), 2);
+}
+
+TEST_F(HttpServerTest, AScraperKeepsItsConnectionBetweenScrapes) {
+  auto server = Start({});
+  ASSERT_TRUE(server);
+  int fd = Connect(server->port());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(SendAll(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+    std::string out;
+    bool closed = false;
+    for (int wait = 0; wait < 600 && out.find("fullburn_up 1\n") == std::string::npos && !closed; ++wait)
+      out += ReadUntilClosed(fd, 0.05, &closed);
+    EXPECT_EQ(StatusOf(out), 200) << out;
+    EXPECT_FALSE(closed) << "scrape " << i << " closed the connection";
+  }
+  ::close(fd);
+  EXPECT_EQ(scrapes_.load(), 3);
 }
 
 }  // namespace
