@@ -49,6 +49,10 @@ struct HttpServerOptions {
   // keep-alive scraper's connection and drops the rest soon enough.
   double idle_timeout_s = 30;
   unsigned max_connections = 4096;
+  // One address may hold at most this many (0: no limit); more are closed as
+  // they arrive, so one host cannot fill max_connections and starve the
+  // scraper. Off by default: clients behind one NAT share an address.
+  unsigned max_connections_per_ip = 0;
   size_t request_memory_bytes = 16 * 1024;
   WebConfig web;  // TLS, basic auth, headers, rate limit (fullburn/web_config.h)
 };

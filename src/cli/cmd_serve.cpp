@@ -25,6 +25,7 @@ struct ServeOptions {
   std::string listen = "127.0.0.1:9400";
   double idle_timeout_s = HttpServerOptions().idle_timeout_s;
   unsigned max_connections = HttpServerOptions().max_connections;
+  unsigned max_connections_per_ip = HttpServerOptions().max_connections_per_ip;
   std::string web_config;
 };
 
@@ -129,6 +130,7 @@ int Serve(const ServeOptions& opts) {
   http.port = port;
   http.idle_timeout_s = opts.idle_timeout_s;
   http.max_connections = opts.max_connections;
+  http.max_connections_per_ip = opts.max_connections_per_ip;
   http.web = web;
   Result<std::unique_ptr<HttpServer>> server =
       HttpServer::Start(http, {{"/metrics", metrics}, {"/healthz", healthz}});
@@ -173,6 +175,12 @@ void SetupServe(CLI::App& app) {
                     "Connections served at once; more wait in the kernel's queue until one closes (16 to 1000000)")
       ->envname("FULLBURN_MAX_CONNECTIONS")
       ->check(CLI::Range(16u, 1000000u))
+      ->capture_default_str();
+  serve->add_option("--max-connections-per-ip", opts->max_connections_per_ip,
+                    "Connections one client address may hold (0: no limit); more are closed at once, so one "
+                    "host cannot take all of --max-connections")
+      ->envname("FULLBURN_MAX_CONNECTIONS_PER_IP")
+      ->check(CLI::Range(0u, 1000000u))
       ->capture_default_str();
   serve->add_option("--web-config", opts->web_config,
                     "exporter-toolkit's web configuration file (as node_exporter's --web.config.file): "

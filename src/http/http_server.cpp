@@ -218,7 +218,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& o
       {MHD_OPTION_LISTEN_SOCKET, *fd, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, static_cast<intptr_t>(timeout_s), nullptr},
       {MHD_OPTION_CONNECTION_LIMIT, static_cast<intptr_t>(options.max_connections), nullptr},
-      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<intptr_t>(options.request_memory_bytes), nullptr}};
+      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<intptr_t>(options.request_memory_bytes), nullptr},
+      {MHD_OPTION_PER_IP_CONNECTION_LIMIT, static_cast<intptr_t>(options.max_connections_per_ip), nullptr}};
   const WebConfig& web = impl->web;
   if (web.tls()) {
     flags |= MHD_USE_TLS;

@@ -231,6 +231,28 @@ TEST_F(HttpServerTest, IdleConnectionsAreClosedAfterTheTimeout) {
   EXPECT_GE(held_s, 0.9) << "closed before its idle timeout";
 }
 
+TEST_F(HttpServerTest, OneAddressHoldsAtMostItsShareOfConnections) {
+  HttpServerOptions o;
+  o.max_connections_per_ip = 4;
+  o.idle_timeout_s = 600;
+  auto server = Start(o);
+  ASSERT_TRUE(server);
+  std::vector<int> held;
+  for (int i = 0; i < 4; ++i) held.push_back(Connect(server->port()));
+  // The server accepts them (the kernel would too): wait until it holds all four.
+  for (int wait = 0; wait < 600 && server->connections() < 4; ++wait) ::usleep(10000);
+  ASSERT_EQ(server->connections(), 4u);
+  // A fifth from the same address is closed unanswered, whatever it asks.
+  std::string fifth = Get(server->port(), "/metrics");
+  EXPECT_EQ(StatusOf(fifth), -1) << fifth;
+  EXPECT_EQ(scrapes_.load(), 0);
+  ::close(held.back());
+  held.pop_back();
+  for (int wait = 0; wait < 600 && server->connections() > 3; ++wait) ::usleep(10000);
+  EXPECT_EQ(StatusOf(Get(server->port(), "/metrics")), 200);
+  for (int fd : held) ::close(fd);
+}
+
 TEST_F(HttpServerTest, APortInUseOrAForeignAddressIsOneLine) {
   auto first = Start({});
   ASSERT_TRUE(first);
