@@ -48,7 +48,9 @@ submodules, and a compiled model's traced code, never see a global hook),
 finds each top-level module call on the loop's thread, and a forward hook on
 that module ends it. forward_s is the time in the calls with grad (the
 model's, the loss module's); the first call of each micro-batch gives its
-samples (its first tensor's leading dimension; called with keywords only,
+samples (its first tensor's leading dimension, or its second where the model
+runs its recurrent or attention layers sequence-first, batch_first=False,
+as word_language_model's [35, 20] batches of 20 sequences; called with keywords only,
 which global hooks do not see, its output's first tensor with one). Calls
 without grad or in eval mode are held: if one module was called more than
 once before the next training call, they were an evaluation
@@ -101,6 +103,7 @@ class _AutoSteps:
         self.arm = None  # arms the pre-hook (set by _hook_torch)
         self.call = None  # (module, start, counts as training) of the call running
         self.timed_modules = weakref.WeakSet()  # modules given the end hook
+        self.batch_dims = weakref.WeakKeyDictionary()  # module -> its batch dimension (_batch_dim)
         # A loop with no optimizer object (it updates the parameters by hand
         # after backward(), as older examples do): a backward() with none seen
         # yet ends its step at the next batch's fetch or model call.
@@ -191,6 +194,7 @@ class _AutoSteps:
         if module not in self.timed_modules:
             module.register_forward_hook(_module_call_ended)
             self.timed_modules.add(module)
+            self.batch_dims[module] = _batch_dim(module)
         self.call = (module, now, training)
         if not training:
             return
@@ -201,7 +205,7 @@ class _AutoSteps:
         if self.step_start is None:
             self.step_start = now
         if not self.micro_batch_counted:  # the model's input, not the loss's after it
-            samples = fullburn_markers._batch_size(args)
+            samples = fullburn_markers._batch_size(args, dim=self.batch_dims.get(module, 0))
             self.module_samples += samples
             # Called with keywords only (model(**batch)): the hooks see no
             # input, so the output's leading dimension counts them.
@@ -417,6 +421,20 @@ class _AutoSteps:
         self.enabled = False
         if self.markers is not None:
             markers.step = max(markers.step, self.markers.step)
+
+
+def _batch_dim(module):
+    """1 when every recurrent or attention layer of the model runs
+    sequence-first (batch_first=False, torch's default for them), so its input
+    is [sequence, batch, ...]; else 0."""
+    try:
+        import torch.nn as nn
+        kinds = (nn.RNNBase, nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer,
+                 nn.Transformer)
+        firsts = {bool(getattr(m, "batch_first", True)) for m in module.modules() if isinstance(m, kinds)}
+    except Exception:  # a module whose modules() misbehaves: count as batch-first
+        return 0
+    return 1 if firsts == {False} else 0
 
 
 def _module_call_ended(module, args, output):

@@ -53,13 +53,14 @@ def _rank():
     return 0
 
 
-def _batch_size(batch, depth=3):
-    """The leading dimension of the first tensor-like thing in a batch (or a
+def _batch_size(batch, depth=3, dim=0):
+    """The leading dimension (or dimension `dim`, where it has one: 1 for
+    sequence-first inputs) of the first tensor-like thing in a batch (or a
     model's output: a 0-d loss before the logits is passed over); a list of
     plain values (texts) counts its items; 0 if none."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
-        return int(shape[0]) if len(shape) > 0 else 0
+        return int(shape[dim if len(shape) > dim else 0]) if len(shape) > 0 else 0
     if isinstance(batch, dict):
         items = list(batch.values())
     elif isinstance(batch, (list, tuple)):
@@ -69,7 +70,7 @@ def _batch_size(batch, depth=3):
     if items and not hasattr(items[0], "shape") and not isinstance(items[0], (list, tuple, dict)):
         return len(items)
     for item in items if depth > 1 else ():
-        n = _batch_size(item, depth - 1)
+        n = _batch_size(item, depth - 1, dim)
         if n:
             return n
     return 0

@@ -46,6 +46,34 @@ for epoch in range(2):
 """
 
 
+# word_language_model's shape: an LSTM fed [sequence, batch] slices of one
+# token tensor, parameters updated by hand (no optimizer, no DataLoader).
+# argv[2]: "seq" for torch's default sequence-first layout, "batch" for
+# batch_first=True with the same 20 sequences of 35 tokens.
+SEQUENCE_LOOP = r"""
+import sys, torch, torch.nn as nn
+torch.manual_seed(0)
+batch_first = sys.argv[2] == "batch"
+data = torch.randint(0, 50, (20, 35 * 6 + 1))
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.rnn, self.out = nn.Embedding(50, 16), nn.LSTM(16, 16, batch_first=batch_first), nn.Linear(16, 50)
+    def forward(self, x):
+        return self.out(self.rnn(self.emb(x))[0]).reshape(-1, 50)
+model = LM()
+for i in range(0, 35 * 6, 35):
+    x, y = data[:, i:i + 35], data[:, i + 1:i + 36]
+    if not batch_first:
+        x, y = x.t().contiguous(), y.t().contiguous()
+    model.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y.reshape(-1))
+    loss.backward()
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-0.1)
+"""
+
+
 class UnderRun(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -63,6 +91,7 @@ class UnderRun(unittest.TestCase):
         with open(script, "w") as f:
             f.write(code)
         store = os.path.join(self.tmp, "runs-%d.db" % len(os.listdir(self.tmp)))
+        self.last_store = store
         out = subprocess.run([FULLBURN, "run", "-q", "--store", store, "--", sys.executable, script,
                               self.root] + list(args), capture_output=True, text=True,
                              env=dict(os.environ, **(env or {})), timeout=300)
@@ -83,6 +112,15 @@ class UnderRun(unittest.TestCase):
         self.assertEqual(loaders[-1]["python"], "fullburn.ImageLoader")
         self.assertEqual(loaders[-1]["threads"], 1)
         self.assertGreater(loaders[-1]["decode_s"], 0)
+
+    def test_a_sequence_first_batch_counts_its_sequences(self):
+        for layout in ("seq", "batch"):
+            out, events, steps = self.run_job(SEQUENCE_LOOP, layout)
+            db = sqlite3.connect(self.last_store)
+            samples = [n for (n,) in db.execute("SELECT samples FROM steps ORDER BY step")]
+            db.close()
+            # 6 updates by hand; the last is written at exit.
+            self.assertEqual(samples, [20] * 6, (layout, out.stderr))
 
     def test_the_swap_trial_reads_an_image_folder_with_fullburn(self):
         out, events, steps = self.run_job(SWAP_SCRIPT, "plain",
