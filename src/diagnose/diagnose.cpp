@@ -40,8 +40,12 @@ std::string WrappedCpuFix(const Facts& f) {
 // linear, so this is an upper bound, said with confidence 0.6).
 void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
   const int cores = f.RankCores();
-  if (!f.gpus.empty() || !f.have_steps || cores < 2 || !(f.data_wait_share < kDataWaitShare))
-    return;
+  // Without a DataLoader (a get_batch() loop, word_language_model's slicing)
+  // no data wait is timed: the batches are made in the loop's own work, so a
+  // small share of that says what a small data wait would.
+  bool little_input = f.have_steps ? f.data_wait_share < kDataWaitShare
+                                   : f.loop_makes_batches && f.loop_share < kDataWaitShare;
+  if (!f.gpus.empty() || !little_input || cores < 2) return;
   std::string ranks = f.ranks_per_node > 1
                           ? fmt::format(" per rank ({} ranks share {})", f.ranks_per_node, f.cores)
                           : "";
@@ -71,9 +75,13 @@ void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
   }
   out->push_back({"cpu_threads",
                   fmt::format("Training on the CPU with {:.1f} of {} cores at work", used, cores),
-                  evidence + fmt::format("; no GPU sampled, data wait {} of step time (< {}), so "
-                                         "the steps compute on the CPU",
-                                         Pct(f.data_wait_share), Pct(kDataWaitShare)),
+                  evidence + (f.have_steps ? fmt::format("; no GPU sampled, data wait {} of step time (< {}), so "
+                                                         "the steps compute on the CPU",
+                                                         Pct(f.data_wait_share), Pct(kDataWaitShare))
+                                           : fmt::format("; no GPU sampled, and the loop's own work (making the "
+                                                         "batches included: no DataLoader fed the steps) {} of "
+                                                         "step time (< {}), so the steps compute on the CPU",
+                                                         Pct(f.loop_share), Pct(kDataWaitShare))),
                   1 - used / cores, 0.6, fix});
 }
 
@@ -82,7 +90,11 @@ Finding Healthy(const Facts& f) {
       !std::isnan(f.gpu_util) ? fmt::format("GPU utilization median {:.0f}%", f.gpu_util)
       : f.have_steps ? fmt::format("data wait {} of step time (< {})", Pct(f.data_wait_share),
                                    Pct(kDataWaitShare))
-                     : "no GPU readings and no step records: nothing pointed to a bottleneck";
+      : f.step_records > 0
+          ? fmt::format("{} steps recorded, no GPU readings, no data wait timed (no DataLoader fed them): "
+                        "nothing pointed to a bottleneck",
+                        f.step_records)
+          : "no GPU readings and no step records: nothing pointed to a bottleneck";
   if (f.have_steps && !std::isnan(f.gpu_util))
     evidence += fmt::format("; data wait {} of step time", Pct(f.data_wait_share));
   if (f.interrupted)
@@ -90,12 +102,12 @@ Finding Healthy(const Facts& f) {
   else if (f.running)
     evidence += " (the run is still going: diagnosed so far)";
   std::string fix;
-  if (!f.have_steps && f.gpus.empty() && f.attached)
+  if (f.step_records == 0 && f.gpus.empty() && f.attached)
     fix =
         "nothing measured this job's speed: attach where NVML sees its GPUs, or start it with "
         "fullburn run (a PyTorch job's optimizer steps and DataLoader waits are timed with no "
         "change to it)";
-  else if (!f.have_steps && f.gpus.empty())
+  else if (f.step_records == 0 && f.gpus.empty())
     fix =
         "nothing measured this job's speed: run it where NVML sees the GPUs, or have it print "
         "step markers (python/fullburn_markers.py; a PyTorch job's optimizer steps are timed "
@@ -126,7 +138,8 @@ Finding Healthy(const Facts& f) {
         "compute-bound: if the model runs in fp32, torch.autocast(dtype=torch.bfloat16) uses "
         "tensor cores";
   return {
-      "healthy", "No bottleneck found", evidence, 0, f.have_steps || !f.gpus.empty() ? 0.8 : 0.3,
+      "healthy", "No bottleneck found", evidence, 0,
+      f.have_steps || !f.gpus.empty() ? 0.8 : f.step_records > 0 ? 0.6 : 0.3,
       fix};
 }
 

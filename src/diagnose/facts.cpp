@@ -177,6 +177,7 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
     have_comm |= r.comm_s.has_value();
   }
   GatherLoop(steps, f);
+  f->step_records = static_cast<int64_t>(steps.size());
   f->have_steps = timed > 0;
   if (f->have_steps) {
     f->data_wait_share = wait / timed;

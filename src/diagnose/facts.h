@@ -136,7 +136,8 @@ struct Facts {
   bool cpu_of_quota = false;
   double swap_share = 0, host_avail_min_share = NAN;
   double power_share = 0, thermal_share = 0;
-  bool have_steps = false;
+  bool have_steps = false;      // steps with their data wait timed
+  int64_t step_records = 0;     // steps recorded, timed or not
   double data_wait_share = NAN, h2d_share = NAN, comm_share = NAN;  // of timed step time
   int64_t batch = 0;                                                // median samples per step
   // Step time outside every measured phase (data wait, copy, forward,

@@ -167,6 +167,50 @@ TEST(Diagnose, WrappedJobWithoutAGpuGetsCpuAdvice) {
   EXPECT_NE(job.Gpu(95, 0.7).Run()[0].fix.find("tensor cores"), std::string::npos);  // a GPU job
 }
 
+// A loop without a DataLoader (word_language_model slices its batches out
+// of a tensor, manual SGD): its steps carry no data wait, and the loop's own
+// work holds the batch making. A small share of that is a CPU-bound job, as
+// a small data wait is; a large one is the loop's finding, not this.
+TEST(Diagnose, ALoopWithoutADataLoaderOnTheCpuGetsCpuAdvice) {
+  Case job;
+  job.run.config_json = R"({"interval_s": 1})";  // fullburn run
+  job.run.status = "finished";
+  job.run.exit_code = 143;  // stopped by SIGTERM, as a scheduler's time limit does
+  for (int c = 0; c < 2; ++c) job.m["host.cpu" + std::to_string(c) + ".util"] = Flat(50);
+  job.m["proc.cpu_util"] = Flat(100);
+  for (int i = 1; i <= 50; ++i) {
+    StepRecord r;
+    r.step = i;
+    r.step_s = 1.2;
+    r.t = 1.2 * i;
+    r.samples = 20;
+    r.forward_s = 0.35;
+    r.backward_s = 0.81;  // 0.04 s of the loop's own work: 3.3%
+    job.steps.push_back(r);
+  }
+  auto f = job.Host(50).Run();
+  ASSERT_EQ(Causes(f), std::vector<std::string>{"cpu_threads"});
+  EXPECT_NEAR(f[0].share_lost, 0.5, 1e-9);  // 1 of 2 cores at work
+  EXPECT_NE(f[0].evidence.find("used 1.0 of 2 cores"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("the loop's own work (making the batches included: no DataLoader fed the "
+                               "steps) 3% of step time"),
+            std::string::npos)
+      << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("torch.set_num_threads(2)"), std::string::npos) << f[0].fix;
+  // Every core at work: healthy, and it says the steps were there.
+  job.m["proc.cpu_util"] = Flat(195);
+  auto busy = job.Run();
+  ASSERT_EQ(Causes(busy), std::vector<std::string>{"healthy"});
+  EXPECT_NE(busy[0].evidence.find("50 steps recorded, no GPU readings, no data wait timed"), std::string::npos)
+      << busy[0].evidence;
+  EXPECT_EQ(busy[0].fix.find("nothing measured"), std::string::npos) << busy[0].fix;
+  // The loop's work is a third of the step: that is the finding, not the threads.
+  job.m["proc.cpu_util"] = Flat(100);
+  for (StepRecord& r : job.steps) r.backward_s = 0.45;
+  EXPECT_FALSE(Has(job.Run(), "cpu_threads"));
+  EXPECT_TRUE(Has(job.Run(), "loop_overhead"));
+}
+
 TEST(Diagnose, NothingMeasuredSaysHowToMeasureNotHowToSpeedUp) {
   auto f = Case().Host(40).Run();  // host samples only: no GPU, no steps
   ASSERT_EQ(Causes(f), std::vector<std::string>{"healthy"});
