@@ -73,6 +73,16 @@ std::vector<nlohmann::json> EventsOf(const RunData& run, const std::string& kind
 }
 
 // Medians: one step a busy machine preempted does not decide a bound.
+// The top finding besides idle_phases: that one holds the job's start-up
+// (the interpreter, torch's import), whose length is the machine's load,
+// not the job's, so a test that names what limits the steps asks past it.
+const Finding& TopBesidesIdle(const std::vector<Finding>& findings) {
+  for (const Finding& f : findings)
+    if (f.cause != "idle_phases") return f;
+  static const Finding kNone{"none", "", "", 0, 0, ""};
+  return kNone;
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -129,8 +139,8 @@ TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations)
   // cores, input_workers; on a machine busy with other work, input_cpu).
   auto findings = Diagnose(run);
   ASSERT_FALSE(findings.empty());
-  EXPECT_EQ(findings[0].cause.rfind("input_", 0), 0u) << RenderFindings(findings);
-  EXPECT_NE(findings[0].evidence.find("num_workers=0"), std::string::npos);
+  EXPECT_EQ(TopBesidesIdle(findings).cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+  EXPECT_NE(TopBesidesIdle(findings).evidence.find("num_workers=0"), std::string::npos);
 }
 
 // A loop with no optimizer object, updating its parameters by hand after
@@ -151,7 +161,7 @@ TEST_F(AutoStepsE2E, ALoopThatUpdatesByHandGetsItsSteps) {
   }
   EXPECT_EQ(EventsOf(run, "evaluation").size(), 2u);  // still kept out of the steps
   auto findings = Diagnose(run);
-  EXPECT_EQ(findings[0].cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+  EXPECT_EQ(TopBesidesIdle(findings).cause.rfind("input_", 0), 0u) << RenderFindings(findings);
 }
 
 // --profile A-B: the automatic markers run torch.profiler over those steps,
@@ -507,8 +517,14 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
   EXPECT_EQ(bytes.find("fullburn"), std::string::npos) << "a timing hook was pickled";
   auto findings = Diagnose(run);
   ASSERT_FALSE(findings.empty());
-  EXPECT_EQ(findings[0].cause, "loop_overhead") << RenderFindings(findings, 9);
-  EXPECT_NE(findings[0].title.find("making the batches"), std::string::npos) << findings[0].title;
+  const Finding& loop = TopBesidesIdle(findings);
+  EXPECT_EQ(loop.cause, "loop_overhead") << RenderFindings(findings, 9);
+  EXPECT_NE(loop.title.find("making the batches"), std::string::npos) << loop.title;
+  // Its share is the steps' own: their time outside the timed phases.
+  double outside = 0, total = 0;
+  for (const StepRecord& s : run.steps)
+    outside += s.step_s - *s.forward_s - *s.backward_s - *s.optimizer_s, total += s.step_s;
+  EXPECT_NEAR(loop.share_lost, outside / total, 1e-6);
   // Called with keywords only, as model(**batch) is: the hooks see no input,
   // and the output (logits first after no tensor) gives the samples.
   o = Run({"--iters", "4", "--eval-iters", "2", "--keywords"}, {}, kGetBatchScript);
