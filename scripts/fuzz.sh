@@ -45,9 +45,10 @@ if [[ ! -f "$runtime" ]]; then
 fi
 
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  mkdir -p "$build"
   CC=clang CXX=clang++ cmake -S "$src" -B "$build" -DFULLBURN_FUZZ=ON \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log"; echo "fuzz: configure failed"; exit 1; }
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/fuzz-configure.log" 2>&1 ||
+    { cat "$build/fuzz-configure.log"; echo "fuzz: configure failed"; exit 1; }
 fi
 # One compile at a time by default: CI runs this beside the rest of the suite.
 extra=() && [[ $mode == seeds ]] && extra=(make_image_seeds)
