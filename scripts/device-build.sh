@@ -36,13 +36,13 @@ python_module=()
 if pybind=$("$python" -m pybind11 --cmakedir 2>/dev/null); then
   python_module=(-Dpybind11_DIR="$pybind" -DPython_EXECUTABLE="$(command -v "$python")")
 fi
-# GnuTLS and libcrypt (serve --web-config) are the machine's own, as
+# GnuTLS and Nettle (serve --web-config) are the machine's own, as
 # libmicrohttpd's GnuTLS is; only their headers come from the kit.
 machine_lib() { ldconfig -p | awk -v n="$1" '$1 == n { print $NF; exit }'; }
 gnutls_lib=$(machine_lib libgnutls.so.30)
-crypt_lib=$(machine_lib libcrypt.so.1)
-[[ -n $gnutls_lib && -n $crypt_lib ]] || {
-  echo "device-build: this machine lacks libgnutls.so.30 or libcrypt.so.1 (ldconfig -p): install GnuTLS and libxcrypt" >&2
+nettle_lib=$(machine_lib libnettle.so.8)
+[[ -n $gnutls_lib && -n $nettle_lib ]] || {
+  echo "device-build: this machine lacks libgnutls.so.30 or libnettle.so.8 (ldconfig -p): install GnuTLS (Nettle comes with it)" >&2
   exit 2
 }
 generator=()
@@ -68,7 +68,7 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFULLBURN_W
   -DMHD_INCLUDE_DIR="$kit/root/usr/include" -DMHD_LIBRARY="$lib/libmicrohttpd.so" \
   -DYAMLCPP_INCLUDE_DIR="$kit/root/usr/include" -DYAMLCPP_LIBRARY="$lib/libyaml-cpp.so" \
   -DGNUTLS_INCLUDE_DIR="$kit/root/usr/include" -DGNUTLS_LIBRARY="$gnutls_lib" \
-  -DCRYPT_INCLUDE_DIR="$kit/root/usr/include" -DCRYPT_LIBRARY="$crypt_lib" \
+  -DNETTLE_INCLUDE_DIR="$kit/root/usr/include" -DNETTLE_LIBRARY="$nettle_lib" \
   -DHTTPLIB_DEFINITIONS="CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT" \
   "${cuda[@]}" "${python_module[@]}" ${KERNELS:+-DFULLBURN_CUDA_KERNELS=$([[ $KERNELS == 1 ]] && echo ON || echo OFF)}
 keep=()

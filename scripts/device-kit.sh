@@ -12,7 +12,7 @@ packages=(
   libsqlite3-dev libsqlite3-0 libcli11-dev nlohmann-json3-dev libfmt-dev libfmt9
   libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 libbrotli-dev libbrotli1
   libmicrohttpd-dev libmicrohttpd12               # fullburn serve (GnuTLS: the machine's own)
-  libyaml-cpp-dev libyaml-cpp0.7 libgnutls28-dev libcrypt-dev  # serve --web-config (GnuTLS, libcrypt: the machine's own)
+  libyaml-cpp-dev libyaml-cpp0.7 libgnutls28-dev nettle-dev  # serve --web-config (GnuTLS, Nettle: the machine's own)
   libtomlplusplus-dev                           # header-only there (no pkg-config)
   libjpeg62-turbo-dev libjpeg62-turbo libpng-dev libpng16-16 zlib1g-dev zlib1g
   libgtest-dev libgmock-dev libgloo-dev

@@ -26,7 +26,7 @@ packages=(
   nlohmann-json3-dev libfmt-dev   # JSON, formatting
   libcpp-httplib-dev              # fullburn fleet (Prometheus's API)
   libmicrohttpd-dev               # fullburn serve
-  libyaml-cpp-dev libgnutls28-dev libcrypt-dev  # fullburn serve --web-config (TLS, basic auth)
+  libyaml-cpp-dev libgnutls28-dev nettle-dev  # fullburn serve --web-config (TLS, bcrypt)
   libtomlplusplus-dev             # fullburn train configs
   libjpeg62-turbo-dev libpng-dev  # input pipeline (JPEG, PNG)
   zlib1g-dev                      # checksums, gzip

@@ -1,11 +1,13 @@
 // exporter-toolkit's web configuration file, read with yaml-cpp; the key and
 // certificate checked with GnuTLS (libmicrohttpd's TLS library) so a mismatch
-// is named here, not as libmicrohttpd's "did not start"; bcrypt by libxcrypt.
+// is named here, not as libmicrohttpd's "did not start"; bcrypt by Nettle
+// (GnuTLS's own crypto library: libxcrypt's needs glibc 2.36, which would
+// keep the wheel off Ubuntu 22.04).
 #include "fullburn/web_config.h"
 
-#include <crypt.h>
 #include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
+#include <nettle/blowfish.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstring>
@@ -266,13 +268,6 @@ std::string Sha256(const std::string& text) {
   return std::string(reinterpret_cast<char*>(digest), sizeof digest);
 }
 
-bool SameBytes(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 Result<WebConfig> ReadWebConfig(const std::string& path) {
@@ -334,10 +329,9 @@ bool BasicAuth::Check(const std::string& user, const std::string& password) {
   static const std::string kUnknownUser = "$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi";
   auto found = users_.find(user);
   const std::string& hash = found != users_.end() ? found->second : kUnknownUser;
-  crypt_data data{};
-  const char* computed = crypt_rn(password.c_str(), hash.c_str(), &data, sizeof data);
-  bool ok = found != users_.end() && computed != nullptr && SameBytes(computed, hash) &&
-            password.find('\0') == std::string::npos;
+  bool matches = nettle_blowfish_bcrypt_verify(password.size(), reinterpret_cast<const uint8_t*>(password.data()),
+                                               hash.size(), reinterpret_cast<const uint8_t*>(hash.data())) == 1;
+  bool ok = found != users_.end() && matches && password.find('\0') == std::string::npos;
   std::lock_guard<std::mutex> lock(mu_);
   // Bounded: a client trying many passwords cannot grow it past this.
   if (answers_.size() >= 4096) answers_.clear();

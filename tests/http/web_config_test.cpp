@@ -168,6 +168,12 @@ TEST(BasicAuthTest, ChecksBcryptHashesAndAnswersTheSameTwice) {
     EXPECT_FALSE(auth.Check("fleet", std::string("fleet-secret\0x", 14)));
   }
   EXPECT_FALSE(BasicAuth({}).enabled());
+  // htpasswd writes $2y$, older tools $2a$: the same hash under each prefix.
+  for (const char* prefix : {"$2y$", "$2a$"}) {
+    BasicAuth other({{"fleet", prefix + kFleetHash.substr(4)}});
+    EXPECT_TRUE(other.Check("fleet", "fleet-secret")) << prefix;
+    EXPECT_FALSE(other.Check("fleet", "fleet-secreT")) << prefix;
+  }
 }
 
 }  // namespace

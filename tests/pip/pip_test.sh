@@ -133,12 +133,19 @@ if [[ $wheel == 1 ]]; then
   out=$(user env PATH="$work/tools/bin:/usr/bin:/bin" auditwheel show "$repaired" 2>&1 | tr -s ' \n' '  ')
   grep -q "is consistent with the following platform tag: \"manylinux_" <<<"$out" || fail "auditwheel show: $out"
   step "$(basename "$repaired"): $(grep -o 'consistent with the following platform tag: "[^"]*"' <<<"$out")"
+  # glibc 2.35 is Ubuntu 22.04's: a library that needs newer (libxcrypt's
+  # libcrypt needs 2.36) keeps the wheel off it.
+  glibc_minor=$(grep -o 'platform tag: "manylinux_2_[0-9]*' <<<"$out" | grep -o '[0-9]*$')
+  [[ ${glibc_minor:-99} -le 35 ]] ||
+    fail "the wheel needs glibc 2.$glibc_minor, newer than Ubuntu 22.04's 2.35: $(grep -i glibc <<<"$out" | head -n 3)"
   user "$python" -m venv "$work/venv2"
   user "$work/venv2/bin/pip" install "$repaired" >"$work/install2.log" 2>&1 ||
     { tail -n 20 "$work/install2.log" >&2; fail "pip install of the repaired wheel failed"; }
   # Its programs read the bundled libraries, not the system's.
   site2=$(user "$work/venv2/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
-  ldd "$site2/fullburn/_bin/fullburn" | grep -q "fullburn.libs/libsqlite3" ||
+  # grep without -q reads all of ldd's output: -q's early exit would fail the
+  # pipeline under pipefail (SIGPIPE) once the list is long.
+  ldd "$site2/fullburn/_bin/fullburn" | grep "fullburn.libs/libsqlite3" >/dev/null ||
     fail "the repaired fullburn does not load its bundled SQLite: $(ldd "$site2/fullburn/_bin/fullburn")"
   check_install "$work/venv2"
   check_uninstall "$work/venv2"
