@@ -51,7 +51,11 @@ Result<std::unique_ptr<TokenShards>> TokenShards::Open(const std::vector<std::st
     if (size >= kLlmcHeader) std::memcpy(header, bytes, sizeof header);
     if (header[0] == kLlmcMagic) {
       int64_t expect = header[2];
-      if (header[1] != 1 || expect < 0 || kLlmcHeader + static_cast<size_t>(expect) * 2 != size)
+      if (header[1] != 1)
+        return Status::InvalidArgument("token file " + path + " has an llm.c header of version " +
+                                       std::to_string(header[1]) +
+                                       "; this fullburn reads version 1 (uint16 tokens): write it again");
+      if (expect < 0 || kLlmcHeader + static_cast<size_t>(expect) * 2 != size)
         return Status::Corruption("token file " + path + " has an llm.c header for " +
                                   std::to_string(expect) + " tokens but holds " +
                                   std::to_string((size - kLlmcHeader) / 2) +

@@ -712,6 +712,18 @@ TEST(Analyze, BadInputsAreOneLineErrors) {
   WriteFile(p, text.substr(0, text.size() / 2));
   // The byte it names is where the file ends (it once printed a negative one).
   ExpectError(p, "truncated: the text ends at byte " + std::to_string(text.size() / 2) + " inside traceEvents");
+  // A missing comma: the byte named is the one where the comma should be,
+  // and a cut after one whole event counts that one.
+  const std::string event = R"({"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1})";
+  const std::string no_comma = "{\"traceEvents\": [" + event + " " + event + "]}";
+  p = TempPath("nocomma.json");
+  WriteFile(p, no_comma);
+  ExpectError(p, "not valid JSON at byte " + std::to_string(no_comma.find(event, 20)) + ": expected");
+  const std::string one_and_a_half = "{\"traceEvents\": [" + event + ", " + event.substr(0, 20);
+  p = TempPath("half.json");
+  WriteFile(p, one_and_a_half);
+  ExpectError(p, "truncated: the text ends at byte " + std::to_string(one_and_a_half.size()) +
+                     " inside traceEvents after 1 events");
   p = TempPath("cut.json.gz");
   WriteGzip(p, text);
   std::string gz;

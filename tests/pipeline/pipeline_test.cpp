@@ -1106,6 +1106,24 @@ TEST(Pack, CorruptSourceImagesAreLeftOut) {
   EXPECT_EQ(r->skipped, 1);
 }
 
+// A shard cut short (a copy that stopped): the message names the shard and
+// both sizes, the file's and the index's, as they are.
+TEST(Pack, ATruncatedShardIsNamedWithBothSizes) {
+  std::string dir = SmallDataset("packcut");
+  std::string dst = dir + ".pack";
+  fs::remove_all(dst);
+  ASSERT_TRUE(WritePack(dir, dst, PackOptions{}).ok());
+  std::string shard = (fs::path(dst) / "shard-00000.fbp").string();
+  uintmax_t whole = fs::file_size(shard);
+  ASSERT_GT(whole, 100u);
+  fs::resize_file(shard, whole - 100);
+  auto pack = PackReader::Open(dst);
+  ASSERT_FALSE(pack.ok());
+  EXPECT_EQ(pack.status().message(), "pack shard " + shard + " is " + std::to_string(whole - 100) +
+                                         " bytes, the index expects " + std::to_string(whole) +
+                                         " (truncated?): re-run fullburn pack");
+}
+
 TEST(Tokens, WindowsAreShiftedByOneAndReproducible) {
   std::string path = ::testing::TempDir() + "/fb_tokens.bin";
   SyntheticTokensOptions o;
@@ -1159,10 +1177,26 @@ TEST(Tokens, ReadsLlmcHeaderAndRefusesTruncatedFiles) {
   fs::resize_file(path, 1024 + 150);
   auto cut = TokenShards::Open({path}, 8);
   ASSERT_FALSE(cut.ok());
-  EXPECT_NE(cut.status().message().find("truncated?"), std::string::npos);
+  // The counts it names are the header's and the file's (150 bytes: 75 tokens).
+  EXPECT_EQ(cut.status().message(), "token file " + path +
+                                        " has an llm.c header for 100 tokens but holds 75 (truncated?): "
+                                        "write it again");
+  {
+    header[1] = 2;  // another version: said so, not a count
+    std::fstream out(path, std::ios::binary | std::ios::in | std::ios::out);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  }
+  EXPECT_EQ(TokenShards::Open({path}, 8).status().message(),
+            "token file " + path + " has an llm.c header of version 2; this fullburn reads version 1 "
+            "(uint16 tokens): write it again");
   std::string odd = ::testing::TempDir() + "/fb_tokens_odd.bin";
   std::ofstream(odd, std::ios::binary) << std::string(101, 'a');
-  EXPECT_NE(TokenShards::Open({odd}, 8).status().message().find("odd size"), std::string::npos);
+  EXPECT_NE(TokenShards::Open({odd}, 8).status().message().find("has an odd size (101 bytes)"), std::string::npos);
+  std::string even = ::testing::TempDir() + "/fb_tokens_even.bin";
+  std::ofstream(even, std::ios::binary) << std::string(200, 'a');
+  EXPECT_NE(TokenShards::Open({even}, 100).status().message().find(
+                "holds 100 tokens, fewer than one window of seq_len + 1 = 101"),
+            std::string::npos);
   EXPECT_NE(TokenShards::Open({odd + ".missing"}, 8).status().message().find("cannot open"),
             std::string::npos);
   EXPECT_NE(TokenShards::Open({odd}, 1000).status().message().find("has an odd size"),
