@@ -64,6 +64,9 @@ def prom_seeds():
     put("prom_json", "error.json",
         '{"status":"error","errorType":"bad_data","error":"1:3: parse error: unexpected \\"}\\""}')
     put("prom_json", "scalar.json", '{"status":"success","data":{"resultType":"scalar","result":[1700000000,"1"]}}')
+    # --window and a target's scrapeInterval, as tests/fleet/fleet_test.cpp writes them.
+    for name, text in (("window_days", "7d"), ("compound", "1m30s"), ("millis", "250ms"), ("fraction", "1.5h")):
+        put("prom_duration", name, text)
 
 
 def tensor_file(tensors, metadata):
@@ -164,7 +167,7 @@ def proc_seeds():
 
 
 def main():
-    for t in ("trace", "prom_json", "tensorfile", "pack", "tokens", "config", "events", "proc"):
+    for t in ("trace", "prom_json", "prom_duration", "tensorfile", "pack", "tokens", "config", "events", "proc"):
         shutil.rmtree(OUT / t, ignore_errors=True)
     trace_seeds(); prom_seeds(); tensorfile_seeds(); pack_seeds(); tokens_seeds()
     config_seeds(); events_seeds(); proc_seeds()

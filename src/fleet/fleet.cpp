@@ -407,33 +407,4 @@ std::string FleetFix(const std::string& cause) {
   return it != fixes.end() ? it->second : "`fullburn diagnose RUN` on its node gives the fix";
 }
 
-Result<double> ParsePromDuration(const std::string& text) {
-  // Prometheus's units, also compound as it writes them ("1m30s").
-  static const std::vector<std::pair<std::string, double>> units = {
-      {"ms", 1e-3}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}, {"w", 7 * 86400},
-      {"y", 365 * 86400}};
-  double total = 0;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t digits = i;
-    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
-      ++i;
-    size_t unit_start = i;
-    while (i < text.size() && std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
-    std::string number = text.substr(digits, unit_start - digits),
-                unit = text.substr(unit_start, i - unit_start);
-    double scale = -1;
-    for (const auto& [name, s] : units)
-      if (unit == name) scale = s;
-    if (number.empty() || scale < 0)
-      return Status::InvalidArgument("'" + text +
-                                     "' is not a duration: use a number and a unit, e.g. 7d, "
-                                     "36h, 90m (units: ms s m h d w y)");
-    total += std::stod(number) * scale;
-  }
-  if (total <= 0)
-    return Status::InvalidArgument("'" + text + "' is not a positive duration, e.g. 7d");
-  return total;
-}
-
 }  // namespace fullburn

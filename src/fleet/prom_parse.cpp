@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "fullburn/fleet.h"
 
@@ -327,6 +329,43 @@ Result<PromMatrix> ParsePromMatrix(const std::string& body, double grid_start, d
     return Status::InvalidArgument("Prometheus refused the query (" + error_type + "): " + error);
   if (status != "success" || !have_data) return Malformed("no status success with data");
   return out;
+}
+
+Result<double> ParsePromDuration(const std::string& text) {
+  // Prometheus's units, also compound as it writes them ("1m30s"); a
+  // fraction ("1.5h") is taken too.
+  static const std::pair<const char*, double> kUnits[] = {
+      {"ms", 1e-3}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}, {"w", 7 * 86400},
+      {"y", 365 * 86400}};
+  auto not_a_duration = [&] {
+    return Status::InvalidArgument("'" + text +
+                                   "' is not a duration: use a number and a unit, e.g. 7d, "
+                                   "36h, 90m (units: ms s m h d w y)");
+  };
+  double total = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t digits = i, points = 0;
+    for (; i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.');
+         ++i)
+      points += text[i] == '.';
+    size_t unit_start = i;
+    while (i < text.size() && std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+    std::string number = text.substr(digits, unit_start - digits),
+                unit = text.substr(unit_start, i - unit_start);
+    double scale = -1;
+    for (const auto& [name, s] : kUnits)
+      if (unit == name) scale = s;
+    // A lone "." or "1.2.3" is no number; strtod, unlike stod, never throws.
+    if (number.empty() || number == "." || points > 1 || scale < 0) return not_a_duration();
+    total += std::strtod(number.c_str(), nullptr) * scale;
+  }
+  if (!std::isfinite(total))
+    return Status::InvalidArgument("'" + text.substr(0, 40) + (text.size() > 40 ? "..." : "") +
+                                   "' is longer than any window Prometheus keeps: use e.g. 30d");
+  if (total <= 0)
+    return Status::InvalidArgument("'" + text + "' is not a positive duration, e.g. 7d");
+  return total;
 }
 
 }  // namespace fullburn

@@ -106,7 +106,23 @@ TEST(Durations, PrometheusUnits) {
   EXPECT_EQ(*ParsePromDuration("1m30s"), 90);
   EXPECT_EQ(*ParsePromDuration("250ms"), 0.25);
   EXPECT_EQ(*ParsePromDuration("1w"), 7 * 86400);
+  EXPECT_EQ(*ParsePromDuration("1.5h"), 5400);
   for (const char* bad : {"7", "7x", "d", "", "-1d", "0s"}) EXPECT_FALSE(ParsePromDuration(bad).ok()) << bad;
+}
+
+// Found by fuzz/prom_duration_fuzz.cpp: these threw std::invalid_argument or
+// std::out_of_range out of std::stod and ended `fullburn fleet`.
+TEST(Durations, DamagedNumbersAreErrorsNotExceptions) {
+  for (const char* bad : {".s", "1.2.3m", "..d"}) {
+    Result<double> d = ParsePromDuration(bad);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_NE(d.status().message().find("is not a duration"), std::string::npos) << d.status().message();
+  }
+  Result<double> huge = ParsePromDuration(std::string(400, '9') + "y");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("longer than any window Prometheus keeps"), std::string::npos)
+      << huge.status().message();
+  EXPECT_LT(huge.status().message().size(), 160u);
 }
 
 // ---- the accounting ----
