@@ -255,6 +255,33 @@ bool PackReader::IsPack(const std::string& dir) {
   return fs::is_regular_file(fs::path(dir) / kIndexName, ec);
 }
 
+namespace {
+
+// What is wrong with one index record, in words that name its numbers; empty
+// when it is sound.
+std::string BadRecord(const PackRecord& rec, const std::vector<uint64_t>& shard_sizes,
+                      uint32_t classes, PackFormat format) {
+  if (rec.shard >= shard_sizes.size())
+    return "is in shard " + std::to_string(rec.shard) + " of " +
+           std::to_string(shard_sizes.size());
+  uint64_t shard_size = shard_sizes[rec.shard];
+  // offset + size could wrap around: compared without the sum.
+  if (rec.offset > shard_size || rec.size > shard_size - rec.offset)
+    return "has bytes " + std::to_string(rec.offset) + " + " + std::to_string(rec.size) +
+           " of shard " + std::to_string(rec.shard) + ", which holds " +
+           std::to_string(shard_size);
+  uint64_t raw_bytes = uint64_t{rec.width} * rec.height * 3;
+  if (format == PackFormat::kRaw && rec.size != raw_bytes)
+    return "is " + std::to_string(rec.size) + " bytes, its " + std::to_string(rec.width) + "x" +
+           std::to_string(rec.height) + " raw pixels are " + std::to_string(raw_bytes);
+  if (rec.label < 0 || static_cast<uint32_t>(rec.label) >= classes)
+    return "has label " + std::to_string(rec.label) + " of " + std::to_string(classes) +
+           " classes";
+  return "";
+}
+
+}  // namespace
+
 Result<std::unique_ptr<PackReader>> PackReader::Open(const std::string& dir) {
   std::string path = (fs::path(dir) / kIndexName).string();
   std::vector<uint8_t> index;
@@ -305,16 +332,13 @@ Result<std::unique_ptr<PackReader>> PackReader::Open(const std::string& dir) {
   for (uint64_t& s : sizes)
     if (!c.Get(&s)) return corrupt("bad shard table");
   r->records_.resize(count);
-  for (PackRecord& rec : r->records_) {
+  for (uint64_t i = 0; i < count; ++i) {
+    PackRecord& rec = r->records_[i];
     if (!c.Get(&rec.shard) || !c.Get(&rec.offset) || !c.Get(&rec.size) || !c.Get(&rec.width) ||
         !c.Get(&rec.height) || !c.Get(&rec.label))
       return corrupt("record table cut short");
-    // offset + size could wrap around: compared without the sum.
-    if (rec.shard >= shards || rec.offset > sizes[rec.shard] ||
-        rec.size > sizes[rec.shard] - rec.offset ||
-        (r->format_ == PackFormat::kRaw && rec.size != uint64_t(rec.width) * rec.height * 3) ||
-        rec.label < 0 || static_cast<uint32_t>(rec.label) >= classes)
-      return corrupt("a record points outside its shard");
+    std::string bad = BadRecord(rec, sizes, classes, r->format_);
+    if (!bad.empty()) return corrupt("record " + std::to_string(i) + " " + bad);
   }
   for (uint32_t i = 0; i < shards; ++i) {
     std::string shard = (fs::path(dir) / ShardName(i)).string();

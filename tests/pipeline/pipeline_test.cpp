@@ -1090,9 +1090,40 @@ TEST(Pack, DamagedCountsAndOffsetsAreRefused) {
   std::ofstream((dst / "shard-00000.fbp").string(), std::ios::binary) << std::string(16, 'x');
   auto outside = open(wrap);
   ASSERT_FALSE(outside.ok());
-  EXPECT_EQ(outside.status().message(), "pack index " + index +
-                                            " is corrupt (a record points outside its shard): "
-                                            "re-run fullburn pack");
+  EXPECT_EQ(outside.status().message(),
+            "pack index " + index + " is corrupt (record 0 has bytes 18446744073709551612 + 8 "
+            "of shard 0, which holds 16): re-run fullburn pack");
+
+  // The record's other fields, each wrong alone, named with their numbers.
+  auto one_record = [&](uint32_t format, uint32_t shard, uint64_t offset, uint32_t size,
+                        int32_t label) {
+    std::string body = "FBPACK01";
+    put(&body, uint32_t{1});
+    put(&body, format);
+    put(&body, uint64_t{1});
+    put(&body, uint32_t{1});  // classes
+    put(&body, uint32_t{1});  // shards
+    put(&body, uint32_t{1});
+    body += "a";
+    put(&body, uint64_t{16});
+    put(&body, shard);
+    put(&body, offset);
+    put(&body, size);
+    put(&body, uint16_t{2});
+    put(&body, uint16_t{1});
+    put(&body, label);
+    auto r = open(body);
+    return r.ok() ? std::string("opened") : r.status().message();
+  };
+  auto why = [&](const std::string& text) {
+    return "pack index " + index + " is corrupt (record 0 " + text + "): re-run fullburn pack";
+  };
+  EXPECT_EQ(one_record(0, 3, 0, 8, 0), why("is in shard 3 of 1"));
+  EXPECT_EQ(one_record(0, 0, 10, 8, 0), why("has bytes 10 + 8 of shard 0, which holds 16"));
+  EXPECT_EQ(one_record(1, 0, 0, 8, 0), why("is 8 bytes, its 2x1 raw pixels are 6"));
+  EXPECT_EQ(one_record(0, 0, 0, 8, 1), why("has label 1 of 1 classes"));
+  EXPECT_EQ(one_record(0, 0, 0, 8, -2), why("has label -2 of 1 classes"));
+  EXPECT_EQ(one_record(0, 0, 8, 8, 0), "opened");
 }
 
 TEST(Pack, CorruptSourceImagesAreLeftOut) {
