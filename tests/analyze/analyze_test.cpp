@@ -1091,5 +1091,48 @@ TEST(AnalyzeCommand, BadInputIsOneLineAndNonZero) {
   }
 }
 
+// Messages true to the input (issue 53): each number or name a refusal
+// quotes is the one in the files that produced it.
+TEST(AnalyzeMessages, QuoteTheStepsRanksAndFileCountsOfTheInput) {
+  // --steps outside the trace: the range named is the trace's own steps.
+  AnalyzeOptions steps;
+  steps.first_step = 40;
+  steps.last_step = 50;
+  std::string idle = IdleScenario().Write("idle.json");
+  Result<RankReport> r = AnalyzeTraceFile(idle, 0, steps);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), idle + ": --steps 40-50: the trace has ProfilerStep#1-#4");
+  TraceBuilder one;
+  one.Step(7, 0, 1000);
+  one.Kernel(10, 20, 100);
+  std::string single = one.Write("one_step.json");
+  r = AnalyzeTraceFile(single, 0, steps);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), single + ": --steps 40-50: the trace has ProfilerStep#7");
+
+  // --rank that no file has: the ranks listed are those the files name.
+  std::string dir = TempPath("ranks");
+  fs::create_directories(dir);
+  RankFile(0, 400, 500, 1000, "ranks/r0.json");
+  RankFile(1, 800, 100, 1000, "ranks/r1.json");
+  AnalyzeOptions rank;
+  rank.rank = 5;
+  Result<TraceReport> rep = AnalyzeTraces({dir}, rank);
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().message(), "--rank 5: no trace of that rank (ranks: 0, 1)");
+
+  // Every file unreadable: the count is the files given, the first error
+  // the first file's.
+  std::string a = TempPath("a_text.json"), b = TempPath("b_empty.json"), c = TempPath("c.json");
+  WriteFile(a, "hello");
+  WriteFile(b, "");
+  WriteFile(c, "{\"traceEvents\": []}");
+  rep = AnalyzeTraces({a, b, c}, {});
+  ASSERT_FALSE(rep.ok());
+  const std::string& m = rep.status().message();
+  EXPECT_EQ(m.rfind("none of the 3 files could be analysed; the first: " + a + ": not JSON", 0), 0u)
+      << m;
+}
+
 }  // namespace
 }  // namespace fullburn
