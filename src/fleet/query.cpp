@@ -39,10 +39,17 @@ std::map<std::string, double> TargetIntervals(const PromClient& client) {
   nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
   if (!j.is_object() || !j.contains("data") || !j["data"].contains("activeTargets")) return out;
   for (const nlohmann::json& t : j["data"]["activeTargets"]) {
-    if (!t.contains("labels") || !t.contains("scrapeInterval")) continue;
+    // Fields of another type are skipped: get() and value() would throw.
+    if (!t.contains("labels") || !t["labels"].is_object() || !t.contains("scrapeInterval") ||
+        !t["scrapeInterval"].is_string())
+      continue;
     Result<double> interval = ParsePromDuration(t["scrapeInterval"].get<std::string>());
     if (!interval.ok()) continue;
-    out[t["labels"].value("job", "") + "\x1f" + t["labels"].value("instance", "")] = *interval;
+    auto label = [&](const char* k) {
+      const nlohmann::json& l = t["labels"];
+      return l.contains(k) && l[k].is_string() ? l[k].get<std::string>() : std::string();
+    };
+    out[label("job") + "\x1f" + label("instance")] = *interval;
   }
   return out;
 }
@@ -62,7 +69,7 @@ Result<std::set<std::string>> Present(const PromClient& client, const std::vecto
   Result<std::string> body = client.Get("/api/v1/label/__name__/values", params);
   if (!body.ok()) return body.status();
   nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
-  if (!j.is_object() || j.value("status", "") != "success" || !j["data"].is_array())
+  if (!j.is_object() || j["status"] != "success" || !j["data"].is_array())
     return Status::Corruption("Prometheus at " + client.url() +
                               " answered /api/v1/label/__name__/values with something else than "
                               "its API's JSON: is the URL a Prometheus server?");
@@ -169,7 +176,8 @@ Result<FleetReport> QueryFleet(const PromClient& client, const FleetQuery& q) {
   if (report.ok() && report->effective_start > report->start + step) {
     Result<std::string> info = client.Get("/api/v1/status/runtimeinfo", {});
     nlohmann::json j = info.ok() ? nlohmann::json::parse(*info, nullptr, false) : nlohmann::json();
-    if (j.is_object() && j.contains("data") && j["data"].contains("storageRetention"))
+    if (j.is_object() && j.contains("data") && j["data"].contains("storageRetention") &&
+        j["data"]["storageRetention"].is_string())
       report->notes.push_back("Prometheus keeps " +
                               j["data"]["storageRetention"].get<std::string>() +
                               " (its storage retention)");

@@ -502,5 +502,96 @@ TEST(PromClientErrors, ServerWithoutFullburnsSeries) {
   EXPECT_EQ(e.find('\n'), std::string::npos);
 }
 
+// ---- messages true to the input (issue 53) ----
+
+// A key whose value is not JSON is named: the one that was broken.
+TEST(PromParse, AMalformedAnswerNamesTheKeyWhoseValueIsBroken) {
+  auto message = [](const std::string& body) {
+    Result<PromMatrix> m = ParsePromMatrix(body, 0, 1);
+    return m.ok() ? std::string("ok") : m.status().message();
+  };
+  auto says = [](const std::string& what) {
+    return "Prometheus's answer is not its API's JSON (" + what + "): is the URL a Prometheus server?";
+  };
+  EXPECT_EQ(message(R"({"status":"success","warnings":[1,,2],"data":{"result":[]}})"), says("warnings"));
+  EXPECT_EQ(message(R"({"status":"success","data":{"resultType":"matrix","stats":{"a":},"result":[]}})"),
+            says("stats"));
+  EXPECT_EQ(message(R"({"status":"success","data":{"result":[{"metric":{},"exemplars":[}]}})"),
+            says("exemplars"));
+  EXPECT_EQ(message(R"({"status":"success","data":{"result":[{"metric":{"gpu":1}}]}})"), says("labels"));
+}
+
+TEST_F(Accounting, TheTwoScrapeJobsAndTheirGpuAreNamed) {
+  AddGpu(Gpu("node-b", 3), 50, true, false, false);
+  auto dcgm = Gpu("node-b", 3);
+  dcgm["job"] = "dcgm-exporter";
+  in_.samples.push_back(Flat(dcgm, 4));
+  in_.util_sum.push_back(Flat(dcgm, 200));
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "DCGM_FI_DEV_GPU_UTIL of node-b gpu 3 GPU-node-b-3 comes from two scrape jobs ('dcgm-exporter' "
+            "and 'fullburn'), which would count its hours twice: pass --match 'job=\"fullburn\"' (fullburn "
+            "serve's scrape job)");
+}
+
+TEST(PromClientErrors, AnotherHttpStatusIsQuotedWithTheFirstLineOfItsBody) {
+  FakeServer s;
+  s.server().Get("/api/v1/query", [](const httplib::Request&, httplib::Response& res) {
+    res.status = 502;
+    res.set_content("upstream prometheus-0 is down\nretry later\n", "text/plain");
+  });
+  EXPECT_EQ(ErrorOf(Conn(s.Url())),
+            "Prometheus at " + s.Url() + " answered /api/v1/query with HTTP 502: upstream prometheus-0 is down");
+}
+
+// A server that answers the time, its targets (`targets`) and the metric names.
+void ServeTheBasics(FakeServer& s, const std::string& targets, const std::string& names) {
+  s.server().Get("/api/v1/query", [](const httplib::Request&, httplib::Response& res) {
+    std::string t = std::to_string(
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    res.set_content(R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[)" + t +
+                        ",\"" + t + "\"]}]}}",
+                    "application/json");
+  });
+  s.server().Get("/api/v1/targets", [targets](const httplib::Request&, httplib::Response& res) {
+    res.set_content(targets, "application/json");
+  });
+  s.server().Get("/api/v1/label/__name__/values", [names](const httplib::Request&, httplib::Response& res) {
+    res.set_content(names, "application/json");
+  });
+}
+
+// The interval quoted is the target's, as Prometheus's /api/v1/targets gives it.
+TEST(PromClientErrors, AWindowShorterThanTheScrapeIntervalQuotesTheTargets) {
+  FakeServer s;
+  ServeTheBasics(
+      s,
+      R"({"status":"success","data":{"activeTargets":[{"labels":{"job":"fullburn","instance":"n1:9400"},"scrapeInterval":"2h"}]}})",
+      R"({"status":"success","data":["DCGM_FI_DEV_GPU_UTIL"]})");
+  EXPECT_EQ(ErrorOf(Conn(s.Url())), "--window 3600 s is shorter than one scrape interval (7200 s): widen it");
+}
+
+// Fields of another type in the targets' and the names' answers threw out of
+// nlohmann's get() and value() and would have ended fullburn fleet.
+TEST(PromClientErrors, TargetsAndNamesOfOtherTypesAreNotExceptions) {
+  FakeServer s;
+  ServeTheBasics(
+      s,
+      R"({"status":"success","data":{"activeTargets":[{"labels":"n1","scrapeInterval":"15s"},)"
+      R"({"labels":{"job":7},"scrapeInterval":"30s"},{"labels":{"job":"a"},"scrapeInterval":15},)"
+      R"({"labels":{"job":"fullburn"},"scrapeInterval":"2h"}]}})",
+      R"({"status":"success","data":["DCGM_FI_DEV_GPU_UTIL"]})");
+  std::string e;
+  EXPECT_NO_THROW(e = ErrorOf(Conn(s.Url())));
+  EXPECT_EQ(e, "--window 3600 s is shorter than one scrape interval (7200 s): widen it");
+  FakeServer names;
+  ServeTheBasics(names, R"({"status":"success","data":{"activeTargets":[]}})", R"({"status":1,"data":[]})");
+  EXPECT_NO_THROW(e = ErrorOf(Conn(names.Url())));
+  EXPECT_EQ(e, "Prometheus at " + names.Url() +
+                   " answered /api/v1/label/__name__/values with something else than its API's JSON: is the URL "
+                   "a Prometheus server?");
+}
+
 }  // namespace
 }  // namespace fullburn
