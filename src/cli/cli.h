@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "fullburn/atomic_file.h"
 #include "fullburn/store.h"
 #include "fullburn/telemetry.h"
 
@@ -43,8 +44,6 @@ Result<std::unique_ptr<GpuSource>> OpenGpus();
 // The one line saying GPU metrics are unavailable and why (if they are).
 void NoteIfGpusUnavailable(const GpuSource& gpus);
 
-// Written beside, then renamed: a reader never sees half a file.
-Status WriteFileAtomically(const std::string& path, const std::string& text);
 // This process's argv (argv[0] as "fullburn"), as stored with a run.
 std::vector<std::string> OwnCommandLine();
 

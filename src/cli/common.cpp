@@ -145,27 +145,6 @@ void NoteIfGpusUnavailable(const GpuSource& gpus) {
                  gpus.unavailable_reason().c_str());
 }
 
-// Written beside, then renamed: a reader never sees half a report.
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      return Status::IoError("cannot write " + path +
-                             ": check the directory exists and is writable");
-    out << text;
-    if (!out.flush()) {
-      ::unlink(tmp.c_str());
-      return Status::IoError("cannot write " + path + " (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return Status::IoError("cannot write " + path + ": check the directory is writable");
-  }
-  return Status::Ok();
-}
-
 std::vector<std::string> OwnCommandLine() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> argv;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "fullburn/atomic_file.h"
 #include "fullburn/pipeline.h"
 
 namespace fullburn {
@@ -165,18 +166,11 @@ Status MakeSyntheticImages(const std::string& dir, const SyntheticImagesOptions&
       if (!jpeg.ok()) return jpeg.status();
       char file[32];
       std::snprintf(file, sizeof file, "img_%05d.jpg", i);
+      // The images already there are whole; no fragment joins them.
       std::string path = (class_dir / file).string();
-      std::string tmp = path + ".tmp";
-      FILE* f = std::fopen(tmp.c_str(), "wb");
-      if (!f) return Status::IoError("cannot write " + tmp);
-      bool ok = std::fwrite(jpeg->data(), 1, jpeg->size(), f) == jpeg->size();
-      ok = (std::fclose(f) == 0) && ok;
-      if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::string why = std::strerror(errno);
-        std::remove(tmp.c_str());  // the images already there are whole; no fragment joins them
-        return Status::IoError("cannot write " + path + ": " + why +
-                               "; free space or fix the directory, then run make-dataset again");
-      }
+      Status written = WriteFileAtomically(
+          path, std::string_view(reinterpret_cast<const char*>(jpeg->data()), jpeg->size()));
+      if (!written.ok()) return written;
     }
   }
   return Status::Ok();

@@ -15,6 +15,7 @@
 #include <memory>
 #include <thread>
 
+#include "fullburn/atomic_file.h"
 #include "fullburn/env.h"
 #include "fullburn/pipeline.h"
 
@@ -207,14 +208,11 @@ Result<PackReport> WritePackFiles(const ImageFolder* folder, const std::string& 
   }
   Put(&index, Fnv1a(index.data(), index.size()));
   // The index goes last and atomically: a pack without one is not a pack.
-  std::string tmp = (fs::path(dst) / kIndexName).string() + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return Status::IoError("cannot write " + tmp);
-  bool ok = std::fwrite(index.data(), 1, index.size(), f) == index.size() && std::fflush(f) == 0 &&
-            ::fsync(fileno(f)) == 0;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), (fs::path(dst) / kIndexName).c_str()) != 0)
-    return Status::IoError("cannot write the index of " + dst + " (disk full?)");
+  Status written = WriteFileAtomically(
+      (fs::path(dst) / kIndexName).string(),
+      std::string_view(reinterpret_cast<const char*>(index.data()), index.size()),
+      Durability::kSurvivesCrash);
+  if (!written.ok()) return written;
   return report;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "fullburn/atomic_file.h"
 #include "fullburn/pipeline.h"
 
 namespace fullburn {
@@ -109,25 +110,20 @@ Status MakeSyntheticTokens(const std::string& path, const SyntheticTokensOptions
   SplitMix rng{o.seed + 17};
   std::vector<uint16_t> next(static_cast<size_t>(o.vocab));
   for (uint16_t& n : next) n = static_cast<uint16_t>(rng.Next() % static_cast<uint64_t>(o.vocab));
-  std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return Status::IoError("cannot write " + tmp);
+  Result<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path, Durability::kVisible);
+  if (!file.ok()) return file.status();
   std::vector<uint16_t> buf;
   buf.reserve(1 << 16);
   uint16_t cur = 0;
-  bool ok = true;
   for (int64_t i = 0; i < o.tokens; ++i) {
     cur = rng.Uniform() < 0.85 ? next[cur] : static_cast<uint16_t>(rng.Next() % static_cast<uint64_t>(o.vocab));
     buf.push_back(cur);
     if (buf.size() == buf.capacity() || i + 1 == o.tokens) {
-      ok = ok && std::fwrite(buf.data(), 2, buf.size(), f) == buf.size();
+      if (!(*file)->Append(buf.data(), buf.size() * sizeof(uint16_t))) break;
       buf.clear();
     }
   }
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
-    return Status::IoError("cannot write " + path + " (disk full?)");
-  return Status::Ok();
+  return (*file)->Commit();
 }
 
 }  // namespace fullburn

@@ -18,6 +18,8 @@
 #include <new>
 #include <nlohmann/json.hpp>
 
+#include "fullburn/atomic_file.h"
+
 namespace fullburn {
 
 void CopyToStage(void* stage, const void* src, size_t bytes) {
@@ -47,23 +49,6 @@ void CopyToStage(void* stage, const void* src, size_t bytes) {
 namespace {
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-bool WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-std::string DirOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
-}
 
 // crc32_z takes size_t lengths, so one call covers any tensor.
 uLong Crc(uLong crc, const void* data, uint64_t n) {
@@ -112,31 +97,12 @@ Status WriteTensorFile(const std::string& path, const std::vector<TensorRecord>&
   h.append((8 - h.size() % 8) % 8, ' ');  // safetensors pads the header to 8 bytes
   uint64_t hlen = h.size();
 
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IoError(Errno("cannot write " + tmp) + "; check the folder exists and is writable");
-  bool ok = WriteAll(fd, &hlen, 8) && WriteAll(fd, h.data(), h.size());
-  for (const TensorRecord& t : tensors) ok = ok && WriteAll(fd, t.data, t.bytes);
-  ok = ok && ::fsync(fd) == 0;
-  int saved = errno;
-  ::close(fd);
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    errno = saved;
-    return Status::IoError(Errno("cannot write " + path) + " (disk full?); the file there before is untouched");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    saved = errno;
-    ::unlink(tmp.c_str());
-    errno = saved;
-    return Status::IoError(Errno("cannot rename the new file into " + path));
-  }
-  // The rename itself must reach the disk before the file counts as written.
-  int dfd = ::open(DirOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  Result<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path, Durability::kSurvivesCrash);
+  if (!file.ok()) return file.status();
+  (*file)->Append(&hlen, 8);
+  (*file)->Append(h);
+  for (const TensorRecord& t : tensors) (*file)->Append(t.data, t.bytes);
+  if (Status s = (*file)->Commit(); !s.ok()) return s;
   if (bytes_written) *bytes_written = static_cast<int64_t>(8 + hlen + offset);
   return Status::Ok();
 }

@@ -453,9 +453,7 @@ Result<std::string> DefaultTokens(const std::string& dir, int vocab) {
   if (std::filesystem::exists(path)) return path;  // made while this process waited
   SyntheticTokensOptions o;
   o.vocab = vocab;
-  std::string tmp = path + ".tmp";
-  if (Status s = MakeSyntheticTokens(tmp, o); !s.ok()) return s;
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::IoError("cannot create " + path);
+  if (Status s = MakeSyntheticTokens(path, o); !s.ok()) return s;  // whole or not at all
   return path;
 }
 

@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "../cli/traces.h"
+#include "fullburn/atomic_file.h"
 #include "trainer.h"
 
 namespace fullburn {
@@ -117,16 +117,7 @@ Status WriteHostTrace(const prof::ProfilerResult& result, const std::string& pat
                       {"args", nlohmann::json::object()}});
   }
   nlohmann::json doc{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << doc.dump();
-    if (!out.flush()) return Status::IoError("cannot write " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return Status::IoError("cannot write " + path + ": " + ec.message());
-  return Status::Ok();
+  return WriteFileAtomically(path, doc.dump());
 }
 
 }  // namespace
