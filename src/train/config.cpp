@@ -103,6 +103,13 @@ std::string Describe(const nlohmann::json& v) {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
+// A TOML float as written (shortest round trip; TOML's inf and nan too).
+std::string FloatText(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return nlohmann::json(x).dump();
+}
+
 // TOML node as the option's type (integers are accepted for numbers).
 Result<nlohmann::json> FromToml(const OptionDef& def, const toml::node& node) {
   switch (def.type) {
@@ -122,7 +129,7 @@ Result<nlohmann::json> FromToml(const OptionDef& def, const toml::node& node) {
   }
   std::string shown = node.is_string()            ? "\"" + *node.value<std::string>() + "\""
                       : node.is_integer()         ? std::to_string(*node.value<int64_t>())
-                      : node.is_floating_point()  ? std::to_string(*node.value<double>())
+                      : node.is_floating_point()  ? FloatText(*node.value<double>())
                       : node.is_boolean()         ? (*node.value<bool>() ? "true" : "false")
                       : node.is_array()           ? "an array"
                                                   : "this value";

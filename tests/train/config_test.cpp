@@ -144,5 +144,26 @@ TEST(Config, DocsAreTheGeneratedTable) {
   EXPECT_EQ(doc, ConfigMarkdown()) << "regenerate: fullburn train --help-config --markdown > docs/config.md";
 }
 
+// Messages true to the input (issue 53): the key, the value as written and
+// the file's line. A float once showed as std::to_string's six decimals
+// (1e-07 as "0.000000").
+TEST(ConfigMessages, QuoteTheKeyTheValueAndTheLine) {
+  auto message = [](const std::string& name, const std::string& text) {
+    std::string path = WriteFile(name, text);
+    auto c = Config::Load(path, {});
+    return std::make_pair(path, c.ok() ? std::string("ok") : c.status().message());
+  };
+  auto [p1, m1] = message("m1.toml", "[train]\n\nbatch_size = 2.5\n");
+  EXPECT_EQ(m1, "train.batch_size (" + p1 + " line 3): 2.5 is not an integer");
+  auto [p2, m2] = message("m2.toml", "[train]\nbatch_size = 1e-7\n");
+  EXPECT_EQ(m2, "train.batch_size (" + p2 + " line 2): 1e-07 is not an integer");
+  auto [p3, m3] = message("m3.toml", "# a comment\n[train]\nbatch_size = inf\n");
+  EXPECT_EQ(m3, "train.batch_size (" + p3 + " line 3): inf is not an integer");
+  auto [p4, m4] = message("m4.toml", "[optim]\nlr = 0.1\n[train]\nbatch_size = 0\n");
+  EXPECT_EQ(m4, "train.batch_size = 0 (" + p4 + " line 4): must be >0");
+  auto [p5, m5] = message("m5.toml", "[optim]\nlr = -0.25\n");
+  EXPECT_EQ(m5, "optim.lr = -0.25 (" + p5 + " line 2): must be >0");
+}
+
 }  // namespace
 }  // namespace fullburn
