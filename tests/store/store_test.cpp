@@ -578,5 +578,39 @@ TEST(StepEvents, ARestartedStepCounterIsNumberedOn) {
   EXPECT_EQ(reader.first_restarted_rank(), 0);
 }
 
+// Messages true to the input (issue 53): the line number counts every line
+// of the file, blank ones and one completed across two polls included.
+TEST(StepEvents, TheFirstBadLineIsNumberedAsInTheFile) {
+  std::string path = ::testing::TempDir() + "/fb_events_lines.jsonl";
+  std::remove(path.c_str());
+  const std::string good = R"({"kind":"step","step":1,"time":2,"step_s":0.5})";
+  {
+    std::ofstream out(path);
+    out << good << "\n\n" << R"({"kind":"step","step":2,)";  // line 3, half written
+  }
+  EventFileReader reader(path);
+  std::vector<StepRecord> steps;
+  std::vector<RunEvent> events;
+  ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
+  EXPECT_EQ(reader.bad_lines(), 0);
+  {
+    std::ofstream out(path, std::ios::app);
+    out << R"("time":3,"step_s":0.5})" << "\n"
+        << "   \n"
+        << R"({"kind":"event","time":4})" << "\n"  // line 5: no name
+        << R"({"kind":"step","step":3,"time":5,"step_s":-1})" << "\n";
+  }
+  ASSERT_TRUE(reader.Poll(0, &steps, &events).ok());
+  EXPECT_EQ(steps.size(), 2u);
+  EXPECT_EQ(reader.bad_lines(), 2);
+  EXPECT_EQ(reader.first_error(), "line 5 of " + path + R"(: an event needs a "name")");
+  EXPECT_EQ(ParseEventLine(R"({"kind":"step","step":3,"time":5,"step_s":-1})", 0).status().message(),
+            R"("step_s" must be a non-negative number)");
+  EXPECT_EQ(ParseEventLine(R"({"kind":"step","step":3,"time":5})", 0).status().message(),
+            R"(a step needs "step_s")");
+  EXPECT_EQ(ParseEventLine(R"({"kind":"event","name":"x","time":-4})", 0).status().message(),
+            R"(an event needs "time")");
+}
+
 }  // namespace
 }  // namespace fullburn
