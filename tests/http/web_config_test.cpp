@@ -176,5 +176,19 @@ TEST(BasicAuthTest, ChecksBcryptHashesAndAnswersTheSameTwice) {
   }
 }
 
+// Messages true to the input (issue 53): the line and column are those of
+// the character that is wrong, counted from 1 as an editor does.
+TEST_F(WebConfigTest, LinesAndColumnsAreWhereTheFileIsWrong) {
+  const std::string path = dir_ + "/web.yml";
+  EXPECT_EQ(Refusal("rate_limit:\n  interval: 1s\n\tburst: 2\n"),
+            "web config " + path + ": not YAML at line 3, column 1: illegal tab when looking for indentation");
+  // The ']' closing a '{' is the 36th character of the line.
+  EXPECT_EQ(Refusal("rate_limit: {interval: 1s, burst: 1]\n"),
+            "web config " + path + ": not YAML at line 1, column 36: illegal flow end");
+  // YAML, but a user name that is a list: the line of that key.
+  EXPECT_EQ(Refusal("rate_limit:\n  interval: 1s\n  burst: 1\nbasic_auth_users:\n  ? [a, b]\n  : x\n"),
+            "web config " + path + ": line 5: bad conversion");
+}
+
 }  // namespace
 }  // namespace fullburn
