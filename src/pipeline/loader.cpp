@@ -159,7 +159,8 @@ bool ImageLoader::MakeImage(const SampleJob& job, std::string* error) {
     }
     if (!Skip(folder_.files[static_cast<size_t>(sample)], s.message(), error)) return false;
   }
-  *error = "no decodable image among 64 consecutive samples of " + options_.root;
+  *error = "no decodable image among " + std::to_string(std::min<int64_t>(n, 64)) +
+           " consecutive samples of " + options_.root;
   return false;
 }
 

@@ -1399,5 +1399,113 @@ TEST(Loader, EmptyOrMissingFolderIsAnError) {
   EXPECT_NE(m.status().message().find("does not exist"), std::string::npos);
 }
 
+// ---- messages true to the input (issue 53) ----
+
+// A JPEG of two components (no colour space libjpeg names): fullburn's
+// refusal quotes the file's own count.
+std::vector<uint8_t> EncodeTwoComponents() {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = 16;
+  c.image_height = 16;
+  c.input_components = 2;
+  c.in_color_space = JCS_UNKNOWN;
+  jpeg_set_defaults(&c);
+  jpeg_start_compress(&c, TRUE);
+  std::vector<uint8_t> row(16 * 2, 77);
+  while (c.next_scanline < 16) {
+    JSAMPROW r = row.data();
+    jpeg_write_scanlines(&c, &r, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::vector<uint8_t> out(buf, buf + size);
+  jpeg_destroy_compress(&c);
+  free(buf);
+  return out;
+}
+
+TEST(JpegMessages, ComponentsAndPrecisionAreTheFilesOwn) {
+  DecodedRegion d;
+  std::vector<uint8_t> two = EncodeTwoComponents();
+  EXPECT_EQ(DecodeJpeg(two.data(), two.size(), &d).message(), "unsupported JPEG: 2 components");
+  Result<JpegHeader> h = ReadJpegHeader(two.data(), two.size());
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().message(), "unsupported JPEG: 2 components");
+  // The same RGB file with its frame header's sample precision set to 12:
+  // libjpeg-turbo 2 refuses it itself, 3 reads it and fullburn refuses it;
+  // either way the message carries the file's 12.
+  std::vector<uint8_t> twelve = EncodeSpecial(false);
+  size_t sof = 0;
+  for (size_t i = 2; i + 4 < twelve.size(); ++i)
+    if (twelve[i] == 0xFF && twelve[i + 1] == 0xC0) {
+      sof = i;
+      break;
+    }
+  ASSERT_GT(sof, 0u);
+  ASSERT_EQ(twelve[sof + 4], 8);
+  twelve[sof + 4] = 12;
+  std::string m = DecodeJpeg(twelve.data(), twelve.size(), &d).message();
+  EXPECT_TRUE(m == "unsupported JPEG: 12-bit samples (only 8-bit)" ||
+              m == "not a decodable JPEG: Unsupported JPEG data precision 12")
+      << m;
+}
+
+// Every sample bad: the count of samples tried is the dataset's when it has
+// fewer than 64 (it once said 64 whatever the size).
+TEST(LoaderMessages, NoDecodableImageSaysHowManySamplesWereTried) {
+  std::string dir = SmallDataset("allbad", 2, 3);
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) std::ofstream(e.path(), std::ios::trunc) << "not a jpeg";
+  auto l = ImageLoader::Open(Small(dir, 1));
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  (*l)->StartEpoch(0);
+  Batch b;
+  EXPECT_FALSE((*l)->Next(&b));
+  EXPECT_EQ((*l)->status().message(), "no decodable image among 6 consecutive samples of " + dir);
+}
+
+// A damaged image inside a pack is named by the pack and its record number.
+TEST(LoaderMessages, ABadRecordOfAPackIsNamedByItsNumber) {
+  std::string dir = SmallDataset("packrecord");
+  std::string dst = dir + ".pack";
+  fs::remove_all(dst);
+  ASSERT_TRUE(WritePack(dir, dst, PackOptions{}).ok());
+  const size_t victim = 17;
+  uint64_t offset = 0, size = 0;
+  uint32_t shard = 0;
+  {
+    auto pack = PackReader::Open(dst);
+    ASSERT_TRUE(pack.ok()) << pack.status().message();
+    ASSERT_GT((*pack)->records().size(), victim);
+    const PackRecord& r = (*pack)->records()[victim];
+    offset = r.offset;
+    size = r.size;
+    shard = r.shard;
+  }
+  char name[32];
+  std::snprintf(name, sizeof name, "shard-%05u.fbp", shard);
+  {
+    std::fstream f(dst + "/" + name, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekp(static_cast<std::streamoff>(offset));
+    std::string junk(size, 'x');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  LoaderOptions o = Small(dst, 2);
+  o.on_bad_sample = BadSamplePolicy::kFail;
+  auto l = ImageLoader::Open(o);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  (*l)->StartEpoch(0);
+  Batch b;
+  while ((*l)->Next(&b)) (*l)->Release(b);
+  const std::string m = (*l)->status().message();
+  EXPECT_EQ(m.rfind("bad sample " + dst + "#" + std::to_string(victim) + ": not a decodable JPEG", 0), 0u) << m;
+}
+
 }  // namespace
 }  // namespace fullburn
