@@ -31,8 +31,8 @@ Result<int> NonNegativeInt(const EnvMap& env, const char* name, int lo) {
   char* end = nullptr;
   long x = std::strtol(v->c_str(), &end, 10);
   if (end == v->c_str() || *end != '\0' || x < lo || x > 1 << 20)
-    return Status::InvalidArgument(std::string(name) + "=" + *v + " is not a valid number (>= " + std::to_string(lo) +
-                                   ")");
+    return Status::InvalidArgument(std::string(name) + "=" + *v + " is not a valid number (" + std::to_string(lo) +
+                                   " to " + std::to_string(1 << 20) + ")");
   return static_cast<int>(x);
 }
 

@@ -209,5 +209,23 @@ TEST(Rendezvous, LaunchEnvironmentIsTorchruns) {
   EXPECT_FALSE(CheckLaunchPlan(p).ok());
 }
 
+// Messages true to the input (issue 53): each quotes the variables as the
+// launcher set them. A number past the bound once read "(>= 0)", as if only
+// the lower bound had been broken.
+TEST(Rendezvous, MessagesQuoteTheVariablesAsSet) {
+  auto message = [](const EnvMap& env) {
+    auto r = RankFromEnvironment(env);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  EXPECT_EQ(message({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}), "RANK=4 is not below WORLD_SIZE=4");
+  EXPECT_EQ(message({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}}), "SLURM_PROCID=3 is not below SLURM_NTASKS=2");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}),
+            "MASTER_PORT=70000 is not a TCP port");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), "WORLD_SIZE=0 is not a valid number (1 to 1048576)");
+  EXPECT_EQ(message({{"RANK", "2000000"}, {"WORLD_SIZE", "4"}}), "RANK=2000000 is not a valid number (0 to 1048576)");
+  EXPECT_EQ(message({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "gpu[01-04,07"}}),
+            "SLURM_JOB_NODELIST=gpu[01-04,07 has an unclosed '['");
+}
+
 }  // namespace
 }  // namespace fullburn
