@@ -246,6 +246,26 @@ class BadInput(Data):
             with self.assertRaisesRegex(RuntimeError, "sees no CUDA device"):
                 fullburn.ImageLoader(self.root, 4, device="cuda")
 
+    def test_argument_errors_quote_the_values_given(self):
+        with self.assertRaisesRegex(ValueError, r"^batch_size must be at least 1, not 0$"):
+            fullburn.ImageLoader(self.root, 0)
+        with self.assertRaisesRegex(ValueError, r"^crop must be at least 1 pixel, not -3$"):
+            fullburn.ImageLoader(self.root, 4, crop=-3)
+        with self.assertRaisesRegex(ValueError, r"^rank 2 is not one of world_size 2's ranks$"):
+            fullburn.ImageLoader(self.root, 4, rank=2, world_size=2)
+
+    def test_a_bad_sample_is_named_by_its_path(self):
+        root = os.path.join(self.tmp, "one_bad")
+        make_images(root, classes=1, per_class=5)
+        victim = os.path.join(root, "class_000", sorted(os.listdir(os.path.join(root, "class_000")))[2])
+        with open(victim, "r+b") as f:
+            f.truncate(0)
+        strict = fullburn.ImageLoader(root, 2, crop=16, train=False, shuffle=False,
+                                      on_bad_sample="fail")
+        with self.assertRaises(fullburn.DataError) as e:
+            list(strict)
+        self.assertTrue(str(e.exception).startswith("bad sample " + victim + ": "), str(e.exception))
+
     def test_corrupt_images_are_skipped_and_counted_or_named(self):
         root = os.path.join(self.tmp, "bad")
         make_images(root, classes=2, per_class=6)
