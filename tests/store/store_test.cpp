@@ -612,5 +612,18 @@ TEST(StepEvents, TheFirstBadLineIsNumberedAsInTheFile) {
             R"(an event needs "time")");
 }
 
+// Messages true to the input (issue 53): the version quoted is the file's.
+TEST_F(StoreTest, ANewerSchemaIsQuotedWithTheFilesVersion) {
+  OpenOk().reset();
+  sqlite3* db = nullptr;
+  sqlite3_open(path_.c_str(), &db);
+  sqlite3_exec(db, "PRAGMA user_version = 73", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  auto r = RunStore::Open(path_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind(path_ + " has store schema v73, newer than this fullburn (v", 0), 0u)
+      << r.status().message();
+}
+
 }  // namespace
 }  // namespace fullburn

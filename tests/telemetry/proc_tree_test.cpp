@@ -146,5 +146,30 @@ TEST(ProcTree, ARankSamplerReadsOnlyItsTree) {
   EXPECT_TRUE(full.SampleOnce().host.cpu.util.has_value());
 }
 
+// Messages true to the input (issue 53): a stat file cut short or missing
+// is refused for the process asked about, and a whole one is read.
+TEST(ProcessIdentity, ADamagedStatIsRefusedForThePidAsked) {
+  namespace fs = std::filesystem;
+  std::string root = ::testing::TempDir() + "/fb_identity";
+  fs::remove_all(root);
+  for (const char* pid : {"4242", "4343"}) fs::create_directories(root + "/proc/" + pid);
+  const std::string whole =
+      "4242 (python (x)) R 1 0 0 0 -1 4194560 27827 1873685 0 207 60 350 3031 2275 20 0 14 0 987654 40284160 2228 "
+      "18446744073709551615 1 1 0 0 0 0 0 4096 1256 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+  std::ofstream(root + "/proc/4242/stat") << whole;
+  std::ofstream(root + "/proc/4343/stat") << whole.substr(0, 30);
+  testing::ReplayEnv env(root);
+  Result<ProcessIdentity> ok = ReadProcessIdentity(env, 4242);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->state, 'R');
+  EXPECT_EQ(ok->start_ticks, 987654u);
+  Result<ProcessIdentity> cut = ReadProcessIdentity(env, 4343);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().message(), "no process 4343");
+  Result<ProcessIdentity> gone = ReadProcessIdentity(env, 4444);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().message(), "no process 4444");
+}
+
 }  // namespace
 }  // namespace fullburn
