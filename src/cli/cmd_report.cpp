@@ -8,10 +8,10 @@
 #include <fstream>
 
 #include "cli.h"
-#include "traces.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
 #include "fullburn/tune.h"
+#include "fullburn/run_traces.h"
 
 namespace fullburn::cli {
 namespace {

@@ -13,8 +13,9 @@
 #include "cli.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
+#include "fullburn/store_layout.h"
+#include "fullburn/run_traces.h"
 #include "recording.h"
-#include "traces.h"
 
 namespace fullburn::cli {
 namespace {
@@ -156,7 +157,7 @@ int Run(const RunOptions& opts) {
     child_env.push_back("PYTHONPATH=" + ChildPythonPath(python_dir, auto_steps));
   std::string trace_dir;
   if (!opts.profile.empty()) {
-    trace_dir = TraceDir((*store)->path(), info.id);
+    trace_dir = StoreLayout((*store)->path()).Traces(info.id);
     std::error_code ec;
     std::filesystem::create_directories(trace_dir, ec);
     if (ec) return Fail("cannot make " + trace_dir + " for --profile's trace: " + ec.message());

@@ -269,7 +269,7 @@ class TrainTuner : public KnobTuner {
     ctx.input_bound = InputBound(findings);
     ctx.knobs_chosen = !t_->plan().knobs.empty();
     ctx.keep_effective_batch = !o_.free_batch;
-    ctx.pack_dir = TrialLogDir(t_->store()->path(), t_->id()) + "/pack";
+    ctx.pack_dir = t_->PackDir();
     ctx.data_is_pack = PackReader::IsPack(ctx.config["resolved.data_path"]);
     return ctx;
   }
@@ -419,7 +419,7 @@ int TuneGrid(Tuning* t, const TuneOptions& o) {
     t->Finish(
         fmt::format(
             "tuning {}: no trial could be measured (the reasons are above; the outputs in {})",
-            t->id(), TrialLogDir(t->store()->path(), t->id())),
+            t->id(), t->LogDir()),
         result, code ? code : 1);
     return code ? code : 1;
   }

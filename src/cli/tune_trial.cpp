@@ -66,12 +66,6 @@ Result<Measure> MeasureFromOutput(const std::string& log_path, const std::string
 
 }  // namespace
 
-std::string TrialLogDir(const std::string& store_path, int64_t tuning_id) {
-  std::string dir = store_path.substr(0, store_path.rfind('/') + 1) + "tune-" + std::to_string(tuning_id);
-  ::mkdir(dir.c_str(), 0755);
-  return dir;
-}
-
 void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   const Env* env = Env::Default();
   double start = env->MonotonicSeconds();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <string>
@@ -10,6 +11,7 @@
 #include "fullburn/env.h"
 #include "fullburn/report.h"
 #include "fullburn/store.h"
+#include "fullburn/store_layout.h"
 #include "fullburn/tune.h"
 
 namespace fullburn::cli {
@@ -46,9 +48,6 @@ inline double TuneClock() { return Env::Default()->MonotonicSeconds(); }
 // steps: cuDNN's benchmark mode took 4.1 s of an 8 s trial on an H200.
 constexpr double kSlowStartStretch = 3;
 
-// <store directory>/tune-<id>: the trials' output files.
-std::string TrialLogDir(const std::string& store_path, int64_t tuning_id);
-
 // Runs the child (output to trial->log), then fills status, reason, run_id,
 // wall_s and the measure. Never throws; a failure is the trial's status.
 void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial);
@@ -61,7 +60,9 @@ class Tuning {
         run_(std::move(run)),
         plan_(plan),
         start_(TuneClock()),
-        log_dir_(TrialLogDir(store->path(), run_.id)) {}
+        layout_(store->path()) {
+    ::mkdir(layout_.TuneLogs(run_.id).c_str(), 0755);  // the trials' output files
+  }
 
   int64_t id() const { return run_.id; }
   const Plan& plan() const { return plan_; }
@@ -69,9 +70,9 @@ class Tuning {
   const std::vector<Trial>& trials() const { return trials_; }
   bool interrupted() const { return interrupted_; }
 
-  std::string NextLog() const {
-    return log_dir_ + "/trial-" + std::to_string(trials_.size() + 1) + ".log";
-  }
+  std::string NextLog() const { return layout_.TrialLog(run_.id, static_cast<int>(trials_.size()) + 1); }
+  std::string LogDir() const { return layout_.TuneLogs(run_.id); }
+  std::string PackDir() const { return layout_.TunePack(run_.id); }
 
   // Trials `factor` times as long from now on, if the budget holds the start
   // and its repeat at that length; false (unchanged) if not.
@@ -129,7 +130,7 @@ class Tuning {
   RunInfo run_;
   Plan plan_;
   double start_;
-  std::string log_dir_;
+  StoreLayout layout_;
   std::vector<Trial> trials_;
   bool interrupted_ = false;
 };

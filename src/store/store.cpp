@@ -10,16 +10,11 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "fullburn/store_layout.h"
 #include "sqlite_util.h"
 
 namespace fullburn {
 namespace {
-
-std::string DirName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 std::string HostName() {
   char buf[256] = {0};
@@ -48,7 +43,7 @@ std::string RunStore::DefaultPath() {
 }
 
 Result<std::unique_ptr<RunStore>> RunStore::Open(const std::string& path) {
-  std::string dir = DirName(path);
+  std::string dir = StoreLayout(path).folder();
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return Status::NotFound("store directory " + dir +

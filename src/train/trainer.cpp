@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <tuple>
 
-#include "../cli/traces.h"
 #include "fullburn/diagnose.h"
+#include "fullburn/run_traces.h"
 
 namespace fullburn {
 namespace {
@@ -29,7 +29,7 @@ int PendingStopSignal() { return g_signal.load(); }
 
 Status Trainer::OpenStoreAndResume() {
   std::string path = opt_.store_path.empty() ? RunStore::DefaultPath() : opt_.store_path;
-  if (opt_.store_path.empty()) std::filesystem::create_directories(StoreDir(path));
+  if (opt_.store_path.empty()) std::filesystem::create_directories(StoreLayout(path).folder());
   auto store = RunStore::Open(path);
   if (!store.ok()) return store.status();
   store_ = std::move(*store);
@@ -306,7 +306,7 @@ void Trainer::ReadOtherRanksSteps(double t, std::vector<StepRecord>* steps) {
 
 Status Trainer::OpenCheckpoints() {
   std::string dir = cfg_.Str("checkpoint.dir");
-  if (dir.empty()) dir = StoreDir(store_->path()) + "/checkpoints/run-" + std::to_string(run_.id);
+  if (dir.empty()) dir = StoreLayout(store_->path()).Checkpoints(run_.id);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("cannot create checkpoint.dir " + dir + ": " + ec.message());
@@ -499,7 +499,7 @@ Status Trainer::Run() {
     if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
     if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok()) {
       std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
-      cli::RunTraces traces = cli::AnalyzeRunTraces(*stored);  // profile.steps
+      RunTraces traces = AnalyzeRunTraces(*stored);  // profile.steps
       if (!traces.error.empty())
         std::fprintf(stderr, "  the profiler trace could not be analysed: %s\n",
                      traces.error.c_str());

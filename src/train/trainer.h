@@ -15,6 +15,7 @@
 #include "fullburn/dist_torch.h"
 #include "fullburn/report.h"
 #include "fullburn/store.h"
+#include "fullburn/store_layout.h"
 #include "fullburn/train.h"
 #include "memory_model.h"
 #include "sharded_params.h"
@@ -116,11 +117,6 @@ int PendingStopSignal();
 // (the step loop and its records) and trainer_state.cpp (checkpoint,
 // restore, evaluation).
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitInterrupted = 130;
-
-inline std::string StoreDir(const std::string& store_path) {
-  size_t slash = store_path.rfind('/');
-  return slash == std::string::npos ? "." : store_path.substr(0, slash);
-}
 
 struct Resume {
   std::string path;

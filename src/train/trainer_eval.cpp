@@ -13,7 +13,7 @@
 
 namespace fullburn {
 
-std::string Trainer::DatasetsDir() const { return StoreDir(store_->path()) + "/datasets"; }
+std::string Trainer::DatasetsDir() const { return StoreLayout(store_->path()).Datasets(); }
 
 // The held-out data evaluation reads ("" for none; synthetic data draws its
 // own held-out samples); nothing is created here.

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "../cli/traces.h"
 #include "fullburn/atomic_file.h"
 #include "trainer.h"
 
@@ -142,7 +141,7 @@ void Trainer::ProfileAfterStep(bool loop_ended) {
     return;
   }
   std::string store_path = opt_.store_path.empty() ? RunStore::DefaultPath() : opt_.store_path;
-  std::string dir = cli::TraceDir(store_path, run_.id);
+  std::string dir = StoreLayout(store_path).Traces(run_.id);
   std::string path = fmt::format("{}/rank{}.pt.trace.json", dir, rank_.rank);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -1,4 +1,4 @@
-#include "traces.h"
+#include "fullburn/run_traces.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "fullburn/analyze.h"
 #endif
 
-namespace fullburn::cli {
+namespace fullburn {
 
 RunTraces AnalyzeRunTraces(const RunData& run) {
   RunTraces t;
@@ -39,10 +39,4 @@ RunTraces AnalyzeRunTraces(const RunData& run) {
   return t;
 }
 
-std::string TraceDir(const std::string& store_path, int64_t run_id) {
-  size_t slash = store_path.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : store_path.substr(0, slash);
-  return dir + "/traces/run-" + std::to_string(run_id);
-}
-
-}  // namespace fullburn::cli
+}  // namespace fullburn

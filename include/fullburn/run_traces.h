@@ -1,6 +1,11 @@
 // The profiler traces `fullburn run --profile` attached to a run (its
 // `profile` events) and their analysis, for the run's end, `fullburn
-// diagnose` and `fullburn report` (docs/analyze.md, "From a run").
+// diagnose`, `fullburn report` and the trainer's summary (docs/analyze.md,
+// "From a run").
+//
+// Contract: reads the trace files the run's events name; a build without the trace analyzer (no simdjson) says so in `error`. Its own
+// small library (fullburn_run_traces), so the CLI and the trainer share it
+// without either including the other.
 #pragma once
 
 #include <string>
@@ -9,7 +14,7 @@
 #include "fullburn/diagnose.h"
 #include "fullburn/store.h"
 
-namespace fullburn::cli {
+namespace fullburn {
 
 struct RunTraces {
   std::vector<std::string> paths;  // the trace files, one per rank
@@ -23,8 +28,5 @@ struct RunTraces {
 // or the one-line reason it could not be made (a file gone, no simdjson).
 RunTraces AnalyzeRunTraces(const RunData& run);
 
-// Where fullburn run --profile has a run's traces written: beside the store,
-// traces/run-ID.
-std::string TraceDir(const std::string& store_path, int64_t run_id);
 
-}  // namespace fullburn::cli
+}  // namespace fullburn

@@ -1,0 +1,30 @@
+#include "fullburn/store_layout.h"
+
+namespace fullburn {
+
+StoreLayout::StoreLayout(std::string store_path) : store_(std::move(store_path)) {
+  size_t slash = store_.rfind('/');
+  folder_ = slash == std::string::npos ? "." : slash == 0 ? "/" : store_.substr(0, slash);
+}
+
+std::string StoreLayout::Traces(int64_t run_id) const {
+  return folder_ + "/traces/run-" + std::to_string(run_id);
+}
+
+std::string StoreLayout::Checkpoints(int64_t run_id) const {
+  return folder_ + "/checkpoints/run-" + std::to_string(run_id);
+}
+
+std::string StoreLayout::Datasets() const { return folder_ + "/datasets"; }
+
+std::string StoreLayout::TuneLogs(int64_t tuning_id) const {
+  return folder_ + "/tune-" + std::to_string(tuning_id);
+}
+
+std::string StoreLayout::TrialLog(int64_t tuning_id, int trial) const {
+  return TuneLogs(tuning_id) + "/trial-" + std::to_string(trial) + ".log";
+}
+
+std::string StoreLayout::TunePack(int64_t tuning_id) const { return TuneLogs(tuning_id) + "/pack"; }
+
+}  // namespace fullburn
