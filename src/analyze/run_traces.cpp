@@ -20,11 +20,17 @@ RunTraces AnalyzeRunTraces(const RunData& run) {
     if (!d.is_object() || !d.contains("path") || !d["path"].is_string()) continue;
     std::string path = d["path"].get<std::string>();
     if (std::find(t.paths.begin(), t.paths.end(), path) == t.paths.end()) t.paths.push_back(path);
-    first = d.value("first_step", int64_t{-1});
-    last = std::max(last, d.value("last_step", int64_t{-1}));
+    // The event comes from the job's side: a field of another type is left
+    // out rather than thrown (json::value would throw).
+    auto step = [&](const char* key) {
+      return d.contains(key) && d[key].is_number_integer() ? d[key].get<int64_t>() : int64_t{-1};
+    };
+    first = step("first_step");
+    last = std::max(last, step("last_step"));
   }
   if (t.paths.empty()) return t;
-  t.steps = fmt::format("{}-{}", first, last);
+  auto step_text = [](int64_t step) { return step >= 0 ? std::to_string(step) : std::string("?"); };
+  t.steps = step_text(first) + "-" + step_text(last);
 #ifdef FULLBURN_HAVE_ANALYZE
   Result<TraceReport> report = AnalyzeTraces(t.paths, AnalyzeOptions{});
   if (!report.ok()) {
