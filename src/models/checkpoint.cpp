@@ -4,7 +4,7 @@
 #include <ATen/core/Generator.h>
 #include <torch/torch.h>
 
-#include "autocast_state.h"
+#include "fullburn/autocast_state.h"
 #include "fullburn/models.h"
 #include "models_internal.h"
 

@@ -10,7 +10,7 @@
 
 #include <algorithm>
 
-#include "autocast_state.h"
+#include "fullburn/autocast_state.h"
 #include "fullburn/models.h"
 #include "models_internal.h"
 

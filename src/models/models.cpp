@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autocast_state.h"
+#include "fullburn/autocast_state.h"
 #include "models_internal.h"
 
 namespace fullburn {

@@ -1,7 +1,7 @@
 // Autocast guard and the dynamic loss scaler.
 #include <ATen/autocast_mode.h>
 
-#include "../models/autocast_state.h"
+#include "fullburn/autocast_state.h"
 #include "fullburn/train.h"
 
 namespace fullburn {
