@@ -202,6 +202,13 @@ struct ReportRun {
 std::string RenderHtmlReport(const std::vector<ReportRun>& runs);
 std::string HtmlEscape(const std::string& s);
 
+// The self-contained page every HTML view is (the run report, fleet --html):
+// `title` as <title> and <h1>, uPlot's CSS then `style`, `body`, `data` as
+// the JSON element #fb-data the page's `script` reads, uPlot's script
+// inlined. Readable offline, attachable to a ticket.
+std::string HtmlPage(const std::string& title, const std::string& style, const std::string& body,
+                     const nlohmann::json& data, const std::string& script);
+
 // A tuning run (fullburn tune): it has `tune_trial` events (docs/tune.md).
 // The report shows its trials as a table and a bar chart instead of findings.
 bool IsTuning(const RunData& run);

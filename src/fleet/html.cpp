@@ -10,29 +10,16 @@
 
 #include "format.h"
 #include "fullburn/fleet.h"
-
-// The report's embedded uPlot (src/CMakeLists.txt, cmake/embed.cmake).
-extern const char kUplotJs[];
-extern const char kUplotCss[];
+#include "fullburn/percent.h"
+#include "fullburn/report.h"
 
 namespace fullburn {
 namespace {
 
 using fleet_format::Hours;
-using fleet_format::Pct;
 using fleet_format::Utc;
 
-std::string Escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
-  return out;
-}
+std::string Escape(const std::string& s) { return HtmlEscape(s); }
 
 const char* const kColors[] = {"#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b",
                                "#eeca3b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac"};
@@ -52,7 +39,7 @@ std::string CauseBar(const FleetHours& t) {
                        100 * hours / t.lost, color, Escape(cause));
     legend += fmt::format("<span><i style=\"background:{}\"></i>{}</span>", color, Escape(cause));
     table += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", Escape(cause),
-                         Hours(hours), Pct(hours, t.lost), Escape(FleetFix(cause)));
+                         Hours(hours), PercentOf(hours, t.lost), Escape(FleetFix(cause)));
   }
   return bar + "</div>" + legend + "</div>" + table + "</table>";
 }
@@ -73,14 +60,14 @@ std::string RowsTable(const std::vector<FleetRow>& rows, const std::string& by, 
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
         i + 1, Escape(r.key), Escape(user == r.identity.end() ? "-" : user->second), Escape(nodes),
-        r.gpus, Hours(jobs ? r.hours.held : r.hours.available), Pct(r.hours.used, r.hours.available),
+        r.gpus, Hours(jobs ? r.hours.held : r.hours.available), PercentOf(r.hours.used, r.hours.available),
         Hours(r.hours.lost), r.healthy ? "ok" : "lost", Escape(r.healthy ? "healthy" : r.top_cause),
         Escape(r.fix));
   }
   return out + "</table>";
 }
 
-nlohmann::json Series(const std::vector<double>& v) {
+nlohmann::json ChartValues(const std::vector<double>& v) {
   nlohmann::json a = nlohmann::json::array();
   for (double x : v) a.push_back(std::isnan(x) ? nlohmann::json() : nlohmann::json(x));
   return a;
@@ -129,29 +116,22 @@ std::string RenderFleetHtml(const FleetReport& r, const std::string& by, size_t 
       {"charts",
        {{{"title", "Fleet GPU utilization (sampled GPUs, weighted by time)"},
          {"unit", "%"},
-         {"series", {{{"label", "utilization"}, {"v", Series(r.util_pct)}}}}},
+         {"series", {{{"label", "utilization"}, {"v", ChartValues(r.util_pct)}}}}},
         {{"title", "GPUs"},
          {"unit", "GPUs"},
          {"series",
-          {{{"label", "sampled"}, {"v", Series(r.gpus_sampled)}},
-           {{"label", "held and idle"}, {"v", Series(r.gpus_held_idle)}}}}}}}};
-  std::string json = data.dump();
-  // JSON inside <script>: "</" would end the element early.
-  for (size_t pos = 0; (pos = json.find("</", pos)) != std::string::npos; pos += 3)
-    json.replace(pos, 2, "<\\/");
+          {{{"label", "sampled"}, {"v", ChartValues(r.gpus_sampled)}},
+           {{"label", "held and idle"}, {"v", ChartValues(r.gpus_held_idle)}}}}}}}};
   const FleetHours& t = r.total;
   std::string title = "fullburn fleet: " + r.url;
-  std::string out = "<!doctype html><html lang=en><head><meta charset=utf-8><title>" +
-                    Escape(title) + "</title><style>" + kUplotCss + kStyle +
-                    "</style></head><body><h1>" + Escape(title) + "</h1>";
-  out += fmt::format(
+  std::string out = fmt::format(
       "<p>{} to {}, {} GPUs on {} nodes.</p><table class=totals><tr><th>GPU-hours "
       "available</th><td>{}</td></tr><tr><th>used (weighted by utilization)</th><td>{} "
       "({})</td></tr><tr><th>lost</th><td>{}</td></tr><tr><th>held and idle</th><td>{}</td></tr>"
       "<tr><th>throttled</th><td>{}</td></tr><tr><th>unknown (no sample)</th><td>{}</td></tr>"
       "</table>",
       Utc(r.start), Utc(r.end), r.gpus, r.nodes.size(), Hours(t.available), Hours(t.used),
-      Pct(t.used, t.available), Hours(t.lost), Hours(t.held_idle), Hours(t.throttled),
+      PercentOf(t.used, t.available), Hours(t.lost), Hours(t.held_idle), Hours(t.throttled),
       Hours(r.unknown));
   out += "<h2>Lost GPU-hours by cause</h2>" + CauseBar(t);
   out += "<h2>Over time</h2><div id=charts></div>";
@@ -161,10 +141,10 @@ std::string RenderFleetHtml(const FleetReport& r, const std::string& by, size_t 
   for (const FleetNode& n : r.node_flags) {
     if (n.throttles_more)
       flagged += fmt::format("<li>{} throttles: {} of its GPU time</li>", Escape(n.host),
-                             Pct(n.throttled_share, 1));
+                             PercentOf(n.throttled_share, 1));
     if (n.idles_more)
       flagged += fmt::format("<li>{} idles: {} of its GPU time unused</li>", Escape(n.host),
-                             Pct(n.idle_share, 1));
+                             PercentOf(n.idle_share, 1));
   }
   if (!flagged.empty()) out += "<h2>Nodes that stand out</h2><ul>" + flagged + "</ul>";
   if (!r.notes.empty()) {
@@ -172,10 +152,7 @@ std::string RenderFleetHtml(const FleetReport& r, const std::string& by, size_t 
     for (const std::string& n : r.notes) out += "<li class=note>" + Escape(n) + "</li>";
     out += "</ul>";
   }
-  out += "<script type=\"application/json\" id=fb-data>" + json + "</script>";
-  out += std::string("<script>") + kUplotJs + "</script><script>" + kScript +
-         "</script></body></html>\n";
-  return out;
+  return HtmlPage(title, kStyle, out, data, kScript);
 }
 
 }  // namespace fullburn

@@ -498,29 +498,32 @@ Series Downsample(const Series& s, size_t max_points, double gap_s) {
   return out;
 }
 
-std::string RenderHtmlReport(const std::vector<ReportRun>& runs) {
-  nlohmann::json data{{"charts", Charts(runs)}};
+std::string HtmlPage(const std::string& title, const std::string& style, const std::string& body,
+                     const nlohmann::json& data, const std::string& script) {
   std::string json = data.dump();
   // JSON inside <script>: "</" would end the element early.
   for (size_t pos = 0; (pos = json.find("</", pos)) != std::string::npos; pos += 3)
     json.replace(pos, 2, "<\\/");
+  return "<!doctype html><html lang=en><head><meta charset=utf-8><title>" + HtmlEscape(title) +
+         "</title><style>" + kUplotCss + style + "</style></head><body><h1>" + HtmlEscape(title) +
+         "</h1>" + body + "<script type=\"application/json\" id=fb-data>" + json +
+         "</script><script>" + kUplotJs + "</script><script>" + script +
+         "</script></body></html>\n";
+}
+
+std::string RenderHtmlReport(const std::vector<ReportRun>& runs) {
   std::string title =
       runs.size() == 1
           ? fmt::format("fullburn report: run {} ({})", runs[0].data.run.id, runs[0].data.run.name)
           : fmt::format("fullburn report: {} runs compared", runs.size());
-  std::string out = "<!doctype html><html lang=en><head><meta charset=utf-8><title>" +
-                    Escape(title) + "</title><style>" + kUplotCss + kStyle +
-                    "</style></head><body><h1>" + Escape(title) + "</h1>";
-  if (runs.size() > 1) out += ComparisonHtml(runs);
-  for (const ReportRun& r : runs) out += RunHtml(r);
-  out +=
+  std::string body;
+  if (runs.size() > 1) body += ComparisonHtml(runs);
+  for (const ReportRun& r : runs) body += RunHtml(r);
+  body +=
       "<h2>Time series</h2><p class=note>Drag across a chart to zoom (all charts follow), "
       "double-click to reset. Series are downsampled for display (min and max kept per bucket); "
       "the store keeps every sample (fullburn runs export).</p><div id=charts></div>";
-  out += "<script type=\"application/json\" id=fb-data>" + json + "</script>";
-  out += std::string("<script>") + kUplotJs + "</script><script>" + kScript +
-         "</script></body></html>\n";
-  return out;
+  return HtmlPage(title, kStyle, body, nlohmann::json{{"charts", Charts(runs)}}, kScript);
 }
 
 }  // namespace fullburn
