@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "internal.h"
+#include "fullburn/percent.h"
 
 namespace fullburn {
 namespace {
@@ -14,7 +15,8 @@ constexpr double kReport = 0.05;        // the general line: smaller is run-to-r
 constexpr double kCpuDataShare = 0.10;  // diagnose's data-wait rule, for host-only traces
 constexpr double kCommShare = 0.10;     // diagnose's communication rule
 
-std::string Pct(double share) { return fmt::format("{:.1f}%", 100 * share); }
+// Traces time every op to the microsecond: one decimal.
+std::string Pct(double share) { return Percent(share, 1); }
 std::string Ms(double us) { return fmt::format("{:.1f} ms", us / 1e3); }
 
 // "the GPU idle 38.2% of the kernel span (337.9 of 884.1 ms, ProfilerStep#5-#9)"

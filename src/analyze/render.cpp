@@ -2,13 +2,13 @@
 #include <fmt/format.h>
 
 #include "fullburn/analyze.h"
+#include "fullburn/percent.h"
 
 namespace fullburn {
 namespace {
 
-std::string Pct(double part, double whole) {
-  return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-";
-}
+// Traces time every op to the microsecond: one decimal.
+std::string Pct(double part, double whole) { return PercentOf(part, whole, 1); }
 std::string Ms(double us) { return fmt::format("{:.1f} ms", us / 1e3); }
 
 // A kernel's name without its template and function arguments, as HTA's

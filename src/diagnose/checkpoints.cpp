@@ -165,7 +165,7 @@ std::string Evidence(const CheckpointFacts& c, double share) {
   std::string s = fmt::format(
       "{} checkpoint{} ({}) held up the training loop {:.1f} s, {} of the run (>= {}): {:.3g} s "
       "each (median; longest {:.3g} s)",
-      c.saves.size(), c.saves.size() == 1 ? "" : "s", by, c.blocked_s, Pct(share), Pct(kMinShare),
+      c.saves.size(), c.saves.size() == 1 ? "" : "s", by, c.blocked_s, Percent(share), Percent(kMinShare),
       Median(each), longest);
   if (c.period > 0) s += fmt::format(", every {} steps", c.period);
   if (double rate = WriteRate(c); !sizes.empty() && !std::isnan(rate))
@@ -177,7 +177,7 @@ std::string Evidence(const CheckpointFacts& c, double share) {
 std::string LessOften(const CheckpointFacts& c, double share) {
   if (c.period <= 0) return "less often";
   return fmt::format("every {} steps instead of every {} (about {} of the run)",
-                     TargetPeriod(c, share), c.period, Pct(kCheckpointTarget));
+                     TargetPeriod(c, share), c.period, Percent(kCheckpointTarget));
 }
 
 std::string Fix(const Facts& f, double share) {

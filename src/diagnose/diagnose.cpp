@@ -77,26 +77,26 @@ void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
                   fmt::format("Training on the CPU with {:.1f} of {} cores at work", used, cores),
                   evidence + (f.have_steps ? fmt::format("; no GPU sampled, data wait {} of step time (< {}), so "
                                                          "the steps compute on the CPU",
-                                                         Pct(f.data_wait_share), Pct(kDataWaitShare))
+                                                         Percent(f.data_wait_share), Percent(kDataWaitShare))
                                            : fmt::format("; no GPU sampled, and the loop's own work (making the "
                                                          "batches included: no DataLoader fed the steps) {} of "
                                                          "step time (< {}), so the steps compute on the CPU",
-                                                         Pct(f.loop_share), Pct(kDataWaitShare))),
+                                                         Percent(f.loop_share), Percent(kDataWaitShare))),
                   1 - used / cores, 0.6, fix});
 }
 
 Finding Healthy(const Facts& f) {
   std::string evidence =
       !std::isnan(f.gpu_util) ? fmt::format("GPU utilization median {:.0f}%", f.gpu_util)
-      : f.have_steps ? fmt::format("data wait {} of step time (< {})", Pct(f.data_wait_share),
-                                   Pct(kDataWaitShare))
+      : f.have_steps ? fmt::format("data wait {} of step time (< {})", Percent(f.data_wait_share),
+                                   Percent(kDataWaitShare))
       : f.step_records > 0
           ? fmt::format("{} steps recorded, no GPU readings, no data wait timed (no DataLoader fed them): "
                         "nothing pointed to a bottleneck",
                         f.step_records)
           : "no GPU readings and no step records: nothing pointed to a bottleneck";
   if (f.have_steps && !std::isnan(f.gpu_util))
-    evidence += fmt::format("; data wait {} of step time", Pct(f.data_wait_share));
+    evidence += fmt::format("; data wait {} of step time", Percent(f.data_wait_share));
   if (f.interrupted)
     evidence += " (the recording stopped early, its recorder killed: diagnosed from what it holds)";
   else if (f.running)
@@ -185,7 +185,7 @@ std::string RenderFindings(const std::vector<Finding>& findings, size_t max_show
   for (size_t i = 0; i < findings.size() && i < max_shown; ++i) {
     const Finding& x = findings[i];
     s += fmt::format("    [{}] {}{}\n      why: {}\n      fix: {}\n", x.cause, x.title,
-                     x.share_lost > 0 ? fmt::format(" (~{} of the time)", Pct(x.share_lost)) : "",
+                     x.share_lost > 0 ? fmt::format(" (~{} of the time)", Percent(x.share_lost)) : "",
                      x.evidence, x.fix);
   }
   if (findings.size() > max_shown)

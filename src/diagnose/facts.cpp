@@ -434,7 +434,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::string Pct(double share) { return fmt::format("{:.0f}%", share * 100); }
 
 bool Facts::GpuUnused() const {
   return !gpus.empty() && std::all_of(gpus.begin(), gpus.end(), [](const GpuFacts& g) {

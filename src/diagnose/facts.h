@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fullburn/diagnose.h"
+#include "fullburn/percent.h"
 
 namespace fullburn::diagnose {
 
@@ -206,7 +207,6 @@ Facts Gather(const RunData& run);
 // The GPU part of Gather: gpus, other_gpus, gpu_util, mem_peak_share, pcie_rx, throttling.
 void GatherGpus(const RunData& run, Facts* f);
 double Median(std::vector<double> v);
-std::string Pct(double share);
 // " on rank R's node" for readings another node's first rank sampled; "" for rank 0's.
 std::string NodeNote(int rank);
 // "host CPU median 93%", or the job's share of its container's CPU quota.

@@ -139,7 +139,7 @@ std::string RenderLiveFinding(const std::optional<Finding>& top) {
   if (!top) return "";
   if (top->cause == "healthy")  // with nothing measured (no GPU, no steps), nothing to say
     return top->confidence < 0.5 ? "" : " | now: no bottleneck";
-  return fmt::format(" | now: {} ~{}", top->cause, diagnose::Pct(top->share_lost));
+  return fmt::format(" | now: {} ~{}", top->cause, Percent(top->share_lost));
 }
 
 }  // namespace fullburn

@@ -86,7 +86,7 @@ std::string BatchSuggestion(const Facts& f) {
   if (f.batch <= 0 || !(f.mem_peak_share > 0) || f.mem_peak_share >= kMemHeadroom) return "";
   double grow = std::max(2.0, std::floor(0.8 / f.mem_peak_share));
   return fmt::format("batch {} -> {} (GPU memory {} used)", f.batch,
-                     static_cast<int64_t>(f.batch * grow), Pct(f.mem_peak_share));
+                     static_cast<int64_t>(f.batch * grow), Percent(f.mem_peak_share));
 }
 
 void SmallBatch(const Facts& f, const std::string& wait, double share, std::vector<Finding>* out) {
@@ -97,7 +97,7 @@ void SmallBatch(const Facts& f, const std::string& wait, double share, std::vect
     if (f.proc_cpu >= kLauncherBusy) conf = 0.75;  // the launching thread is the limit
   }
   if (!std::isnan(f.mem_peak_share))
-    evidence += fmt::format("; peak GPU memory {} of total", Pct(f.mem_peak_share));
+    evidence += fmt::format("; peak GPU memory {} of total", Percent(f.mem_peak_share));
   std::string batch = BatchSuggestion(f);
   std::string fix =
       Choose(f, "train.batch_size = auto (the largest that fits, fastest measured)",
@@ -160,20 +160,20 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
           f,
           fmt::format(
               "data wait {} of step time (< {}) yet GPU utilization median {:.0f}% (< {:.0f}%)",
-              Pct(f.data_wait_share), Pct(kDataWaitShare), f.gpu_util, kGpuLowUtil),
+              Percent(f.data_wait_share), Percent(kDataWaitShare), f.gpu_util, kGpuLowUtil),
           1 - f.gpu_util / 100, out);
     return;
   }
   double share = measured ? wait_share : 1 - f.gpu_util / 100;
   std::string wait =
       measured ? fmt::format("the training loop waited for data {} of step time (>= {})",
-                             Pct(f.data_wait_share), Pct(kDataWaitShare))
+                             Percent(f.data_wait_share), Percent(kDataWaitShare))
                : fmt::format("GPU utilization median {:.0f}% (< {:.0f}%)", f.gpu_util, kGpuLowUtil);
   if (measured && hidden)
     wait += fmt::format(
         "; with GPU utilization median {:.0f}%, the GPU waited at most {} (the rest of the "
         "host's wait overlapped queued GPU work)",
-        f.gpu_util, Pct(wait_share));
+        f.gpu_util, Percent(wait_share));
   wait += DataLoaderNote(f);
   double conf = measured ? 0.9 : 0.6;
   int workers = std::max(2, f.RankCores() - 1);
@@ -272,7 +272,7 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                         (std::isnan(f.mem_peak_share)
                              ? ""
                              : fmt::format(", peak GPU memory {} (>= {}): not a small batch",
-                                           Pct(f.mem_peak_share), Pct(kMemHeadroom))) +
+                                           Percent(f.mem_peak_share), Percent(kMemHeadroom))) +
                         "; no step records, so the data wait was not measured",
                     share, 0.4,
                     "time the steps to tell the input from the loop's own work: " + how +
@@ -293,7 +293,7 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
   std::string evidence = fmt::format(
       "{} of step time (>= {}) went to none of {}, backward and the optimizer step: {:.1f} ms "
       "of a {:.1f} ms step (medians), in the loop's own code{}",
-      Pct(f.loop_share), Pct(kLoopShare),
+      Percent(f.loop_share), Percent(kLoopShare),
       f.loop_makes_batches ? "the model's forward calls" : "fetching the batch, forward",
       f.loop_median_s * 1e3, f.phased_step_median_s * 1e3,
       f.loop_makes_batches ? ", which makes the batches too (no DataLoader fed the steps, so the "
@@ -309,9 +309,9 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
       evidence += fmt::format(
           "; with GPU utilization median {:.0f}%, the GPU idled {}{}: the loop's work cost it at "
           "most {} (the rest overlapped queued GPU work)",
-          f.gpu_util, Pct(idle),
-          input > 0 ? fmt::format(", {} of it explained by the data wait", Pct(input)) : "",
-          Pct(share));
+          f.gpu_util, Percent(idle),
+          input > 0 ? fmt::format(", {} of it explained by the data wait", Percent(input)) : "",
+          Percent(share));
     }
   }
   if (share < kLoopShare) return;
@@ -346,7 +346,7 @@ void TransferRules(const Facts& f, std::vector<Finding>* out) {
   if (f.have_steps && f.h2d_share >= kH2dShare) {
     out->push_back({"h2d_copy", "Host-to-device copies take a large share of each step",
                     fmt::format("copies to the device took {} of step time (>= {})",
-                                Pct(f.h2d_share), Pct(kH2dShare)),
+                                Percent(f.h2d_share), Percent(kH2dShare)),
                     f.h2d_share, 0.9, fix});
   } else if (!f.have_steps && f.gpu_util < kGpuLowUtil && f.pcie_rx >= kPcieBusy) {
     out->push_back(
@@ -406,8 +406,8 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
     std::string batch = BatchSuggestion(f);
     out->push_back(
         {"memory_headroom", "GPU memory headroom: the batch can grow",
-         fmt::format("peak GPU memory {} of total (< {})", Pct(f.mem_peak_share),
-                     Pct(kMemHeadroom)) +
+         fmt::format("peak GPU memory {} of total (< {})", Percent(f.mem_peak_share),
+                     Percent(kMemHeadroom)) +
              (std::isnan(f.gpu_util) ? ""
                                      : fmt::format(", GPU utilization median {:.0f}%", f.gpu_util)),
          0, 0.8,
@@ -418,8 +418,8 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
   if (f.mem_peak_share > kMemNearFull)
     out->push_back(
         {"memory_pressure", "GPU memory near full: out-of-memory risk",
-         fmt::format("peak GPU memory {} of total (> {})", Pct(f.mem_peak_share),
-                     Pct(kMemNearFull)),
+         fmt::format("peak GPU memory {} of total (> {})", Percent(f.mem_peak_share),
+                     Percent(kMemNearFull)),
          0, 0.7,
          Choose(
              f, "lower train.batch_size and raise train.accumulate, or train.precision = bf16",
@@ -428,8 +428,8 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
   bool low = f.host_avail_min_share < kHostMemLow;
   if (!swapping && !low) return;
   std::string evidence = fmt::format(
-      "swapping in {} of samples (>= {}); lowest available memory {} of total", Pct(f.swap_share),
-      Pct(kSwapShare), std::isnan(f.host_avail_min_share) ? "-" : Pct(f.host_avail_min_share));
+      "swapping in {} of samples (>= {}); lowest available memory {} of total", Percent(f.swap_share),
+      Percent(kSwapShare), std::isnan(f.host_avail_min_share) ? "-" : Percent(f.host_avail_min_share));
   std::string fix = Choose(f, "lower data.cache_mb or data.threads, or add RAM",
                            "fewer DataLoader workers or a smaller prefetch_factor, or add RAM");
   if (f.killed)  // what the OOM killer leaves behind: SIGKILL and no memory
@@ -445,14 +445,14 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
 void ThrottleRules(const Facts& f, std::vector<Finding>* out) {
   if (f.power_share >= kThrottleShare)
     out->push_back({"throttle_power", "Clocks held down by the power limit",
-                    fmt::format("power-capped in {} of samples (>= {})", Pct(f.power_share),
-                                Pct(kThrottleShare)),
+                    fmt::format("power-capped in {} of samples (>= {})", Percent(f.power_share),
+                                Percent(kThrottleShare)),
                     f.power_share, 0.8,
                     "check the enforced power limit (nvidia-smi -q -d POWER) and the supply"});
   if (f.thermal_share >= kThrottleShare)
     out->push_back({"throttle_thermal", "Clocks held down by temperature",
                     fmt::format("thermally throttled in {} of samples (>= {})",
-                                Pct(f.thermal_share), Pct(kThrottleShare)),
+                                Percent(f.thermal_share), Percent(kThrottleShare)),
                     f.thermal_share, 0.8,
                     "improve cooling: airflow, fan curve, ambient temperature"});
 }
@@ -491,8 +491,8 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
   std::sort(parts.begin(), parts.end(),
             [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
   std::string evidence =
-      fmt::format("{} of the run ({:.1f} s of {:.1f} s, >= {}) outside training steps:", Pct(share),
-                  idle, f.wall_s, Pct(kIdleShare));
+      fmt::format("{} of the run ({:.1f} s of {:.1f} s, >= {}) outside training steps:", Percent(share),
+                  idle, f.wall_s, Percent(kIdleShare));
   std::string fix;
   for (const auto& [what, cs] : parts) {
     evidence += fmt::format(" {}{} {:.1f} s;", what,
@@ -537,7 +537,7 @@ void StallRule(const Facts& f, std::vector<Finding>* out) {
       "{} of {} steps took >= {:.0f}x the median step's work ({:.3g} s, data wait left out): the "
       "longest {:.3g} s; {}steps {}; {:.1f} s beyond the median, {} of the run",
       s.stalls, s.judged, kStallSteps, s.median_s, s.longest_s,
-      s.period > 0 ? fmt::format("every {} steps, ", s.period) : "", steps, s.excess_s, Pct(share));
+      s.period > 0 ? fmt::format("every {} steps, ", s.period) : "", steps, s.excess_s, Percent(share));
   if (!s.phase.empty()) evidence += "; the time went to " + s.phase;
   // A thread's save blocks no step, yet holds the GIL while it pickles and
   // takes a core while it writes: the loop slows while it runs.
@@ -550,7 +550,7 @@ void StallRule(const Facts& f, std::vector<Finding>* out) {
           ? fmt::format(
                 "; at {} peak GPU memory, the allocator freeing and retrying (a smaller "
                 "micro-batch)",
-                Pct(f.mem_peak_share))
+                Percent(f.mem_peak_share))
           : "";
   std::string fix;
   if (beside_saves)
@@ -599,7 +599,7 @@ double DataWaitStragglerRule(const Facts& f, std::vector<Finding>* out) {
        fmt::format("data wait {} of rank {}'s step time vs {} on rank {} ({:.0f} points apart, "
                    ">= {:.0f}); the steps carry no communication time, so the other ranks' "
                    "wait for rank {} is inside their steps",
-                   Pct(hi->data_wait_share), hi->rank, Pct(lo->data_wait_share), lo->rank,
+                   Percent(hi->data_wait_share), hi->rank, Percent(lo->data_wait_share), lo->rank,
                    spread * 100, kUnevenRanks * 100, hi->rank),
        spread, 0.7,
        Choose(f,
@@ -645,8 +645,8 @@ double StragglerRule(const Facts& f, std::vector<Finding>* out) {
   std::string wait =
       std::isnan(hi->data_wait_share)
           ? ""
-          : fmt::format(" (data wait {} of its steps, rank {} {})", Pct(hi->data_wait_share),
-                        lo->rank, Pct(lo->data_wait_share));
+          : fmt::format(" (data wait {} of its steps, rank {} {})", Percent(hi->data_wait_share),
+                        lo->rank, Percent(lo->data_wait_share));
   if (!std::isnan(hi->proc_cpu) && !std::isnan(lo->proc_cpu))
     wait += fmt::format("; its process used {:.0f}% of a core, rank {}'s {:.0f}%", hi->proc_cpu,
                         lo->rank, lo->proc_cpu);
@@ -672,7 +672,7 @@ double StragglerRule(const Facts& f, std::vector<Finding>* out) {
        fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
        fmt::format("median {} {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
                    what, (*hi).*measure * 1e3, hi->rank, (*lo).*measure * 1e3, lo->rank,
-                   Pct(spread), Pct(kUnevenRanks), wait),
+                   Percent(spread), Percent(kUnevenRanks), wait),
        share, 0.8, fix});
   return share;
 }
@@ -714,7 +714,7 @@ void RankRules(const Facts& f, std::vector<Finding>* out) {
         {"communication", "Communication not hidden behind backward",
          fmt::format(
              "gradient communication took {} of step time (>= {}) beyond waiting for stragglers",
-             Pct(comm), Pct(kCommShare)),
+             Percent(comm), Percent(kCommShare)),
          comm, 0.8,
          Choose(
              f,
@@ -742,7 +742,7 @@ std::pair<std::string, std::string> FailureKind(const Facts& f) {
                       "HIP out of memory", "XPU out of memory"})) {
     std::string peak = std::isnan(f.mem_peak_share)
                            ? ""
-                           : fmt::format(" (peak GPU memory sampled: {})", Pct(f.mem_peak_share));
+                           : fmt::format(" (peak GPU memory sampled: {})", Percent(f.mem_peak_share));
     return {
         "The job ran out of GPU memory",
         "the step does not fit in GPU memory" + peak +

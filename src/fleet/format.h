@@ -18,10 +18,6 @@ inline std::string Hours(double h) {
   return fmt::format("{:.5f}", h);
 }
 
-inline std::string Pct(double part, double whole) {
-  return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-";
-}
-
 // Unix seconds as a UTC date and time, "2026-11-25 21:40:05 UTC".
 inline std::string Utc(double t) {
   std::time_t secs = static_cast<std::time_t>(t);

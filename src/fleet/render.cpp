@@ -8,12 +8,12 @@
 
 #include "format.h"
 #include "fullburn/fleet.h"
+#include "fullburn/percent.h"
 
 namespace fullburn {
 namespace {
 
 using fleet_format::Hours;
-using fleet_format::Pct;
 using fleet_format::Utc;
 
 std::string Span(double s) {
@@ -74,13 +74,13 @@ std::string RenderFleetText(const FleetReport& r, const std::string& by, size_t 
   out += fmt::format(
       "GPU-hours: available {}, used {} ({} of available, weighted by utilization), lost {}, "
       "unknown {} (no sample)\n",
-      Hours(t.available), Hours(t.used), Pct(t.used, t.available), Hours(t.lost),
+      Hours(t.available), Hours(t.used), PercentOf(t.used, t.available), Hours(t.lost),
       Hours(r.unknown));
   out += fmt::format("held {} ({}), held and idle {}, throttled {}\n", Hours(t.held),
-                     Pct(t.held, t.available), Hours(t.held_idle), Hours(t.throttled));
+                     PercentOf(t.held, t.available), Hours(t.held_idle), Hours(t.throttled));
   out += "\nLost GPU-hours by cause:\n";
   for (const auto& [cause, hours] : ByCause(t))
-    out += fmt::format("  {:<18} {:>10}  {:>4}  {}\n", cause, Hours(hours), Pct(hours, t.lost),
+    out += fmt::format("  {:<18} {:>10}  {:>4}  {}\n", cause, Hours(hours), PercentOf(hours, t.lost),
                        FleetFix(cause));
 
   const std::vector<FleetRow>& rows = FleetRows(r, by);
@@ -97,7 +97,7 @@ std::string RenderFleetText(const FleetReport& r, const std::string& by, size_t 
     out += fmt::format("  {:>3}  {:<28} {:<10} {:<16} {:>4}  {:>9}  {:>5}  {:>9}  {:<16} {}\n",
                        i + 1, row.key, user == row.identity.end() ? "-" : user->second,
                        Joined(row.nodes, 2), row.gpus, Hours(base),
-                       Pct(row.hours.used, row.hours.available), Hours(row.hours.lost),
+                       PercentOf(row.hours.used, row.hours.available), Hours(row.hours.lost),
                        Verdict(row), row.fix);
   }
   if (rows.size() > top) out += fmt::format("  ... {} more (--top)\n", rows.size() - top);
@@ -106,10 +106,10 @@ std::string RenderFleetText(const FleetReport& r, const std::string& by, size_t 
   for (const FleetNode& n : r.node_flags) {
     if (n.throttles_more)
       flagged += fmt::format("  {} throttles: {} of its GPU time (power or thermal slowdown)\n",
-                             n.host, Pct(n.throttled_share, 1));
+                             n.host, PercentOf(n.throttled_share, 1));
     if (n.idles_more)
       flagged += fmt::format("  {} idles: {} of its GPU time unused\n", n.host,
-                             Pct(n.idle_share, 1));
+                             PercentOf(n.idle_share, 1));
   }
   if (!flagged.empty()) out += "\nNodes that stand out from the others:\n" + flagged;
   if (!r.notes.empty()) {

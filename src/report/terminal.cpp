@@ -7,6 +7,7 @@
 #include <csignal>
 #include <ctime>
 
+#include "fullburn/percent.h"
 #include "fullburn/report.h"
 
 namespace fullburn {
@@ -93,8 +94,8 @@ std::string Bar(const Value& pct, int width) {
   return "[" + std::string(fill, '|') + std::string(width - fill, ' ') + "]";
 }
 
-std::string Percent(const std::optional<double>& share) {
-  return share ? fmt::format("{:.0f}%", *share * 100.0) : "-";
+std::string ShareText(const std::optional<double>& share) {
+  return share ? Percent(*share) : "-";
 }
 
 }  // namespace
@@ -117,14 +118,14 @@ std::string RenderSummary(const RunInfo& run, const RunSummary& sum, const std::
       continue;
     }
     out += fmt::format("  GPU {}: utilization under 50% for {} of the time", g.index,
-                       Percent(g.low_util_share));
+                       ShareText(g.low_util_share));
     if (g.peak_mem_bytes) {
       out += "; peak memory " + FormatBytes(*g.peak_mem_bytes);
       if (g.mem_total_bytes) out += " of " + FormatBytes(*g.mem_total_bytes);
     }
     if (g.peak_proc_mem_bytes) out += " (this job: " + FormatBytes(*g.peak_proc_mem_bytes) + ")";
     if (g.throttled_share) {
-      out += fmt::format("; throttled {} of the time ({})", Percent(g.throttled_share),
+      out += fmt::format("; throttled {} of the time ({})", ShareText(g.throttled_share),
                          FormatDuration(*g.throttled_share * sum.wall_s));
       if (!g.throttle_reasons_seen.empty())
         out += ": " + fmt::format("{}", fmt::join(g.throttle_reasons_seen, ", "));

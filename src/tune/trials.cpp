@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "fullburn/percent.h"
 #include "fullburn/report.h"
 #include "fullburn/tune.h"
 
@@ -15,8 +16,6 @@ double Number(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<double>() : NAN;
 }
-
-std::string Pct(double share) { return std::isnan(share) ? "-" : fmt::format("{:.0f}%", share * 100); }
 
 }  // namespace
 
@@ -125,7 +124,7 @@ std::string RenderTrialTable(const std::vector<Trial>& trials) {
     const Measure& m = t.measure;
     std::string verdict = t.status == "ok" ? t.verdict : t.status + (t.reason.empty() ? "" : ": " + t.reason);
     rows.push_back({std::to_string(t.index), t.knob, t.value, FormatMeasure(m),
-                    std::isnan(m.gpu_util) ? "-" : fmt::format("{:.0f}%", m.gpu_util), Pct(m.data_wait_share),
+                    std::isnan(m.gpu_util) ? "-" : fmt::format("{:.0f}%", m.gpu_util), Percent(m.data_wait_share),
                     std::isnan(m.peak_memory_bytes) ? "-" : FormatBytes(m.peak_memory_bytes),
                     t.run_id > 0 ? std::to_string(t.run_id) : "-", verdict});
   }
