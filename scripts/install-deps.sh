@@ -105,6 +105,13 @@ else
   echo "install-deps: done"
 fi
 
+# PyPI's PyTorch 2.x in a venv of its own, for the tests that run under both
+# PyTorch versions (once per machine; without PyPI those tests are skipped).
+if [[ $mode != demo && -z ${FULLBURN_NO_TORCH:-} ]]; then
+  "$(dirname "$0")/torch2-venv.sh" >/dev/null ||
+    echo "install-deps: going on without PyTorch 2.x: the *.torch2 and python_torch2.* tests will be skipped"
+fi
+
 # Installed is not enough: a partly removed or broken toolchain fails later
 # with pages of CMake output. The tools are checked by running them.
 for tool in "cmake --version" "c++ --version" "make --version" "pkg-config --version"; do

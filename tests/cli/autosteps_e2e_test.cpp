@@ -1,5 +1,7 @@
 // End to end: `fullburn run` times the steps of an unchanged PyTorch script
-// (python/fullburn_autosteps.py) with real torch (Debian's python3-torch).
+// (python/fullburn_autosteps.py) with real torch: Debian's python3-torch
+// 1.13, and again (the tests named *.torch2) under PyPI's 2.x in the venv of
+// scripts/torch2-venv.sh, named by FULLBURN_TEST_PYTHON.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -19,7 +21,8 @@ namespace {
 
 using testing::RunToEnd;
 
-constexpr const char* kPython = "/usr/bin/python3";
+const char* const kPython =
+    std::getenv("FULLBURN_TEST_PYTHON") ? std::getenv("FULLBURN_TEST_PYTHON") : "/usr/bin/python3";
 const std::string kScript = std::string(SOURCE_DIR) + "/examples/scenarios/plain_torch.py";
 const std::string kGetBatchScript =
     std::string(SOURCE_DIR) + "/examples/scenarios/get_batch_loop.py";
@@ -34,7 +37,8 @@ class AutoStepsE2E : public ::testing::Test {
   void SetUp() override {
     if (!PythonHasTorch())
       GTEST_SKIP() << kPython
-                   << " cannot import torch: scripts/install-deps.sh installs python3-torch";
+                   << " cannot import torch: scripts/install-deps.sh installs python3-torch, "
+                      "scripts/torch2-venv.sh PyPI's 2.x";
     dir_ = testing::FreshTestDir("fb_autosteps");
     store_ = dir_ + "/runs.db";
     ::unsetenv("FULLBURN_NVML_LIBRARY");
