@@ -157,6 +157,23 @@ struct Held {
   size_t bytes;
 };
 
+// A C-ordered array of T, its strides given: pybind11 before 2.12 (Debian's
+// is 2.10) works out default strides from the dtype's item size, which it
+// reads at numpy 1's offset in the descriptor; numpy 2 moved that field, so
+// under numpy 2 every label read as the first one. Given strides are used
+// as they are. Without `data` numpy allocates the array.
+template <typename T>
+py::array NewArray(const std::vector<py::ssize_t>& shape, const void* data = nullptr,
+                   py::handle base = py::handle()) {
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t step = sizeof(T);
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= shape[i];
+  }
+  return py::array(py::dtype::of<T>(), shape, strides, data, base);
+}
+
 py::capsule Owner(const std::shared_ptr<BatchMemory>& pool, uint8_t* block, size_t bytes) {
   return py::capsule(new Held{pool, block, bytes}, [](void* p) {
     auto* held = static_cast<Held*>(p);
@@ -266,8 +283,8 @@ class NativeImageLoader {
     uint8_t* block = const_cast<uint8_t*>(b.images);
     size_t block_bytes = image_bytes_ * static_cast<size_t>(loader_->options().batch_size);
     loader_->ring().HandOverMemory(b);
-    py::array labels(py::dtype::of<int64_t>(), std::vector<py::ssize_t>{b.size});
-    py::array samples(py::dtype::of<int64_t>(), std::vector<py::ssize_t>{b.size});
+    py::array labels = NewArray<int64_t>({b.size});
+    py::array samples = NewArray<int64_t>({b.size});
     auto* out = static_cast<int64_t*>(labels.mutable_data());
     auto* which = static_cast<int64_t*>(samples.mutable_data());
     for (int i = 0; i < b.size; ++i) out[i] = b.labels[i], which[i] = b.samples[i];
@@ -331,8 +348,8 @@ class NativeTokenLoader {
       for (size_t i = 0; i < values; ++i) x[i] = x32[i], y[i] = y32[i];
     }
     std::vector<py::ssize_t> shape{b, t};
-    py::array x(py::dtype::of<int64_t>(), shape, {}, xb, Owner(pool_, xb, values * 8));
-    py::array y(py::dtype::of<int64_t>(), shape, {}, yb, Owner(pool_, yb, values * 8));
+    py::array x = NewArray<int64_t>(shape, xb, Owner(pool_, xb, values * 8));
+    py::array y = NewArray<int64_t>(shape, yb, Owner(pool_, yb, values * 8));
     return py::make_tuple(x, y);
   }
 
@@ -427,8 +444,8 @@ py::tuple ReadTensors(const std::string& path) {
   if (!file.ok()) Raise(file.status());
   auto* held = new TensorFile(std::move(*file));
   py::capsule owner(held, [](void* p) { delete static_cast<TensorFile*>(p); });
-  py::array bytes(py::dtype::of<uint8_t>(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(held->bytes.size())},
-                  {}, held->bytes.data(), owner);
+  py::array bytes = NewArray<uint8_t>({static_cast<py::ssize_t>(held->bytes.size())},
+                                     held->bytes.data(), owner);
   py::list entries;
   for (const TensorFileEntry& e : held->tensors)
     entries.append(py::make_tuple(e.name, e.dtype, e.shape, held->data_start + e.offset, e.size));
