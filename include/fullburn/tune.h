@@ -6,7 +6,9 @@
 //
 // Contract
 // - Pure functions of their inputs: no processes, no files, no clocks; safe
-//   from any thread. src/cli/cmd_tune.cpp starts the trials and owns the store.
+//   from any thread. The loop that uses them (which trial next, the budget,
+//   the store's records) is tuner.h's; src/cli/tune_trial.cpp runs each trial
+//   as a child process.
 // - Expected failures (an unknown knob, an empty or malformed grid, a run too
 //   short to measure) are a Status with a one-line message naming the input
 //   and the fix; nothing here throws.
@@ -107,6 +109,9 @@ std::pair<int64_t, int64_t> KeepEffectiveBatch(int64_t searched, int64_t effecti
 // num_workers, prefetch_factor, persistent_workers, pin_memory, and threads
 // (torch.set_num_threads). A candidate's overrides use those keys.
 
+// The variable python/fullburn_autosteps.py reads a trial's settings from.
+inline constexpr char kTuneSetVar[] = "FULLBURN_TUNE_SET";
+
 const std::vector<KnobDef>&
 ScriptKnobs();  // workers, prefetch, persistent_workers, pin_memory, threads
 
@@ -174,13 +179,20 @@ Result<Measure> MeasureValues(const std::vector<double>& values, const std::stri
 
 // ---- Trials ----------------------------------------------------------------
 
+// What became of a trial. Its JSON string (TrialStatusName: "ok", "failed",
+// "skipped", "interrupted") is the `status` of the `tune_trial` event.
+enum class TrialStatus { kOk, kFailed, kSkipped, kInterrupted };
+const char* TrialStatusName(TrialStatus status);
+// The status a `tune_trial` event names; an unknown or missing one reads as failed.
+TrialStatus ParseTrialStatus(const std::string& name);
+
 struct Trial {
   int index = 0;
   std::string knob;                              // "start" for the first, "grid" for --grid trials
   std::string value;                             // the candidate's value, or the grid combination
   std::map<std::string, std::string> overrides;  // everything changed from the start
   int64_t run_id = 0;                            // 0: no run was recorded
-  std::string status = "ok";                     // ok | failed | skipped | interrupted
+  TrialStatus status = TrialStatus::kOk;
   std::string reason;                            // why failed/skipped
   Measure measure;
   std::string verdict;  // "start", "kept +12%", "within noise +1%", "slower -8%", "failed"
@@ -196,6 +208,14 @@ Trial TrialFromJson(const nlohmann::json& j);
 // Is `candidate` better than `best` by more than the noise: by `min_gain`
 // and by the average of their spreads? *gain is candidate/best - 1.
 bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, double* gain);
+
+// "kept +12%", "within noise +1%", "slower -8%"; *kept: t beats best beyond min_gain.
+std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept);
+// A grid has no start to improve on: each combination is judged against the
+// fastest before it ("first", "fastest so far (+12%)", "ties #2 (+1%, within
+// the noise)", "-8% vs #2"), and a faster median within the noise is a tie;
+// "" for a trial that was not measured.
+std::string GridVerdict(const Trial& trial, const std::vector<Trial>& before, double min_gain);
 
 // The measured trial with the highest objective, or -1 when none was measured.
 int BestTrial(const std::vector<Trial>& trials);
@@ -219,6 +239,9 @@ struct GridAxis {
 };
 // "batch=64,128,256".
 Result<GridAxis> ParseGridAxis(const std::string& spec);
+// "batch=64 workers=4": a combination as its trial's value.
+std::string GridValue(const std::vector<GridAxis>& axes,
+                      const std::map<std::string, std::string>& combo);
 // Every combination, the first axis varying slowest.
 std::vector<std::map<std::string, std::string>> ExpandGrid(const std::vector<GridAxis>& axes);
 // Replaces {name} in each argument; a placeholder with no axis, or an axis

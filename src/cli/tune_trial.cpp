@@ -3,12 +3,14 @@
 // then measured from the store.
 #include "tune_trial.h"
 
+#include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <regex>
 
@@ -16,6 +18,7 @@
 #include "cli.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/env.h"
+#include "fullburn/pipeline.h"
 #include "fullburn/report.h"
 
 namespace fullburn::cli {
@@ -72,7 +75,7 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   int64_t before = FindTrialRun(store, spec.tuning_id, 0);
   auto child = SpawnChild(spec.argv, spec.extra_env, trial->log);
   if (!child.ok()) {
-    trial->status = "failed";
+    trial->status = TrialStatus::kFailed;
     trial->reason = child.status().message();
     return;
   }
@@ -81,18 +84,18 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
   trial->wall_s = env->MonotonicSeconds() - start;
   trial->run_id = FindTrialRun(store, spec.tuning_id, before);
   if (ReceivedSignal()) {
-    trial->status = "interrupted";
+    trial->status = TrialStatus::kInterrupted;
     trial->reason = "stopped by signal " + std::to_string(ReceivedSignal());
     return;
   }
   bool stopped_by_us = timed_out && spec.stop_is_normal;
   if (timed_out && !spec.stop_is_normal) {
-    trial->status = "failed";
+    trial->status = TrialStatus::kFailed;
     trial->reason = "timeout: still running after " + std::to_string(static_cast<int>(spec.timeout_s)) + " s";
     return;
   }
   if (code != 0 && !stopped_by_us) {
-    trial->status = "failed";
+    trial->status = TrialStatus::kFailed;
     std::string why = FailureLine(trial->log);
     trial->reason = DescribeExitCode(code) + (why.empty() ? "" : ": " + why);
     return;
@@ -117,7 +120,7 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
     trial->no_steps = data.ok() && data->steps.empty() && stopped_by_us;
   }
   if (!m.ok()) {
-    trial->status = "failed";
+    trial->status = TrialStatus::kFailed;
     trial->reason = m.status().message();
     // Only a child that ran the whole trial would have had more steps in a
     // longer one; one that ended by itself would not.
@@ -125,15 +128,8 @@ void RunTrial(const TrialSpec& spec, RunStore* store, Trial* trial) {
                        (stopped_by_us || trial->wall_s >= spec.length_s);
     return;
   }
-  trial->status = "ok";
+  trial->status = TrialStatus::kOk;
   trial->measure = *m;
-}
-
-std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept) {
-  double gain = 0;
-  *kept = BeatsBest(t.measure, best.measure, min_gain, &gain);
-  if (*kept) return fmt::format("kept {:+.0f}%", gain * 100);
-  return fmt::format("{} {:+.0f}%", gain < 0 ? "slower" : "within noise", gain * 100);
 }
 
 TrialSpec CommandTrialSpec(const Tuning& t, const std::string& label,
@@ -158,126 +154,36 @@ TrialSpec CommandTrialSpec(const Tuning& t, const std::string& label,
   return spec;
 }
 
-int KnobTuner::Run() {
-  Trial start = RunOne("start", start_value_, {});
-  // Too few steps in the start (a slow start-up, a machine busy with other
-  // work): every trial is made twice as long, up to twice, while the budget
-  // allows, rather than ending the tuning with nothing measured.
-  for (int i = 0; i < 2 && start.too_short && !t_->interrupted() && t_->LengthenTrials(2); ++i) {
-    t_->Record(start);
-    std::fprintf(stderr, "tune: too few steps to measure: trials lengthened to %s\n",
-                 FormatDuration(t_->plan().trial_s).c_str());
-    start = RunOne("start", start_value_, {});
+bool ChildTrialRunner::Interrupted() const { return ReceivedSignal() != 0; }
+
+Status ChildTrialRunner::WritePack(const PackJob& job) {
+  auto folder = ScanImageFolder(job.src);
+  if (!folder.ok()) return folder.status();
+  std::string parent = job.dst.substr(0, job.dst.rfind('/'));
+  struct statvfs fsinfo {};
+  if (::statvfs(parent.c_str(), &fsinfo) == 0) {
+    double free_bytes =
+        static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
+    if (Status room = CheckPackSpace(folder->files.size(), job.max_side, free_bytes, parent);
+        !room.ok())
+      return room;
   }
-  if (start.status == "ok") start.verdict = "start";
-  bool ok = start.status == "ok";
-  t_->Record(start);
-  if (!ok)
-    return Finish(t_->interrupted() ? 130 : 1,
-                  start_name_ + " failed (" + start.reason + "): nothing to compare with");
-  best_ = t_->trials().back();
-  MeasureNoise();
-  start_ = best_;
-  auto data = t_->store()->LoadRun(std::to_string(best_.run_id));
-  std::vector<Finding> findings = data.ok() ? Diagnose(*data) : std::vector<Finding>{};
-  std::vector<std::string> order = Order(findings);
+  std::fprintf(stderr, "tune: packing the %zu images of %s into %s (raw, max side %d)\n",
+               folder->files.size(), job.src.c_str(), job.dst.c_str(), job.max_side);
+  const Env* env = Env::Default();
+  double started = env->MonotonicSeconds();
+  PackOptions po;
+  po.format = PackFormat::kRaw;
+  po.max_side = job.max_side;
+  auto report = fullburn::WritePack(*folder, job.src, job.dst, po);
+  if (!report.ok())  // WritePack has removed what it wrote
+    return Status::IoError("packing " + job.src + " failed: " + report.status().message());
   std::fprintf(
-      stderr,
-      "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this order: %s\n",
-      noise_ * 100, findings.empty() ? "none" : findings.front().cause.c_str(),
-      fmt::format("{}", fmt::join(order, ", ")).c_str());
-  for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
-    if (!TryKnob(order[k], findings)) {
-      for (size_t r = k; r < order.size(); ++r) Skip(order[r], "budget (" + budget_ + ") used up");
-      break;
-    }
-  }
-  return Finish(t_->interrupted() ? 130 : 0, "");
-}
-
-// The start again: windows within one trial vary less than whole trials do
-// (other load, clocks, caches), so a change must also beat the difference
-// between two runs of the same settings.
-void KnobTuner::MeasureNoise() {
-  if (!t_->BudgetAllows()) return;
-  Trial again = RunOne("start", "again", {});
-  // The machine slowed since the start (other work): once more, longer, as
-  // for the start, rather than tuning without knowing the noise.
-  if (again.too_short && !t_->interrupted() && t_->LengthenTrials(2)) {
-    t_->Record(again);
-    std::fprintf(stderr, "tune: too few steps to measure: trials lengthened to %s\n",
-                 FormatDuration(t_->plan().trial_s).c_str());
-    again = RunOne("start", "again", {});
-  }
-  if (again.status == "ok") {
-    double a = best_.measure.value, b = again.measure.value;
-    noise_ = std::abs(a - b) / ((a + b) / 2);
-    again.verdict = fmt::format("run-to-run noise {:.0f}%", noise_ * 100);
-    best_.measure.value = (a + b) / 2;
-    best_.measure.spread = std::max(best_.measure.spread, again.measure.spread);
-  }
-  t_->Record(again);
-}
-
-Trial KnobTuner::RunKnobTrial(const std::string& knob, const std::string& value,
-                              const std::map<std::string, std::string>& overrides) {
-  Trial trial = RunOne(knob, value, overrides);
-  // The start was measured with this length, so a value that leaves too few
-  // steps, or none, starts slower (or runs far slower, which a longer trial
-  // measures too, roughly).
-  if (!(trial.too_short || trial.no_steps) || t_->interrupted() || ReceivedSignal()) return trial;
-  const double was = t_->plan().trial_s, longer = was * kSlowStartStretch;
-  const char* what = trial.no_steps ? "no step" : "too few steps";
-  // The trial's start-up and stop come on top of its length, in the budget too.
-  if (!t_->BudgetHolds(longer, std::max(0.0, trial.wall_s - was))) {
-    trial.reason =
-        fmt::format("{} in {} (a slower start), and the budget has no room for a {} trial", what,
-                    FormatDuration(was), FormatDuration(longer));
-    return trial;
-  }
-  trial.reason =
-      fmt::format("{} in {}: tried again at {}", what, FormatDuration(was), FormatDuration(longer));
-  t_->Record(trial);
-  std::fprintf(stderr, "tune: %s=%s: %s in %s (a slower start): once more at %s\n", knob.c_str(),
-               value.c_str(), what, FormatDuration(was).c_str(), FormatDuration(longer).c_str());
-  t_->SetTrialLength(longer);
-  Trial again = RunOne(knob, value, overrides);
-  t_->SetTrialLength(was);
-  again.stretched = true;
-  return again;
-}
-
-Trial KnobTuner::NewTrial(const std::string& knob, const std::string& value,
-                          const std::map<std::string, std::string>& overrides) const {
-  Trial trial;
-  trial.knob = knob;
-  trial.value = value;
-  trial.overrides = overrides;
-  trial.log = t_->NextLog();
-  return trial;
-}
-
-std::map<std::string, std::string> KnobTuner::OnBest(const Candidate& c) const {
-  std::map<std::string, std::string> merged = best_.overrides;
-  for (const auto& [key, v] : c.overrides) merged[key] = v;
-  return merged;
-}
-
-void KnobTuner::Judge(Trial* trial) {
-  bool kept = false;
-  if (trial->status == "ok")
-    trial->verdict = Verdict(*trial, best_, std::max(min_gain_, noise_), &kept);
-  t_->Record(*trial);
-  if (kept) best_ = t_->trials().back();
-}
-
-void KnobTuner::Skip(const std::string& knob, const std::string& reason) {
-  Trial t;
-  t.knob = knob;
-  t.value = "-";
-  t.status = "skipped";
-  t.reason = reason;
-  t_->Record(t);
+      stderr, "tune: packed %lld images (%.0f MiB) in %.1fs%s\n",
+      static_cast<long long>(report->images), report->bytes / 1048576.0,
+      env->MonotonicSeconds() - started,
+      report->skipped ? fmt::format(", {} unreadable left out", report->skipped).c_str() : "");
+  return Status::Ok();
 }
 
 }  // namespace fullburn::cli

@@ -17,6 +17,14 @@ bool IsName(const std::string& s) {
 
 }  // namespace
 
+std::string GridValue(const std::vector<GridAxis>& axes,
+                      const std::map<std::string, std::string>& combo) {
+  std::string value;
+  for (const GridAxis& a : axes)
+    value += (value.empty() ? "" : " ") + a.name + "=" + combo.at(a.name);
+  return value;
+}
+
 Result<GridAxis> ParseGridAxis(const std::string& spec) {
   size_t eq = spec.find('=');
   GridAxis axis;

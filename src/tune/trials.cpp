@@ -19,6 +19,26 @@ double Number(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
+const char* TrialStatusName(TrialStatus status) {
+  switch (status) {
+    case TrialStatus::kOk:
+      return "ok";
+    case TrialStatus::kFailed:
+      return "failed";
+    case TrialStatus::kSkipped:
+      return "skipped";
+    case TrialStatus::kInterrupted:
+      return "interrupted";
+  }
+  return "failed";
+}
+
+TrialStatus ParseTrialStatus(const std::string& name) {
+  for (TrialStatus s : {TrialStatus::kOk, TrialStatus::kSkipped, TrialStatus::kInterrupted})
+    if (name == TrialStatusName(s)) return s;
+  return TrialStatus::kFailed;
+}
+
 nlohmann::json TrialJson(const Trial& t) {
   const Measure& m = t.measure;
   return {{"index", t.index},
@@ -26,7 +46,7 @@ nlohmann::json TrialJson(const Trial& t) {
           {"value", t.value},
           {"overrides", t.overrides},
           {"run_id", t.run_id},
-          {"status", t.status},
+          {"status", TrialStatusName(t.status)},
           {"reason", t.reason},
           {"verdict", t.verdict},
           {"wall_s", t.wall_s},
@@ -52,7 +72,7 @@ Trial TrialFromJson(const nlohmann::json& j) {
     for (auto& [k, v] : j["overrides"].items())
       if (v.is_string()) t.overrides[k] = v.get<std::string>();
   t.run_id = j.value("run_id", int64_t{0});
-  t.status = j.value("status", "");
+  t.status = ParseTrialStatus(j.value("status", ""));
   t.reason = j.value("reason", "");
   t.verdict = j.value("verdict", "");
   t.wall_s = Number(j, "wall_s");
@@ -88,10 +108,31 @@ bool BeatsBest(const Measure& candidate, const Measure& best, double min_gain, d
   return *gain > std::max(min_gain, noise);
 }
 
+std::string Verdict(const Trial& t, const Trial& best, double min_gain, bool* kept) {
+  double gain = 0;
+  *kept = BeatsBest(t.measure, best.measure, min_gain, &gain);
+  if (*kept) return fmt::format("kept {:+.0f}%", gain * 100);
+  return fmt::format("{} {:+.0f}%", gain < 0 ? "slower" : "within noise", gain * 100);
+}
+
+std::string GridVerdict(const Trial& trial, const std::vector<Trial>& before, double min_gain) {
+  if (trial.status != TrialStatus::kOk) return "";
+  int best = BestTrial(before);
+  if (best < 0) return "first";
+  const Trial& b = before[best];
+  double gain = 0;
+  if (BeatsBest(trial.measure, b.measure, min_gain, &gain))
+    return fmt::format("fastest so far ({:+.0f}%)", gain * 100);
+  double back = 0;
+  if (!BeatsBest(b.measure, trial.measure, min_gain, &back))
+    return fmt::format("ties #{} ({:+.0f}%, within the noise)", b.index, gain * 100);
+  return fmt::format("{:+.0f}% vs #{}", gain * 100, b.index);
+}
+
 int BestTrial(const std::vector<Trial>& trials) {
   int best = -1;
   for (size_t i = 0; i < trials.size(); ++i)
-    if (trials[i].status == "ok" && !std::isnan(trials[i].measure.value) &&
+    if (trials[i].status == TrialStatus::kOk && !std::isnan(trials[i].measure.value) &&
         (best < 0 || trials[i].measure.value > trials[best].measure.value))
       best = static_cast<int>(i);
   return best;
@@ -102,7 +143,7 @@ std::vector<int> TiedWithBest(const std::vector<Trial>& trials, int best, double
   if (best < 0) return ties;
   for (size_t i = 0; i < trials.size(); ++i) {
     double gain = 0;
-    if (static_cast<int>(i) != best && trials[i].status == "ok" &&
+    if (static_cast<int>(i) != best && trials[i].status == TrialStatus::kOk &&
         !std::isnan(trials[i].measure.value) &&
         !BeatsBest(trials[best].measure, trials[i].measure, min_gain, &gain))
       ties.push_back(static_cast<int>(i));
@@ -122,7 +163,9 @@ std::string RenderTrialTable(const std::vector<Trial>& trials) {
       {"#", "knob", "value", unit, "GPU util", "data wait", "peak mem", "run", "verdict"}};
   for (const Trial& t : trials) {
     const Measure& m = t.measure;
-    std::string verdict = t.status == "ok" ? t.verdict : t.status + (t.reason.empty() ? "" : ": " + t.reason);
+    std::string verdict = t.status == TrialStatus::kOk
+                              ? t.verdict
+                              : TrialStatusName(t.status) + (t.reason.empty() ? "" : ": " + t.reason);
     rows.push_back({std::to_string(t.index), t.knob, t.value, FormatMeasure(m),
                     std::isnan(m.gpu_util) ? "-" : fmt::format("{:.0f}%", m.gpu_util), Percent(m.data_wait_share),
                     std::isnan(m.peak_memory_bytes) ? "-" : FormatBytes(m.peak_memory_bytes),

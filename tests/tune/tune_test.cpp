@@ -119,7 +119,7 @@ TEST(TuneKeep, TheBestNamesTheTrialsItDoesNotBeatBeyondTheNoise) {
     trials[i].measure.value = values[i];
     trials[i].measure.spread = 0.02;
   }
-  trials[4].status = "failed";  // failed trials neither win nor tie
+  trials[4].status = TrialStatus::kFailed;  // failed trials neither win nor tie
   EXPECT_EQ(BestTrial(trials), 2);
   // 100 vs 99: 1%, under the 3% minimum gain; vs 90: 11%, beyond it.
   EXPECT_EQ(TiedWithBest(trials, 2, 0.03), (std::vector<int>{1}));
@@ -474,7 +474,7 @@ TEST(TuneTrials, JsonRoundTripsAndTheTableShowsEveryTrial) {
   failed.index = 3;
   failed.knob = "batch";
   failed.value = "auto";
-  failed.status = "failed";
+  failed.status = TrialStatus::kFailed;
   failed.reason = "exit code 1: out of memory";
   std::string table = RenderTrialTable({t, failed});
   EXPECT_NE(table.find("512 ±2%"), std::string::npos) << table;
