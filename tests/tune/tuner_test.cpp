@@ -96,12 +96,29 @@ class ScriptedRunner : public TrialRunner {
     trial->measure.spread = std::isnan(o.value) ? NAN : 0;
     trial->measure.unit = "samples/s";
     interrupted_ |= o.status == TrialStatus::kInterrupted;
+    // The run a child would have recorded, with the effective config it ran.
+    auto config = run_configs.find(trial->value);
+    if (config != run_configs.end()) {
+      RunInfo run;
+      run.name = "trial";
+      run.parent_id = t.id();
+      run.start_time = clock_->UnixSeconds();
+      run.config_json = config->second.dump();
+      auto id = t.store()->BeginRun(run);
+      EXPECT_TRUE(id.ok()) << id.status().message();
+      trial->run_id = id.ok() ? *id : 0;
+    }
   }
   bool Interrupted() const override { return interrupted_; }
-  Status WritePack(const PackJob&) override { return Status::IoError("no packs in this test"); }
+  Status WritePack(const PackJob& job) override {
+    packs.push_back(job);
+    return Status::IoError("no room for the pack in this test");
+  }
 
   size_t left() const { return script_.size(); }
   std::vector<Asked> asked;
+  std::map<std::string, json> run_configs;  // by the trial's value: record a run with it
+  std::vector<PackJob> packs;
 
  private:
   ScriptedClock* clock_;
@@ -354,6 +371,86 @@ TEST_F(TunerLoop, AGridStopsWhenTheBudgetRunsOut) {
   EXPECT_EQ(trials[1]["verdict"], "fastest so far (+50%)");
   EXPECT_EQ(trials[2]["reason"], "budget (25s) used up");
   EXPECT_EQ(Result()["best_trial"], 2);
+}
+
+// fullburn train's knobs on the same loop: what its result is made of.
+class TunerTrain : public TunerLoop {
+ protected:
+  int RunTrain(std::vector<Outcome> script, std::map<std::string, json> run_configs = {}) {
+    tuning_ = std::make_unique<Tuning>(store_.get(), info_, plan_, &clock_);
+    runner_ = std::make_unique<ScriptedRunner>(&clock_, std::move(script));
+    runner_->run_configs = std::move(run_configs);
+    TrainTuneOptions o;
+    o.budget = "10m";
+    o.output = dir_ + "/tuned.toml";
+    int code = TuneTrain(tuning_.get(), runner_.get(), o);
+    EXPECT_EQ(runner_->left(), 0u) << "scripted trials never asked for";
+    return code;
+  }
+};
+
+TEST_F(TunerTrain, TheWinnerIsWrittenAsAConfigThatSaysWhatChanged) {
+  plan_.knobs = {"precision"};
+  int code = RunTrain({Ok(100), Ok(100), Ok(150)});
+  EXPECT_EQ(code, 0);
+  std::vector<json> trials = Events("tune_trial");
+  ASSERT_EQ(trials.size(), 3u);
+  EXPECT_EQ(trials[2]["knob"], "precision");
+  EXPECT_EQ(trials[2]["value"], "bf16");  // the default fp32 left out
+  EXPECT_EQ(trials[2]["verdict"], "kept +50%");
+  std::string path = dir_ + "/tuned.toml";
+  json result = Result();
+  EXPECT_EQ(result["config_path"], path);
+  EXPECT_EQ(result["overrides"], json({{"train.precision", "bf16"}}));
+  EXPECT_EQ(result["summary"],
+            "tuning 1: 150.0 samples/s vs 100.0 at the start (1.50x); config "
+            "written to " +
+                path + " (fullburn train " + path + ")");
+  std::string toml = testing::ReadText(path);
+  EXPECT_EQ(toml.rfind("# fullburn tune (tuning run 1): 150.0 samples/s with these settings, "
+                       "100.0 at the start (1.50x).\n# Changed: train.precision=bf16\n",
+                       0),
+            0u)
+      << toml;
+  EXPECT_NE(toml.find("\nprecision = \"bf16\"\n"), std::string::npos) << toml;
+}
+
+TEST_F(TunerTrain, TheBatchSearchsChoiceIsMeasuredAgainWithTheEffectiveBatchKept) {
+  plan_.knobs = {"batch"};
+  json start = {{"train", {{"batch_size", 32}, {"accumulate", 4}}}};  // 128 a step
+  json searched = {{"train", {{"batch_size", 64}, {"accumulate", 1}}}};
+  int code = RunTrain({Ok(100), Ok(100), Ok(180), Ok(160)},
+                      {{"as given", start}, {"again", start}, {"auto (<= 128)", searched}});
+  EXPECT_EQ(code, 0);
+  std::vector<json> trials = Events("tune_trial");
+  ASSERT_EQ(trials.size(), 4u);
+  EXPECT_EQ(trials[2]["overrides"], json({{"train.batch_size", "auto"},
+                                          {"train.max_batch_size", "128"},
+                                          {"train.accumulate", "1"}}));
+  EXPECT_EQ(trials[2]["verdict"], "search chose 64");
+  EXPECT_EQ(trials[3]["value"], "64 x 2");
+  EXPECT_EQ(trials[3]["verdict"], "kept +60%");
+  EXPECT_EQ(Result()["overrides"], json({{"train.batch_size", "64"}, {"train.accumulate", "2"}}));
+  std::string toml = testing::ReadText(dir_ + "/tuned.toml");
+  EXPECT_NE(toml.find("\nbatch_size = 64\naccumulate = 2\n"), std::string::npos) << toml;
+}
+
+TEST_F(TunerTrain, APackThatCannotBeWrittenIsAFailedTrialAndNoTrialRuns) {
+  plan_.knobs = {"pack"};
+  json start = {{"data", {{"source", "images"}, {"image_size", 64}}},
+                {"resolved", {{"data_path", dir_ + "/images"}}}};
+  int code = RunTrain({Ok(100), Ok(100)}, {{"as given", start}, {"again", start}});
+  EXPECT_EQ(code, 0);
+  ASSERT_EQ(runner_->packs.size(), 1u);
+  EXPECT_EQ(runner_->packs[0].src, dir_ + "/images");
+  EXPECT_EQ(runner_->packs[0].dst, tuning_->PackDir());
+  EXPECT_EQ(runner_->packs[0].max_side, 128);
+  std::vector<json> trials = Events("tune_trial");
+  ASSERT_EQ(trials.size(), 3u);
+  EXPECT_EQ(trials[2]["knob"], "pack");
+  EXPECT_EQ(trials[2]["status"], "failed");
+  EXPECT_EQ(trials[2]["reason"], "no room for the pack in this test");
+  EXPECT_EQ(Result()["overrides"], json::object());
 }
 
 }  // namespace
