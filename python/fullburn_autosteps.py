@@ -689,6 +689,43 @@ def _swap_for_fullburn(loader, torch):
     return swapped
 
 
+# Where a framework's own code lives: its frames are not the user's.
+_FRAMEWORKS = (("/transformers/", "transformers"), ("/accelerate/", "accelerate"),
+               ("/lightning/", "lightning"), ("/pytorch_lightning/", "lightning"),
+               ("/timm/", "timm"))
+_LIBRARY_DIRS = ("/site-packages/", "/dist-packages/", os.path.dirname(os.path.abspath(__file__)))
+
+
+def _creation_site(frame):
+    """Where a DataLoader is being made: the first frame of the user's own
+    code ("train.py:47", "ShapesData.train_dataloader"), and the framework
+    involved, so the diagnosis can name the argument to change where the user
+    sets it. The framework is the one the user's code called into to get the
+    loader (transformers' Trainer builds it from TrainingArguments, through
+    accelerate; accelerator.prepare() rebuilds one), else the one that called
+    the user's code (Lightning calls a DataModule's train_dataloader())."""
+    site, called_into, caller = {}, None, None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        library = path.startswith("<") or any(d in path for d in _LIBRARY_DIRS)
+        named = next((name for key, name in _FRAMEWORKS if key in path), None)
+        if not site:
+            if library:
+                called_into = named or called_into
+            else:
+                where = os.path.relpath(path)
+                site = {"created_at": "%s:%d" % (path if where.startswith("..") else where,
+                                                 frame.f_lineno),
+                        "created_in": getattr(frame.f_code, "co_qualname", frame.f_code.co_name)}
+        elif named and caller is None:
+            caller = named
+        frame = frame.f_back
+    framework = called_into or caller
+    if framework:
+        site["framework"] = framework
+    return site
+
+
 def _hook_torch(torch):
     global _state
     state = _AutoSteps(torch)
@@ -847,6 +884,18 @@ def _hook_torch(torch):
         _apply_tune_settings(torch, data, settings)
     if scaler_class is not None:
         scaler_class.scale = scale
+    original_loader_init = data.DataLoader.__init__
+
+    @functools.wraps(original_loader_init)
+    def loader_init(loader, *args, **kwargs):
+        original_loader_init(loader, *args, **kwargs)
+        if "_fullburn_created" not in loader.__dict__:  # a subclass's __init__ calls this again
+            try:
+                loader.__dict__["_fullburn_created"] = _creation_site(sys._getframe(1))
+            except Exception:  # where it was made is a hint, never worth failing the job
+                pass
+
+    data.DataLoader.__init__ = loader_init
     data.DataLoader.__iter__ = __iter__
     data._BaseDataLoaderIter.__next__ = __next__
     torch.Tensor.backward = backward

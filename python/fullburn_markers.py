@@ -167,6 +167,12 @@ class Markers:
         dataset = getattr(loader, "dataset", None)
         if dataset is not None:  # "ImageFolder": the diagnosis can name fullburn.ImageLoader
             data["dataset"] = type(dataset).__name__
+        # Where it was made and by which framework (fullburn_autosteps.py),
+        # so the fix names the place to change: a DataModule's
+        # train_dataloader(), TrainingArguments.
+        created = getattr(loader, "_fullburn_created", None)
+        if isinstance(created, dict):
+            data.update(created)
         swapped = getattr(loader, "_fullburn_swapped", None)
         if swapped:  # fullburn tune's swap trial read it with fullburn.ImageLoader
             data["swapped"] = swapped

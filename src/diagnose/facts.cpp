@@ -473,8 +473,13 @@ void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
     f->loader_workers = std::max(0, data["num_workers"].get<int>());
     if (data.contains("pin_memory") && data["pin_memory"].is_boolean())
       f->loader_pin_memory = data["pin_memory"].get<bool>() ? 1 : 0;
-    if (data.contains("dataset") && data["dataset"].is_string())
-      f->loader_dataset = data["dataset"].get<std::string>();
+    auto text = [&](const char* key, std::string* out) {
+      if (data.contains(key) && data[key].is_string()) *out = data[key].get<std::string>();
+    };
+    text("dataset", &f->loader_dataset);
+    text("created_at", &f->loader_created_at);
+    text("created_in", &f->loader_created_in);
+    text("framework", &f->loader_framework);
     return;
   }
 }

@@ -198,6 +198,10 @@ struct Facts {
   // "dataloader" event); -1: not reported.
   int loader_workers = -1, loader_pin_memory = -1;
   std::string loader_dataset;  // the DataLoader's dataset class, when the markers told
+  // Where the job's code made it ("train.py:47", "ShapesData.train_dataloader")
+  // and the framework involved ("lightning", "transformers", "accelerate",
+  // "timm"; empty: none), from python/fullburn_autosteps.py.
+  std::string loader_created_at, loader_created_in, loader_framework;
   bool python_loader = false;  // a wrapped job fed by fullburn.ImageLoader (its loader events)
   // The job's GPUs were sampled, and none ever ran a kernel worth the name.
   bool GpuUnused() const;

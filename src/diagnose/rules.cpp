@@ -51,11 +51,44 @@ std::string LoaderSettingsFix(const Facts& f, int workers) {
       f.loader_workers);
 }
 
+// Where a wrapped job sets its DataLoader's arguments, in its framework's
+// terms: a Trainer's user never wrote a DataLoader, a Lightning user wrote it
+// in a DataModule's train_dataloader(). "" when the markers did not say.
+std::string FrameworkLoaderNote(const Facts& f, int workers) {
+  if (f.trainer || f.python_loader || f.loader_workers < 0) return "";
+  std::string site = f.loader_created_at.empty()
+                         ? ""
+                         : (f.loader_created_in.empty() ? "" : " in " + f.loader_created_in) +
+                               " at " + f.loader_created_at;
+  std::string args = fmt::format("num_workers={}, persistent_workers=True, pin_memory=True", workers);
+  if (f.loader_framework == "transformers")
+    return fmt::format(
+        "; in the Trainer's terms: TrainingArguments(dataloader_num_workers={}, "
+        "dataloader_persistent_workers=True, dataloader_pin_memory=True, "
+        "dataloader_prefetch_factor=4): the Trainer builds its DataLoader from them{}",
+        workers, f.loader_created_at.empty() ? "" : " (its train() at " + f.loader_created_at + ")");
+  if (f.loader_framework == "lightning")
+    return fmt::format(
+        "; in Lightning: give the DataLoader that your LightningDataModule's (or "
+        "LightningModule's) train_dataloader() returns {}{}",
+        args, site.empty() ? "" : ", made" + site);
+  if (f.loader_framework == "accelerate")
+    return fmt::format("; with accelerate: give the DataLoader you pass to accelerator.prepare() {}{}",
+                       args, site.empty() ? "" : ", made" + site);
+  if (!site.empty()) return "; its DataLoader is made" + site;
+  return "";
+}
+
 // The swap of a wrapped job's ImageFolder + DataLoader for fullburn's loader
 // from Python (docs/python.md), with what it was measured to gain; "" for a
 // job fed by it already.
 std::string SwapNote(const Facts& f) {
   if (f.trainer || f.python_loader) return "";
+  // A framework's loop takes its DataLoader from the framework: only an image
+  // folder has a drop-in swap there, and a Trainer builds its own.
+  if (!f.loader_framework.empty() &&
+      (f.loader_framework == "transformers" || f.loader_dataset != "ImageFolder"))
+    return "";
   return fmt::format(
       "; or {}swap the DataLoader for fullburn.ImageLoader, two lines: `import fullburn` and "
       "`loader = fullburn.ImageLoader(root, batch_size)` in place of ImageFolder + DataLoader "
@@ -75,7 +108,7 @@ std::string MoreWorkersFix(const Facts& f, int workers) {
         "fullburn.ImageLoader(threads={}) (None: tuned while running), or pack the images once "
         "(fullburn pack SRC DST --format raw) and read the pack, so each sample costs less",
         workers);
-  std::string fix = LoaderSettingsFix(f, workers);
+  std::string fix = LoaderSettingsFix(f, workers) + FrameworkLoaderNote(f, workers);
   if (f.loader_workers >= 0)
     fix += "; fullburn tune -- CMD measures DataLoader settings on the script as it is";
   return fix + SwapNote(f);
@@ -202,7 +235,7 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                      "train at (fullburn pack SRC DST --max-side 256; read by "
                      "python/fullburn_pack.py's PackDataset in place of ImageFolder), augment on "
                      "the GPU (DALI, torchvision v2 on tensors), more cores" +
-                         SwapNote(f));
+                         FrameworkLoaderNote(f, workers) + SwapNote(f));
     if (f.cpu_of_quota)
       fix = fmt::format(
                 "the container's CPU limit ({:.3g} CPUs) is the ceiling: raise it (Kubernetes "

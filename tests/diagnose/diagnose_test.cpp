@@ -463,6 +463,50 @@ TEST(Diagnose, WrappedJobsGetPyTorchKnobs) {
 
 // python/fullburn_markers.py describes the job's DataLoader: the evidence
 // names its settings and the fix starts from them.
+// A framework's job sets its DataLoader where the framework takes it: the
+// fix says where (python/fullburn_autosteps.py records the place), and a
+// Trainer's user, who never wrote a DataLoader, gets TrainingArguments.
+TEST(Diagnose, AFrameworksLoaderIsFixedInItsOwnTerms) {
+  auto job = [](const std::string& framework, const std::string& at, const std::string& in) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    for (int k = 0; k < 8; ++k) c.m["host.cpu" + std::to_string(k) + ".util"] = Flat(40);
+    c.Host(40, 2).Wait(0.25);
+    nlohmann::json data{{"num_workers", 0}, {"pin_memory", false}, {"dataset", "Shapes"},
+                        {"created_at", at}, {"created_in", in}};
+    if (!framework.empty()) data["framework"] = framework;
+    c.events.push_back({0.5, "dataloader", data.dump()});
+    return c.Run();
+  };
+  auto lightning = job("lightning", "fit.py:48", "ShapesData.train_dataloader");
+  ASSERT_EQ(lightning[0].cause, "input_workers");
+  EXPECT_NE(lightning[0].fix.find("in Lightning: give the DataLoader that your LightningDataModule's "
+                                  "(or LightningModule's) train_dataloader() returns num_workers=7, "
+                                  "persistent_workers=True, pin_memory=True, made in "
+                                  "ShapesData.train_dataloader at fit.py:48"),
+            std::string::npos)
+      << lightning[0].fix;
+  EXPECT_EQ(lightning[0].fix.find("fullburn.ImageLoader"), std::string::npos)
+      << "not an image folder: no swap to offer" << lightning[0].fix;
+  auto hf = job("transformers", "train.py:67", "main");
+  ASSERT_EQ(hf[0].cause, "input_workers");
+  EXPECT_NE(hf[0].fix.find("in the Trainer's terms: TrainingArguments(dataloader_num_workers=7, "
+                           "dataloader_persistent_workers=True, dataloader_pin_memory=True, "
+                           "dataloader_prefetch_factor=4): the Trainer builds its DataLoader from "
+                           "them (its train() at train.py:67)"),
+            std::string::npos)
+      << hf[0].fix;
+  auto acc = job("accelerate", "loop.py:30", "main");
+  EXPECT_NE(acc[0].fix.find("with accelerate: give the DataLoader you pass to accelerator.prepare() "
+                            "num_workers=7"),
+            std::string::npos)
+      << acc[0].fix;
+  auto plain = job("", "loop.py:12", "main");
+  EXPECT_NE(plain[0].fix.find("; its DataLoader is made in main at loop.py:12"), std::string::npos)
+      << plain[0].fix;
+  EXPECT_NE(plain[0].fix.find("fullburn.ImageLoader"), std::string::npos) << plain[0].fix;
+}
+
 TEST(Diagnose, AWrappedJobsDataLoaderSettingsShapeTheFix) {
   auto job = [](int workers, bool pin) {
     Case c;

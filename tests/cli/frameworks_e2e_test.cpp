@@ -1,0 +1,166 @@
+// End to end: the trainers people run (Lightning's Trainer.fit, Hugging
+// Face's Trainer), unchanged (examples/frameworks/), under `fullburn run`.
+// They need PyPI's PyTorch 2.x with the frameworks (scripts/torch2-venv.sh):
+// CTest runs them as FrameworksE2E.*.torch2 with FULLBURN_TEST_PYTHON set;
+// under an interpreter without them they are skipped, saying so.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fullburn/diagnose.h"
+#include "fullburn/store.h"
+#include "process.h"
+
+namespace fullburn {
+namespace {
+
+using testing::RunToEnd;
+
+const char* const kPython =
+    std::getenv("FULLBURN_TEST_PYTHON") ? std::getenv("FULLBURN_TEST_PYTHON") : "/usr/bin/python3";
+const std::string kExamples = std::string(SOURCE_DIR) + "/examples/frameworks/";
+
+bool PythonHas(const std::string& module) {
+  return RunToEnd({kPython, "-c", "import " + module}).code == 0;
+}
+
+// Not idle_phases: that one holds the interpreter's start-up and the
+// framework's import, whose length is the machine's load, not the job's.
+const Finding& TopBesidesIdle(const std::vector<Finding>& findings) {
+  for (const Finding& f : findings)
+    if (f.cause != "idle_phases") return f;
+  static const Finding kNone{"none", "", "", 0, 0, ""};
+  return kNone;
+}
+
+bool HasInputFinding(const std::vector<Finding>& findings) {
+  for (const Finding& f : findings)
+    if (f.cause.rfind("input_", 0) == 0) return true;
+  return false;
+}
+
+// GTEST_SKIP returns from the function it is in: the test's own body.
+#define NEED(module)                                                                   \
+  do {                                                                                 \
+    if (!PythonHas(module))                                                            \
+      GTEST_SKIP() << kPython << " cannot import " << (module)                         \
+                   << ": scripts/torch2-venv.sh installs it with PyPI's PyTorch 2.x"; \
+  } while (0)
+
+class FrameworksE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::FreshTestDir("fb_frameworks");
+    store_ = dir_ + "/runs.db";
+    ::unsetenv("FULLBURN_NVML_LIBRARY");
+    ::unsetenv("FULLBURN_STORE");
+    ::unsetenv("PYTHONPATH");
+    ::setenv("HF_HUB_OFFLINE", "1", 1);
+  }
+  RunData Record(const std::string& script, std::vector<std::string> args) {
+    std::vector<std::string> argv = {FULLBURN_BIN, "run",   "--interval", "0.25",
+                                     "--store",    store_, "--",         kPython,
+                                     kExamples + script};
+    argv.insert(argv.end(), args.begin(), args.end());
+    testing::Outcome o = RunToEnd(argv);
+    EXPECT_EQ(o.code, 0) << o.err;
+    auto store = RunStore::Open(store_);
+    EXPECT_TRUE(store.ok());
+    auto run = (*store)->LoadRun("last");
+    EXPECT_TRUE(run.ok());
+    return run.ok() ? *run : RunData{};
+  }
+  static nlohmann::json Loader(const RunData& run) {
+    for (const RunEvent& e : run.events)
+      if (e.kind == "dataloader") return nlohmann::json::parse(e.data);
+    return nullptr;
+  }
+  std::string dir_, store_;
+};
+
+// Lightning calls training_step and backward inside optimizer.step(closure):
+// one step per optimizer update, its time forward and backward, not the
+// optimizer's. The DataModule's loader has no workers and a slow transform:
+// input-bound, and the fix names the DataModule's train_dataloader().
+TEST_F(FrameworksE2E, LightningsStarvedLoaderIsFixedInItsDataModule) {
+  NEED("lightning");
+  RunData run = Record("lightning_fit.py", {"--starved", "--steps", "24"});
+  ASSERT_EQ(run.steps.size(), 24u);
+  for (const StepRecord& s : run.steps) {
+    EXPECT_EQ(s.samples, 32);
+    ASSERT_TRUE(s.data_wait_s.has_value());
+    EXPECT_GT(*s.data_wait_s, 32 * 0.008 * 0.9);  // the transform's wall time, whatever the load
+    EXPECT_GT(s.loss, 0);
+  }
+  nlohmann::json loader = Loader(run);
+  ASSERT_TRUE(loader.is_object());
+  EXPECT_EQ(loader.value("framework", ""), "lightning");
+  EXPECT_EQ(loader.value("created_in", ""), "ShapesData.train_dataloader");
+  EXPECT_NE(loader.value("created_at", "").find("lightning_fit.py:"), std::string::npos);
+  auto findings = Diagnose(run);
+  const Finding& top = TopBesidesIdle(findings);
+  EXPECT_EQ(top.cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+  EXPECT_NE(top.fix.find("in Lightning: give the DataLoader that your LightningDataModule's"),
+            std::string::npos)
+      << top.fix;
+  EXPECT_NE(top.fix.find("made in ShapesData.train_dataloader at"), std::string::npos) << top.fix;
+}
+
+// accumulate_grad_batches=4: Lightning's max_steps counts optimizer updates,
+// and so does fullburn: 8 steps of 4 micro-batches of 32 samples.
+TEST_F(FrameworksE2E, LightningsAccumulatedStepIsOneStepOfAllItsSamples) {
+  NEED("lightning");
+  RunData run = Record("lightning_fit.py", {"--steps", "8", "--accumulate", "4"});
+  ASSERT_EQ(run.steps.size(), 8u);
+  for (const StepRecord& s : run.steps) EXPECT_EQ(s.samples, 4 * 32);
+  EXPECT_FALSE(HasInputFinding(Diagnose(run))) << RenderFindings(Diagnose(run));
+}
+
+// bf16 autocast on the CPU (precision="bf16-mixed"): the same steps, the
+// loss still read.
+TEST_F(FrameworksE2E, LightningInBf16MixedPrecisionRecordsItsStepsAndLoss) {
+  NEED("lightning");
+  RunData run = Record("lightning_fit.py", {"--steps", "8", "--precision", "bf16-mixed"});
+  ASSERT_EQ(run.steps.size(), 8u);
+  for (const StepRecord& s : run.steps) EXPECT_GT(s.loss, 0);
+}
+
+// The Trainer builds its DataLoader from TrainingArguments (through
+// accelerate): its user never wrote one, so the fix is in TrainingArguments.
+TEST_F(FrameworksE2E, HuggingFaceTrainersStarvedLoaderIsFixedInTrainingArguments) {
+  NEED("transformers");
+  RunData run = Record("hf_trainer.py", {"--starved", "--steps", "16"});
+  ASSERT_EQ(run.steps.size(), 16u);
+  // accelerate's DataLoaderShard reads one batch ahead: the first step's
+  // window fetches two batches, every later one one (docs/frameworks.md).
+  EXPECT_EQ(run.steps[0].samples, 32);
+  for (const StepRecord& s : run.steps) {
+    if (s.step > 1) EXPECT_EQ(s.samples, 16);
+    ASSERT_TRUE(s.data_wait_s.has_value());
+    EXPECT_GT(*s.data_wait_s, 16 * 0.03 * 0.9);
+    EXPECT_GT(s.loss, 0);
+  }
+  nlohmann::json loader = Loader(run);
+  ASSERT_TRUE(loader.is_object());
+  EXPECT_EQ(loader.value("framework", ""), "transformers");
+  auto findings = Diagnose(run);
+  const Finding& top = TopBesidesIdle(findings);
+  EXPECT_EQ(top.cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+  EXPECT_NE(top.fix.find("TrainingArguments(dataloader_num_workers="), std::string::npos) << top.fix;
+  EXPECT_EQ(top.fix.find("fullburn.ImageLoader"), std::string::npos) << top.fix;
+}
+
+// The healthy variant: the same Trainer without the slow transform: no
+// input finding.
+TEST_F(FrameworksE2E, HuggingFaceTrainersHealthyRunHasNoInputFinding) {
+  NEED("transformers");
+  RunData run = Record("hf_trainer.py", {"--steps", "16"});
+  ASSERT_EQ(run.steps.size(), 16u);
+  EXPECT_FALSE(HasInputFinding(Diagnose(run))) << RenderFindings(Diagnose(run));
+}
+
+}  // namespace
+}  // namespace fullburn
