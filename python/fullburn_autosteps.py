@@ -109,6 +109,8 @@ class _AutoSteps:
         # yet ends its step at the next batch's fetch or model call.
         self.manual_pending = False
         self.optimizer_made = False  # an Optimizer was constructed: it ends the steps
+        self.backward_calls = 0  # with none of its steps seen, said at exit
+        self.said_second_optimizer = False
         self.profile = _Profile.from_environment(torch)  # fullburn run --profile A-B
         self._reset_pending()
 
@@ -301,6 +303,7 @@ class _AutoSteps:
         if self.mark is not None:
             self.forward += max(0.0, started - self.mark - self.saved_since_mark)
         self.backward += end - started
+        self.backward_calls += 1
         self.backward_end = self.mark = end
         self.saved_since_mark = 0.0
         if self.optimizer is None and not self.optimizer_made:
@@ -333,6 +336,14 @@ class _AutoSteps:
             self.loop_thread = threading.get_ident()
         self.manual_pending = False
         if optimizer is not self.optimizer:
+            if not self.said_second_optimizer:
+                # A GAN's generator and discriminator, or a second model:
+                # one line, so the step count is not read as per update.
+                self.said_second_optimizer = True
+                sys.stderr.write(
+                    "fullburn: a second optimizer (%s) steps too: a step is counted per %s "
+                    "update, the first to step; the other's update is part of it\n" %
+                    (type(optimizer).__name__, type(self.optimizer).__name__))
             return
         self._write_step(optimizer, None)
 
@@ -406,6 +417,14 @@ class _AutoSteps:
         """At exit: an evaluation after the last step is still written."""
         if not self.enabled:
             return
+        if self.markers is None and self.optimizer_made and self.backward_calls >= 2:
+            # Gradients were computed, yet no optimizer step reached torch's
+            # step hook (an optimizer outside torch.optim, a step through
+            # another API): no step count beats a wrong one.
+            sys.stderr.write(
+                "fullburn: no optimizer step was seen after %d backward() calls (an optimizer "
+                "outside torch.optim steps unseen): mark the steps with fullburn_markers, "
+                "docs/frameworks.md\n" % self.backward_calls)
         if self.manual_pending:
             self.manual_step_ended(self.last_activity or time.time())
         if self.profile is not None and self.profile.profiler is not None:
@@ -726,8 +745,30 @@ def _creation_site(frame):
     return site
 
 
+# The PyTorch versions these hooks are tested with (docs/testing.md, "Two
+# PyTorch versions"): Debian's and PyPI's pinned one.
+TESTED_TORCH = ((1, 13), (2, 11))
+
+
+def untested_torch(version):
+    """The one line to say for a torch outside the tested range, or None."""
+    try:
+        major_minor = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        major_minor = None
+    if major_minor is not None and TESTED_TORCH[0] <= major_minor <= TESTED_TORCH[-1]:
+        return None
+    return ("fullburn: PyTorch %s is outside the versions the step hooks are tested with "
+            "(%s to %s): steps are timed where its hooks allow; check the step count in the "
+            "summary\n" % (version, ".".join(map(str, TESTED_TORCH[0])),
+                            ".".join(map(str, TESTED_TORCH[-1]))))
+
+
 def _hook_torch(torch):
     global _state
+    warning = untested_torch(str(getattr(torch, "__version__", "unknown")))
+    if warning:
+        sys.stderr.write(warning)
     state = _AutoSteps(torch)
     # Everything is looked up before anything is patched: a torch without one
     # of these hooks is left as it was.

@@ -147,6 +147,52 @@ TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations)
   EXPECT_NE(TopBesidesIdle(findings).evidence.find("num_workers=0"), std::string::npos);
 }
 
+// An optimizer made but stepped through something the hooks do not see
+// (here: never stepped, the update done by hand): no step count rather than
+// a wrong one, and one line saying so and how to mark the steps.
+TEST_F(AutoStepsE2E, StepsTheHooksCannotSeeAreSaidNotMiscounted) {
+  std::string script = dir_ + "/unseen_steps.py";
+  std::ofstream(script) << "import torch\n"
+                           "model = torch.nn.Linear(4, 1)\n"
+                           "opt = torch.optim.SGD(model.parameters(), lr=0.1)  # never stepped\n"
+                           "for _ in range(5):\n"
+                           "    loss = model(torch.randn(8, 4)).pow(2).mean()\n"
+                           "    loss.backward()\n"
+                           "    with torch.no_grad():\n"
+                           "        for p in model.parameters():\n"
+                           "            p -= 0.1 * p.grad\n"
+                           "            p.grad = None\n";
+  auto o = Run({}, {}, script);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(Stored().steps.empty());
+  EXPECT_NE(o.err.find("fullburn: no optimizer step was seen after 5 backward() calls"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("mark the steps with fullburn_markers"), std::string::npos) << o.err;
+}
+
+// A GAN steps two optimizers per iteration: a step per update of the first
+// to step (the generator's here), said in one line.
+TEST_F(AutoStepsE2E, TwoOptimizersPerIterationCountOneStepAndSaySo) {
+  std::string script = dir_ + "/gan.py";
+  std::ofstream(script) << "import torch\n"
+                           "g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)\n"
+                           "opt_g = torch.optim.Adam(g.parameters())\n"
+                           "opt_d = torch.optim.SGD(d.parameters(), lr=0.1)\n"
+                           "for _ in range(6):\n"
+                           "    d(g(torch.randn(8, 4))).mean().backward()\n"
+                           "    opt_g.step(); opt_g.zero_grad(); opt_d.zero_grad()\n"
+                           "    d(torch.randn(8, 4)).mean().backward()\n"
+                           "    opt_d.step(); opt_d.zero_grad()\n";
+  auto o = Run({}, {}, script);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(Stored().steps.size(), 6u);
+  EXPECT_NE(o.err.find("fullburn: a second optimizer (SGD) steps too: a step is counted per Adam "
+                       "update, the first to step"),
+            std::string::npos)
+      << o.err;
+}
+
 // A loop with no optimizer object, updating its parameters by hand after
 // backward() as older examples do: each backward() ends a step (at the next
 // batch's fetch, so the update is in it), with its data wait and loss.

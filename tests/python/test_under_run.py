@@ -143,3 +143,25 @@ class UnderRun(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TorchVersions(unittest.TestCase):
+    """The step hooks say once when torch is outside the versions they are
+    tested with (python/fullburn_autosteps.py), and stay quiet inside."""
+
+    def setUp(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, os.path.join(here, "..", "..", "python"))
+        import fullburn_autosteps
+        self.untested = fullburn_autosteps.untested_torch
+
+    def test_the_tested_range_is_quiet(self):
+        for version in ("1.13.0a0", "1.13.1", "2.0.1", "2.11.0+cu130", "2.11.0"):
+            self.assertIsNone(self.untested(version), version)
+
+    def test_outside_it_one_line_names_the_range(self):
+        for version in ("1.12.1", "2.12.0", "3.0.0.dev20270101", "unknown"):
+            line = self.untested(version)
+            self.assertEqual(line, "fullburn: PyTorch %s is outside the versions the step hooks "
+                             "are tested with (1.13 to 2.11): steps are timed where its hooks "
+                             "allow; check the step count in the summary\n" % version)
