@@ -1,5 +1,6 @@
 // End to end: the trainers people run (Lightning's Trainer.fit, Hugging
-// Face's Trainer), unchanged (examples/frameworks/), under `fullburn run`.
+// Face's Trainer, an accelerate loop, timm), unchanged
+// (examples/frameworks/), under `fullburn run`.
 // They need PyPI's PyTorch 2.x with the frameworks (scripts/torch2-venv.sh):
 // CTest runs them as FrameworksE2E.*.torch2 with FULLBURN_TEST_PYTHON set;
 // under an interpreter without them they are skipped, saying so.
@@ -160,6 +161,47 @@ TEST_F(FrameworksE2E, HuggingFaceTrainersHealthyRunHasNoInputFinding) {
   RunData run = Record("hf_trainer.py", {"--steps", "16"});
   ASSERT_EQ(run.steps.size(), 16u);
   EXPECT_FALSE(HasInputFinding(Diagnose(run))) << RenderFindings(Diagnose(run));
+}
+
+// accelerate's loop with gradient_accumulation_steps=4: optimizer.step() is
+// called on every micro-batch, but AcceleratedOptimizer steps torch's only
+// on the fourth: one step per update of 4 x 16 samples (the first step's
+// window also holds DataLoaderShard's batch read ahead). Starved, the fix
+// is on the DataLoader given to accelerator.prepare().
+TEST_F(FrameworksE2E, AnAccelerateLoopCountsUpdatesAndItsLoaderIsFixedBeforePrepare) {
+  NEED("accelerate");
+  RunData run = Record("accelerate_loop.py", {"--starved", "--steps", "8"});
+  ASSERT_EQ(run.steps.size(), 8u);
+  EXPECT_EQ(run.steps[0].samples, 5 * 16);
+  for (const StepRecord& s : run.steps) {
+    if (s.step > 1) EXPECT_EQ(s.samples, 4 * 16);
+    ASSERT_TRUE(s.data_wait_s.has_value());
+    EXPECT_GT(*s.data_wait_s, 4 * 16 * 0.01 * 0.9);
+    EXPECT_GT(s.loss, 0);
+  }
+  nlohmann::json loader = Loader(run);
+  ASSERT_TRUE(loader.is_object());
+  EXPECT_EQ(loader.value("framework", ""), "accelerate");
+  auto findings = Diagnose(run);
+  const Finding& top = TopBesidesIdle(findings);
+  EXPECT_EQ(top.cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+  EXPECT_NE(top.fix.find("with accelerate: give the DataLoader you pass to accelerator.prepare()"),
+            std::string::npos)
+      << top.fix;
+}
+
+// timm's model, optimizer factory (its AdamW, a torch.optim.Optimizer) and
+// scheduler in a plain loop: a step per update with its samples, loss and
+// learning rate.
+TEST_F(FrameworksE2E, ATimmLoopGetsItsStepsLossAndLearningRate) {
+  NEED("timm");
+  RunData run = Record("timm_loop.py", {"--steps", "6"});
+  ASSERT_EQ(run.steps.size(), 6u);
+  for (const StepRecord& s : run.steps) {
+    EXPECT_EQ(s.samples, 16);
+    EXPECT_GT(s.loss, 0);
+    EXPECT_GT(s.lr, 0);
+  }
 }
 
 }  // namespace
