@@ -43,7 +43,7 @@ class ShapesData(L.LightningDataModule):
 
     def setup(self, stage=None):
         self.train_set = Shapes(4096, self.delay_s, seed=0)
-        self.val_set = Shapes(256, 0.0, seed=1)
+        self.val_set = Shapes(2048, 0.0, seed=1)
 
     def train_dataloader(self):
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
@@ -84,6 +84,7 @@ def main():
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--precision", default="32-true")
     p.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: never)")
+    p.add_argument("--val-batches", type=int, default=4, help="batches per validation")
     p.add_argument("--workers", type=int, default=0,
                    help="the DataLoader's num_workers (0 suits tensors already in memory)")
     a = p.parse_args()
@@ -93,7 +94,7 @@ def main():
                         accumulate_grad_batches=a.accumulate, precision=a.precision,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False,
-                        limit_val_batches=4 if a.val_every else 0,
+                        limit_val_batches=a.val_batches if a.val_every else 0,
                         val_check_interval=a.val_every or None,
                         check_val_every_n_epoch=None if a.val_every else 1)
     trainer.fit(SmallNet(), datamodule=data)

@@ -79,6 +79,27 @@ std::string FrameworkLoaderNote(const Facts& f, int workers) {
   return "";
 }
 
+// The settings that schedule a framework's evaluation and saving: its users
+// set them there, not in a loop of their own.
+std::string FrameworkEvaluationNote(const Facts& f) {
+  if (f.loader_framework == "lightning")
+    return " (in Lightning: Trainer(val_check_interval=..., check_val_every_n_epoch=..., "
+           "limit_val_batches=...), a larger batch in val_dataloader())";
+  if (f.loader_framework == "transformers")
+    return " (in the Trainer's terms: TrainingArguments(eval_steps=..., "
+           "per_device_eval_batch_size=...), or a smaller eval_dataset)";
+  return "";
+}
+
+std::string FrameworkCheckpointNote(const Facts& f) {
+  if (f.loader_framework == "lightning")
+    return " (in Lightning: ModelCheckpoint(every_n_train_steps=...), or "
+           "Trainer(plugins=[AsyncCheckpointIO()]))";
+  if (f.loader_framework == "transformers")
+    return " (in the Trainer's terms: TrainingArguments(save_steps=..., save_total_limit=...))";
+  return "";
+}
+
 // The swap of a wrapped job's ImageFolder + DataLoader for fullburn's loader
 // from Python (docs/python.md), with what it was measured to gain; "" for a
 // job fed by it already.
@@ -541,12 +562,14 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
       step = Choose(f,
                     "evaluation: evaluate less often (raise eval.every_steps or "
                     "eval.every_epochs) or on fewer samples (eval.max_samples)",
-                    "evaluation: evaluate less often, on a subset, or with a larger batch");
+                    "evaluation: evaluate less often, on a subset, or with a larger batch" +
+                        FrameworkEvaluationNote(f));
     else if (what == "checkpoint")
       step =
           Choose(f, "checkpoints: raise checkpoint.every_steps (writes are already asynchronous)",
                  "checkpoints: save less often, or asynchronously "
-                 "(torch.distributed.checkpoint.async_save)");
+                 "(torch.distributed.checkpoint.async_save)" +
+                     FrameworkCheckpointNote(f));
     else
       step = what + ": find what the job does there (fullburn runs trace RUN)";
     fix += (fix.empty() ? "" : "; ") + step;

@@ -110,6 +110,27 @@ TEST_F(FrameworksE2E, LightningsStarvedLoaderIsFixedInItsDataModule) {
   EXPECT_NE(top.fix.find("made in ShapesData.train_dataloader at"), std::string::npos) << top.fix;
 }
 
+// A validation every 5 steps (val_check_interval=5, 24 batches each): each
+// one an evaluation event outside the steps (and the sanity check Lightning
+// runs before training), and the time outside steps fixed in Lightning's
+// own settings.
+TEST_F(FrameworksE2E, LightningsFrequentValidationIsFixedInTheTrainersSettings) {
+  NEED("lightning");
+  RunData run = Record("lightning_fit.py", {"--steps", "20", "--val-every", "5", "--val-batches", "24"});
+  ASSERT_EQ(run.steps.size(), 20u);
+  int evaluations = 0;
+  for (const RunEvent& e : run.events) evaluations += e.kind == "evaluation";
+  EXPECT_EQ(evaluations, 5) << "4 validations and the sanity check";
+  auto findings = Diagnose(run);
+  const Finding* idle = nullptr;
+  for (const Finding& f : findings)
+    if (f.cause == "idle_phases") idle = &f;
+  ASSERT_NE(idle, nullptr) << RenderFindings(findings);
+  EXPECT_NE(idle->evidence.find("evaluation"), std::string::npos) << idle->evidence;
+  EXPECT_NE(idle->fix.find("in Lightning: Trainer(val_check_interval=..."), std::string::npos)
+      << idle->fix;
+}
+
 // accumulate_grad_batches=4: Lightning's max_steps counts optimizer updates,
 // and so does fullburn: 8 steps of 4 micro-batches of 32 samples.
 TEST_F(FrameworksE2E, LightningsAccumulatedStepIsOneStepOfAllItsSamples) {

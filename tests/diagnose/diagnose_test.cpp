@@ -507,6 +507,34 @@ TEST(Diagnose, AFrameworksLoaderIsFixedInItsOwnTerms) {
   EXPECT_NE(plain[0].fix.find("fullburn.ImageLoader"), std::string::npos) << plain[0].fix;
 }
 
+// A framework schedules its evaluations: the fix names its settings.
+TEST(Diagnose, AFrameworksEvaluationsAreFixedInItsSettings) {
+  auto run = [](const std::string& framework) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";  // a wrapped job
+    c.Host(40).Wait(0.02);
+    nlohmann::json loader{{"num_workers", 2}, {"framework", framework}};
+    c.events.push_back({0.5, "dataloader", loader.dump()});
+    // A 15 s evaluation after step 25, as IdlePhasesFromGapsBetweenSteps.
+    for (StepRecord& r : c.steps)
+      if (r.step > 25) r.t += 15;
+    c.run.end_time = 75;
+    c.events.push_back({40, "evaluation", "{}"});
+    return c.Run();
+  };
+  auto fix_of = [](const std::vector<Finding>& f) {
+    for (const Finding& x : f)
+      if (x.cause == "idle_phases") return x.fix;
+    return std::string("no idle_phases finding");
+  };
+  EXPECT_NE(fix_of(run("lightning")).find("in Lightning: Trainer(val_check_interval=..."),
+            std::string::npos)
+      << fix_of(run("lightning"));
+  EXPECT_NE(fix_of(run("transformers")).find("TrainingArguments(eval_steps=..."), std::string::npos)
+      << fix_of(run("transformers"));
+  EXPECT_EQ(fix_of(run("")).find("TrainingArguments"), std::string::npos) << fix_of(run(""));
+}
+
 TEST(Diagnose, AWrappedJobsDataLoaderSettingsShapeTheFix) {
   auto job = [](int workers, bool pin) {
     Case c;
