@@ -23,8 +23,11 @@ and then hooks four places:
   On a GPU these are host times: the host runs ahead and waits where it
   synchronizes, so the GPU's utilization bounds what the diagnosis reads
   into them;
-- `torch.save()` is written as a "checkpoint" event (its duration, path and
-  bytes) and its time is left out of the step it falls in: the loop is
+- `torch.save()` and `safetensors.torch.save_file()` (the weights Hugging
+  Face's Trainer, timm and accelerate write) are each written as a
+  "checkpoint" event (duration, path and bytes; the diagnosis takes the
+  files written after one step as one checkpoint), and their time is left
+  out of the step it falls in: the loop is
   blocked, not training, and the diagnosis counts that time as the
   checkpoints' (checkpoint_stall), not as a slow step.
 
@@ -969,14 +972,19 @@ def _hook_torch(torch):
     atexit.register(state.finish)
 
 
-class _TorchImportWatch(importlib.abc.MetaPathFinder):
-    """Hooks torch right after `import torch` has run, so a script that never
-    imports it pays nothing and one that does needs no change."""
+class _ImportWatch(importlib.abc.MetaPathFinder):
+    """Hooks a module right after its import has run (torch, safetensors.torch),
+    so a script that never imports it pays nothing and one that does needs no
+    change."""
+
+    def __init__(self, name, hook):
+        self.name = name
+        self.hook = hook
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
-        sys.meta_path.remove(self)  # once: torch imports only once
+        sys.meta_path.remove(self)  # once: a module imports only once
         spec = None
         for finder in sys.meta_path:  # PathFinder, or an editable install's finder
             find_spec = getattr(finder, "find_spec", None)
@@ -986,17 +994,42 @@ class _TorchImportWatch(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
+        hook = self.hook
 
         def exec_and_hook(module):
             exec_module(module)
             try:
-                _hook_torch(module)
+                hook(module)
             except Exception as e:  # never break the job over its markers
                 sys.stderr.write("fullburn: automatic step markers are off (%s: %s)\n" %
                                  (type(e).__name__, e))
 
         spec.loader.exec_module = exec_and_hook
         return spec
+
+
+def _hook_safetensors(module):
+    """safetensors.torch.save_file (its save_model calls it) is a checkpoint
+    write like torch.save: Hugging Face's Trainer, timm and accelerate write
+    a model's weights with it. Hooked as the module is first imported, before
+    a framework binds the name (`from safetensors.torch import save_file`)."""
+    original = module.save_file
+
+    @functools.wraps(original)
+    def save_file(tensors, filename, *args, **kwargs):
+        state = _state
+        if state is None or not state.enabled:
+            return original(tensors, filename, *args, **kwargs)
+        started = time.time()
+        result = original(tensors, filename, *args, **kwargs)
+        end = time.time()
+        try:
+            state.saved(_save_target(filename), started, end, _saved_bytes(filename, None))
+        except Exception:  # the save itself succeeded; the marker is not worth failing it
+            pass
+        return result
+
+    module.save_file = save_file
 
 
 def _where(tb):
@@ -1038,7 +1071,8 @@ def install():
         return
     _record_uncaught_exceptions()
     fullburn_markers._on_explicit_markers = lambda m: _state is not None and _state.hand_over(m)
-    if "torch" in sys.modules:
-        _hook_torch(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _TorchImportWatch())
+    for name, hook in (("torch", _hook_torch), ("safetensors.torch", _hook_safetensors)):
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, _ImportWatch(name, hook))

@@ -1,7 +1,7 @@
 """A Hugging Face transformers.Trainer run as people write one: a small
 randomly initialised model built from a config (no download), a dataset, and
 TrainingArguments. Nothing of fullburn in it; run it under
-`fullburn run -- python hf_trainer.py [--starved] [--eval-every N] [--steps N]`.
+`fullburn run -- python hf_trainer.py [--starved] [--eval-every N] [--save-every N] [--steps N]`.
 
 --starved plants the usual input bottleneck: the dataset does 30 ms of CPU
 work per sample (tokenizing on the fly) while the Trainer's DataLoader has
@@ -46,6 +46,7 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--starved", action="store_true")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: never)")
+    p.add_argument("--val-samples", type=int, default=512, help="the evaluation set's size")
     p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--workers", type=int, default=0,
@@ -65,7 +66,7 @@ def main():
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
         disable_tqdm=True)
     train = Sentences(4096, delay_s=0.03 if a.starved else 0.0)
-    val = Sentences(512, seed=1)
+    val = Sentences(a.val_samples, seed=1)
     Trainer(model=model, args=args, train_dataset=train, eval_dataset=val).train()
 
 

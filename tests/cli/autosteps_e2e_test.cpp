@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -169,6 +170,52 @@ TEST_F(AutoStepsE2E, StepsTheHooksCannotSeeAreSaidNotMiscounted) {
             std::string::npos)
       << o.err;
   EXPECT_NE(o.err.find("mark the steps with fullburn_markers"), std::string::npos) << o.err;
+}
+
+// fp16's GradScaler skips an update whose scaled gradients overflowed
+// (optimizer.step() is not called), halving its scale: no step ends there,
+// so that batch's samples and time go to the next update's step. Its scale
+// starts far too large, as a new fp16 run's does, so the first updates are
+// skipped until it fits; the script prints the scaler's own count. On the
+// CPU only from torch 2.3 (torch.amp.GradScaler("cpu")): skipped before.
+TEST_F(AutoStepsE2E, UpdatesAGradScalerSkipsGoToTheNextStep) {
+  std::string script = dir_ + "/scaler.py";
+  std::ofstream(script)
+      << "import torch\n"
+         "if not hasattr(getattr(torch, 'amp', None), 'GradScaler'):\n"
+         "    raise SystemExit('no torch.amp.GradScaler in torch ' + torch.__version__)\n"
+         "torch.manual_seed(0)\n"
+         "scaler = torch.amp.GradScaler('cpu', init_scale=2.0 ** 127, growth_interval=1000)\n"
+         "model = torch.nn.Linear(8, 1)\n"
+         "opt = torch.optim.SGD(model.parameters(), lr=1e-3)\n"
+         "dataset = torch.utils.data.TensorDataset(torch.randn(160, 8), torch.randn(160, 1))\n"
+         "skipped = 0\n"
+         "for x, y in torch.utils.data.DataLoader(dataset, batch_size=8):\n"
+         "    loss = 30 * torch.nn.functional.mse_loss(model(x), y)\n"
+         "    scaler.scale(loss).backward()\n"
+         "    scaler.step(opt)\n"
+         "    before = scaler.get_scale()\n"
+         "    scaler.update()\n"
+         "    skipped += scaler.get_scale() < before\n"
+         "    opt.zero_grad()\n"
+         "print('skipped', skipped)\n";
+  auto o = Run({}, {}, script);
+  if (o.err.find("no torch.amp.GradScaler") != std::string::npos)
+    GTEST_SKIP() << "this torch has no CPU GradScaler: " << o.err;
+  ASSERT_EQ(o.code, 0) << o.err;
+  size_t at = o.out.find("skipped ");
+  ASSERT_NE(at, std::string::npos) << o.out;
+  int skipped = std::atoi(o.out.c_str() + at + 8);
+  ASSERT_GE(skipped, 2) << "the planted overflow did not happen";
+  RunData run = Stored();
+  ASSERT_EQ(run.steps.size(), static_cast<size_t>(20 - skipped));
+  EXPECT_EQ(run.steps[0].samples, 8 * (skipped + 1)) << "the skipped batches and the first update";
+  int64_t samples = 0;
+  for (const StepRecord& s : run.steps) {
+    samples += s.samples;
+    EXPECT_TRUE(std::isfinite(s.loss)) << s.step;
+  }
+  EXPECT_EQ(samples, 160);
 }
 
 // A GAN steps two optimizers per iteration: a step per update of the first

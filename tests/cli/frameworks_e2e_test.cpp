@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -160,7 +162,9 @@ TEST_F(FrameworksE2E, HuggingFaceTrainersStarvedLoaderIsFixedInTrainingArguments
   // window fetches two batches, every later one one (docs/frameworks.md).
   EXPECT_EQ(run.steps[0].samples, 32);
   for (const StepRecord& s : run.steps) {
-    if (s.step > 1) EXPECT_EQ(s.samples, 16);
+    if (s.step > 1) {
+      EXPECT_EQ(s.samples, 16);
+    }
     ASSERT_TRUE(s.data_wait_s.has_value());
     EXPECT_GT(*s.data_wait_s, 16 * 0.03 * 0.9);
     EXPECT_GT(s.loss, 0);
@@ -184,6 +188,47 @@ TEST_F(FrameworksE2E, HuggingFaceTrainersHealthyRunHasNoInputFinding) {
   EXPECT_FALSE(HasInputFinding(Diagnose(run))) << RenderFindings(Diagnose(run));
 }
 
+// An evaluation every 10 steps on a large eval set, and a checkpoint every 10
+// (TrainingArguments(eval_steps=10, save_steps=10)): each evaluation an event
+// outside the steps, each checkpoint's files (the weights through
+// safetensors, the optimizer's, scheduler's and RNG's state through
+// torch.save) checkpoint events after its step, and the time outside steps
+// fixed in TrainingArguments.
+TEST_F(FrameworksE2E, HuggingFaceTrainersEvaluationsAndCheckpointsAreTheirOwnPhases) {
+  NEED("transformers");
+  RunData run = Record("hf_trainer.py", {"--steps", "30", "--eval-every", "10", "--val-samples",
+                                         "4096", "--save-every", "10"});
+  ASSERT_EQ(run.steps.size(), 30u);
+  int evaluations = 0;
+  std::map<int64_t, std::vector<std::string>> saved;  // after step -> files
+  for (const RunEvent& e : run.events) {
+    evaluations += e.kind == "evaluation";
+    if (e.kind != "checkpoint") continue;
+    auto data = nlohmann::json::parse(e.data);
+    EXPECT_GT(data.value("bytes", int64_t{0}), 0) << e.data;
+    std::string path = data.value("path", "");
+    saved[data.value("after_step", int64_t{0})].push_back(path.substr(path.rfind('/') + 1));
+  }
+  EXPECT_EQ(evaluations, 3);
+  ASSERT_EQ(saved.size(), 3u);
+  for (int64_t step : {10, 20, 30}) {
+    const std::vector<std::string>& files = saved[step];
+    EXPECT_NE(std::find(files.begin(), files.end(), "model.safetensors"), files.end()) << step;
+    EXPECT_NE(std::find(files.begin(), files.end(), "optimizer.pt"), files.end()) << step;
+  }
+  auto findings = Diagnose(run);
+  const Finding* idle = nullptr;
+  for (const Finding& f : findings) {
+    if (f.cause == "idle_phases") idle = &f;
+    EXPECT_NE(f.cause, "checkpoint_stall") << RenderFindings(findings);  // a few ms each
+  }
+  ASSERT_NE(idle, nullptr) << RenderFindings(findings);
+  EXPECT_NE(idle->evidence.find("evaluation"), std::string::npos) << idle->evidence;
+  EXPECT_NE(idle->fix.find("TrainingArguments(eval_steps=..., per_device_eval_batch_size=...)"),
+            std::string::npos)
+      << idle->fix;
+}
+
 // accelerate's loop with gradient_accumulation_steps=4: optimizer.step() is
 // called on every micro-batch, but AcceleratedOptimizer steps torch's only
 // on the fourth: one step per update of 4 x 16 samples (the first step's
@@ -195,7 +240,9 @@ TEST_F(FrameworksE2E, AnAccelerateLoopCountsUpdatesAndItsLoaderIsFixedBeforePrep
   ASSERT_EQ(run.steps.size(), 8u);
   EXPECT_EQ(run.steps[0].samples, 5 * 16);
   for (const StepRecord& s : run.steps) {
-    if (s.step > 1) EXPECT_EQ(s.samples, 4 * 16);
+    if (s.step > 1) {
+      EXPECT_EQ(s.samples, 4 * 16);
+    }
     ASSERT_TRUE(s.data_wait_s.has_value());
     EXPECT_GT(*s.data_wait_s, 4 * 16 * 0.01 * 0.9);
     EXPECT_GT(s.loss, 0);
