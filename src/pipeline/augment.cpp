@@ -7,7 +7,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "fullburn/pipeline.h"
+#include "fullburn/crop.h"
 
 namespace fullburn {
 

@@ -11,7 +11,9 @@
 #include <filesystem>
 
 #include "fullburn/atomic_file.h"
-#include "fullburn/pipeline.h"
+#include "fullburn/codec.h"
+#include "fullburn/image_folder.h"
+#include "fullburn/rng.h"
 
 namespace fullburn {
 namespace fs = std::filesystem;

@@ -11,7 +11,7 @@
 #include <jpeglib.h>
 // clang-format on
 
-#include "fullburn/pipeline.h"
+#include "fullburn/codec.h"
 
 namespace fullburn {
 namespace {

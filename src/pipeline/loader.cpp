@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cstdio>
 
-#include "fullburn/pipeline.h"
+#include "fullburn/codec.h"
+#include "fullburn/crop.h"
+#include "fullburn/image_loader.h"
+#include "fullburn/rng.h"
 
 namespace fullburn {
 namespace {

@@ -16,8 +16,11 @@
 #include <thread>
 
 #include "fullburn/atomic_file.h"
+#include "fullburn/codec.h"
+#include "fullburn/crop.h"
 #include "fullburn/env.h"
-#include "fullburn/pipeline.h"
+#include "fullburn/image_folder.h"
+#include "fullburn/pack.h"
 
 namespace fullburn {
 namespace fs = std::filesystem;

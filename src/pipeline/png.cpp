@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "fullburn/pipeline.h"
+#include "fullburn/codec.h"
 
 namespace fullburn {
 

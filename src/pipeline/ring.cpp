@@ -13,7 +13,8 @@
 #include <chrono>
 
 #include "fullburn/env.h"
-#include "fullburn/pipeline.h"
+#include "fullburn/rng.h"
+#include "fullburn/sample_ring.h"
 
 namespace fullburn {
 

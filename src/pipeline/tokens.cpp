@@ -9,7 +9,8 @@
 #include <cstring>
 
 #include "fullburn/atomic_file.h"
-#include "fullburn/pipeline.h"
+#include "fullburn/rng.h"
+#include "fullburn/tokens.h"
 
 namespace fullburn {
 namespace {
