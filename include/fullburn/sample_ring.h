@@ -9,7 +9,8 @@
 //   joined by the destructor) and its slots. A slot's memory is taken with
 //   its first batch, from RingOptions::allocate (which must outlive the ring)
 //   or the ring's own; HandOverMemory gives a handed-out batch's memory to
-//   the consumer. A Batch points into a slot: valid until Release().
+//   the consumer. A Batch points into a slot: valid until Release(). All of
+//   the ring's state is private to src/pipeline/ring.cpp (SampleRing::State).
 // - Slots cycle free -> filling -> ready -> in use -> free. Next() hands out
 //   ready slots in batch order; Release() frees one. A slot is never written
 //   while the consumer holds it.
@@ -28,14 +29,11 @@
 //   false; no exception leaves a worker thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fullburn/status.h"
@@ -160,12 +158,9 @@ class SampleRing {
   ~SampleRing();  // stops and joins the workers
 
   int64_t epoch_size() const;  // samples this rank reads per epoch
-  int64_t batches_per_epoch() const {
-    return options_.keep_last ? (epoch_size() + options_.batch_size - 1) / options_.batch_size
-                              : epoch_size() / options_.batch_size;
-  }
-  const RingOptions& options() const { return options_; }
-  // As ImageLoader's (below), with the read-ahead across epochs it describes.
+  int64_t batches_per_epoch() const;
+  const RingOptions& options() const;
+  // As ImageLoader's (image_loader.h), with the read-ahead across epochs it describes.
   void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0);
   LoaderPosition position() const;
   bool Next(Batch* batch);
@@ -183,68 +178,11 @@ class SampleRing {
   void Fail(const std::string& message);
 
  private:
-  struct Slot;
-  SampleRing() = default;
-  // One epoch's share of this rank: its samples by position, and how many
-  // of them its batches hold.
-  struct EpochPlan {
-    std::vector<int64_t> order;
-    int64_t items = 0;
-    int64_t skip = 0;  // the samples of the permutation read before (consumed_samples)
-  };
-  EpochPlan PlanEpoch(int epoch, int64_t consumed_samples) const;  // no lock needed
-  bool HandOut(Slot& slot, Batch* out);           // with mu_ held
-  int SlotIndex(int64_t in_sequence) const;       // batch k of this epoch: SlotIndex(base_ + k)
-  Slot& SlotAt(int64_t in_sequence) { return *slots_[static_cast<size_t>(SlotIndex(in_sequence))]; }
-  void Tune();                                    // with mu_ held
-  bool Allocate(Slot& slot, std::string* error);  // with mu_ held
-  bool MakeOrExplain(const SampleJob& job, std::string* error);
-  void Worker(int id);
-  // batch_size, or less for keep_last's last batch of an epoch of `items` samples.
-  int64_t BatchSize(int64_t batch, int64_t items) const;
-  void StopWorkers();
-
-  RingOptions options_;
-  MakeSample make_;
-  std::vector<std::unique_ptr<Slot>> slots_;
-  std::vector<std::thread> workers_;
-
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_, ready_cv_;
-  bool stop_ = false;
-  Status error_;
-  int epoch_ = -1;
-  std::vector<int64_t> order_;
-  int64_t next_item_ = 0;     // next (batch, i) to claim, as batch * batch_size + i
-  int64_t next_to_hand_ = 0;  // the batch Next() returns next
-  int inflight_ = 0;          // samples being made outside the lock
-  int active_ = 1;            // workers allowed to claim samples
-  bool autotune_ = false;
-  int depth_ = 3;          // batches workers may prepare ahead of the consumer
-  bool gated_ = false;     // a worker waits because it is depth_ ahead
-  bool draining_ = false;  // StartEpoch waits for samples in flight
-  bool tune_depth_ = false;
-  double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
-  double epoch_start_ = 0;
-  int64_t epoch_first_batch_ = 0;
-  // This epoch's batches: fewer than batches_per_epoch() after consumed samples.
-  int64_t epoch_batches_ = 0;
-  int64_t epoch_items_ = 0;  // samples of this rank in the epoch's batches
-  int64_t epoch_skip_ = 0;   // the epoch's samples read before this start (consumed_samples)
-  int64_t window_batches_ = 0, window_samples_ = 0;
-  // Batch k of this epoch lives in slot (base_ + k) % slots: the batches of
-  // the epoch read ahead follow this one's in the same sequence of slots.
-  int64_t base_ = 0;
-  // The loop did not start this epoch again (as evaluation does): it will
-  // likely go on to the next, which the workers then begin once this one is
-  // all claimed.
-  bool advancing_ = false;
-  struct ReadAhead {
-    bool planned = false, planning = false;  // planning: a worker makes it, unlocked
-    EpochPlan plan;                          // epoch_ + 1, from its first sample
-    int64_t next_item = 0;
-  } ahead_;
-  LoaderStats stats_;
+  // The workers, the slots, the epoch's order and the tuner, under one lock
+  // (src/pipeline/ring.cpp).
+  struct State;
+  SampleRing();
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace fullburn

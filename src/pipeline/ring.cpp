@@ -11,6 +11,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "fullburn/env.h"
 #include "fullburn/rng.h"
@@ -18,16 +24,96 @@
 
 namespace fullburn {
 
-struct SampleRing::Slot {
-  enum class State { kFree, kFilling, kReady, kInUse };
-  State state = State::kFree;
-  int64_t batch = -1;
-  int epoch = -1;
-  int filled = 0;
-  std::vector<uint8_t> own;  // unless RingOptions::allocate
-  uint8_t* data = nullptr;
-  std::vector<int32_t> labels;
-  std::vector<int64_t> samples;
+// Everything behind SampleRing's interface (sample_ring.h keeps it out of
+// sight): mu_ guards what changes; options_, make_ and the lists of slots
+// and workers are fixed once Open returns.
+struct SampleRing::State {
+  struct Slot {
+    enum class State { kFree, kFilling, kReady, kInUse };
+    State state = State::kFree;
+    int64_t batch = -1;
+    int epoch = -1;
+    int filled = 0;
+    std::vector<uint8_t> own;  // unless RingOptions::allocate
+    uint8_t* data = nullptr;
+    std::vector<int32_t> labels;
+    std::vector<int64_t> samples;
+  };
+
+  // One epoch's share of this rank: its samples by position, and how many
+  // of them its batches hold.
+  struct EpochPlan {
+    std::vector<int64_t> order;
+    int64_t items = 0;
+    int64_t skip = 0;  // the samples of the permutation read before (consumed_samples)
+  };
+
+  // SampleRing's interface (sample_ring.h).
+  int64_t epoch_size() const;
+  void StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples);
+  LoaderPosition position() const;
+  bool Next(Batch* batch);
+  bool TryNext(Batch* batch);
+  void Release(const Batch& batch);
+  void HandOverMemory(const Batch& batch);
+  Status status() const;
+  LoaderStats stats() const;
+  void CountSkipped();
+  void Fail(const std::string& message);
+
+  EpochPlan PlanEpoch(int epoch, int64_t consumed_samples) const;  // no lock needed
+  bool HandOut(Slot& slot, Batch* out);           // with mu_ held
+  int SlotIndex(int64_t in_sequence) const;       // batch k of this epoch: SlotIndex(base_ + k)
+  Slot& SlotAt(int64_t in_sequence) { return *slots_[static_cast<size_t>(SlotIndex(in_sequence))]; }
+  void Tune();                                    // with mu_ held
+  bool Allocate(Slot& slot, std::string* error);  // with mu_ held
+  bool MakeOrExplain(const SampleJob& job, std::string* error);
+  void Worker(int id);
+  // batch_size, or less for keep_last's last batch of an epoch of `items` samples.
+  int64_t BatchSize(int64_t batch, int64_t items) const;
+  void StopWorkers();
+
+  RingOptions options_;
+  MakeSample make_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::thread> workers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, ready_cv_;
+  bool stop_ = false;
+  Status error_;
+  int epoch_ = -1;
+  std::vector<int64_t> order_;
+  int64_t next_item_ = 0;     // next (batch, i) to claim, as batch * batch_size + i
+  int64_t next_to_hand_ = 0;  // the batch Next() returns next
+  int inflight_ = 0;          // samples being made outside the lock
+  int active_ = 1;            // workers allowed to claim samples
+  bool autotune_ = false;
+  int depth_ = 3;          // batches workers may prepare ahead of the consumer
+  bool gated_ = false;     // a worker waits because it is depth_ ahead
+  bool draining_ = false;  // StartEpoch waits for samples in flight
+  bool tune_depth_ = false;
+  double window_start_ = -1, window_wait_ = 0, window_work_ = 0;
+  double epoch_start_ = 0;
+  int64_t epoch_first_batch_ = 0;
+  // This epoch's batches: fewer than batches_per_epoch() after consumed samples.
+  int64_t epoch_batches_ = 0;
+  int64_t epoch_items_ = 0;  // samples of this rank in the epoch's batches
+  int64_t epoch_skip_ = 0;   // the epoch's samples read before this start (consumed_samples)
+  int64_t window_batches_ = 0, window_samples_ = 0;
+  // Batch k of this epoch lives in slot (base_ + k) % slots: the batches of
+  // the epoch read ahead follow this one's in the same sequence of slots.
+  int64_t base_ = 0;
+  // The loop did not start this epoch again (as evaluation does): it will
+  // likely go on to the next, which the workers then begin once this one is
+  // all claimed.
+  bool advancing_ = false;
+  struct ReadAhead {
+    bool planned = false, planning = false;  // planning: a worker makes it, unlocked
+    EpochPlan plan;                          // epoch_ + 1, from its first sample
+    int64_t next_item = 0;
+  } ahead_;
+  LoaderStats stats_;
 };
 
 namespace {
@@ -54,7 +140,9 @@ Result<std::unique_ptr<SampleRing>> SampleRing::Open(const RingOptions& options,
     return Status::InvalidArgument("rank " + std::to_string(options.rank) + " is not in 0.." +
                                    std::to_string(options.world_size - 1) + " (world size " +
                                    std::to_string(options.world_size) + ")");
-  std::unique_ptr<SampleRing> r(new SampleRing());
+  std::unique_ptr<SampleRing> ring(new SampleRing());
+  ring->state_ = std::make_unique<State>();
+  State* r = ring->state_.get();
   r->options_ = options;
   r->make_ = std::move(make);
   if (r->epoch_size() < (options.keep_last ? 1 : options.batch_size))
@@ -74,20 +162,24 @@ Result<std::unique_ptr<SampleRing>> SampleRing::Open(const RingOptions& options,
   int slots = (r->tune_depth_ ? kMaxDepth : options.prefetch) + 1;
   r->stats_.prefetch = r->depth_;
   for (int i = 0; i < slots; ++i) {
-    auto slot = std::make_unique<Slot>();  // its memory comes with its first batch
+    auto slot = std::make_unique<State::Slot>();  // its memory comes with its first batch
     slot->labels.resize(static_cast<size_t>(options.batch_size));
     slot->samples.resize(static_cast<size_t>(options.batch_size));
     r->slots_.push_back(std::move(slot));
   }
-  for (int i = 0; i < threads; ++i) r->workers_.emplace_back(&SampleRing::Worker, r.get(), i);
-  return r;
+  for (int i = 0; i < threads; ++i) r->workers_.emplace_back(&State::Worker, r, i);
+  return ring;
 }
 
-SampleRing::~SampleRing() { StopWorkers(); }
+SampleRing::SampleRing() = default;
+
+SampleRing::~SampleRing() {
+  if (state_) state_->StopWorkers();
+}
 
 // Out of memory here (a slot of pinned memory the driver refuses, a batch too
 // big for the host) is an error of the run, never std::terminate on a worker.
-bool SampleRing::Allocate(Slot& s, std::string* error) {
+bool SampleRing::State::Allocate(Slot& s, std::string* error) {
   std::string why = "no memory";
   try {
     if (options_.allocate) {
@@ -106,7 +198,7 @@ bool SampleRing::Allocate(Slot& s, std::string* error) {
   return false;
 }
 
-void SampleRing::StopWorkers() {
+void SampleRing::State::StopWorkers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -117,25 +209,25 @@ void SampleRing::StopWorkers() {
     if (t.joinable()) t.join();
 }
 
-int SampleRing::SlotIndex(int64_t in_sequence) const {
+int SampleRing::State::SlotIndex(int64_t in_sequence) const {
   return static_cast<int>(in_sequence % static_cast<int64_t>(slots_.size()));
 }
 
-int64_t SampleRing::BatchSize(int64_t batch, int64_t items) const {
+int64_t SampleRing::State::BatchSize(int64_t batch, int64_t items) const {
   return std::min<int64_t>(options_.batch_size, items - batch * options_.batch_size);
 }
 
-int64_t SampleRing::epoch_size() const {
+int64_t SampleRing::State::epoch_size() const {
   return RankShare(options_.dataset_size, options_.rank, options_.world_size, options_.shard_pad,
                    options_.keep_last);
 }
 
-LoaderPosition SampleRing::position() const {
+LoaderPosition SampleRing::State::position() const {
   std::lock_guard<std::mutex> lock(mu_);
   return LoaderPosition{epoch_, next_to_hand_};
 }
 
-SampleRing::EpochPlan SampleRing::PlanEpoch(int epoch, int64_t consumed_samples) const {
+SampleRing::State::EpochPlan SampleRing::State::PlanEpoch(int epoch, int64_t consumed_samples) const {
   // This rank's samples: every world_size-th of the (padded) permutation,
   // after the samples every rank together already read.
   const int64_t n = options_.dataset_size, w = options_.world_size;
@@ -154,7 +246,7 @@ SampleRing::EpochPlan SampleRing::PlanEpoch(int epoch, int64_t consumed_samples)
   return plan;
 }
 
-void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
+void SampleRing::State::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
   std::unique_lock<std::mutex> lock(mu_);
   // Samples in flight finish first (no worker claims more meanwhile).
   draining_ = true;
@@ -202,7 +294,7 @@ void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_sam
   work_cv_.notify_all();
 }
 
-void SampleRing::Fail(const std::string& message) {
+void SampleRing::State::Fail(const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.ok()) error_ = Status::Corruption(message);
@@ -213,26 +305,26 @@ void SampleRing::Fail(const std::string& message) {
   ready_cv_.notify_all();
 }
 
-Status SampleRing::status() const {
+Status SampleRing::State::status() const {
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
 }
 
-LoaderStats SampleRing::stats() const {
+LoaderStats SampleRing::State::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   LoaderStats s = stats_;
   for (const auto& slot : slots_) s.ready_batches += slot->state == Slot::State::kReady;
   return s;
 }
 
-void SampleRing::CountSkipped() {
+void SampleRing::State::CountSkipped() {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.skipped;
 }
 
 // A maker that throws (out of memory, a bug in a program's own code) stops
 // the run with its message instead of terminating the process.
-bool SampleRing::MakeOrExplain(const SampleJob& job, std::string* error) {
+bool SampleRing::State::MakeOrExplain(const SampleJob& job, std::string* error) {
   std::string what;
   try {
     return make_(job, error);
@@ -246,7 +338,7 @@ bool SampleRing::MakeOrExplain(const SampleJob& job, std::string* error) {
   return false;
 }
 
-void SampleRing::Worker(int id) {
+void SampleRing::State::Worker(int id) {
   const int b = options_.batch_size;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -343,7 +435,7 @@ void SampleRing::Worker(int id) {
   }
 }
 
-bool SampleRing::Next(Batch* out) {
+bool SampleRing::State::Next(Batch* out) {
   std::unique_lock<std::mutex> lock(mu_);
   if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
   Slot& s = SlotAt(base_ + next_to_hand_);
@@ -374,7 +466,7 @@ RingTune DecideRingTune(const RingWindow& w) {
   return RingTune::kKeep;
 }
 
-void SampleRing::Tune() {
+void SampleRing::State::Tune() {
   constexpr int kWindow = 4;  // batches per decision
   double now = Seconds();
   if (window_start_ < 0) {
@@ -424,7 +516,7 @@ void SampleRing::Tune() {
   window_batches_ = window_samples_ = 0;
 }
 
-bool SampleRing::TryNext(Batch* out) {
+bool SampleRing::State::TryNext(Batch* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (epoch_ < 0 || next_to_hand_ >= epoch_batches_) return false;
   Slot& s = SlotAt(base_ + next_to_hand_);
@@ -437,7 +529,7 @@ bool SampleRing::TryNext(Batch* out) {
   return ok;
 }
 
-bool SampleRing::HandOut(Slot& s, Batch* out) {
+bool SampleRing::State::HandOut(Slot& s, Batch* out) {
   if (!error_.ok() || s.state != Slot::State::kReady) return false;
   s.state = Slot::State::kInUse;
   out->index = next_to_hand_;
@@ -453,14 +545,14 @@ bool SampleRing::HandOut(Slot& s, Batch* out) {
   return true;
 }
 
-void SampleRing::HandOverMemory(const Batch& batch) {
+void SampleRing::State::HandOverMemory(const Batch& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   Slot& s = *slots_[static_cast<size_t>(batch.slot)];
   FB_CHECK(options_.allocate && s.state == Slot::State::kInUse && s.batch == batch.index);
   s.data = nullptr;  // Allocate() gives the slot new memory with its next batch
 }
 
-void SampleRing::Release(const Batch& batch) {
+void SampleRing::State::Release(const Batch& batch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = *slots_[static_cast<size_t>(batch.slot)];
@@ -470,5 +562,31 @@ void SampleRing::Release(const Batch& batch) {
   }
   work_cv_.notify_all();
 }
+
+// ---- SampleRing: its interface, on its State --------------------------------
+
+int64_t SampleRing::epoch_size() const { return state_->epoch_size(); }
+
+int64_t SampleRing::batches_per_epoch() const {
+  const RingOptions& o = state_->options_;
+  return o.keep_last ? (epoch_size() + o.batch_size - 1) / o.batch_size
+                     : epoch_size() / o.batch_size;
+}
+
+const RingOptions& SampleRing::options() const { return state_->options_; }
+
+void SampleRing::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
+  state_->StartEpoch(epoch, first_batch, consumed_samples);
+}
+
+LoaderPosition SampleRing::position() const { return state_->position(); }
+bool SampleRing::Next(Batch* batch) { return state_->Next(batch); }
+bool SampleRing::TryNext(Batch* batch) { return state_->TryNext(batch); }
+void SampleRing::Release(const Batch& batch) { state_->Release(batch); }
+void SampleRing::HandOverMemory(const Batch& batch) { state_->HandOverMemory(batch); }
+Status SampleRing::status() const { return state_->status(); }
+LoaderStats SampleRing::stats() const { return state_->stats(); }
+void SampleRing::CountSkipped() { state_->CountSkipped(); }
+void SampleRing::Fail(const std::string& message) { state_->Fail(message); }
 
 }  // namespace fullburn
