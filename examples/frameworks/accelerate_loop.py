@@ -42,7 +42,10 @@ def main():
     a = p.parse_args()
     torch.manual_seed(0)
     accelerator = Accelerator(gradient_accumulation_steps=a.accumulate, cpu=True)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 2))
+    # Wide enough that a step computes for longer than its batches take to
+    # fetch in-process: the run without --starved is the healthy one.
+    model = nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                          nn.Linear(2048, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(Points(8192, 0.01 if a.starved else 0.0), batch_size=16, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

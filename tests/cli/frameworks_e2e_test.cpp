@@ -256,11 +256,15 @@ TEST_F(FrameworksE2E, AnAccelerateLoopCountsUpdatesAndItsLoaderIsFixedBeforePrep
   EXPECT_NE(top.fix.find("with accelerate: give the DataLoader you pass to accelerator.prepare()"),
             std::string::npos)
       << top.fix;
+  // The healthy variant, without the slow transform: no input finding.
+  RunData healthy = Record("accelerate_loop.py", {"--steps", "8"});
+  ASSERT_EQ(healthy.steps.size(), 8u);
+  EXPECT_FALSE(HasInputFinding(Diagnose(healthy))) << RenderFindings(Diagnose(healthy));
 }
 
 // timm's model, optimizer factory (its AdamW, a torch.optim.Optimizer) and
 // scheduler in a plain loop: a step per update with its samples, loss and
-// learning rate.
+// learning rate, and no input finding.
 TEST_F(FrameworksE2E, ATimmLoopGetsItsStepsLossAndLearningRate) {
   NEED("timm");
   RunData run = Record("timm_loop.py", {"--steps", "6"});
@@ -270,6 +274,8 @@ TEST_F(FrameworksE2E, ATimmLoopGetsItsStepsLossAndLearningRate) {
     EXPECT_GT(s.loss, 0);
     EXPECT_GT(s.lr, 0);
   }
+  // In-memory tensors, a model that computes: the healthy variant.
+  EXPECT_FALSE(HasInputFinding(Diagnose(run))) << RenderFindings(Diagnose(run));
 }
 
 }  // namespace
