@@ -23,9 +23,10 @@ and then hooks four places:
   On a GPU these are host times: the host runs ahead and waits where it
   synchronizes, so the GPU's utilization bounds what the diagnosis reads
   into them;
-- `torch.save()` and `safetensors.torch.save_file()` (the weights Hugging
-  Face's Trainer, timm and accelerate write) are each written as a
-  "checkpoint" event (duration, path and bytes; the diagnosis takes the
+- `torch.save()`, `safetensors.torch.save_file()` (the weights Hugging
+  Face's Trainer, timm and accelerate write) and Lightning's `_atomic_save`
+  (its torch.save into memory and the file's write, timed whole) are each
+  written as a "checkpoint" event (duration, path and bytes; the diagnosis takes the
   files written after one step as one checkpoint), and their time is left
   out of the step it falls in: the loop is
   blocked, not training, and the diagnosis counts that time as the
@@ -128,6 +129,7 @@ class _AutoSteps:
         self.losses = []
         self.last_activity = None
         self.saved_s = 0.0  # torch.save time since first_fetch (not evaluation)
+        self.saving = False  # inside a framework's save that is timed as one (Lightning's)
         # The step's phases on the host: the forward part runs from a batch's
         # fetch to its backward(), the optimizer part from the last backward()
         # to the step's end; saves inside either are left out of it.
@@ -909,6 +911,9 @@ def _hook_torch(torch):
     def save(obj, f, *args, **kwargs):
         if not state.enabled:
             return original_save(obj, f, *args, **kwargs)
+        if state.saving:  # part of a save timed whole (Lightning's, to memory first)
+            with _TimingHooksHidden(obj):
+                return original_save(obj, f, *args, **kwargs)
         started = time.time()
         try:
             position = None if _is_path(f) else f.tell()
@@ -1008,6 +1013,34 @@ class _ImportWatch(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _hook_lightning_save(module):
+    """Lightning writes a checkpoint in two parts: torch.save into memory, then
+    the bytes to the file through fsspec (cloud_io._atomic_save, which its
+    TorchCheckpointIO calls). The whole call is the checkpoint write, with the
+    file's path; the torch.save inside it is not written again."""
+    original = module._atomic_save
+
+    @functools.wraps(original)
+    def _atomic_save(checkpoint, filepath, *args, **kwargs):
+        state = _state
+        if state is None or not state.enabled or state.saving:
+            return original(checkpoint, filepath, *args, **kwargs)
+        started = time.time()
+        state.saving = True
+        try:
+            result = original(checkpoint, filepath, *args, **kwargs)
+        finally:
+            state.saving = False
+        end = time.time()
+        try:
+            state.saved(_save_target(filepath), started, end, _saved_bytes(filepath, None))
+        except Exception:  # the save itself succeeded; the marker is not worth failing it
+            pass
+        return result
+
+    module._atomic_save = _atomic_save
+
+
 def _hook_safetensors(module):
     """safetensors.torch.save_file (its save_model calls it) is a checkpoint
     write like torch.save: Hugging Face's Trainer, timm and accelerate write
@@ -1018,7 +1051,7 @@ def _hook_safetensors(module):
     @functools.wraps(original)
     def save_file(tensors, filename, *args, **kwargs):
         state = _state
-        if state is None or not state.enabled:
+        if state is None or not state.enabled or state.saving:
             return original(tensors, filename, *args, **kwargs)
         started = time.time()
         result = original(tensors, filename, *args, **kwargs)
@@ -1071,7 +1104,9 @@ def install():
         return
     _record_uncaught_exceptions()
     fullburn_markers._on_explicit_markers = lambda m: _state is not None and _state.hand_over(m)
-    for name, hook in (("torch", _hook_torch), ("safetensors.torch", _hook_safetensors)):
+    for name, hook in (("torch", _hook_torch), ("safetensors.torch", _hook_safetensors),
+                       ("lightning.fabric.utilities.cloud_io", _hook_lightning_save),
+                       ("lightning_fabric.utilities.cloud_io", _hook_lightning_save)):
         if name in sys.modules:
             hook(sys.modules[name])
         else:

@@ -1,16 +1,18 @@
 """A Lightning training run as people write one: a LightningModule, a
 LightningDataModule, Trainer.fit. Nothing of fullburn in it; run it under
 `fullburn run -- python lightning_fit.py [--starved] [--accumulate N]
-[--precision bf16-mixed] [--steps N]`.
+[--precision bf16-mixed] [--val-every N] [--checkpoint-every N] [--steps N]`.
 
 --starved plants the usual input bottleneck: a transform that takes 8 ms per
 sample in a DataLoader without workers (num_workers=0, the default here,
 which suits the in-memory tensors of the healthy variant).
 """
 import argparse
+import tempfile
 import time
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -85,14 +87,21 @@ def main():
     p.add_argument("--precision", default="32-true")
     p.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: never)")
     p.add_argument("--val-batches", type=int, default=4, help="batches per validation")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="ModelCheckpoint every N steps into a temporary folder (0: no checkpoints)")
     p.add_argument("--workers", type=int, default=0,
                    help="the DataLoader's num_workers (0 suits tensors already in memory)")
     a = p.parse_args()
     torch.manual_seed(0)
     data = ShapesData(num_workers=a.workers, delay_s=0.008 if a.starved else 0.0)
+    callbacks = []
+    if a.checkpoint_every:
+        callbacks.append(ModelCheckpoint(dirpath=tempfile.mkdtemp(prefix="lightning_fit_"),
+                                         every_n_train_steps=a.checkpoint_every, save_top_k=-1))
     trainer = L.Trainer(max_steps=a.steps, accelerator="cpu", devices=1,
                         accumulate_grad_batches=a.accumulate, precision=a.precision,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
+                        enable_progress_bar=False,
                         enable_model_summary=False,
                         limit_val_batches=a.val_batches if a.val_every else 0,
                         val_check_interval=a.val_every or None,

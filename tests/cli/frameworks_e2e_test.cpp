@@ -115,14 +115,27 @@ TEST_F(FrameworksE2E, LightningsStarvedLoaderIsFixedInItsDataModule) {
 // A validation every 5 steps (val_check_interval=5, 24 batches each): each
 // one an evaluation event outside the steps (and the sanity check Lightning
 // runs before training), and the time outside steps fixed in Lightning's
-// own settings.
+// own settings. A ModelCheckpoint every 10 steps: one checkpoint event each,
+// the file's path and size (Lightning serializes into memory, then writes
+// the file: the whole save is one write).
 TEST_F(FrameworksE2E, LightningsFrequentValidationIsFixedInTheTrainersSettings) {
   NEED("lightning");
-  RunData run = Record("lightning_fit.py", {"--steps", "20", "--val-every", "5", "--val-batches", "24"});
+  RunData run = Record("lightning_fit.py", {"--steps", "20", "--val-every", "5", "--val-batches",
+                                            "24", "--checkpoint-every", "10"});
   ASSERT_EQ(run.steps.size(), 20u);
   int evaluations = 0;
-  for (const RunEvent& e : run.events) evaluations += e.kind == "evaluation";
+  std::vector<std::string> checkpoints;
+  for (const RunEvent& e : run.events) {
+    evaluations += e.kind == "evaluation";
+    if (e.kind != "checkpoint") continue;
+    auto data = nlohmann::json::parse(e.data);
+    EXPECT_GT(data.value("bytes", int64_t{0}), 0) << e.data;
+    std::string path = data.value("path", "");
+    checkpoints.push_back(std::to_string(data.value("after_step", int64_t{0})) + " " +
+                          path.substr(path.rfind('/') + 1));
+  }
   EXPECT_EQ(evaluations, 5) << "4 validations and the sanity check";
+  EXPECT_EQ(checkpoints, (std::vector<std::string>{"10 epoch=0-step=10.ckpt", "20 epoch=0-step=20.ckpt"}));
   auto findings = Diagnose(run);
   const Finding* idle = nullptr;
   for (const Finding& f : findings)
