@@ -1013,32 +1013,39 @@ class _ImportWatch(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _hook_lightning_save(module):
-    """Lightning writes a checkpoint in two parts: torch.save into memory, then
-    the bytes to the file through fsspec (cloud_io._atomic_save, which its
-    TorchCheckpointIO calls). The whole call is the checkpoint write, with the
-    file's path; the torch.save inside it is not written again."""
-    original = module._atomic_save
+def _timed_save(original, path_index, path_name, whole):
+    """A framework's save function as a checkpoint write: its time, and the
+    file its `path_index`-th argument (or `path_name`) names, with its size.
+    `whole`: the torch.save calls inside it are part of it, not written again."""
 
     @functools.wraps(original)
-    def _atomic_save(checkpoint, filepath, *args, **kwargs):
+    def timed(*args, **kwargs):
         state = _state
         if state is None or not state.enabled or state.saving:
-            return original(checkpoint, filepath, *args, **kwargs)
+            return original(*args, **kwargs)
+        path = args[path_index] if len(args) > path_index else kwargs.get(path_name)
         started = time.time()
-        state.saving = True
+        state.saving = whole
         try:
-            result = original(checkpoint, filepath, *args, **kwargs)
+            result = original(*args, **kwargs)
         finally:
             state.saving = False
         end = time.time()
         try:
-            state.saved(_save_target(filepath), started, end, _saved_bytes(filepath, None))
+            state.saved(_save_target(path), started, end, _saved_bytes(path, None))
         except Exception:  # the save itself succeeded; the marker is not worth failing it
             pass
         return result
 
-    module._atomic_save = _atomic_save
+    return timed
+
+
+def _hook_lightning_save(module):
+    """Lightning writes a checkpoint in two parts: torch.save into memory, then
+    the bytes to the file through fsspec (cloud_io._atomic_save, which its
+    TorchCheckpointIO calls). The whole call is the checkpoint write, with the
+    file's path."""
+    module._atomic_save = _timed_save(module._atomic_save, 1, "filepath", whole=True)
 
 
 def _hook_safetensors(module):
@@ -1046,23 +1053,7 @@ def _hook_safetensors(module):
     write like torch.save: Hugging Face's Trainer, timm and accelerate write
     a model's weights with it. Hooked as the module is first imported, before
     a framework binds the name (`from safetensors.torch import save_file`)."""
-    original = module.save_file
-
-    @functools.wraps(original)
-    def save_file(tensors, filename, *args, **kwargs):
-        state = _state
-        if state is None or not state.enabled or state.saving:
-            return original(tensors, filename, *args, **kwargs)
-        started = time.time()
-        result = original(tensors, filename, *args, **kwargs)
-        end = time.time()
-        try:
-            state.saved(_save_target(filename), started, end, _saved_bytes(filename, None))
-        except Exception:  # the save itself succeeded; the marker is not worth failing it
-            pass
-        return result
-
-    module.save_file = save_file
+    module.save_file = _timed_save(module.save_file, 1, "filename", whole=False)
 
 
 def _where(tb):

@@ -76,6 +76,24 @@ class FrameworksE2E : public ::testing::Test {
     EXPECT_TRUE(run.ok());
     return run.ok() ? *run : RunData{};
   }
+  // The run's checkpoint writes: the step each came after and its file's
+  // name, each with a size.
+  static std::vector<std::pair<int64_t, std::string>> Saves(const RunData& run) {
+    std::vector<std::pair<int64_t, std::string>> out;
+    for (const RunEvent& e : run.events) {
+      if (e.kind != "checkpoint") continue;
+      auto data = nlohmann::json::parse(e.data);
+      EXPECT_GT(data.value("bytes", int64_t{0}), 0) << e.data;
+      std::string path = data.value("path", "");
+      out.push_back({data.value("after_step", int64_t{0}), path.substr(path.rfind('/') + 1)});
+    }
+    return out;
+  }
+  static int Evaluations(const RunData& run) {
+    int n = 0;
+    for (const RunEvent& e : run.events) n += e.kind == "evaluation";
+    return n;
+  }
   static nlohmann::json Loader(const RunData& run) {
     for (const RunEvent& e : run.events)
       if (e.kind == "dataloader") return nlohmann::json::parse(e.data);
@@ -123,19 +141,9 @@ TEST_F(FrameworksE2E, LightningsFrequentValidationIsFixedInTheTrainersSettings) 
   RunData run = Record("lightning_fit.py", {"--steps", "20", "--val-every", "5", "--val-batches",
                                             "24", "--checkpoint-every", "10"});
   ASSERT_EQ(run.steps.size(), 20u);
-  int evaluations = 0;
-  std::vector<std::string> checkpoints;
-  for (const RunEvent& e : run.events) {
-    evaluations += e.kind == "evaluation";
-    if (e.kind != "checkpoint") continue;
-    auto data = nlohmann::json::parse(e.data);
-    EXPECT_GT(data.value("bytes", int64_t{0}), 0) << e.data;
-    std::string path = data.value("path", "");
-    checkpoints.push_back(std::to_string(data.value("after_step", int64_t{0})) + " " +
-                          path.substr(path.rfind('/') + 1));
-  }
-  EXPECT_EQ(evaluations, 5) << "4 validations and the sanity check";
-  EXPECT_EQ(checkpoints, (std::vector<std::string>{"10 epoch=0-step=10.ckpt", "20 epoch=0-step=20.ckpt"}));
+  EXPECT_EQ(Evaluations(run), 5) << "4 validations and the sanity check";
+  using Save = std::pair<int64_t, std::string>;
+  EXPECT_EQ(Saves(run), (std::vector<Save>{{10, "epoch=0-step=10.ckpt"}, {20, "epoch=0-step=20.ckpt"}}));
   auto findings = Diagnose(run);
   const Finding* idle = nullptr;
   for (const Finding& f : findings)
@@ -212,17 +220,9 @@ TEST_F(FrameworksE2E, HuggingFaceTrainersEvaluationsAndCheckpointsAreTheirOwnPha
   RunData run = Record("hf_trainer.py", {"--steps", "30", "--eval-every", "10", "--val-samples",
                                          "4096", "--save-every", "10"});
   ASSERT_EQ(run.steps.size(), 30u);
-  int evaluations = 0;
+  EXPECT_EQ(Evaluations(run), 3);
   std::map<int64_t, std::vector<std::string>> saved;  // after step -> files
-  for (const RunEvent& e : run.events) {
-    evaluations += e.kind == "evaluation";
-    if (e.kind != "checkpoint") continue;
-    auto data = nlohmann::json::parse(e.data);
-    EXPECT_GT(data.value("bytes", int64_t{0}), 0) << e.data;
-    std::string path = data.value("path", "");
-    saved[data.value("after_step", int64_t{0})].push_back(path.substr(path.rfind('/') + 1));
-  }
-  EXPECT_EQ(evaluations, 3);
+  for (const auto& [step, file] : Saves(run)) saved[step].push_back(file);
   ASSERT_EQ(saved.size(), 3u);
   for (int64_t step : {10, 20, 30}) {
     const std::vector<std::string>& files = saved[step];
