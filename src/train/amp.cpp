@@ -2,7 +2,7 @@
 #include <ATen/autocast_mode.h>
 
 #include "fullburn/autocast_state.h"
-#include "fullburn/train.h"
+#include "fullburn/amp.h"
 
 namespace fullburn {
 using autocast_state::Dtype;

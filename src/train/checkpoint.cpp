@@ -9,14 +9,18 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <nlohmann/json.hpp>
 
 #include "fullburn/tensorfile.h"
-#include "fullburn/train.h"
+#include "fullburn/checkpoint.h"
+#include "fullburn/cpu_memory_budget.h"
 
 namespace fullburn {
 namespace {
@@ -289,33 +293,56 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
+struct CheckpointWriter::Rep {
+  std::string dir;
+  int keep;
+  bool async;
+  std::function<void(const Written&)> done;
+  std::function<std::string(int64_t)> path;
+  std::function<Status(int64_t)> before_write;
+  std::map<std::string, torch::Tensor> staging;  // host copies, reused
+  std::thread thread;
+  mutable std::mutex mu;
+  std::condition_variable staged_cv;
+  bool staged = true;       // under mu: the until_update tensors are copied
+  double fence_wait_s = 0;  // under mu: BeforeUpdate's wait for the checkpoint in flight
+  Status error;             // under mu: the first failed write
+  Status last;              // under mu: the latest outcome
+  int64_t protected_step = -1;  // under mu
+};
+
 CheckpointWriter::CheckpointWriter(std::string dir, int keep, bool async,
                                    std::function<void(const Written&)> done)
-    : dir_(std::move(dir)), keep_(keep), async_(async), done_(std::move(done)) {}
+    : rep_(std::make_unique<Rep>()) {
+  rep_->dir = std::move(dir);
+  rep_->keep = keep;
+  rep_->async = async;
+  rep_->done = std::move(done);
+}
 
 CheckpointWriter::~CheckpointWriter() { Wait(); }
 
 void CheckpointWriter::Wait() {
-  if (thread_.joinable()) thread_.join();
+  if (rep_->thread.joinable()) rep_->thread.join();
 }
 
 Status CheckpointWriter::status() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
+  std::lock_guard<std::mutex> lock(rep_->mu);
+  return rep_->error;
 }
 
 void CheckpointWriter::RecordLocked(const Status& s) {
-  last_ = s;
-  if (!s.ok() && error_.ok()) error_ = s;
+  rep_->last = s;
+  if (!s.ok() && rep_->error.ok()) rep_->error = s;
 }
 
 Status CheckpointWriter::last_status() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return last_;
+  std::lock_guard<std::mutex> lock(rep_->mu);
+  return rep_->last;
 }
 
 torch::Tensor& CheckpointWriter::Staging(const std::string& name, const torch::Tensor& like) {
-  torch::Tensor& host = staging_[name];
+  torch::Tensor& host = rep_->staging[name];
   if (!host.defined() || host.sizes() != like.sizes() || host.scalar_type() != like.scalar_type()) {
     NotCountedInBudget host_memory;  // a GPU run stages in host memory, outside the device's
     host = torch::empty(like.sizes(), like.options().device(torch::kCPU));
@@ -326,7 +353,7 @@ torch::Tensor& CheckpointWriter::Staging(const std::string& name, const torch::T
 void CheckpointWriter::Stage(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
                              bool parallel) {
   for (auto& [name, t] : *tensors) {
-    torch::Tensor& host = staging_.at(name);  // made by Save on the caller's thread
+    torch::Tensor& host = rep_->staging.at(name);  // made by Save on the caller's thread
     torch::Tensor src = t.detach();
     if (src.is_cpu() && src.is_contiguous()) {
       const char* from = static_cast<const char*>(src.data_ptr());
@@ -354,9 +381,9 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
     for (const auto& [name, t] : *list) Staging(name, t);
   Stage(&state.tensors, true);
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    staged_ = false;
-    fence_wait_s_ = 0;
+    std::lock_guard<std::mutex> lock(rep_->mu);
+    rep_->staged = false;
+    rep_->fence_wait_s = 0;
   }
   double stall = Now() - start;
   auto job = [this, step, stall](CheckpointState s) {
@@ -365,18 +392,18 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
       Stage(&s.until_update, false);
     } catch (const std::exception& e) {  // never leave the loop waiting in BeforeUpdate
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        staged_ = true;
+        std::lock_guard<std::mutex> lock(rep_->mu);
+        rep_->staged = true;
       }
-      staged_cv_.notify_all();
+      rep_->staged_cv.notify_all();
       Failed(step, stall, Status::IoError(std::string("checkpoint staging failed: ") + e.what()));
       return;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      staged_ = true;
+      std::lock_guard<std::mutex> lock(rep_->mu);
+      rep_->staged = true;
     }
-    staged_cv_.notify_all();
+    rep_->staged_cv.notify_all();
     for (auto& t : s.until_update) s.tensors.push_back(std::move(t));
     s.until_update.clear();
     try {
@@ -385,8 +412,8 @@ double CheckpointWriter::Save(int64_t step, CheckpointState state) {
       Failed(step, stall, Status::IoError(std::string("checkpoint write failed: ") + e.what()));
     }
   };
-  if (async_) {
-    thread_ = std::thread(job, std::move(state));
+  if (rep_->async) {
+    rep_->thread = std::thread(job, std::move(state));
   } else {
     job(std::move(state));
     stall = Now() - start;
@@ -401,69 +428,71 @@ std::string CheckpointPath(const std::string& dir, int64_t step) {
 }
 
 void CheckpointWriter::Protect(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  protected_step_ = step;
+  std::lock_guard<std::mutex> lock(rep_->mu);
+  rep_->protected_step = step;
 }
 
 double CheckpointWriter::BeforeUpdate() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (staged_) return 0;
+  std::unique_lock<std::mutex> lock(rep_->mu);
+  if (rep_->staged) return 0;
   double start = Now();
-  staged_cv_.wait(lock, [this] { return staged_; });
-  fence_wait_s_ = Now() - start;
-  return fence_wait_s_;
+  rep_->staged_cv.wait(lock, [this] { return rep_->staged; });
+  rep_->fence_wait_s = Now() - start;
+  return rep_->fence_wait_s;
 }
 
-void CheckpointWriter::SetPath(std::function<std::string(int64_t)> path) { path_ = std::move(path); }
+void CheckpointWriter::SetPath(std::function<std::string(int64_t)> path) {
+  rep_->path = std::move(path);
+}
 
 std::string CheckpointWriter::PathOf(int64_t step) const {
-  return path_ ? path_(step) : CheckpointPath(dir_, step);
+  return rep_->path ? rep_->path(step) : CheckpointPath(rep_->dir, step);
 }
 
 // A write that threw: recorded, and told to `done` like any other outcome
 // (a sharded rank's callback leaves the marker rank 0 waits for).
 void CheckpointWriter::Failed(int64_t step, double stall_s, const Status& s) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(rep_->mu);
     RecordLocked(s);
   }
-  if (done_) done_(Written{step, PathOf(step), 0, stall_s, 0, s});
+  if (rep_->done) rep_->done(Written{step, PathOf(step), 0, stall_s, 0, s});
 }
 
 void CheckpointWriter::SetBeforeWrite(std::function<Status(int64_t)> hook) {
-  before_write_ = std::move(hook);
+  rep_->before_write = std::move(hook);
 }
 
 void CheckpointWriter::Write(int64_t step, CheckpointState state, double stall_s) {
   double start = Now();
   Written w{step, PathOf(step), 0, stall_s, 0, Status::Ok()};
-  if (before_write_) w.status = before_write_(step);
+  if (rep_->before_write) w.status = rep_->before_write(step);
   if (w.status.ok()) {
     w.status = WriteCheckpointFile(w.path, state, &w.bytes);
     // The parts the hook waited for: no step file will name them.
-    if (!w.status.ok() && before_write_) RemoveOptimizerShards(w.path);
+    if (!w.status.ok() && rep_->before_write) RemoveOptimizerShards(w.path);
   }
   w.write_s = Now() - start;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    w.stall_s += fence_wait_s_;  // the loop's wait in BeforeUpdate, if any came yet
+    std::lock_guard<std::mutex> lock(rep_->mu);
+    w.stall_s += rep_->fence_wait_s;  // the loop's wait in BeforeUpdate, if any came yet
     RecordLocked(w.status);
   }
-  if (w.status.ok() && keep_ >= 0) {
+  if (w.status.ok() && rep_->keep >= 0) {
     int64_t kept_step;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      kept_step = protected_step_;
+      std::lock_guard<std::mutex> lock(rep_->mu);
+      kept_step = rep_->protected_step;
     }
     int kept = 0;
-    for (const std::string& path : ListCheckpoints(dir_))
-      if (StepOfName(path.substr(path.rfind('/') + 1)) != kept_step && kept++ >= keep_) {
+    for (const std::string& path : ListCheckpoints(rep_->dir))
+      if (StepOfName(path.substr(path.rfind('/') + 1)) != kept_step && kept++ >= rep_->keep) {
         ::unlink(path.c_str());
         RemoveOptimizerShards(path);  // a sharded run's state beside it
       }
-    RemoveOrphanShards(dir_, step);
+    RemoveOrphanShards(rep_->dir, step);
   }
-  if (done_) done_(w);
+  if (rep_->done) rep_->done(w);
 }
 
 }  // namespace fullburn

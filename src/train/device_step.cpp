@@ -1,5 +1,5 @@
 // The end of a training step without host reads (what a CUDA graph captures).
-#include "fullburn/train.h"
+#include "fullburn/optim.h"
 
 namespace fullburn {
 

@@ -7,7 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fullburn/torch_loader.h"
-#include "fullburn/train.h"
+#include "fullburn/checkpoint.h"
+#include "fullburn/trainer.h"
 #include "fullburn/config.h"
 
 namespace {

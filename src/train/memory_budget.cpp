@@ -8,7 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "fullburn/train.h"
+#include "fullburn/cpu_memory_budget.h"
 
 namespace fullburn {
 namespace {

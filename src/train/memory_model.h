@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fullburn/status.h"
-#include "fullburn/train.h"
+#include "fullburn/optim.h"
 
 namespace fullburn {
 

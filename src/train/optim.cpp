@@ -3,8 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 
-#include "fullburn/train.h"
+#include "fullburn/optim.h"
 
 // Where this libtorch has torch's fused optimizer kernels (optim.fused).
 #define FULLBURN_FUSED_ADAMW \
@@ -13,6 +17,15 @@
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
 
 namespace fullburn {
+
+struct Optimizer::AsyncUpdate {
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<bool> updated;  // under mu: params_ whose update is in them
+  std::exception_ptr error;   // under mu: the first failed update's
+};
+
 namespace {
 
 // SGD's and LARS's direction before momentum: the gradient plus weight decay,
@@ -55,7 +68,7 @@ std::vector<torch::Tensor> Slice(const std::vector<torch::Tensor>& list,
 
 Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
                      const OptimizerOptions& o)
-    : o_(o) {
+    : o_(o), async_(std::make_unique<AsyncUpdate>()) {
   for (auto& [name, p] : params)
     if (p.requires_grad()) {
       index_[p.unsafeGetTensorImpl()] = params_.size();
@@ -247,12 +260,12 @@ void Optimizer::StepAsync(double lr) {
     pending.push_back(i);
   }
   {
-    std::lock_guard<std::mutex> lock(update_mu_);
-    updated_.assign(params_.size(), true);
-    for (size_t i : pending) updated_[i] = false;
-    update_error_ = nullptr;
+    std::lock_guard<std::mutex> lock(async_->mu);
+    async_->updated.assign(params_.size(), true);
+    for (size_t i : pending) async_->updated[i] = false;
+    async_->error = nullptr;
   }
-  worker_ = std::thread([this, pending, lr] {
+  async_->worker = std::thread([this, pending, lr] {
     torch::NoGradGuard no_grad_here;  // grad mode is per thread
     for (size_t i : pending) {
       Param& s = params_[i];
@@ -260,41 +273,41 @@ void Optimizer::StepAsync(double lr) {
         UpdateOne(s, s.host, s.host_grad, lr);
         s.p.copy_(s.host);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(update_mu_);
-        if (!update_error_) update_error_ = std::current_exception();
+        std::lock_guard<std::mutex> lock(async_->mu);
+        if (!async_->error) async_->error = std::current_exception();
       }
       {
-        std::lock_guard<std::mutex> lock(update_mu_);
-        updated_[i] = true;
+        std::lock_guard<std::mutex> lock(async_->mu);
+        async_->updated[i] = true;
       }
-      update_cv_.notify_all();
+      async_->cv.notify_all();
     }
   });
 }
 
 void Optimizer::WaitFor(const std::vector<torch::Tensor>& params) {
-  if (!worker_.joinable()) return;
-  std::unique_lock<std::mutex> lock(update_mu_);
+  if (!async_->worker.joinable()) return;
+  std::unique_lock<std::mutex> lock(async_->mu);
   for (const torch::Tensor& p : params) {
     auto it = index_.find(p.unsafeGetTensorImpl());
     if (it == index_.end()) continue;
-    update_cv_.wait(lock, [&] { return updated_[it->second]; });
+    async_->cv.wait(lock, [&] { return async_->updated[it->second]; });
   }
-  if (update_error_) std::rethrow_exception(update_error_);
+  if (async_->error) std::rethrow_exception(async_->error);
 }
 
 void Optimizer::WaitForUpdate() {
-  if (worker_.joinable()) worker_.join();
+  if (async_->worker.joinable()) async_->worker.join();
   std::exception_ptr error;
   {
-    std::lock_guard<std::mutex> lock(update_mu_);
-    std::swap(error, update_error_);
+    std::lock_guard<std::mutex> lock(async_->mu);
+    std::swap(error, async_->error);
   }
   if (error) std::rethrow_exception(error);
 }
 
 Optimizer::~Optimizer() {
-  if (worker_.joinable()) worker_.join();
+  if (async_->worker.joinable()) async_->worker.join();
 }
 
 void Optimizer::SetUpdateOrder(const std::vector<torch::Tensor>& first) {

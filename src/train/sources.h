@@ -8,7 +8,7 @@
 #include "fullburn/config.h"
 #include "fullburn/pipeline.h"
 #include "fullburn/torch_loader.h"
-#include "fullburn/train.h"
+#include "fullburn/trainer.h"
 
 namespace fullburn {
 

@@ -1,7 +1,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
-#include "fullburn/train.h"
+#include "fullburn/trainer.h"
 
 namespace fullburn {
 
