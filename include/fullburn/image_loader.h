@@ -11,7 +11,8 @@
 // - Ownership: the loader owns its ring, its folder listing, its pack
 //   mapping and its RAM cache; a Batch points into a slot, valid until
 //   Release(). Slot memory from LoaderOptions::allocate_images must outlive
-//   the loader.
+//   the loader. All of the loader's state is private to
+//   src/pipeline/loader.cpp (ImageLoader::Rep).
 // - Threads: the ring's worker threads run the stages; StartEpoch/Next/
 //   TryNext/Release are for one consumer thread; status() and stats() may be
 //   called from any thread.
@@ -32,13 +33,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <vector>
 
 #include "fullburn/crop.h"
 #include "fullburn/image_folder.h"
-#include "fullburn/pack.h"
 #include "fullburn/sample_ring.h"
 #include "fullburn/status.h"
 
@@ -105,12 +103,12 @@ class ImageLoader {
   static Result<std::unique_ptr<ImageLoader>> Open(const LoaderOptions& options);
   ~ImageLoader();
 
-  int64_t dataset_size() const { return static_cast<int64_t>(folder_.files.size()); }
+  int64_t dataset_size() const;
   // Samples this rank reads per epoch (see LoaderOptions::world_size).
-  int64_t epoch_size() const { return ring_->epoch_size(); }
-  int64_t batches_per_epoch() const { return ring_->batches_per_epoch(); }
-  const ImageFolder& folder() const { return folder_; }
-  const LoaderOptions& options() const { return options_; }
+  int64_t epoch_size() const;
+  int64_t batches_per_epoch() const;
+  const ImageFolder& folder() const;
+  const LoaderOptions& options() const;
 
   // Starts producing the batches of `epoch` (drop_last: every batch is full),
   // from batch `first_batch` on (a resumed run passes its saved position).
@@ -125,47 +123,24 @@ class ImageLoader {
   // every rank together already read, in a run whose world size or batch may
   // have been different; this rank reads every world_size-th of the rest
   // (fewer batches this epoch), and `first_batch` counts from there.
-  void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0) {
-    ring_->StartEpoch(epoch, first_batch, consumed_samples);
-  }
-  LoaderPosition position() const { return ring_->position(); }
+  void StartEpoch(int epoch, int64_t first_batch = 0, int64_t consumed_samples = 0);
+  LoaderPosition position() const;
   // Blocks for the next batch of the epoch; false at its end or on error.
-  bool Next(Batch* batch) { return ring_->Next(batch); }
+  bool Next(Batch* batch);
   // The next batch if it is ready now; never blocks.
-  bool TryNext(Batch* batch) { return ring_->TryNext(batch); }
-  void Release(const Batch& batch) { ring_->Release(batch); }
+  bool TryNext(Batch* batch);
+  void Release(const Batch& batch);
   // Ok, or the error that stopped the loader.
-  Status status() const { return ring_->status(); }
+  Status status() const;
   LoaderStats stats() const;
-  SampleRing& ring() { return *ring_; }
+  SampleRing& ring();
 
  private:
-  ImageLoader() = default;
-  // A sample's stored form: encoded JPEG bytes, or raw pixels from a pack.
-  struct Encoded {
-    const uint8_t* data = nullptr;
-    size_t size = 0;
-    int width = 0, height = 0;
-    bool raw = false;
-  };
-  bool MakeImage(const SampleJob& job, std::string* error);
-  Status Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out);
-  Status Read(int64_t sample, std::vector<uint8_t>* bytes);
-  // Counts and names (once) a bad sample; false when the policy is to fail.
-  bool Skip(const std::string& path, const std::string& reason, std::string* error);
-
-  LoaderOptions options_;
-  ImageFolder folder_;  // for a pack: its classes and labels, files named DIR#i
-  std::unique_ptr<PackReader> pack_;
-  size_t image_bytes_ = 0;
-  std::mutex bad_mu_;
-  std::vector<std::string> bad_named_;  // under bad_mu_
-  mutable std::mutex cache_mu_;
-  std::vector<std::vector<uint8_t>> cache_;  // by sample; empty = not cached
-  int64_t cache_used_ = 0;
-  int64_t stats_cache_hits_ = 0;  // under cache_mu_
-  // Last: destroyed first, so no worker runs once the members above go.
-  std::unique_ptr<SampleRing> ring_;
+  // The options, the folder (or pack), the RAM cache, the bad samples named
+  // so far and the ring whose workers make the images (src/pipeline/loader.cpp).
+  struct Rep;
+  ImageLoader();
+  std::unique_ptr<Rep> rep_;
 };
 
 }  // namespace fullburn

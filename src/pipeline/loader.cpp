@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <vector>
 
 #include "fullburn/codec.h"
 #include "fullburn/crop.h"
 #include "fullburn/image_loader.h"
+#include "fullburn/pack.h"
 #include "fullburn/rng.h"
 
 namespace fullburn {
@@ -22,10 +25,45 @@ double Seconds() {
 
 }  // namespace
 
+// Everything behind ImageLoader's interface (image_loader.h keeps it out of
+// sight): options_, folder_, pack_ and image_bytes_ are fixed once Open
+// returns; the worker threads share the cache (under cache_mu_) and the
+// names of the bad samples (under bad_mu_).
+struct ImageLoader::Rep {
+  // A sample's stored form: encoded JPEG bytes, or raw pixels from a pack.
+  struct Encoded {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    int width = 0, height = 0;
+    bool raw = false;
+  };
+
+  // The ring's maker: one sample into its place in the slot.
+  bool MakeImage(const SampleJob& job, std::string* error);
+  Status Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out);
+  Status Read(int64_t sample, std::vector<uint8_t>* bytes);
+  // Counts and names (once) a bad sample; false when the policy is to fail.
+  bool Skip(const std::string& path, const std::string& reason, std::string* error);
+
+  LoaderOptions options_;
+  ImageFolder folder_;  // for a pack: its classes and labels, files named DIR#i
+  std::unique_ptr<PackReader> pack_;
+  size_t image_bytes_ = 0;
+  std::mutex bad_mu_;
+  std::vector<std::string> bad_named_;  // under bad_mu_
+  std::mutex cache_mu_;
+  std::vector<std::vector<uint8_t>> cache_;  // by sample; empty = not cached
+  int64_t cache_used_ = 0;
+  int64_t stats_cache_hits_ = 0;  // under cache_mu_
+  // Last: destroyed first, so no worker runs once the members above go.
+  std::unique_ptr<SampleRing> ring_;
+};
+
 Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& options) {
   if (options.out_w < 1 || options.out_h < 1)
     return Status::InvalidArgument("output size must be positive");
-  std::unique_ptr<ImageLoader> l(new ImageLoader());
+  std::unique_ptr<ImageLoader> loader(new ImageLoader());
+  Rep* l = loader->rep_.get();
   l->options_ = options;
   if (PackReader::IsPack(options.root)) {
     Result<std::unique_ptr<PackReader>> pack = PackReader::Open(options.root);
@@ -46,29 +84,49 @@ Result<std::unique_ptr<ImageLoader>> ImageLoader::Open(const LoaderOptions& opti
                     (options.normalize.enabled ? sizeof(float) : 1);
   RingOptions r = RingOptionsOf(options);
   r.shuffle = options.shuffle;
-  r.dataset_size = l->dataset_size();
+  r.dataset_size = static_cast<int64_t>(l->folder_.files.size());
   r.batch_bytes = l->image_bytes_ * static_cast<size_t>(std::max(0, options.batch_size));
   r.shard_pad = options.shard_pad;
   r.allocate = options.allocate_images;
-  ImageLoader* self = l.get();
   auto ring = SampleRing::Open(
-      r, [self](const SampleJob& job, std::string* error) { return self->MakeImage(job, error); });
+      r, [l](const SampleJob& job, std::string* error) { return l->MakeImage(job, error); });
   if (!ring.ok()) return ring.status();
   l->ring_ = std::move(*ring);
-  return l;
+  return loader;
 }
+
+ImageLoader::ImageLoader() : rep_(std::make_unique<Rep>()) {}
 
 ImageLoader::~ImageLoader() = default;
 
+int64_t ImageLoader::dataset_size() const {
+  return static_cast<int64_t>(rep_->folder_.files.size());
+}
+int64_t ImageLoader::epoch_size() const { return rep_->ring_->epoch_size(); }
+int64_t ImageLoader::batches_per_epoch() const { return rep_->ring_->batches_per_epoch(); }
+const ImageFolder& ImageLoader::folder() const { return rep_->folder_; }
+const LoaderOptions& ImageLoader::options() const { return rep_->options_; }
+
+void ImageLoader::StartEpoch(int epoch, int64_t first_batch, int64_t consumed_samples) {
+  rep_->ring_->StartEpoch(epoch, first_batch, consumed_samples);
+}
+
+LoaderPosition ImageLoader::position() const { return rep_->ring_->position(); }
+bool ImageLoader::Next(Batch* batch) { return rep_->ring_->Next(batch); }
+bool ImageLoader::TryNext(Batch* batch) { return rep_->ring_->TryNext(batch); }
+void ImageLoader::Release(const Batch& batch) { rep_->ring_->Release(batch); }
+Status ImageLoader::status() const { return rep_->ring_->status(); }
+SampleRing& ImageLoader::ring() { return *rep_->ring_; }
+
 LoaderStats ImageLoader::stats() const {
-  LoaderStats s = ring_->stats();
-  std::lock_guard<std::mutex> cache_lock(cache_mu_);
-  s.cache_hits = stats_cache_hits_;
-  s.cache_bytes = cache_used_;
+  LoaderStats s = rep_->ring_->stats();
+  std::lock_guard<std::mutex> cache_lock(rep_->cache_mu_);
+  s.cache_hits = rep_->stats_cache_hits_;
+  s.cache_bytes = rep_->cache_used_;
   return s;
 }
 
-Status ImageLoader::Read(int64_t sample, std::vector<uint8_t>* bytes) {
+Status ImageLoader::Rep::Read(int64_t sample, std::vector<uint8_t>* bytes) {
   if (!cache_.empty()) {
     std::lock_guard<std::mutex> lock(cache_mu_);
     const std::vector<uint8_t>& hit = cache_[static_cast<size_t>(sample)];
@@ -90,7 +148,7 @@ Status ImageLoader::Read(int64_t sample, std::vector<uint8_t>* bytes) {
   return s;
 }
 
-Status ImageLoader::Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out) {
+Status ImageLoader::Rep::Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded* out) {
   if (pack_) {
     const PackRecord& r = pack_->records()[static_cast<size_t>(sample)];
     *out = Encoded{pack_->Data(r), r.size, r.width, r.height, pack_->format() == PackFormat::kRaw};
@@ -110,7 +168,7 @@ Status ImageLoader::Locate(int64_t sample, std::vector<uint8_t>* buffer, Encoded
   return Status::Ok();
 }
 
-bool ImageLoader::MakeImage(const SampleJob& job, std::string* error) {
+bool ImageLoader::Rep::MakeImage(const SampleJob& job, std::string* error) {
   thread_local std::vector<uint8_t> bytes;
   thread_local DecodedRegion region;
   const std::vector<int64_t>& order = *job.order;
@@ -167,7 +225,8 @@ bool ImageLoader::MakeImage(const SampleJob& job, std::string* error) {
   return false;
 }
 
-bool ImageLoader::Skip(const std::string& path, const std::string& reason, std::string* error) {
+bool ImageLoader::Rep::Skip(const std::string& path, const std::string& reason,
+                            std::string* error) {
   if (options_.on_bad_sample == BadSamplePolicy::kFail) {
     *error = "bad sample " + path + ": " + reason + ": " + options_.bad_sample_fix;
     return false;
