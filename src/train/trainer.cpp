@@ -84,7 +84,6 @@ Status Trainer::OpenStoreAndResume() {
     auto cfg = Config::Load(opt_.config_path, opt_.overrides, /*read_environment=*/!resume_,
                             resume_ ? &base : nullptr);
     if (!cfg.ok()) {
-      exit_code = kExitUsage;
       return cfg.status();
     }
     cfg_ = *cfg;
@@ -123,7 +122,6 @@ Status Trainer::ConnectRanks() {
   o.config_hash = std::to_string(std::hash<std::string>{}(job.dump()));
   auto dp = DataParallel::Connect(rank_, o, ctx_.device);
   if (!dp.ok()) {
-    exit_code = kExitFailed;
     return dp.status();
   }
   dp_ = std::move(*dp);
@@ -389,14 +387,12 @@ Status Trainer::ProbeMemoryIfWanted() {
     if (size == 0) break;
     try {
       if (Status r = ProbeMemory(size); !r.ok()) {
-        exit_code = kExitFailed;
         return r;
       }
       first_oom.clear();
       break;
     } catch (const std::exception& e) {
       if (!IsOutOfMemory(e)) {
-        exit_code = kExitFailed;
         std::string what = e.what();
         return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
       }
@@ -428,7 +424,6 @@ Status Trainer::Run() {
   try {
     s = Setup();
   } catch (const std::exception& e) {
-    exit_code = kExitFailed;
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
     // Several ranks that hold everything whole can share it instead.
@@ -450,13 +445,9 @@ Status Trainer::Run() {
     else
       s = Status::Internal("setting up training failed: " + what);
   }
-  if (!s.ok()) {
-    if (exit_code == 0) exit_code = kExitUsage;
-    return s;
-  }
+  if (!s.ok()) return s;
   if (resume_)
     if (Status r = Restore(); !r.ok()) {
-      exit_code = kExitUsage;
       return r;
     }
   // dist.shard = full probes first: a probe step with most parameters
@@ -466,13 +457,11 @@ Status Trainer::Run() {
   if (probe_first)
     if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
   if (Status r = SetupSharding(); !r.ok()) {
-    exit_code = kExitUsage;
     return r;
   }
   if (!probe_first)
     if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
   if (Status b = BeginRun(); !b.ok()) {
-    exit_code = kExitFailed;
     return b;
   }
   if (rank_.rank == 0)
@@ -488,11 +477,10 @@ Status Trainer::Run() {
   s = Loop();
   if (!s.ok()) parts_cancel_ = true;  // a rank may be gone: its part will not come
   // A failed step leaves the weights suspect: the last good checkpoint stands.
-  if (s.ok() && (cfg_.Bool("checkpoint.at_end") || exit_code == kExitInterrupted)) Checkpoint(true);
+  if (s.ok() && (cfg_.Bool("checkpoint.at_end") || interrupted_)) s = Checkpoint(true);
   nlohmann::json eval;
-  if (s.ok() && exit_code == 0 && cfg_.Bool("eval.at_end")) s = Evaluate(&eval);
-  Finish(s.ok() ? "finished" : "failed",
-         s.ok() ? exit_code : (exit_code ? exit_code : kExitFailed));
+  if (s.ok() && !interrupted_ && cfg_.Bool("eval.at_end")) s = Evaluate(&eval);
+  Finish(s.ok() ? "finished" : "failed", TrainingExitCode(s, interrupted_));
   if (!s.ok()) return s;
   if (!opt_.quiet && rank_.rank == 0) {
     auto steps = store_->LoadSteps(run_.id);
@@ -550,14 +538,26 @@ std::string DescribeOutOfMemory(const std::exception& e) {
   return what.substr(0, what.find('\n'));
 }
 
+int TrainingExitCode(const Status& s, bool interrupted) {
+  switch (s.code()) {
+    case Status::Code::kOk:
+      return interrupted ? kExitInterrupted : 0;
+    // What the user gave must change: the config, a path, the data, the
+    // checkpoint to resume.
+    case Status::Code::kInvalidArgument:
+    case Status::Code::kNotFound:
+    case Status::Code::kCorruption:
+      return kExitUsage;
+    default:
+      return kExitFailed;
+  }
+}
+
 int RunTraining(const TrainerOptions& options) {
   Trainer t(options);
   Status s = t.Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "fullburn: %s\n", s.message().c_str());
-    return t.exit_code ? t.exit_code : 1;
-  }
-  return t.exit_code;
+  if (!s.ok()) std::fprintf(stderr, "fullburn: %s\n", s.message().c_str());
+  return TrainingExitCode(s, t.interrupted());
 }
 
 }  // namespace fullburn

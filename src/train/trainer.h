@@ -117,6 +117,9 @@ int PendingStopSignal();
 // (the step loop and its records) and trainer_state.cpp (checkpoint,
 // restore, evaluation).
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitInterrupted = 130;
+// The one place a run's outcome becomes its exit code (trainer.h's
+// contract): every failure is a Status, and a signal's stop is not one.
+int TrainingExitCode(const Status& s, bool interrupted);
 
 struct Resume {
   std::string path;
@@ -128,7 +131,8 @@ class Trainer {
  public:
   explicit Trainer(const TrainerOptions& o) : opt_(o) {}
   Status Run();
-  int exit_code = 0;
+  // A signal stopped the loop at a step's end (checkpointed, not a failure).
+  bool interrupted() const { return interrupted_; }
 
  private:
   Status OpenStoreAndResume();
@@ -230,8 +234,11 @@ class Trainer {
   Status GraphedTrainStep(bool timed, StepRecord* rec);
   Status NextBatch(TrainBatch* b, double* wait_s);
   void StepBody(const std::vector<TrainBatch>& micro);
-  void Checkpoint(bool final_one);
-  void FinalCheckpointLost();
+  // The final one (final_one) is waited for: an error says which earlier
+  // checkpoint holds the work. A periodic one's failure is told and training
+  // goes on (Ok).
+  Status Checkpoint(bool final_one);
+  Status FinalCheckpointLost();
   Status Restore();
   void FlushSteps(bool force);
   void Progress(const StepRecord& r, bool force);
@@ -264,6 +271,7 @@ class Trainer {
   CheckpointState Snapshot();
 
   TrainerOptions opt_;
+  bool interrupted_ = false;
   Config cfg_;
   std::unique_ptr<RunStore> store_;
   // Every record of the run goes through it, written on its own thread: the

@@ -39,7 +39,6 @@ Status Trainer::SetupEval() {
   bool program = source == "tensors" || source == "dataset";
   if (program && !es.tensors && !es.dataset) {
     if (!periodic) return Status::Ok();  // nothing held out: no evaluation at the end either
-    exit_code = kExitUsage;
     return Status::InvalidArgument(
         std::string("eval.every_steps / eval.every_epochs need held-out data: hand it over as "
                     "TrainerOptions::") +
@@ -49,7 +48,6 @@ Status Trainer::SetupEval() {
     es.path = ResolvedValPath();
     if (es.path.empty()) {
       if (!periodic) return Status::Ok();  // nothing held out: no evaluation at the end either
-      exit_code = kExitUsage;
       return Status::InvalidArgument(
           "eval.every_steps / eval.every_epochs need held-out data: set data.val_path (" +
           std::string(source == "tokens" ? "a token file, such as nanoGPT's val.bin"
@@ -65,7 +63,6 @@ Status Trainer::SetupEval() {
   }
   auto src = OpenSource(cfg_, es);
   if (!src.ok()) {
-    exit_code = kExitUsage;
     return Status::InvalidArgument("held-out data (data.val_path): " + src.status().message());
   }
   eval_source_ = std::move(*src);

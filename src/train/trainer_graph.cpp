@@ -76,7 +76,6 @@ Status Trainer::GraphedTrainStep(bool timed, StepRecord* rec) {
     } else {
       if (!graph_captured_) {
         if (Status s = graph_->Capture([this] { StepBody(static_batches_); }); !s.ok()) {
-          exit_code = kExitFailed;
           return s;
         }
         graph_captured_ = true;

@@ -154,7 +154,6 @@ Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
   rec->skipped = o.skipped;
   rec->data_wait_s = o.wait_s;  // always measured: it costs two clock reads
   if (consecutive_skips_ >= cfg_.Int("train.max_skipped_steps")) {
-    exit_code = kExitFailed;
     return Status::Aborted(fmt::format(
         "training diverged: the loss or gradients were inf/NaN for {} steps in a row (step {}){}; "
         "lower optim.lr, set train.clip_grad_norm, or use bf16 instead of fp16. Checkpoints before "
@@ -264,7 +263,7 @@ Result<bool> Trainer::StopHere(double limit_s) {
     auto sums = dp_->SumOverRanks({signalled > 0 ? 1.0 : 0.0, time_up});
     if (!sums.ok()) return sums.status();
     if ((*sums)[0] > 0 && signalled == 0) {
-      exit_code = kExitInterrupted;
+      interrupted_ = true;
       std::fprintf(stderr,
                    "\nfullburn: rank %d: stopping at step %lld with the ranks a signal reached; "
                    "checkpointing\n",
@@ -274,7 +273,7 @@ Result<bool> Trainer::StopHere(double limit_s) {
     time_up = (*sums)[1] > 0 ? 1 : 0;
   }
   if (signalled > 0) {
-    exit_code = kExitInterrupted;
+    interrupted_ = true;
     std::fprintf(stderr, "\nfullburn: stopped by signal %d at step %lld; checkpointing\n",
                  static_cast<int>(signalled), static_cast<long long>(step_));
     return true;
@@ -304,7 +303,6 @@ Status Trainer::Loop() {
   while (step_ < total_steps_) {
     Result<bool> stop = StopHere(limit_s);
     if (!stop.ok()) {
-      exit_code = kExitFailed;
       return stop.status();
     }
     if (*stop) break;
@@ -316,7 +314,6 @@ Status Trainer::Loop() {
       auto profiled_step = ProfileStepScope();
       s = TrainStep(timed, &rec);
     } catch (const std::exception& e) {
-      exit_code = kExitFailed;
       if (IsOutOfMemory(e)) {
         for (torch::Tensor& p : ctx_.model->parameters()) p.mutable_grad() = torch::Tensor();
         std::string advice = OutOfMemoryAdvice();
@@ -347,7 +344,6 @@ Status Trainer::Loop() {
     if (EvaluationDue()) {
       nlohmann::json eval;
       if (Status e = Evaluate(&eval); !e.ok()) {
-        exit_code = kExitFailed;
         return e;
       }
       if (!eval.empty() && rank_.rank == 0 && !opt_.quiet)

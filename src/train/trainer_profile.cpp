@@ -41,7 +41,6 @@ Status Trainer::SetupProfile() {
   if (spec.empty()) return Status::Ok();
   auto steps = ParseProfileSteps(spec);
   if (!steps.ok()) {
-    exit_code = kExitUsage;
     return steps.status();
   }
   std::tie(profile_first_, profile_last_) = *steps;

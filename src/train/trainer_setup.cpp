@@ -125,7 +125,6 @@ const char* CudaNormKernelUnused(const ModelSpec& ms, const torch::Device& devic
 }  // namespace
 
 Status Trainer::CheckCudaGraphs() {
-  exit_code = kExitUsage;
   if (std::string why = CudaGraph::Unsupported(); !why.empty())
     return Status::InvalidArgument("train.cuda_graphs needs CUDA, but " + why +
                                    ": set train.cuda_graphs = false");
@@ -136,7 +135,6 @@ Status Trainer::CheckCudaGraphs() {
     return Status::InvalidArgument(
         "train.cuda_graphs works on one rank only (Gloo's all-reduce cannot be captured in a "
         "graph): set train.cuda_graphs = false for data-parallel runs");
-  exit_code = 0;
   // Cast weights cached by autocast would be freed after the capture while
   // the graph still reads them; without the cache each forward casts anew.
   at::autocast::set_autocast_cache_enabled(false);
@@ -150,7 +148,6 @@ Status Trainer::SetupDevice() {
   try {
     ctx_.device = torch::Device(dev);
   } catch (const c10::Error&) {
-    exit_code = kExitUsage;
     return Status::InvalidArgument("train.device = " + dev +
                                    " is not a device: use auto, cpu, cuda or cuda:N");
   }
@@ -211,7 +208,6 @@ Status Trainer::SetupData() {
   const std::string& model = cfg_.Str("model.name");
   const std::string& source = cfg_.Str("data.source");
   if (Status s = CheckProgramParts(); !s.ok()) {
-    exit_code = kExitUsage;
     return s;
   }
   // A program's own network takes whatever it was given; a program's own
@@ -220,7 +216,6 @@ Status Trainer::SetupData() {
       model == "custom" || source == "tensors" ||
       ((model == "gpt") == (source == "tokens") && !(model == "lstm" && source != "synthetic"));
   if (!ok) {
-    exit_code = kExitUsage;
     return Status::InvalidArgument(
         "model.name = " + model + " does not train on data.source = " + source +
         ": resnet* and mlp take images or synthetic, lstm takes synthetic, gpt takes tokens");
@@ -246,7 +241,6 @@ Status Trainer::SetupData() {
     bool usable =
         source == "images" ? std::filesystem::exists(val) : std::filesystem::is_regular_file(val);
     if (!usable) {
-      exit_code = kExitUsage;
       return Status::NotFound(
           "data.val_path = " + val + " is not " +
           (source == "images" ? "an image folder or pack" : "a token file") +
@@ -437,7 +431,6 @@ Status Trainer::Setup() {
   SetupOptimization(oo);
   if (Status s = SetupEval(); !s.ok()) return s;
   if (cfg_.Bool("checkpoint.keep_best") && !eval_source_) {
-    exit_code = kExitUsage;
     return Status::InvalidArgument(
         "checkpoint.keep_best needs evaluations: set eval.every_steps or eval.every_epochs, with "
         "held-out data (data.val_path)");
@@ -475,7 +468,6 @@ Status Trainer::BuildModel(const BatchSource& source) {
     ms.checkpoint = cfg_.Str("model.checkpoint");
     auto m = MakeModel(ms);
     if (!m.ok()) {
-      exit_code = kExitUsage;
       return m.status();
     }
     ctx_.model = *m;
@@ -484,7 +476,6 @@ Status Trainer::BuildModel(const BatchSource& source) {
   std::vector<std::vector<torch::Tensor>> blocks;  // (a null gather only names them)
   if (dp_ && cfg_.Str("dist.shard") == "full" &&
       !ctx_.model->SetParameterGather(nullptr, &blocks)) {
-    exit_code = kExitUsage;
     return NoBlocksToGather();
   }
   // The batch-size search and the memory probe start from the whole model
@@ -529,7 +520,6 @@ Status Trainer::ProbeOrShare() {
   if (!*any) return Status::Ok();
   if (shortfall.empty()) shortfall = "on another rank";
   if (cfg_.IsAuto("train.batch_size")) {
-    exit_code = kExitUsage;
     return Status::InvalidArgument(
         "train.batch_size = auto with dist.shard = full searches with the model whole on each "
         "device, and it does not fit (" +
@@ -589,7 +579,6 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   });
   probe_src->reset();
   if (!chosen.ok()) {
-    exit_code = kExitFailed;
     return chosen.status();
   }
   batch_ = *chosen;

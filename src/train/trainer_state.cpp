@@ -130,7 +130,7 @@ Status Trainer::Restore() {
   return Status::Ok();
 }
 
-void Trainer::Checkpoint(bool final_one) {
+Status Trainer::Checkpoint(bool final_one) {
   // Sharded, every rank saves the state it owns beside the step's file, in
   // the background (part_ckpt_); rank 0's writer writes that file only once
   // every part landed (WaitForOptimizerShards), so a checkpoint is whole or
@@ -147,7 +147,7 @@ void Trainer::Checkpoint(bool final_one) {
   if (rank_.rank != 0) {
     last_ckpt_step_ = step_;
     if (final_one && part_ckpt_) part_ckpt_->Wait();  // rank 0 reports a lost one
-    return;  // every rank holds the same weights
+    return Status::Ok();  // every rank holds the same weights
   }
   bool saved = true;
   if (step_ != last_ckpt_step_) {
@@ -164,17 +164,17 @@ void Trainer::Checkpoint(bool final_one) {
       saved = false;
     }
   }
-  if (!final_one) return;
+  if (!final_one) return Status::Ok();
   // The end state may be the periodic checkpoint of this same step, written
   // in the background: wait for it and check it landed.
   ckpt_->Wait();
-  if (!saved || !ckpt_->last_status().ok()) FinalCheckpointLost();
+  if (!saved || !ckpt_->last_status().ok()) return FinalCheckpointLost();
+  return Status::Ok();
 }
 
 // The run trained but its end state is not on disk: that is a failure, and
 // the user needs to know which checkpoint still holds the work.
-void Trainer::FinalCheckpointLost() {
-  exit_code = kExitFailed;
+Status Trainer::FinalCheckpointLost() {
   if (records_) records_->Sync();  // the checkpoints written so far are in the store
   auto cks = store_->LoadCheckpoints(run_.id);
   std::string newest = cks.ok() && !cks->empty()
@@ -183,10 +183,10 @@ void Trainer::FinalCheckpointLost() {
                                  "fullburn train --resume {} continues from it",
                                  cks->back().step, cks->back().path, run_.id)
                            : "no checkpoint of this run was written";
-  std::fprintf(stderr,
-               "fullburn: the final checkpoint (step %lld) was not written, so the trained weights "
-               "are not saved; free space in checkpoint.dir; %s\n",
-               static_cast<long long>(step_), newest.c_str());
+  return Status::IoError(fmt::format(
+      "the final checkpoint (step {}) was not written, so the trained weights are not saved; "
+      "free space in checkpoint.dir; {}",
+      step_, newest));
 }
 
 }  // namespace fullburn
