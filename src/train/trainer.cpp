@@ -187,9 +187,7 @@ Status Trainer::BeginRun() {
     if (Status s = JoinRun(); !s.ok()) return s;
     DecideForwarding();
     if (Status s = GatherSenders(); !s.ok()) return s;
-    for (const RunEvent& e : pending_events_) RecordEvent(e);  // this rank's batch-size trials
-    pending_events_.clear();
-    StartSampler();
+    StartRecording();  // with this rank's batch-size trials
     return OpenCheckpoints();
   }
   run_.name = opt_.name.empty() ? ModelLabel() + " on " + cfg_.Str("data.source") : opt_.name;
@@ -219,87 +217,8 @@ Status Trainer::BeginRun() {
     if (!shared.ok()) return shared.status();
     if (Status s = GatherSenders(); !s.ok()) return s;
   }
-  if (const char* events = std::getenv(kEventsEnvVar); events && *events) {
-    events_out_.reset(std::fopen(events, "a"));
-    if (!events_out_)
-      std::fprintf(stderr, "fullburn: cannot append step events to %s (%s): not sent\n", events,
-                   kEventsEnvVar);
-  }
-  for (const RunEvent& e : pending_events_) RecordEvent(e);
-  pending_events_.clear();
-
-  StartSampler();
+  StartRecording();
   return OpenCheckpoints();
-}
-
-// Rank 0 samples its node's host and GPUs and its own process tree. The
-// first rank of every other node (local rank 0) does the same for its node,
-// stored as rankR.host.* and rankR.gpuN.*; every other rank samples only its
-// own process tree (rankR.proc.*). So no host is counted twice, and each
-// rank's CPU and memory can be told apart.
-void Trainer::StartSampler() {
-  bool samples_node = rank_.rank == 0 || rank_.local_rank == 0;
-  SamplerOptions so;
-  so.interval_s = 1.0;
-  so.root_pid = static_cast<int>(::getpid());
-  so.host = samples_node;
-  so.rank = rank_.rank;
-  sampler_ = std::make_unique<Sampler>(Env::Default(), samples_node ? gpus_.get() : nullptr, so);
-  if (!forward_)
-    sample_writer_ = std::make_unique<BatchWriter>(store_.get(), run_.id, run_.start_time);
-  if (!opt_.quiet && rank_.rank == 0) live_now_ = std::make_unique<LiveDiagnosis>(run_);
-  sampler_->Start([this](const fullburn::Snapshot& s) {
-    if (sample_writer_) sample_writer_->Add(s);
-    if (live_now_) FeedLiveDiagnosis(s);
-    std::lock_guard<std::mutex> lock(latest_mu_);
-    latest_ = s;
-    if (forward_)
-      for (const auto& [name, value] : Flatten(s))
-        forward_samples_.push_back({name, s.unix_time - run_.start_time, value});
-  });
-}
-
-// On the sampler thread: a diagnosis of a minute's data every 10 s would
-// otherwise be time the training loop does not train.
-void Trainer::FeedLiveDiagnosis(const fullburn::Snapshot& s) {
-  std::vector<StepRecord> steps;
-  std::vector<RunEvent> events;
-  {
-    std::lock_guard<std::mutex> lock(latest_mu_);
-    steps.swap(live_steps_);
-    events.swap(live_events_);
-  }
-  double t = s.unix_time - run_.start_time;
-  ReadOtherRanksSteps(t, &steps);
-  live_now_->AddSteps(steps);
-  live_now_->AddEvents(events);
-  live_now_->AddReadings(t, Flatten(s));
-  std::string finding = RenderLiveFinding(live_now_->Update(t));
-  std::lock_guard<std::mutex> lock(latest_mu_);
-  live_finding_ = std::move(finding);
-}
-
-// Every rank's steps reach rank 0's store (written by the rank, or sent to
-// rank 0 and written by it), a second or two late: read back every 2 s, so
-// the line can name uneven ranks and the straggler while the job runs.
-void Trainer::ReadOtherRanksSteps(double t, std::vector<StepRecord>* steps) {
-  if (rank_.world_size <= 1 || t - ranks_read_at_ < 2) return;
-  ranks_read_at_ = t;
-  // Rows land out of time order across ranks: look back, keep only steps
-  // beyond each rank's last.
-  Result<std::vector<StepRecord>> read = store_->LoadSteps(run_.id, ranks_read_to_ - 5);
-  if (!read.ok()) return;
-  std::sort(read->begin(), read->end(), [](const StepRecord& a, const StepRecord& b) {
-    return std::tie(a.rank, a.step) < std::tie(b.rank, b.step);
-  });
-  for (const StepRecord& r : *read) {
-    if (r.rank == rank_.rank) continue;
-    auto [last, fresh] = ranks_last_step_.emplace(r.rank, r.step);
-    if (!fresh && r.step <= last->second) continue;
-    last->second = r.step;
-    ranks_read_to_ = std::max(ranks_read_to_, r.t);
-    steps->push_back(r);
-  }
 }
 
 Status Trainer::OpenCheckpoints() {
@@ -309,7 +228,7 @@ Status Trainer::OpenCheckpoints() {
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("cannot create checkpoint.dir " + dir + ": " + ec.message());
   ckpt_dir_ = dir;
-  AsyncRecordWriter* records = Records();
+  Recorder* records = recorder_.get();
   double start = run_.start_time;
   ckpt_ = std::make_unique<CheckpointWriter>(
       dir, static_cast<int>(cfg_.Int("checkpoint.keep")), cfg_.Bool("checkpoint.async"),
@@ -321,7 +240,7 @@ Status Trainer::OpenCheckpoints() {
         RunRecords r;
         r.checkpoints.push_back(
             {w.step, Env::Default()->UnixSeconds() - start, w.path, w.bytes, w.stall_s, w.write_s});
-        records->Add(std::move(r));
+        records->AddRecords(std::move(r));
       });
   if (!shard_owner_.empty()) {
     // Each rank's part in the background; the loop waits only for the copy
@@ -354,16 +273,11 @@ Status Trainer::OpenCheckpoints() {
 void Trainer::Finish(const std::string& status, int code) {
   FlushSteps(true);
   if (ckpt_) ckpt_->Wait();
-  if (sampler_) sampler_->Stop();
-  if (sample_writer_) sample_writer_->Flush();
-  if (forward_) SendForwarded(true);
-  if (dp_ && rank_.rank == 0) ApplyForwarded(true);
-  if (records_) {
-    Status written = records_->Finish();
-    SayStoreChanges();
-    if (!written.ok())
-      std::fprintf(stderr, "fullburn: %zu step records and %zu events could not be stored: %s\n",
-                   records_->kept_steps(), records_->kept_events(), written.message().c_str());
+  if (recorder_) {
+    recorder_->StopSampling();
+    if (recorder_->forwarding()) SendForwarded(true);
+    if (dp_ && rank_.rank == 0) ApplyForwarded(true);
+    (void)recorder_->Finish();  // what could not be stored is said; the run's outcome stands
   }
   // Ranks sharing rank 0's store write their last steps themselves: wait for
   // every rank's, so the summary and diagnosis rank 0 prints next see them

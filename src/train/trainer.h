@@ -13,6 +13,7 @@
 #include "cuda_graph.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/dist_torch.h"
+#include "fullburn/recorder.h"
 #include "fullburn/report.h"
 #include "fullburn/store.h"
 #include "fullburn/store_layout.h"
@@ -247,15 +248,18 @@ class Trainer {
   bool EvaluationDue() const;
   Status Evaluate(nlohmann::json* out);  // out: empty when there was nothing to evaluate
   Status EvaluateShare(nlohmann::json* out);
-  void StartSampler();
+  // What the run records goes through recorder_ (recorder.h): the store,
+  // the sampler, the live finding, the steps' flushes (trainer_records.cpp).
+  void StartRecording();
   // Records of a rank whose store is not rank 0's (another node's disk) go
-  // through the rendezvous store (trainer_records.cpp).
+  // through the rendezvous store.
   void DecideForwarding();
   std::vector<int> senders_;  // rank 0: the ranks that forward their records to it
   void SendForwarded(bool last);
   void ApplyForwarded(bool last);
-  // Into the run: rank 0's store, or sent to rank 0 by a forwarding rank.
-  void RecordEvent(const RunEvent& event);
+  // Into the run: rank 0's store, or sent to rank 0 by a forwarding rank;
+  // before the run is begun, kept for it (pending_events_).
+  void RecordEvent(const RunEvent& event, bool to_events_file = false);
   std::string DatasetsDir() const;
   // The model's name in the run's name: a program's own network by the name
   // it gave (TrainerOptions::model_name), else model.name.
@@ -274,12 +278,6 @@ class Trainer {
   bool interrupted_ = false;
   Config cfg_;
   std::unique_ptr<RunStore> store_;
-  // Every record of the run goes through it, written on its own thread: the
-  // training loop never waits on the store. Before ckpt_, whose thread adds
-  // to it, so it outlives that thread.
-  std::unique_ptr<AsyncRecordWriter> records_;
-  AsyncRecordWriter* Records();
-  void SayStoreChanges();
   std::optional<Resume> resume_;
   RunInfo run_;
   double mono_start_ = 0;
@@ -296,8 +294,10 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;
   LrSchedule schedule_;
   std::unique_ptr<GpuSource> gpus_;
-  std::unique_ptr<Sampler> sampler_;
-  std::unique_ptr<BatchWriter> sample_writer_;
+  // Every record of the run goes through it; the training loop never waits
+  // on the store. Before ckpt_, whose thread adds to it, so it outlives that
+  // thread; after gpus_, which its sampler reads.
+  std::unique_ptr<Recorder> recorder_;
   // Set when the loop failed: rank 0's writer stops waiting for parts that
   // may never come. Before ckpt_, whose thread reads it.
   std::atomic<bool> parts_cancel_{false};
@@ -313,14 +313,8 @@ class Trainer {
   std::vector<TrainBatch> static_batches_;  // what the graph reads
   int graph_warmups_ = 0;
   bool graph_captured_ = false;
-  std::vector<StepRecord> pending_steps_;
-  // $FULLBURN_EVENTS of an enclosing `fullburn run`: the same step events a
-  // Python job's markers write, so the outer run gets them too.
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_out_{nullptr, &std::fclose};
-  std::vector<RunEvent> pending_events_;
-  bool forward_ = false;                      // a rank after 0 that cannot write rank 0's store
-  std::vector<RunEvent> forward_events_;      // training thread
-  std::vector<NamedSample> forward_samples_;  // under latest_mu_ (the sampler thread adds)
+  std::vector<RunEvent> pending_events_;  // before the run is begun
+  bool forward_ = false;                  // a rank after 0 that cannot write rank 0's store
   double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0,
          last_loader_event_ = 0;
   int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
@@ -333,20 +327,6 @@ class Trainer {
   int64_t EpochSamplesRead() const { return epoch_skip_ + next_batch_ * batch_ * rank_.world_size; }
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
   double recent_samples_ = 0, recent_step_s_ = 0, recent_wait_s_ = 0;  // Progress's averages
-  std::mutex latest_mu_;
-  std::optional<fullburn::Snapshot> latest_;
-  // What limits the job now, on rank 0's progress line: the sampler thread
-  // diagnoses (off the training loop), fed the steps and events the loop
-  // leaves under latest_mu_.
-  std::unique_ptr<LiveDiagnosis> live_now_;  // sampler thread
-  std::vector<StepRecord> live_steps_;       // under latest_mu_
-  std::vector<RunEvent> live_events_;        // under latest_mu_
-  std::string live_finding_;                 // under latest_mu_: " | now: ..."
-  // Other ranks' steps, read back from the store (sampler thread).
-  double ranks_read_at_ = -INFINITY, ranks_read_to_ = -INFINITY;
-  std::map<int, int64_t> ranks_last_step_;
-  void FeedLiveDiagnosis(const fullburn::Snapshot& s);
-  void ReadOtherRanksSteps(double t, std::vector<StepRecord>* steps);
 };
 
 void FreeDeviceCache(const torch::Device& device);

@@ -143,11 +143,7 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
   KeepIfBest(out);
   if (rank_.rank != 0) return Status::Ok();
   RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out->dump()};
-  RecordEvent(event);
-  if (events_out_) {
-    std::fputs(RunEventLine(event, run_.start_time).c_str(), events_out_.get());
-    std::fflush(events_out_.get());
-  }
+  RecordEvent(event, /*to_events_file=*/true);
   return Status::Ok();
 }
 

@@ -189,19 +189,10 @@ void Trainer::FlushSteps(bool force) {
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
   }
   if (dp_ && rank_.rank == 0) ApplyForwarded(false);
-  if (forward_) {
+  if (recorder_->forwarding())
     SendForwarded(false);
-    return;
-  }
-  if (events_out_) {
-    for (const StepRecord& r : pending_steps_)
-      std::fputs(StepEventLine(r, run_.start_time).c_str(), events_out_.get());
-    std::fflush(events_out_.get());
-  }
-  RunRecords steps;
-  steps.steps.swap(pending_steps_);
-  Records()->Add(std::move(steps));
-  SayStoreChanges();
+  else
+    recorder_->Flush();
 }
 
 void Trainer::Progress(const StepRecord& r, bool force) {
@@ -222,16 +213,12 @@ void Trainer::Progress(const StepRecord& r, bool force) {
   double wait_share = recent_step_s_ > 0 ? recent_wait_s_ / recent_step_s_ : 0;
   if (!force && now - last_progress_ < cfg_.Float("train.log_every_s")) return;
   last_progress_ = now;
-  std::string util = "-", now_limits;
-  {
-    std::lock_guard<std::mutex> lock(latest_mu_);
-    now_limits = live_finding_;
-    if (latest_) {
-      if (!latest_->gpus.empty() && latest_->gpus[0].util)
-        util = fmt::format("gpu {:.0f}%", *latest_->gpus[0].util);
-      else if (latest_->proc && latest_->proc->cpu_util)
-        util = fmt::format("cpu {:.0f}%", *latest_->proc->cpu_util);
-    }
+  std::string util = "-", now_limits = recorder_->LiveFinding();
+  if (std::optional<fullburn::Snapshot> latest = recorder_->Latest()) {
+    if (!latest->gpus.empty() && latest->gpus[0].util)
+      util = fmt::format("gpu {:.0f}%", *latest->gpus[0].util);
+    else if (latest->proc && latest->proc->cpu_util)
+      util = fmt::format("cpu {:.0f}%", *latest->proc->cpu_util);
   }
   double left_steps = static_cast<double>(total_steps_ - r.step);
   double eta = rate > 0 ? left_steps * (batch_ * accumulate_ * world) / rate : 0;
@@ -331,11 +318,7 @@ Status Trainer::Loop() {
                               " failed: " + what.substr(0, what.find('\n')));
     }
     if (!s.ok()) return s;
-    pending_steps_.push_back(rec);
-    if (live_now_) {
-      std::lock_guard<std::mutex> lock(latest_mu_);
-      live_steps_.push_back(rec);
-    }
+    recorder_->AddStep(rec);
     last = rec;
     ProfileAfterStep(false);
     Progress(rec, false);

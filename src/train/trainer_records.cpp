@@ -2,7 +2,10 @@
 // rank opens the same SQLite file and writes its own steps and samples; on
 // several nodes each has its own disk, so ranks after 0 send their records
 // to rank 0 through the rendezvous store, and rank 0 writes them.
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 
 #include "trainer.h"
 
@@ -29,87 +32,55 @@ Status Trainer::GatherSenders() {
   return Status::Ok();
 }
 
-void Trainer::RecordEvent(const RunEvent& event) {
-  if (live_now_) {
-    std::lock_guard<std::mutex> lock(latest_mu_);
-    live_events_.push_back(event);
-  }
-  if (forward_) {
-    forward_events_.push_back(event);
-    return;
-  }
-  RunRecords r;
-  r.events.push_back(event);
-  Records()->Add(std::move(r));
+// Rank 0 samples its node's host and GPUs and its own process tree. The
+// first rank of every other node (local rank 0) does the same for its node,
+// stored as rankR.host.* and rankR.gpuN.*; every other rank samples only its
+// own process tree (rankR.proc.*). So no host is counted twice, and each
+// rank's CPU and memory can be told apart.
+void Trainer::StartRecording() {
+  bool samples_node = rank_.rank == 0 || rank_.local_rank == 0;
+  Recorder::Options o;
+  o.sampler.interval_s = 1.0;
+  o.sampler.root_pid = static_cast<int>(::getpid());
+  o.sampler.host = samples_node;
+  o.sampler.rank = rank_.rank;
+  o.gpus = samples_node ? gpus_.get() : nullptr;
+  o.rank = rank_.rank;
+  o.world_size = rank_.world_size;
+  o.forward = forward_;
+  o.live_diagnosis = !opt_.quiet && rank_.rank == 0;
+  // An enclosing `fullburn run` gets the same step events a Python job's
+  // markers would write.
+  if (const char* events = std::getenv(kEventsEnvVar); events && *events && rank_.rank == 0)
+    o.events_path = events;
+  recorder_ = std::make_unique<Recorder>(Env::Default(), store_.get(), run_, std::move(o));
+  for (const RunEvent& e : pending_events_) recorder_->AddEvent(e);
+  pending_events_.clear();
+  recorder_->Start();
 }
 
-AsyncRecordWriter* Trainer::Records() {
-  if (!records_) records_ = std::make_unique<AsyncRecordWriter>(store_.get(), run_.id);
-  return records_.get();
-}
-
-// On the training thread, so the line does not cut into the progress line
-// half drawn. A store that refuses writes (locked past its busy timeout, a
-// full disk) keeps the records to write them later: training goes on.
-void Trainer::SayStoreChanges() {
-  if (!records_) return;
-  while (std::optional<AsyncRecordWriter::Change> c = records_->TakeChange()) {
-    if (c->failing)
-      std::fprintf(stderr,
-                   "\nfullburn: %s; training goes on, and its step records are kept to be written "
-                   "once the store takes writes again\n",
-                   c->error.c_str());
-    else
-      std::fprintf(stderr, "\nfullburn: the run store takes step records again (%lld lost)\n",
-                   static_cast<long long>(c->lost));
-  }
+void Trainer::RecordEvent(const RunEvent& event, bool to_events_file) {
+  if (recorder_)
+    recorder_->AddEvent(event, to_events_file);
+  else
+    pending_events_.push_back(event);
 }
 
 void Trainer::SendForwarded(bool last) {
-  nlohmann::json payload{{"steps", nlohmann::json::array()},
-                         {"events", nlohmann::json::array()},
-                         {"samples", nlohmann::json::array()}};
-  for (const StepRecord& r : pending_steps_)
-    payload["steps"].push_back(StepEventLine(r, run_.start_time));
-  for (const RunEvent& e : forward_events_)
-    payload["events"].push_back(RunEventLine(e, run_.start_time));
-  {
-    std::lock_guard<std::mutex> lock(latest_mu_);
-    for (const NamedSample& s : forward_samples_) payload["samples"].push_back({s.name, s.t, s.v});
-    forward_samples_.clear();
-  }
-  pending_steps_.clear();
-  forward_events_.clear();
-  bool empty = payload["steps"].empty() && payload["events"].empty() && payload["samples"].empty();
-  Status s = empty ? Status::Ok() : dp_->Send(payload.dump());
+  std::string payload = recorder_->TakeForwarded();
+  Status s = payload.empty() ? Status::Ok() : dp_->Send(payload);
   if (s.ok() && last) s = dp_->Done();
   if (!s.ok()) {
     std::fprintf(stderr, "\nfullburn: rank %d: %s; its records from now on are lost\n", rank_.rank,
                  s.message().c_str());
-    forward_ = false;  // nothing to send them to
+    recorder_->StopForwarding();  // nothing to send them to
   }
 }
 
 void Trainer::ApplyForwarded(bool last) {
   if (senders_.empty()) return;
   if (last) dp_->WaitForSenders(senders_, 10.0);
-  RunRecords got;
-  for (const std::string& text : dp_->Receive(senders_)) {
-    nlohmann::json payload = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (payload.is_discarded()) continue;
-    for (const auto& line : payload.value("steps", nlohmann::json::array())) {
-      auto m = ParseEventLine(line.get<std::string>(), run_.start_time);
-      if (m.ok() && m->is_step) got.steps.push_back(m->step);
-    }
-    for (const auto& line : payload.value("events", nlohmann::json::array())) {
-      auto m = ParseEventLine(line.get<std::string>(), run_.start_time);
-      if (m.ok() && !m->is_step) got.events.push_back(m->event);
-    }
-    for (const auto& s : payload.value("samples", nlohmann::json::array()))
-      if (s.is_array() && s.size() == 3)
-        got.samples.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>()});
-  }
-  Records()->Add(std::move(got));
+  for (const std::string& text : dp_->Receive(senders_)) recorder_->AddForwarded(text);
 }
 
 }  // namespace fullburn

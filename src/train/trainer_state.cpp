@@ -175,7 +175,7 @@ Status Trainer::Checkpoint(bool final_one) {
 // The run trained but its end state is not on disk: that is a failure, and
 // the user needs to know which checkpoint still holds the work.
 Status Trainer::FinalCheckpointLost() {
-  if (records_) records_->Sync();  // the checkpoints written so far are in the store
+  if (recorder_) recorder_->Sync();  // the checkpoints written so far are in the store
   auto cks = store_->LoadCheckpoints(run_.id);
   std::string newest = cks.ok() && !cks->empty()
                            ? fmt::format(
