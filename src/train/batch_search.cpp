@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "memory_model.h"
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 

@@ -12,7 +12,7 @@
 #endif
 
 #include "fullburn/env.h"
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 

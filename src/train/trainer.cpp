@@ -1,6 +1,6 @@
-// `fullburn train`: the store and --resume, ranks, the run's start,
-// checkpoints and end (the setup is in trainer_setup.cpp).
-#include "trainer.h"
+// `fullburn train`: the store and --resume, ranks, the run's start and end
+// (trainer_impl.h lists where the rest is).
+#include "trainer_impl.h"
 
 #include <fmt/format.h>
 #include <signal.h>
@@ -221,55 +221,6 @@ Status Trainer::BeginRun() {
   return OpenCheckpoints();
 }
 
-Status Trainer::OpenCheckpoints() {
-  std::string dir = cfg_.Str("checkpoint.dir");
-  if (dir.empty()) dir = StoreLayout(store_->path()).Checkpoints(run_.id);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("cannot create checkpoint.dir " + dir + ": " + ec.message());
-  ckpt_dir_ = dir;
-  Recorder* records = recorder_.get();
-  double start = run_.start_time;
-  ckpt_ = std::make_unique<CheckpointWriter>(
-      dir, static_cast<int>(cfg_.Int("checkpoint.keep")), cfg_.Bool("checkpoint.async"),
-      [records, start](const CheckpointWriter::Written& w) {
-        if (!w.status.ok()) {
-          std::fprintf(stderr, "\nfullburn: %s\n", w.status.message().c_str());
-          return;
-        }
-        RunRecords r;
-        r.checkpoints.push_back(
-            {w.step, Env::Default()->UnixSeconds() - start, w.path, w.bytes, w.stall_s, w.write_s});
-        records->AddRecords(std::move(r));
-      });
-  if (!shard_owner_.empty()) {
-    // Each rank's part in the background; the loop waits only for the copy
-    // of what the next forward changes (buffers, RNG: in rank 0's file).
-    part_ckpt_ = std::make_unique<CheckpointWriter>(
-        dir, -1, cfg_.Bool("checkpoint.async"), [this](const CheckpointWriter::Written& w) {
-          part_write_us_ += static_cast<int64_t>(w.write_s * 1e6);
-          if (!w.status.ok()) PartFailed(w.step, w.path, w.status.message());
-        });
-    part_ckpt_->SetPath([this](int64_t step) { return PartPath(step); });
-    if (rank_.rank == 0) {
-      // As long as the ranks wait for each other anywhere: a part later than
-      // that is a rank gone or a folder the ranks do not share.
-      const double wait_s = cfg_.Float("dist.timeout_s");
-      ckpt_->SetBeforeWrite([this, dir, wait_s](int64_t step) {
-        return WaitForOptimizerShards(CheckpointPath(dir, step), PartIdentity(step), parts_cancel_,
-                                      wait_s);
-      });
-    }
-  }
-  // A resumed run writing into the same folder keeps the best one it inherited.
-  if (best_step_ >= 0 && std::filesystem::path(best_checkpoint_).parent_path() == dir)
-    ckpt_->Protect(best_step_);
-  mono_start_ = MonoNow();
-  last_ckpt_time_ = mono_start_;
-  if (!opt_.quiet && rank_.rank == 0) live_ = std::make_unique<LiveStatus>(STDERR_FILENO);
-  return Status::Ok();
-}
-
 void Trainer::Finish(const std::string& status, int code) {
   FlushSteps(true);
   if (ckpt_) ckpt_->Wait();
@@ -288,40 +239,6 @@ void Trainer::Finish(const std::string& status, int code) {
   live_.reset();
   if (run_.id > 0 && rank_.rank == 0)
     store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
-}
-
-Status Trainer::ProbeMemoryIfWanted() {
-  if (!MemoryReportWanted()) return Status::Ok();
-  // The report is advice: a probe that does not fit (the run holds more than
-  // the search's trials did, or, sharded, every gradient and for stage 3
-  // every weight whole) is read at a quarter of the micro-batch, and left out
-  // when that does not fit either; training goes on.
-  std::string first_oom;
-  for (int64_t size : {batch_, batch_ >= 4 ? batch_ / 4 : int64_t{0}}) {
-    if (size == 0) break;
-    try {
-      if (Status r = ProbeMemory(size); !r.ok()) {
-        return r;
-      }
-      first_oom.clear();
-      break;
-    } catch (const std::exception& e) {
-      if (!IsOutOfMemory(e)) {
-        std::string what = e.what();
-        return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
-      }
-      memory_.reset();
-      FreeDeviceCache(ctx_.device);
-      if (first_oom.empty()) first_oom = DescribeOutOfMemory(e);
-    }
-  }
-  if (!first_oom.empty())
-    std::fprintf(stderr,
-                 "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
-                 "memory (%s); the steps may too\n",
-                 rank_.rank, first_oom.c_str());
-  if (batch_searched_) PrintBatchTable();
-  return Status::Ok();
 }
 
 Status Trainer::Run() {

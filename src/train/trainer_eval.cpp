@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <limits>
 
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 

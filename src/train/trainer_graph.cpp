@@ -5,7 +5,7 @@
 // device (DeviceStep), so the only host read is the one after the replay.
 #include <fmt/format.h>
 
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 namespace {

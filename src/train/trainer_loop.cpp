@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "fullburn/diagnose.h"
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 

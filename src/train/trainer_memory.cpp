@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "memory_model.h"
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 namespace {
@@ -375,6 +375,40 @@ std::string Trainer::OutOfMemoryAdvice() {
   if (smaller > 0) j["fits_batch"] = smaller;
   RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j.dump()});
   return out;
+}
+
+Status Trainer::ProbeMemoryIfWanted() {
+  if (!MemoryReportWanted()) return Status::Ok();
+  // The report is advice: a probe that does not fit (the run holds more than
+  // the search's trials did, or, sharded, every gradient and for stage 3
+  // every weight whole) is read at a quarter of the micro-batch, and left out
+  // when that does not fit either; training goes on.
+  std::string first_oom;
+  for (int64_t size : {batch_, batch_ >= 4 ? batch_ / 4 : int64_t{0}}) {
+    if (size == 0) break;
+    try {
+      if (Status r = ProbeMemory(size); !r.ok()) {
+        return r;
+      }
+      first_oom.clear();
+      break;
+    } catch (const std::exception& e) {
+      if (!IsOutOfMemory(e)) {
+        std::string what = e.what();
+        return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
+      }
+      memory_.reset();
+      FreeDeviceCache(ctx_.device);
+      if (first_oom.empty()) first_oom = DescribeOutOfMemory(e);
+    }
+  }
+  if (!first_oom.empty())
+    std::fprintf(stderr,
+                 "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
+                 "memory (%s); the steps may too\n",
+                 rank_.rank, first_oom.c_str());
+  if (batch_searched_) PrintBatchTable();
+  return Status::Ok();
 }
 
 }  // namespace fullburn

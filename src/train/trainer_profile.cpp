@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fullburn/atomic_file.h"
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "trainer.h"
+#include "trainer_impl.h"
 
 namespace fullburn {
 

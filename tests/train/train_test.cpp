@@ -18,7 +18,7 @@
 
 #include "../../src/train/memory_model.h"
 #include "../../src/train/sharded_params.h"
-#include "../../src/train/trainer.h"
+#include "../../src/train/trainer_impl.h"
 #include "fullburn/dist_torch.h"
 #include "process.h"
 #include "replay_env.h"

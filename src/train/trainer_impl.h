@@ -114,9 +114,13 @@ std::string DescribeOutOfMemory(const std::exception& e);
 // The signal (SIGINT/SIGTERM) that asked training to stop, or 0.
 int PendingStopSignal();
 
-// `fullburn train`, split over trainer.cpp (setup, run), trainer_loop.cpp
-// (the step loop and its records) and trainer_state.cpp (checkpoint,
-// restore, evaluation).
+// `fullburn train`, its files split by seam: trainer.cpp (the store and
+// --resume, ranks, the run's start and end), trainer_setup.cpp (device,
+// data, model, optimizer, batch), trainer_loop.cpp (the step loop),
+// trainer_checkpoint.cpp (writers, snapshot, restore), trainer_sharding.cpp
+// (dist.shard, dist.offload), trainer_memory.cpp (the memory model's probe
+// and advice), trainer_eval.cpp, trainer_records.cpp (through the Recorder,
+// to rank 0), trainer_graph.cpp (CUDA graphs), trainer_profile.cpp.
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitInterrupted = 130;
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
@@ -167,7 +171,7 @@ class Trainer {
   // writes the trace and its `profile` event.
   void ProfileAfterStep(bool loop_ended);
   int64_t profile_first_ = 0, profile_last_ = 0;  // 0: off
-  // dist.shard = optimizer (trainer_state.cpp): each rank updates the
+  // dist.shard = optimizer (trainer_sharding.cpp): each rank updates the
   // parameters it owns and keeps only their optimizer state.
   Status SetupSharding();
   Status ClipShardedGradients(double max_norm);
