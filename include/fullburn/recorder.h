@@ -1,19 +1,25 @@
-// Recorder: what a training job records into its run while it runs — the
-// sampler's snapshots, the job's steps and events, what limits it now (a live
+// Recorder: what a job records into its run while it runs — the sampler's
+// snapshots, the job's steps and events, what limits it now (a live
 // diagnosis), and, for a rank that cannot write rank 0's store, the same
-// records gathered to be sent to rank 0 (train component; needs no libtorch:
-// store, telemetry and diagnose only).
+// records gathered to be sent to rank 0. `fullburn train` feeds it from its
+// loop; `fullburn run` and `attach` from the job's events file (poll_job).
+// Train component, but needs no libtorch (store, telemetry, diagnose), so
+// the monitoring half shares it.
 //
 // Contract
 // - The job's thread (the training loop) calls Add*, Flush, TakeForwarded,
 //   AddForwarded and Finish; it never waits on the store: steps and events
 //   are written by a writer thread of the recorder's own, and a store that
-//   refuses writes (locked, a full disk) keeps them to be written later, the
-//   change said once on stderr from the job's thread.
-// - The sampler runs on a thread of its own from Start until Finish;
-//   snapshots are stored there, the live diagnosis runs there (off the
-//   training loop), and Latest and LiveFinding read what it left, from any
-//   thread. AddRecords may be called from any thread (a checkpoint writer's).
+//   refuses writes (locked, a full disk) keeps them, and the snapshots, to be
+//   written later; each change is said once on stderr, from the job's thread,
+//   for both writers in one voice.
+// - With Options::poll_job the sampler thread is the job's thread until
+//   StopSampling: the caller adds nothing itself.
+// - The sampler runs on a thread of its own from Start until StopSampling
+//   (or Finish); snapshots are stored there, the live diagnosis runs there
+//   (off the training loop), and Latest and LiveFinding read what it left,
+//   from any thread. AddRecords may be called from any thread (a checkpoint
+//   writer's) until Finish; what comes after it is not written.
 // - Forwarding (Options::forward): nothing is written to the store; steps,
 //   events and readings wait for TakeForwarded, whose text rank 0 hands to
 //   its AddForwarded. The transport is the caller's.
@@ -48,6 +54,13 @@ class Recorder {
     // Step and event lines appended here too: the $FULLBURN_EVENTS of an
     // enclosing `fullburn run`, which then records the same steps; "": none.
     std::string events_path;
+    // On the sampler thread before each snapshot is stored: what the job
+    // wrote since the last call (its events file), recorded as the job's;
+    // once more, on the caller's thread, in Finish.
+    std::function<RunRecords()> poll_job;
+    // On the sampler thread after each snapshot is stored and diagnosed,
+    // with what poll_job returned for it (a live line's drawing).
+    std::function<void(const Snapshot&, const RunRecords& polled)> on_snapshot;
   };
   // `store` and `gpus` must outlive the recorder; `run` is begun in `store`
   // (rank 0's run, for a forwarding rank).
@@ -80,8 +93,9 @@ class Recorder {
   // Stops the sampler and stores its last snapshots (so nothing the sampler
   // adds comes after the caller's last TakeForwarded).
   void StopSampling();
-  // StopSampling, then writes everything kept; the status of that last write,
-  // said on stderr with what could not be stored.
+  // StopSampling, then writes everything kept (the steps since the last
+  // Flush too); the status of that last write, said on stderr with what
+  // could not be stored.
   Status Finish();
 
   std::optional<Snapshot> Latest() const;

@@ -22,8 +22,13 @@ struct Recorder::Rep {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_out{nullptr, &std::fclose};
   std::vector<StepRecord> pending_steps;  // job thread
   std::vector<RunEvent> forward_events;   // job thread
-  bool dropping = false, sampling_stopped = false, finished = false;
+  bool dropping = false;  // the job thread writes it under mu; the sampler reads it under mu
+  bool sampling_stopped = false, finished = false;
   Status final_status;
+  // The store's refusals, from both writers (job thread, but samples_* under mu).
+  bool said_failing = false, records_failing = false;
+  std::string records_error;
+  int64_t records_lost = 0, records_lost_said = 0, samples_dropped_said = 0;
 
   mutable std::mutex mu;
   std::vector<NamedSample> forward_samples;  // under mu (the sampler thread adds)
@@ -31,11 +36,15 @@ struct Recorder::Rep {
   std::vector<StepRecord> live_steps;        // under mu
   std::vector<RunEvent> live_events;         // under mu
   std::string live_finding;                  // under mu
+  Status samples_status;                     // under mu: the snapshots' last write
+  int64_t samples_dropped = 0;               // under mu
   // Other ranks' steps, read back from the store (sampler thread).
   double ranks_read_at = -INFINITY, ranks_read_to = -INFINITY;
   std::map<int, int64_t> ranks_last_step;
 
-  void OnSnapshot(const Snapshot& s);
+  void OnSnapshot(const Snapshot& s, Recorder* self);
+  void RecordPolled(const RunRecords& got, Recorder* self);
+  void Say(bool failing, const std::string& why);
   void FeedLiveDiagnosis(const Snapshot& s);
   void ReadOtherRanksSteps(double t, std::vector<StepRecord>* steps);
   void SayStoreChanges();
@@ -65,11 +74,27 @@ Recorder::Recorder(const Env* env, RunStore* store, RunInfo run, Options o)
 Recorder::~Recorder() { (void)Finish(); }
 
 void Recorder::Start() {
-  rep_->sampler->Start([rep = rep_.get()](const Snapshot& s) { rep->OnSnapshot(s); });
+  rep_->sampler->Start([this](const Snapshot& s) { rep_->OnSnapshot(s, this); });
 }
 
-void Recorder::Rep::OnSnapshot(const Snapshot& s) {
-  if (samples) (void)samples->Add(s);  // a refused batch is kept and written with the next
+void Recorder::Rep::RecordPolled(const RunRecords& got, Recorder* self) {
+  for (const StepRecord& step : got.steps) self->AddStep(step);
+  for (const RunEvent& event : got.events) self->AddEvent(event);
+  self->Flush();
+}
+
+void Recorder::Rep::OnSnapshot(const Snapshot& s, Recorder* self) {
+  RunRecords polled;
+  if (o.poll_job) {
+    polled = o.poll_job();
+    RecordPolled(polled, self);
+  }
+  if (samples) {
+    Status st = samples->Add(s);  // a refused batch is kept and written with the next
+    std::lock_guard<std::mutex> lock(mu);
+    samples_status = st;
+    samples_dropped = samples->dropped();
+  }
   if (live) FeedLiveDiagnosis(s);
   if (o.forward) {
     std::lock_guard<std::mutex> lock(mu);
@@ -77,6 +102,7 @@ void Recorder::Rep::OnSnapshot(const Snapshot& s) {
       for (const auto& [name, value] : Flatten(s))
         forward_samples.push_back({name, s.unix_time - run.start_time, value});
   }
+  if (o.on_snapshot) o.on_snapshot(s, polled);
 }
 
 // On the sampler thread: a diagnosis of a minute's data every 10 s would
@@ -123,18 +149,48 @@ void Recorder::Rep::ReadOtherRanksSteps(double t, std::vector<StepRecord>* steps
 
 // On the job's thread, so the line does not cut into a progress line half
 // drawn. A store that refuses writes keeps the records: the job goes on.
+// The step writer's changes are taken in order, so a refusal and its end
+// between two looks are both said.
 void Recorder::Rep::SayStoreChanges() {
   if (!records) return;
-  while (std::optional<AsyncRecordWriter::Change> c = records->TakeChange()) {
-    if (c->failing)
-      std::fprintf(stderr,
-                   "\nfullburn: %s; training goes on, and its step records are kept to be written "
-                   "once the store takes writes again\n",
-                   c->error.c_str());
-    else
-      std::fprintf(stderr, "\nfullburn: the run store takes step records again (%lld lost)\n",
-                   static_cast<long long>(c->lost));
+  Status snapshots;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    snapshots = samples_status;
   }
+  while (std::optional<AsyncRecordWriter::Change> c = records->TakeChange()) {
+    records_failing = c->failing;
+    if (c->failing)
+      records_error = c->error;
+    else
+      records_lost += c->lost;
+    Say(records_failing || !snapshots.ok(), records_failing ? records_error : snapshots.message());
+  }
+  Say(records_failing || !snapshots.ok(), records_failing ? records_error : snapshots.message());
+}
+
+void Recorder::Rep::Say(bool failing, const std::string& why) {
+  if (failing == said_failing) return;
+  said_failing = failing;
+  if (failing) {
+    std::fprintf(stderr,
+                 "\nfullburn: %s; the job keeps running, and its samples and steps are kept to be "
+                 "written once the store takes writes again\n",
+                 why.c_str());
+    return;
+  }
+  int64_t dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    dropped = samples_dropped;
+  }
+  int64_t snapshots = dropped - samples_dropped_said, steps = records_lost - records_lost_said;
+  samples_dropped_said = dropped;
+  records_lost_said = records_lost;
+  std::string what = snapshots || steps ? std::to_string(snapshots) + " snapshots and " +
+                                              std::to_string(steps) + " step records lost"
+                                        : "nothing lost";
+  std::fprintf(stderr, "\nfullburn: the run store takes writes again (%s)\n", what.c_str());
 }
 
 void Recorder::AddStep(const StepRecord& step) {
@@ -245,7 +301,12 @@ void Recorder::StopSampling() {
   if (r.sampling_stopped) return;
   r.sampling_stopped = true;
   r.sampler->Stop();
-  if (r.samples) (void)r.samples->Flush();
+  if (r.samples) {
+    Status st = r.samples->Flush();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.samples_status = st;
+    r.samples_dropped = r.samples->dropped();
+  }
 }
 
 Status Recorder::Finish() {
@@ -253,6 +314,10 @@ Status Recorder::Finish() {
   if (r.finished) return r.final_status;
   r.finished = true;
   StopSampling();
+  if (r.o.poll_job)
+    r.RecordPolled(r.o.poll_job(), this);  // the last the job wrote
+  else
+    Flush();
   if (r.records) {
     r.final_status = r.records->Finish();
     r.SayStoreChanges();
