@@ -6,73 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "fullburn/diagnose.h"
+#include "fullburn/recorder.h"
 
 namespace fullburn::cli {
-namespace {
-
-// Records a store that refuses writes for a while (locked by another
-// process past its busy timeout, a full disk) would lose: they are kept and
-// written once it takes writes again, so a long job loses nothing to a
-// passing problem. Stopping and resuming are each said once. Used from one
-// thread at a time (the sampler's, then the caller's once it stopped).
-class StoreWrites {
- public:
-  explicit StoreWrites(const Recording& rec)
-      : rec_(rec),
-        samples_(rec.store, rec.info.id, rec.info.start_time),
-        records_(rec.store, rec.info.id) {}
-
-  // Stores the snapshot (if any) and the job's new step events; returns the
-  // events (for the live line).
-  RunRecords Tick(const Snapshot* s) {
-    Status st = s ? samples_.Add(*s) : samples_.Flush();
-    RunRecords got;  // what the job appended to its events file since the last look
-    if (rec_.events) rec_.events->Poll(rec_.info.start_time, &got.steps, &got.events);
-    records_.Add(got);
-    if (st.ok()) st = records_.Flush();
-    Note(st);
-    return got;
-  }
-
-  // At the end: what could not be stored, if anything.
-  void Finish() {
-    Tick(nullptr);
-    if (failing_)
-      std::fprintf(stderr, "fullburn: %zu step records and %zu events could not be stored: %s\n",
-                   records_.kept_steps(), records_.kept_events(), error_.c_str());
-  }
-
- private:
-  void Note(const Status& st) {
-    if (!st.ok() && !failing_) {
-      failing_ = true;
-      error_ = st.message();
-      std::fprintf(stderr,
-                   "\nfullburn: %s; the job keeps running, and its samples and steps are kept "
-                   "to be written once the store takes writes again\n",
-                   error_.c_str());
-    } else if (st.ok() && failing_) {
-      failing_ = false;
-      int64_t snapshots = samples_.dropped() - snapshots_said_;
-      int64_t records = records_.dropped() - records_said_;
-      snapshots_said_ = samples_.dropped();
-      records_said_ = records_.dropped();
-      std::string what = snapshots || records ? std::to_string(snapshots) + " snapshots and " +
-                                                    std::to_string(records) + " step records lost"
-                                              : "nothing lost";
-      std::fprintf(stderr, "\nfullburn: the run store takes writes again (%s)\n", what.c_str());
-    }
-  }
-
-  const Recording& rec_;
-  BatchWriter samples_;
-  RecordWriter records_;
-  bool failing_ = false;
-  std::string error_;
-  int64_t snapshots_said_ = 0, records_said_ = 0;
-};
-
-}  // namespace
 
 void AddRecordOptions(CLI::App* app, RecordOptions* opts, const std::string& what) {
   app->add_option("--name", opts->name, "Name of the run (default: " + what + ")");
@@ -89,34 +25,37 @@ std::string GpusJson(const GpuSource& gpus) {
 }
 
 int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
-  SamplerOptions so;
-  so.interval_s = rec.info.interval_s;
-  so.root_pid = rec.root_pid;
-  so.adopter_pid = rec.adopter_pid;
-  Sampler sampler(rec.env, rec.gpus, so);
-  StoreWrites writes(rec);
   std::unique_ptr<LiveStatus> live;
   if (!rec.quiet) live.reset(new LiveStatus(STDERR_FILENO));
-  double t0 = rec.env->MonotonicSeconds();
-  // Only the sampler thread touches these.
-  RecentSteps recent;
-  LiveDiagnosis now(rec.info);
-  bool drawn = live && live->active();
-  sampler.Start([&](const Snapshot& s) {
-    RunRecords got = writes.Tick(&s);
-    recent.Add(got.steps);
-    if (!drawn) return;
-    now.AddSteps(got.steps);
-    now.AddEvents(got.events);
-    double t = s.unix_time - rec.info.start_time;
-    now.AddReadings(t, Flatten(s));
-    live->Draw(
-        RenderLiveLine(s, s.mono_time - t0, recent.Render() + RenderLiveFinding(now.Update(t))));
-  });
+  const bool drawn = live && live->active();
+  const double t0 = rec.env->MonotonicSeconds();
+  RecentSteps recent;  // the sampler thread's
+  Recorder::Options o;
+  o.sampler.interval_s = rec.info.interval_s;
+  o.sampler.root_pid = rec.root_pid;
+  o.sampler.adopter_pid = rec.adopter_pid;
+  o.gpus = rec.gpus;
+  o.live_diagnosis = drawn;
+  const double start = rec.info.start_time;
+  if (rec.events)  // what the job appended to its events file since the last look
+    o.poll_job = [&rec, start] {
+      RunRecords got;
+      rec.events->Poll(start, &got.steps, &got.events);
+      return got;
+    };
+  Recorder* recorder = nullptr;  // set before Start: on_snapshot runs only after it
+  o.on_snapshot = [&](const Snapshot& s, const RunRecords& polled) {
+    recent.Add(polled.steps);
+    if (drawn)
+      live->Draw(RenderLiveLine(s, s.mono_time - t0, recent.Render() + recorder->LiveFinding()));
+  };
+  Recorder recording(rec.env, rec.store, rec.info, std::move(o));
+  recorder = &recording;
+  recording.Start();
   int code = wait();
-  sampler.Stop();
+  recording.StopSampling();
   live.reset();
-  writes.Finish();
+  (void)recording.Finish();  // what could not be stored is said; the job's code stands
   return code;
 }
 
