@@ -3,14 +3,19 @@
 //
 // Contract
 // - RunTraining owns everything it starts (the loader's workers, the
-//   telemetry sampler, the checkpoint and record writers) and joins it
-//   before it returns; one call at a time per process (it installs
-//   SIGINT/SIGTERM handlers that stop the loop at a step's end).
-// - Expected failures come back as the exit code with one line on stderr
-//   naming the problem and the fix: 2 for input the user must change (the
-//   config, a path, data that does not fit the model, a corrupt checkpoint
-//   to resume), 1 for a run that failed, 130 for a run a signal stopped
-//   (checkpointed first).
+//   telemetry sampler and NVML's PCIe reader, the checkpoint and record
+//   writers, dist.offload's update, the rendezvous watchdog) and joins it
+//   before it returns. One call at a time per process: while it runs,
+//   SIGINT/SIGTERM stop the loop at a step's end; the caller's handlers are
+//   back when it returns.
+// - Every failure comes back as the exit code with one line on stderr naming
+//   the problem and the fix, never as an exception: 2 for input the user must
+//   change, found before the first step (the config, a path that does not
+//   exist, data that does not fit the model or is damaged, a corrupt
+//   checkpoint to resume); 1 for a run that failed once training began (bad
+//   data met on the way too) or a failure of the machine (I/O, memory); 130
+//   for a run a signal stopped (checkpointed first). The run is stored as
+//   failed or finished accordingly.
 #pragma once
 
 #include <torch/torch.h>

@@ -222,6 +222,7 @@ Status Trainer::BeginRun() {
 }
 
 void Trainer::Finish(const std::string& status, int code) {
+  finished_ = true;
   FlushSteps(true);
   if (ckpt_) ckpt_->Wait();
   if (recorder_) {
@@ -242,10 +243,6 @@ void Trainer::Finish(const std::string& status, int code) {
 }
 
 Status Trainer::Run() {
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
   if (Status s = OpenStoreAndResume(); !s.ok()) return s;
   if (opt_.print_config) {
     std::fputs(cfg_.ToToml().c_str(), stdout);
@@ -305,13 +302,14 @@ Status Trainer::Run() {
         static_cast<long long>(batch_), static_cast<long long>(accumulate_),
         static_cast<long long>(total_steps_), ctx_.device.str().c_str(),
         cfg_.Str("train.precision").c_str());
+  started_ = true;
   s = Loop();
   if (!s.ok()) parts_cancel_ = true;  // a rank may be gone: its part will not come
   // A failed step leaves the weights suspect: the last good checkpoint stands.
   if (s.ok() && (cfg_.Bool("checkpoint.at_end") || interrupted_)) s = Checkpoint(true);
   nlohmann::json eval;
   if (s.ok() && !interrupted_ && cfg_.Bool("eval.at_end")) s = Evaluate(&eval);
-  Finish(s.ok() ? "finished" : "failed", TrainingExitCode(s, interrupted_));
+  Finish(s.ok() ? "finished" : "failed", TrainingExitCode(s, interrupted_, started_));
   if (!s.ok()) return s;
   if (!opt_.quiet && rank_.rank == 0) {
     auto steps = store_->LoadSteps(run_.id);
@@ -369,12 +367,12 @@ std::string DescribeOutOfMemory(const std::exception& e) {
   return what.substr(0, what.find('\n'));
 }
 
-int TrainingExitCode(const Status& s, bool interrupted) {
+int TrainingExitCode(const Status& s, bool interrupted, bool started) {
+  if (s.ok()) return interrupted ? kExitInterrupted : 0;
+  if (started) return kExitFailed;  // a run that trained and failed, bad data met on the way too
   switch (s.code()) {
-    case Status::Code::kOk:
-      return interrupted ? kExitInterrupted : 0;
-    // What the user gave must change: the config, a path, the data, the
-    // checkpoint to resume.
+    // Found before the first step, and what the user gave must change: the
+    // config, a path, the data, the checkpoint to resume.
     case Status::Code::kInvalidArgument:
     case Status::Code::kNotFound:
     case Status::Code::kCorruption:
@@ -384,11 +382,50 @@ int TrainingExitCode(const Status& s, bool interrupted) {
   }
 }
 
+Trainer::~Trainer() {
+  // Their callbacks read the trainer (a sharded part's identity): done
+  // before any member goes, on a failure path too.
+  if (part_ckpt_) part_ckpt_->Wait();
+  if (ckpt_) ckpt_->Wait();
+}
+
+// An exception no step, evaluation or setup caught (a directory that cannot
+// be made, an out-of-memory restoring a checkpoint) still ends as a Status
+// and a run stored as failed, never as std::terminate.
+Status Trainer::RunCatchingEverything() {
+  try {
+    return Run();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    Status s = IsOutOfMemory(e) ? Status::ResourceExhausted("out of memory: " + what)
+                                : Status::Internal("training failed: " + what);
+    try {
+      if (run_.id > 0 && !finished_) Finish("failed", TrainingExitCode(s, false, started_));
+    } catch (const std::exception&) {  // the store is what failed: the message says enough
+    }
+    return s;
+  }
+}
+
 int RunTraining(const TrainerOptions& options) {
-  Trainer t(options);
-  Status s = t.Run();
-  if (!s.ok()) std::fprintf(stderr, "fullburn: %s\n", s.message().c_str());
-  return TrainingExitCode(s, t.interrupted());
+  // A stop asked for by SIGINT/SIGTERM ends the loop at a step's end; the
+  // caller's handlers are back once training returns.
+  g_signal = 0;
+  struct sigaction sa {}, old_int {}, old_term {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  int code;
+  {
+    Trainer t(options);
+    Status s = t.RunCatchingEverything();
+    if (!s.ok()) std::fprintf(stderr, "fullburn: %s\n", s.message().c_str());
+    code = TrainingExitCode(s, t.interrupted(), t.started());
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  return code;
 }
 
 }  // namespace fullburn

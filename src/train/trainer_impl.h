@@ -124,7 +124,8 @@ int PendingStopSignal();
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitInterrupted = 130;
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
-int TrainingExitCode(const Status& s, bool interrupted);
+// `started`: the step loop began.
+int TrainingExitCode(const Status& s, bool interrupted, bool started);
 
 struct Resume {
   std::string path;
@@ -135,9 +136,13 @@ struct Resume {
 class Trainer {
  public:
   explicit Trainer(const TrainerOptions& o) : opt_(o) {}
+  ~Trainer();
   Status Run();
+  // Run, with any exception that escaped it as a Status (the run stored as failed).
+  Status RunCatchingEverything();
   // A signal stopped the loop at a step's end (checkpointed, not a failure).
   bool interrupted() const { return interrupted_; }
+  bool started() const { return started_; }  // the step loop began
 
  private:
   Status OpenStoreAndResume();
@@ -279,7 +284,7 @@ class Trainer {
   CheckpointState Snapshot();
 
   TrainerOptions opt_;
-  bool interrupted_ = false;
+  bool interrupted_ = false, started_ = false, finished_ = false;
   Config cfg_;
   std::unique_ptr<RunStore> store_;
   std::optional<Resume> resume_;

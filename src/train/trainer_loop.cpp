@@ -165,6 +165,7 @@ Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
 }
 
 void Trainer::FlushSteps(bool force) {
+  if (!recorder_) return;  // the run was not begun
   double now = MonoNow();
   if (!force && now - last_flush_ < 2.0) return;
   last_flush_ = now;
