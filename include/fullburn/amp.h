@@ -45,9 +45,10 @@ class LossScaler {
   explicit LossScaler(const LossScalerOptions& o) : o_(o), scale_(o.init_scale) {}
   torch::Tensor Scale(const torch::Tensor& loss) const { return o_.enabled ? loss * scale_ : loss; }
   // Divides the gradients by the scale (when enabled) and returns a 0-dim
-  // tensor on their device: 1 when any is inf/NaN. No host sync. `foreach`
-  // (optim.foreach's verdict): multi-tensor ops, a few kernels for every
-  // gradient instead of one or two per parameter, the same verdict.
+  // tensor on their device (a CPU one when none has a gradient): 1 when any
+  // is inf/NaN. No host sync. `foreach` (optim.foreach's verdict):
+  // multi-tensor ops, a few kernels for every gradient instead of one or two
+  // per parameter, the same verdict.
   torch::Tensor UnscaleAndCheck(const std::vector<torch::Tensor>& params,
                                 bool foreach = false) const;
   // After the step's check: true when the optimizer step must be skipped.

@@ -4,11 +4,13 @@
 //
 // Contract
 // - Readers never see a partial file; a failed write never touches the
-//   checkpoints already written. Every error is a Status naming the file.
+//   checkpoints already written. A read or write error is a Status naming
+//   the file; CheckpointWriter::Save throws on the caller's thread when the
+//   host copy cannot be made (out of memory).
 // - A CheckpointWriter is driven by one thread (Save, BeforeUpdate, Wait);
-//   it writes on one thread of its own, one checkpoint in flight at most, and
-//   its `done` callback runs there. status() and last_status() may be read
-//   from any thread.
+//   each Save writes on a thread of its own (the caller's when not async),
+//   one checkpoint in flight at most, and its `done` callback runs there.
+//   status() and last_status() may be read from any thread.
 #pragma once
 
 #include <torch/torch.h>
@@ -76,7 +78,7 @@ Status WaitForOptimizerShards(const std::string& checkpoint_path, const ShardIde
 // `until_update`, then serializes, checksums and writes. The loop is blocked
 // for the first copy and, in BeforeUpdate(), only if the second is not done
 // by the time the next optimizer step comes. Keeps the
-// newest `keep` files of its directory. `done` is called on the writer thread.
+// newest `keep` files of its directory. `done` is called on the writing thread.
 // The host copies live in buffers kept from one checkpoint to the next (no
 // fresh allocation and page faults per snapshot; the memory is the state's size).
 class CheckpointWriter {

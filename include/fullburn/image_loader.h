@@ -24,8 +24,9 @@
 //   truncated, empty, not JPEG or PNG) with on_bad_sample=skip are replaced
 //   by the next good sample of the permutation, counted (LoaderStats::skipped)
 //   and named once on stderr: a batch always has batch_size samples (but the
-//   last of an epoch with keep_last, for evaluation). With fail, the first
-//   one stops the loader: Next() returns false and status() says which
+//   last of an epoch with keep_last, for evaluation); 64 bad samples in a
+//   row stop the loader as fail does. With fail, the first one stops the
+//   loader: Next() returns false and status() says which
 //   sample and why.
 #pragma once
 

@@ -3,12 +3,14 @@
 //
 // Contract
 // - An Optimizer is used from one thread, the one that steps it. The only
-//   thread it starts is StepAsync's update with dist.offload, which it joins
-//   before any method that reads parameters or state returns them
-//   (WaitForUpdate); an error on that thread is rethrown on the caller's.
-// - A saved state that does not match the parameters (a checkpoint of
+//   thread it starts is StepAsync's update with dist.offload; Step, StepAsync
+//   and WaitForUpdate join it, and before State(), a checkpoint or an
+//   evaluation the caller calls WaitForUpdate. An error on that thread is
+//   rethrown on the caller's.
+// - A saved state whose shape does not match its parameter (a checkpoint of
 //   another model) comes back from LoadState as a Status naming the tensor;
-//   everything else fails only through libtorch's exceptions (out of memory).
+//   a state it lacks starts fresh. Everything else fails only through
+//   libtorch's exceptions (out of memory).
 #pragma once
 
 #include <torch/torch.h>

@@ -2,14 +2,16 @@
 // libtorch; the monitoring half never includes this header).
 //
 // Contract
-// - One training thread owns a Trainer, its model, optimizer and data source.
-//   The only other threads are the loader's workers, the telemetry sampler,
-//   the record and checkpoint writers and, with dist.offload, the
-//   optimizer's update, each behind its own header's contract.
+// - The thread that calls RunTraining owns the model, optimizer and data
+//   source. The only other threads are the loader's workers, the telemetry
+//   sampler (and NVML's PCIe reader), the record and checkpoint writers, the
+//   rendezvous watchdog and, with dist.offload, the optimizer's update, each
+//   behind its own header's contract.
 // - Expected failures (bad config, data that does not fit the model, a model
 //   that does not fit in memory at batch 1, divergence, a corrupt checkpoint)
-//   come back as a Status with a one-line message naming the problem and the
-//   fix; checkpoints already written are never touched by a failure.
+//   come back as RunTraining's exit code with a one-line message naming the
+//   problem and the fix (trainer.h); each piece's own errors as its header
+//   says. Checkpoints already written are never touched by a failure.
 // - Pieces usable from any libtorch loop: AutocastGuard, LossScaler (amp.h),
 //   Optimizer, LrSchedule, DeviceStep (optim.h), the checkpoint reader and
 //   writer (checkpoint.h); each header holds its own contract.
