@@ -17,7 +17,7 @@ if(TARGET fullburn_analyze)  # profiler traces; fullburn::train links it where i
 else()
   set(FULLBURN_WITH_ANALYZE OFF)
 endif()
-set(FULLBURN_PROGRAMS fullburn)
+set(FULLBURN_PROGRAMS fullburn fullburn-net)
 if(FULLBURN_HAVE_TORCH)
   list(APPEND FULLBURN_EXPORTED fullburn_models fullburn_dist fullburn_train)
   if(TARGET fullburn_cuda_kernels)  # linked into fullburn::models where built
@@ -51,11 +51,12 @@ install(FILES ${PROJECT_BINARY_DIR}/fullburnConfig.cmake
 # one package in site-packages holding the command, its helpers and the module,
 #   fullburn/_bin/fullburn     the command (venv/bin/fullburn, the entry point
 #                              fullburn._cli:main, execs it)
+#   fullburn/_bin/fullburn-net serve and fleet, which fullburn execs
 #   fullburn/_python/          the helpers fullburn run puts on a job's PYTHONPATH
 #   fullburn/*.py, _native.*   import fullburn
 # so `pip uninstall fullburn` removes all of it.
 if(SKBUILD)
-  install(TARGETS fullburn RUNTIME DESTINATION fullburn/_bin COMPONENT wheel)
+  install(TARGETS fullburn fullburn-net RUNTIME DESTINATION fullburn/_bin COMPONENT wheel)
   install(DIRECTORY python/ DESTINATION fullburn/_python COMPONENT wheel
           FILES_MATCHING PATTERN "*.py" PATTERN "package" EXCLUDE PATTERN "__pycache__" EXCLUDE)
   if(FULLBURN_HAVE_PYTHON)

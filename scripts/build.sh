@@ -2,7 +2,7 @@
 # Installs dependencies (scripts/install-deps.sh) and builds into ./build,
 # saying what it does: the packages it installs, then the build's progress.
 #   build.sh           everything: fullburn, the training half, tests, benchmarks
-#   build.sh --demo    only what the main job runs (fullburn, fullburn-train):
+#   build.sh --demo    only what the main job runs (fullburn, fullburn-net, fullburn-train):
 #                      what scripts/demo.sh needs, in about half the time
 #   BUILD_DIR=build  JOBS=$(nproc)  CMAKE_ARGS="-DFULLBURN_WITH_TORCH=OFF ..."
 # A failure ends in one line naming it and the command that fixes it; the
@@ -60,7 +60,7 @@ fi
 
 targets=()
 if [[ $mode == demo ]]; then
-  targets=(fullburn_main_job)  # fullburn and fullburn-train (without libtorch: the example workload)
+  targets=(fullburn_main_job)  # fullburn, fullburn-net and fullburn-train (without libtorch: the example workload)
   what="fullburn and the training half"
   grep -q 'training half (libtorch) ON' "$log" || what="fullburn and the example workload"
 else

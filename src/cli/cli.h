@@ -64,6 +64,15 @@ std::string PythonPackageDir();
 
 // fullburn-train beside this executable (the libtorch half), or "" if not built.
 std::string TrainingExecutable();
+// fullburn-net beside this executable (serve and fleet: the HTTP and TLS
+// libraries, kept out of every other command's process), or "" if missing.
+std::string NetworkExecutable();
+// Replaces this process with `exe` given argv[1..]: signals, the pid and the
+// exit code are then exe's. Returns only when exec failed (the exit code).
+int HandOff(const std::string& exe, int argc, char** argv);
+// Parses argv into `app`, runs the chosen subcommand's callback and returns
+// the exit code; a parse error is one line naming the --help to read.
+int ParseAndRun(CLI::App& app, int argc, char** argv);
 // What to do when it is absent: "needs the training half (fullburn-train),
 // which <this>" — a pip install never has it, a CMake build lacked libtorch.
 std::string WithoutTrainingHalf();
@@ -75,6 +84,11 @@ void SetupRuns(CLI::App& app);
 void SetupRunsRemove(CLI::App* runs);  // fullburn runs rm
 // The chosen runs with their parts (a tuning's trials), and the parts' parts.
 std::set<int64_t> WithParts(std::set<int64_t> chosen, const std::vector<RunInfo>& runs);
+// `fullburn serve` and `fullburn fleet` run in fullburn-net (net_main.cpp);
+// fullburn lists them in its --help with these lines.
+constexpr const char* kServeAbout = "Prometheus exporter: /metrics and /healthz";
+constexpr const char* kFleetAbout =
+    "GPU-hours lost across a cluster, by job and cause, from Prometheus (docs/fleet.md)";
 void SetupServe(CLI::App& app);
 void SetupReport(CLI::App& app);  // diagnose, report, compare
 void SetupLaunch(CLI::App& app);

@@ -48,8 +48,7 @@ int Fleet(const FleetOptions& opts) {
 
 void SetupFleet(CLI::App& app) {
   auto opts = std::make_shared<FleetOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "fleet", "GPU-hours lost across a cluster, by job and cause, from Prometheus (docs/fleet.md)");
+  CLI::App* cmd = app.add_subcommand("fleet", kFleetAbout);
   cmd->add_option("--prometheus", opts->connection.url,
                   "Prometheus's base URL (http or https), the server scraping fullburn serve")
       ->envname("FULLBURN_PROMETHEUS_URL")

@@ -162,7 +162,7 @@ int Serve(const ServeOptions& opts) {
 
 void SetupServe(CLI::App& app) {
   auto opts = std::make_shared<ServeOptions>();
-  CLI::App* serve = app.add_subcommand("serve", "Prometheus exporter: /metrics and /healthz");
+  CLI::App* serve = app.add_subcommand("serve", kServeAbout);
   serve->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any free port)")
       ->envname("FULLBURN_LISTEN")
       ->capture_default_str();

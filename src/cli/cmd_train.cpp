@@ -1,9 +1,6 @@
 // fullburn train: hands the job to fullburn-train (the libtorch half) by exec,
 // so signals and the exit code are its own. Help and the config reference are
 // answered here, so they work even where the training half is not built.
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -35,11 +32,7 @@ int Train(int argc, char** argv) {
   if (exe.empty())
     return Fail(std::string("'") + argv[1] + "' needs the training half (fullburn-train), which " +
                 WithoutTrainingHalf());
-  std::vector<char*> args = {const_cast<char*>(exe.c_str()), argv[1]};
-  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
-  args.push_back(nullptr);
-  ::execv(exe.c_str(), args.data());
-  return Fail("cannot start " + exe + ": " + std::strerror(errno), kExitCannotStart);
+  return HandOff(exe, argc, argv);
 }
 
 }  // namespace fullburn::cli

@@ -55,11 +55,45 @@ std::string CurrentDir() {
   return ::getcwd(buf, sizeof buf) ? buf : "";
 }
 
-std::string TrainingExecutable() {
+namespace {
+
+std::string ExecutableBeside(const char* name) {
   std::string path = SelfExecutable();
   if (path.empty()) return "";
-  path = path.substr(0, path.rfind('/') + 1) + "fullburn-train";
+  path = path.substr(0, path.rfind('/') + 1) + name;
   return ::access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
+}  // namespace
+
+std::string TrainingExecutable() { return ExecutableBeside("fullburn-train"); }
+
+std::string NetworkExecutable() { return ExecutableBeside("fullburn-net"); }
+
+int HandOff(const std::string& exe, int argc, char** argv) {
+  std::vector<char*> args = {const_cast<char*>(exe.c_str())};
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(exe.c_str(), args.data());
+  return Fail("cannot start " + exe + ": " + std::strerror(errno), kExitCannotStart);
+}
+
+int ParseAndRun(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string where = app.get_subcommands().empty()
+                            ? "fullburn --help"
+                            : "fullburn " + app.get_subcommands().front()->get_name() + " --help";
+    return Fail(std::string(e.what()) + " (see '" + where + "')");
+  }
+  return ExitCode();
 }
 
 std::string WithoutTrainingHalf() {

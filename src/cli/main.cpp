@@ -29,11 +29,23 @@ std::string TrainingHalf() {
   return out;
 }
 
+// serve and fleet: fullburn-net's (cli.h NetworkExecutable).
+int NetworkCommand(int argc, char** argv) {
+  std::string exe = fullburn::cli::NetworkExecutable();
+  if (exe.empty())
+    return fullburn::cli::Fail(std::string("'") + argv[1] +
+                               "' needs fullburn-net beside this fullburn, which is missing: "
+                               "reinstall fullburn (or build the target fullburn-net)");
+  return fullburn::cli::HandOff(exe, argc, argv);
+}
+
 int Version() {
   std::printf("fullburn %s\n", FULLBURN_VERSION);
   std::string train = TrainingHalf();
   std::printf("training half: %s\n",
               train.empty() ? "not built (libtorch was not found at build time)" : train.c_str());
+  std::string net = fullburn::cli::NetworkExecutable();
+  std::printf("serve, fleet: %s\n", net.empty() ? "missing (fullburn-net is not beside fullburn)" : net.c_str());
   auto gpus = fullburn::GpuSource::Open();
   if (!gpus.ok()) {
     std::printf("GPU telemetry: %s\n", gpus.status().message().c_str());
@@ -74,6 +86,8 @@ int main(int argc, char** argv) {
   // Its own argument grammar (CONFIG.toml key=value ...), passed on whole.
   if (argc > 1 && (std::strcmp(argv[1], "train") == 0 || std::strcmp(argv[1], "export-weights") == 0))
     return Train(argc, argv);
+  if (argc > 1 && (std::strcmp(argv[1], "serve") == 0 || std::strcmp(argv[1], "fleet") == 0))
+    return NetworkCommand(argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string all = "train";
@@ -91,14 +105,15 @@ int main(int argc, char** argv) {
   SetupAttach(app);
   SetupWatch(app);
   SetupRuns(app);
-  SetupServe(app);
   SetupReport(app);
   SetupLaunch(app);
   SetupData(app);
   SetupTune(app);
   SetupAnalyze(app);
-  SetupFleet(app);
-  // Listed for --help; main() hands `train` to Train() before parsing.
+  // Listed for --help; main() hands these to fullburn-net and fullburn-train
+  // before parsing.
+  app.add_subcommand("serve", kServeAbout);
+  app.add_subcommand("fleet", kFleetAbout);
   app.add_subcommand("train", "Train a model (libtorch): CONFIG.toml key=value ... (fullburn train --help)");
   app.add_subcommand("export-weights", "CHECKPOINT OUT.safetensors: a checkpoint's model weights for Python");
   auto markdown = std::make_shared<bool>(false);
@@ -107,19 +122,5 @@ int main(int argc, char** argv) {
   metrics->callback([markdown] { ExitCode() = Metrics(*markdown); });
   app.add_subcommand("version", "Print versions of fullburn, libtorch and NVML")
       ->callback([] { ExitCode() = Version(); });
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::string where = app.get_subcommands().empty()
-                            ? "fullburn --help"
-                            : "fullburn " + app.get_subcommands().front()->get_name() + " --help";
-    return Fail(std::string(e.what()) + " (see '" + where + "')");
-  }
-  return ExitCode();
+  return ParseAndRun(app, argc, argv);
 }

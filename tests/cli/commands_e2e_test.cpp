@@ -363,6 +363,29 @@ TEST_F(CommandsE2E, UnknownSubcommandAndFlag) {
   ExpectOneLineError(Fb({"runs", "show", "7", "--store", store_}), "no run 7");
 }
 
+// serve and fleet run in fullburn-net, found beside fullburn: without it
+// they say so in one line, and every other command still works.
+TEST_F(CommandsE2E, ServeAndFleetNeedTheNetworkHalfBesideFullburn) {
+  const std::string alone = dir_ + "/bin/fullburn";
+  fs::create_directories(dir_ + "/bin");
+  fs::copy_file(FULLBURN_BIN, alone);
+  auto serve = RunToEnd({alone, "serve", "--listen", "127.0.0.1:0"});
+  ExpectOneLineError(serve, "'serve' needs fullburn-net beside this fullburn, which is missing");
+  ExpectOneLineError(RunToEnd({alone, "fleet", "--prometheus", "http://127.0.0.1:9"}),
+                     "'fleet' needs fullburn-net beside this fullburn");
+  auto version = RunToEnd({alone, "version"});
+  EXPECT_EQ(version.code, 0) << version.err;
+  EXPECT_NE(version.out.find("serve, fleet: missing"), std::string::npos) << version.out;
+  // Beside the real one, the same command reaches fullburn-net's parser.
+  auto help = Fb({"serve", "--help"});
+  EXPECT_EQ(help.code, 0) << help.err;
+  EXPECT_NE(help.out.find("Usage: fullburn serve"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--web-config"), std::string::npos) << help.out;
+  EXPECT_NE(Fb({"version"}).out.find("serve, fleet: " + fs::canonical(FULLBURN_BIN).parent_path().string() +
+                                     "/fullburn-net"),
+            std::string::npos);
+}
+
 TEST_F(CommandsE2E, StoreInAMissingDirectory) {
   auto o = Fb({"run", "--store", dir_ + "/missing/runs.db", "--", "/bin/true"});
   ExpectOneLineError(o, "does not exist: create it or pass --store");
