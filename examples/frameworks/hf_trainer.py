@@ -1,7 +1,8 @@
 """A Hugging Face transformers.Trainer run as people write one: a small
 randomly initialised model built from a config (no download), a dataset, and
 TrainingArguments. Nothing of fullburn in it; run it under
-`fullburn run -- python hf_trainer.py [--starved] [--eval-every N] [--save-every N] [--steps N]`.
+`fullburn run -- python hf_trainer.py [--starved] [--eval-every N] [--save-every N] [--steps N]
+[--device cuda]`.
 
 --starved plants the usual input bottleneck: the dataset does 30 ms of CPU
 work per sample (tokenizing on the fly) while the Trainer's DataLoader has
@@ -51,6 +52,8 @@ def main():
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--workers", type=int, default=0,
                    help="dataloader_num_workers (0, the Trainer's default, suits in-memory data)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the Trainer's own device choice (use_cpu=False)")
     a = p.parse_args()
     torch.manual_seed(0)
     config = BertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -60,7 +63,7 @@ def main():
     args = TrainingArguments(
         output_dir=out, max_steps=a.steps, per_device_train_batch_size=16,
         per_device_eval_batch_size=32, gradient_accumulation_steps=a.accumulate,
-        learning_rate=1e-3, logging_steps=10, report_to=[], use_cpu=True,
+        learning_rate=1e-3, logging_steps=10, report_to=[], use_cpu=a.device == "cpu",
         dataloader_num_workers=a.workers,
         eval_strategy="steps" if a.eval_every else "no", eval_steps=a.eval_every or None,
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,

@@ -1,7 +1,8 @@
 """A Lightning training run as people write one: a LightningModule, a
 LightningDataModule, Trainer.fit. Nothing of fullburn in it; run it under
 `fullburn run -- python lightning_fit.py [--starved] [--accumulate N]
-[--precision bf16-mixed] [--val-every N] [--checkpoint-every N] [--steps N]`.
+[--precision bf16-mixed] [--val-every N] [--checkpoint-every N] [--steps N]
+[--accelerator gpu]`.
 
 --starved plants the usual input bottleneck: a transform that takes 8 ms per
 sample in a DataLoader without workers (num_workers=0, the default here,
@@ -91,6 +92,7 @@ def main():
                    help="ModelCheckpoint every N steps into a temporary folder (0: no checkpoints)")
     p.add_argument("--workers", type=int, default=0,
                    help="the DataLoader's num_workers (0 suits tensors already in memory)")
+    p.add_argument("--accelerator", default="cpu", help="Lightning's accelerator: cpu, gpu, auto")
     a = p.parse_args()
     torch.manual_seed(0)
     data = ShapesData(num_workers=a.workers, delay_s=0.008 if a.starved else 0.0)
@@ -98,7 +100,7 @@ def main():
     if a.checkpoint_every:
         callbacks.append(ModelCheckpoint(dirpath=tempfile.mkdtemp(prefix="lightning_fit_"),
                                          every_n_train_steps=a.checkpoint_every, save_top_k=-1))
-    trainer = L.Trainer(max_steps=a.steps, accelerator="cpu", devices=1,
+    trainer = L.Trainer(max_steps=a.steps, accelerator=a.accelerator, devices=1,
                         accumulate_grad_batches=a.accumulate, precision=a.precision,
                         logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
                         enable_progress_bar=False,

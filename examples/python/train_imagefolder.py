@@ -3,7 +3,7 @@ SGD with momentum) whose input is torchvision's ImageFolder + DataLoader or,
 with --loader fullburn, fullburn.ImageLoader: the two lines that change are
 marked SWAP. bench/python_swap_train runs it both ways on the same cores.
 
-  python3 train_imagefolder.py DATA --loader torch|fullburn [--steps N]
+  python3 train_imagefolder.py DATA --loader torch|fullburn [--steps N] [--device cuda]
 """
 import argparse
 import math
@@ -60,7 +60,9 @@ def main():
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where the model trains")
     a = p.parse_args()
+    device = torch.device(a.device)
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
     if a.loader == "torch":
@@ -76,9 +78,11 @@ def main():
         classes = len(dataset.classes)
     else:
         import fullburn
-        loader = fullburn.ImageLoader(a.data, a.batch_size, crop=a.crop, seed=a.seed)  # SWAP
+        # On CUDA the loader copies and normalizes on the device itself.
+        loader = fullburn.ImageLoader(a.data, a.batch_size, crop=a.crop, seed=a.seed,  # SWAP
+                                      device=None if device.type == "cpu" else device)
         classes = len(loader.classes)
-    model = ResNet18(classes)
+    model = ResNet18(classes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-5)
     step, wait, t0, start = 0, 0.0, None, time.perf_counter()
     while step < a.steps:
@@ -87,6 +91,8 @@ def main():
             if step == 3:  # warm-up done: time from here
                 t0, wait = time.perf_counter(), 0.0
             wait += time.perf_counter() - fetch
+            images = images.to(device, non_blocking=True)  # no-ops where they are there already
+            labels = labels.to(device, non_blocking=True)
             loss = F.cross_entropy(model(images), labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()
