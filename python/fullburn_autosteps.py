@@ -83,6 +83,7 @@ import time
 import traceback
 import weakref
 
+import fullburn_flops
 import fullburn_markers
 
 _state = None
@@ -116,6 +117,8 @@ class _AutoSteps:
         self.backward_calls = 0  # with none of its steps seen, said at exit
         self.said_second_optimizer = False
         self.profile = _Profile.from_environment(torch)  # fullburn run --profile A-B
+        # One step's FLOPs after the warm-up, for MFU (fullburn_flops.py).
+        self.flops = fullburn_flops.FlopCount.from_environment(torch, self.profile)
         self._reset_pending()
 
     def _reset_pending(self):
@@ -175,6 +178,8 @@ class _AutoSteps:
         self.last_activity = now
         self.mark = now
         self.saved_since_mark = 0.0
+        if self.flops is not None and threading.get_ident() == self.loop_thread:
+            self.flops.batch_fetched(self.step_start if self.step_start is not None else started)
 
     def _write_evaluation(self, end):
         """The fetches since the last step fed no step: an evaluation."""
@@ -389,11 +394,15 @@ class _AutoSteps:
         m._write_line(line + "}")
         if self.profile is not None:
             self.profile.step_ended(m.step, m)
+        set_up_s = 0.0  # the FLOP count's one-time set-up: outside every step
+        if self.flops is not None:
+            set_up_s = self.flops.step_ended(m.step, m, max(0.0, now - start), self.saw_loader,
+                                             may_set_up=synchronize)
         ref = self.iterator_ref
         self._reset_pending()
         self.iterator_ref = ref  # accumulation: the same iterator goes on
         self.iterator_stepped = ref is not None
-        self.step_start = now
+        self.step_start = now + set_up_s
         self.rearm_after()
 
     def note_torch(self, m, now):

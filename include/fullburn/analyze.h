@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fullburn/diagnose.h"
@@ -172,6 +173,15 @@ struct HostSummary {
   std::map<std::string, int64_t> sync_sites;  // "train.py(54)" -> count, where stacks were recorded
 };
 
+// The math a GEMM, convolution or attention kernel ran, read from its name
+// (cuBLAS, cuDNN, CUTLASS, nvjet, xmma, flash and memory-efficient attention,
+// Triton templates; the rules are in docs/analyze.md, "Matmul math"). A name
+// that says nothing of its math is kUnknown, never guessed.
+enum class KernelMath { kNotGemm, kBf16, kFp16, kTf32, kFp8, kFp4, kInt8, kFp32Simt, kFp64, kUnknown };
+KernelMath ClassifyKernelMath(std::string_view kernel_name);
+const char* KernelMathName(KernelMath m);  // "bf16 tensor cores"
+const char* KernelMathKey(KernelMath m);   // "bf16_tc" (JSON)
+
 struct RankReport {
   std::string path;
   int rank = 0;
@@ -193,6 +203,9 @@ struct RankReport {
   std::vector<StreamIdle> streams;
   std::vector<ClassTime> classes;
   std::vector<KernelStat> top_kernels;
+  // GPU time of the matmul, convolution and attention kernels, by the math
+  // their names say (not kNotGemm); the fp32 SIMT share is the precision finding's.
+  std::map<KernelMath, double> gemm_math_us;
   LaunchStats launches;
   std::vector<CopyStats> copies;
   CommStats comm;

@@ -6,8 +6,8 @@
 // - Pure functions of their inputs (no I/O, no clocks, no libtorch); safe
 //   from any thread. Rules and thresholds are the table in diagnose.cpp,
 //   written down in docs/diagnosis.md with their sources.
-// - Cause identifiers are stable (JSON output and docs use them): a cause is
-//   never renamed, only added.
+// - Causes are the catalog's (causes.h): a finding carries its CauseId, and
+//   the catalog's stable name is what JSON, Prometheus and docs show.
 // - Findings are sorted by the share of wall time lost, largest first; then
 //   opportunities that cost no time yet (memory_headroom). A run with no
 //   problem also gets a `healthy` finding, so the list is never empty.
@@ -23,24 +23,52 @@
 #include <string>
 #include <vector>
 
+#include "fullburn/causes.h"
 #include "fullburn/store.h"
 
 namespace fullburn {
 
-// Every cause the rules can name (docs/diagnosis.md has one section each).
-extern const char* const kCauses[];
-extern const size_t kCauseCount;
-
 struct Finding {
-  std::string cause;     // one of kCauses
+  CauseId cause = CauseId::kHealthy;
   std::string title;     // one line for people
   std::string evidence;  // metrics, window and thresholds that fired
   double share_lost = 0; // of wall time (0 for opportunities such as memory_headroom)
   double confidence = 0; // 0..1
   std::string fix;       // the knob and a suggested value
+  std::string name() const { return CauseName(cause); }  // "input_workers"
 };
 
 std::vector<Finding> Diagnose(const RunData& run);
+
+// Model FLOPs utilization: the FLOPs the step hooks counted in one training
+// step (a "flops" event, python/fullburn_flops.py) at the median step time,
+// of the job's GPUs' peak: flops / step_s / (peak × GPUs per rank), the peak
+// the dense bf16 tensor-core one (fp16 on GPUs without bf16) from the table
+// in gpu_peaks.h, or the run's peak_tflops (FULLBURN_PEAK_TFLOPS).
+struct Mfu {
+  double value = NAN;  // 0..1; NaN: unknown, `why` says why
+  double flops_per_step = NAN;
+  double step_s = NAN;       // median step time
+  double peak_tflops = NAN;  // per GPU
+  int gpus = 0;              // per rank
+  std::string peak_from;     // "H100 SXM (its datasheet)", or "FULLBURN_PEAK_TFLOPS"
+  // Ops that compute without a FLOP formula ran (a custom kernel, flash-attn
+  // without one): the count, and so MFU, is a lower bound.
+  std::vector<std::string> uncounted;
+  std::string why;
+  bool counted = false;  // the hooks tried (a "flops" event: a count or why not)
+  bool known() const { return !std::isnan(value); }
+  // "MFU 38.2%: 1.31 TFLOP/step in 92.1 ms of 989 TFLOPS bf16 × 1 GPU (H100 SXM)"; or "MFU -: why".
+  std::string Text() const;
+};
+Mfu ComputeMfu(const RunData& run);
+// "  MFU 38.2%: ...\n" for a run whose hooks counted (or tried to); "" for the rest.
+std::string RenderMfu(const Mfu& m);
+// {value, flops_per_step, step_s, peak_tflops, gpus, peak_from, lower_bound,
+// uncounted, why}; value null when unknown.
+nlohmann::json MfuJson(const Mfu& m);
+// " | MFU 38%" for the live line; "" while unknown.
+std::string RenderLiveMfu(const Mfu& m);
 
 // The GPU readings the findings rest on, over the job's GPUs: on a shared
 // node, GPUs that ran none of the job's processes are left out. NaN: no reading.
@@ -83,12 +111,15 @@ class LiveDiagnosis {
   const std::optional<Finding>& Update(double t);
   // The steps kept: the window's, and those added since the last cut.
   const std::vector<StepRecord>& steps() const { return kept_.steps; }
+  // MFU over the window, as of the last Update.
+  const Mfu& mfu() const { return mfu_; }
 
  private:
   RunData kept_;  // the window so far (settings whatever their age), times from the run's start
   double first_t_ = NAN, first_step_t_ = NAN, last_update_ = -1e300;
   double longest_step_s_ = 0;
   std::optional<Finding> top_;
+  Mfu mfu_;
 };
 
 // " | now: input_workers ~48%", " | now: no bottleneck"; "" for none, or for

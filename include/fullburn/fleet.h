@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "fullburn/causes.h"
 #include "fullburn/status.h"
 
 namespace fullburn {
@@ -76,8 +77,10 @@ class PromClient {
 
 // ---- The fleet's GPU-hours -----------------------------------------------------
 
-// Causes of lost GPU-hours besides the diagnosis's (diagnose.h's kCauses,
-// from fullburn_job_time_lost_ratio): what the GPU's own state tells.
+// Causes of lost GPU-hours besides the diagnosis's (from
+// fullburn_job_time_lost_ratio): what the GPU's own state tells. The cause
+// catalog's fleet entries (causes.h), spelt here as constants so the
+// parser's fuzz target needs no catalog; a test keeps the two equal.
 constexpr const char* kCauseIdleHeld = "idle_held";      // held, utilization < 5%
 constexpr const char* kCauseNotHeld = "not_held";        // no process: free capacity
 constexpr const char* kCauseUndiagnosed = "undiagnosed"; // held, busy some, no diagnosis
@@ -89,6 +92,11 @@ struct FleetHours {
   double lost = 0;       // available - used
   double held = 0, held_idle = 0, throttled = 0;  // GPU-hours in each state
   std::map<std::string, double> lost_by_cause;
+  // Of `used`: hours whose job reported an MFU (fullburn_job_mfu), the MFU
+  // they add up to (mfu x hours), and those below kMfuLow: busy, yet at a
+  // low MFU (the cause low_mfu's hours, which are used, not lost).
+  double mfu_used = 0, mfu_weighted = 0, low_mfu = 0;
+  double Mfu() const { return mfu_used > 0 ? mfu_weighted / mfu_used : NAN; }
   void Add(const FleetHours& o);
 };
 
@@ -139,6 +147,7 @@ struct FleetInput {
   int buckets = 0;
   PromMatrix samples, util_sum, held, held_idle, throttled;  // per GPU series and bucket
   PromMatrix causes;  // count_over_time(fullburn_job_time_lost_ratio) per job series and cause
+  PromMatrix mfu;     // avg_over_time(fullburn_job_mfu) per job series
   std::map<std::string, double> intervals;  // "job\x1finstance" -> scrape interval, seconds
   std::vector<std::string> notes;
 };

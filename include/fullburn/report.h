@@ -74,6 +74,7 @@ struct JobNow {
   std::optional<double> step_s;           // median step time
   std::optional<double> data_wait_share;  // of step time, steps that timed it
   std::optional<Finding> now;             // the top finding of the last minute
+  std::optional<double> mfu;              // over the last minute (LiveDiagnosis::mfu)
 };
 // `window`: the job's steps of its last minute (several ranks' alike).
 JobNow SummarizeJob(const RunInfo& run, const std::vector<StepRecord>& window,
@@ -167,6 +168,7 @@ struct RunDigest {
   double samples_per_s = NAN;  // median over steps after warm-up (SummarizeSteps)
   double step_s = NAN;         // median
   double data_wait_share = NAN, gpu_util = NAN, cpu_util = NAN, gpu_mem_peak_share = NAN;
+  double mfu = NAN;  // ComputeMfu's value (NaN: unknown)
   // The other phases' shares of timed step time (SummarizeSteps: "forward",
   // ..., "other" for the rest); only the phases the run measured.
   std::map<std::string, double> phase_share;

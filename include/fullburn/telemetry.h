@@ -81,6 +81,10 @@ struct GpuInfo {
   // The job holding the GPU now, as Prometheus labels (GpuHolders, for
   // fullburn serve): exported on every series of this GPU. Usually empty.
   std::vector<PromLabel> labels;
+  // Why GPM's readings (SM, tensor, pipe and DRAM activity) are not read on
+  // this GPU ("" when they are): not supported (before Hopper, MIG without
+  // it, an old driver) or refused.
+  std::string no_gpm;
 };
 
 struct GpuSample {
@@ -92,7 +96,16 @@ struct GpuSample {
   Value throttle_reasons;  // NVML clock-event bitmask
   Value pcie_tx_bytes_per_s, pcie_rx_bytes_per_s;
   Value proc_mem_used_bytes;       // memory of the monitored process tree
-  Value sm_active, tensor_active;  // percent, from GPM (Hopper and newer)
+  // Percent of the window since the last GPM sample (Hopper and newer; a
+  // GPU instance's under MIG): SMs with a warp resident, warps resident of
+  // the SMs' slots (occupancy), tensor pipes busy (any, and by kind: HMMA
+  // 16-bit floats, IMMA integers, DFMA fp64), the fp16/fp32/fp64 pipes, and
+  // DRAM bandwidth used of its peak.
+  Value sm_active, tensor_active;
+  Value sm_occupancy;
+  Value tensor_hmma_active, tensor_imma_active, tensor_dfma_active;
+  Value fp16_active, fp32_active, fp64_active;
+  Value dram_active;
   // Derived from the readings above, for a cluster's view: 1 or 0, absent
   // when what they rest on is. held: a compute process has a context on the
   // GPU (NVML's process list); held_idle: held while utilization is under

@@ -12,7 +12,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kUnevenShare = 0.10;  // diagnose's uneven_ranks line
 
 bool IsTraceName(const std::string& name) {
   auto ends = [&](const std::string& suffix) {
@@ -114,9 +113,9 @@ void UnevenRanks(const TraceReport& rep, std::vector<Finding>* out) {
       worst_us = it->second;
     }
   }
-  if (worst < 0 || worst_share < kUnevenShare) return;
+  if (worst < 0 || worst_share < CauseOf(CauseId::kUnevenRanks).trace_share) return;
   Finding f;
-  f.cause = "uneven_ranks";
+  f.cause = CauseId::kUnevenRanks;
   f.title = fmt::format("rank {} straggles: the other ranks wait for it in collectives",
                         rep.cross.straggler);
   f.evidence = fmt::format(
@@ -141,12 +140,12 @@ std::vector<Finding> JobFindings(const TraceReport& rep) {
   std::map<std::string, Finding> worst;
   for (const RankReport& r : rep.ranks)
     for (Finding f : r.findings) {
-      if (f.cause == "healthy") continue;
-      if (f.cause == "communication" && rep.cross.compared && r.rank != rep.cross.straggler)
+      if (f.cause == CauseId::kHealthy) continue;
+      if (f.cause == CauseId::kCommunication && rep.cross.compared && r.rank != rep.cross.straggler)
         continue;
       if (several) f.evidence = fmt::format("rank {}: {}", r.rank, f.evidence);
-      auto it = worst.find(f.cause);
-      if (it == worst.end() || it->second.share_lost < f.share_lost) worst[f.cause] = f;
+      auto it = worst.find(f.name());
+      if (it == worst.end() || it->second.share_lost < f.share_lost) worst[f.name()] = f;
     }
   std::vector<Finding> out;
   for (auto& [cause, f] : worst) out.push_back(f);
@@ -154,12 +153,12 @@ std::vector<Finding> JobFindings(const TraceReport& rep) {
   analyze::SortFindings(&out);
   if (!out.empty()) return out;
   Finding h;
-  h.cause = "healthy";
+  h.cause = CauseId::kHealthy;
   h.title = "no idle cause costs 5% of the GPU's time";
   h.evidence = "communication on the non-straggling ranks is waiting for the straggler";
   h.confidence = 0.5;
   for (const RankReport& r : rep.ranks)
-    if (!r.findings.empty() && r.findings.back().cause == "healthy") {
+    if (!r.findings.empty() && r.findings.back().cause == CauseId::kHealthy) {
       h = r.findings.back();
       if (several) h.evidence = fmt::format("rank {}: {}", r.rank, h.evidence);
       break;

@@ -4,16 +4,19 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "internal.h"
+#include "fullburn/gpu_peaks.h"
 #include "fullburn/percent.h"
 
 namespace fullburn {
 namespace {
 
-constexpr double kReport = 0.05;        // the general line: smaller is run-to-run noise
 constexpr double kCpuDataShare = 0.10;  // diagnose's data-wait rule, for host-only traces
-constexpr double kCommShare = 0.10;     // diagnose's communication rule
+
+// The share of the kernel span at which the catalog names a cause from a trace.
+double TraceShare(CauseId id) { return CauseOf(id).trace_share; }
 
 // Traces time every op to the microsecond: one decimal.
 std::string Pct(double share) { return Percent(share, 1); }
@@ -45,9 +48,9 @@ double LoaderConfidence(const HostSummary& h) {
 
 void Input(const RankReport& r, std::vector<Finding>* out) {
   double share = r.idle_causes.data_loader_us / r.temporal.span_us;
-  if (share < kReport) return;
+  if (share < TraceShare(CauseId::kInputWorkers)) return;
   Finding f;
-  f.cause = "input_workers";
+  f.cause = CauseId::kInputWorkers;
   f.title =
       fmt::format("input-bound: the GPU waited {} of the time for the DataLoader", Pct(share));
   f.evidence = fmt::format("{} while the host was in {} ({} spans, {} in all)",
@@ -71,19 +74,16 @@ std::string Counted(const std::map<std::string, int64_t>& m) {
 
 void HostSync(const RankReport& r, std::vector<Finding>* out) {
   double share = r.idle_causes.sync_us / r.temporal.span_us;
-  if (share < kReport) return;
+  if (share < TraceShare(CauseId::kHostSync)) return;
   Finding f;
-  f.cause = "host_sync";
+  f.cause = CauseId::kHostSync;
   f.title = fmt::format("host syncs: the GPU idled {} after the host waited for it", Pct(share));
   f.evidence = fmt::format("{} in gaps that began while the host was in a synchronization ({})",
                            IdleEvidence(r, r.idle_causes.sync_us), Counted(r.host.syncs));
   if (!r.host.sync_sites.empty()) f.evidence += "; called at " + Counted(r.host.sync_sites);
   f.share_lost = share;
   f.confidence = 0.8;
-  f.fix =
-      "read CUDA values on the host only every N steps (.item(), .cpu(), print of a tensor, an "
-      "`if` on a tensor each wait for the GPU): keep running sums as tensors; "
-      "torch.cuda.set_sync_debug_mode(\"warn\") names every call that synchronizes";
+  f.fix = FixFor(CauseId::kHostSync, Framework::kPytorch);
   out->push_back(f);
 }
 
@@ -94,9 +94,9 @@ void Copies(const RankReport& r, std::vector<Finding>* out) {
   if (!h2d) return;
   double lost = r.idle_causes.blocking_copy_us + h2d->us;
   double share = lost / r.temporal.span_us;
-  if (share < kReport) return;
+  if (share < TraceShare(CauseId::kH2dCopy)) return;
   Finding f;
-  f.cause = "h2d_copy";
+  f.cause = CauseId::kH2dCopy;
   f.title = fmt::format("host-to-device copies cost {} of the GPU's time", Pct(share));
   f.evidence = fmt::format(
       "{} copies, {:.1f} MB at {:.1f} GB/s, {:.1f} ms on the GPU; {} from pageable memory, {} "
@@ -117,9 +117,9 @@ void Copies(const RankReport& r, std::vector<Finding>* out) {
 void LaunchBound(const RankReport& r, std::vector<Finding>* out) {
   double us = r.idle_causes.other_us + r.idle_causes.optimizer_us;
   double share = us / r.temporal.span_us;
-  if (share < kReport) return;
+  if (share < TraceShare(CauseId::kSmallBatch)) return;
   Finding f;
-  f.cause = "small_batch";
+  f.cause = CauseId::kSmallBatch;
   f.title = fmt::format("launch-bound: the GPU waited {} of the time for the host to launch work",
                         Pct(share));
   f.evidence = fmt::format(
@@ -141,9 +141,9 @@ void LaunchBound(const RankReport& r, std::vector<Finding>* out) {
 
 void BetweenSteps(const RankReport& r, std::vector<Finding>* out) {
   double share = r.idle_causes.between_steps_us / r.temporal.span_us;
-  if (share < kReport) return;
+  if (share < TraceShare(CauseId::kLoopOverhead)) return;
   Finding f;
-  f.cause = "loop_overhead";
+  f.cause = CauseId::kLoopOverhead;
   f.title = fmt::format("the loop's own work between steps idles the GPU {}", Pct(share));
   f.evidence = IdleEvidence(r, r.idle_causes.between_steps_us) +
                " while the host was outside every ProfilerStep (Python between prof.step() and "
@@ -162,9 +162,9 @@ void Comm(const RankReport& r, std::vector<Finding>* out) {
   if (r.temporal.span_us <= 0) return;
   bool gloo = r.comm.kernels == 0;
   double share = (gloo ? r.idle_causes.collective_us : r.comm.Exposed()) / r.temporal.span_us;
-  if (share < kCommShare) return;
+  if (share < TraceShare(CauseId::kCommunication)) return;
   Finding f;
-  f.cause = "communication";
+  f.cause = CauseId::kCommunication;
   f.share_lost = share;
   f.confidence = 0.7;
   if (gloo) {
@@ -197,7 +197,7 @@ void HostOnly(const RankReport& r, std::vector<Finding>* out) {
   double share = r.host.data_loader_us / r.host.window_us;
   if (share < kCpuDataShare) return;
   Finding f;
-  f.cause = "input_workers";
+  f.cause = CauseId::kInputWorkers;
   f.title = fmt::format("input-bound: {} of step time in the DataLoader", Pct(share));
   f.evidence = fmt::format(
       "the host spent {} of {} in {} ({} spans; a CPU-only trace: GPU idle "
@@ -210,9 +210,43 @@ void HostOnly(const RankReport& r, std::vector<Finding>* out) {
   out->push_back(f);
 }
 
+// fp32 matmuls and convolutions without tensor cores, on a GPU that has
+// them: what their time would be in bf16 (fp16 where the GPU has no bf16),
+// from the peak table's figures for the trace's device.
+void Precision(const RankReport& r, std::vector<Finding>* out) {
+  auto it = r.gemm_math_us.find(KernelMath::kFp32Simt);
+  const GpuPeak* peak = r.device_name.empty() ? nullptr : FindGpuPeak(r.device_name);
+  if (it == r.gemm_math_us.end() || !peak || !peak->TensorCores() || r.temporal.span_us <= 0) return;
+  double in_fp32 = it->second / r.temporal.span_us;
+  if (in_fp32 < TraceShare(CauseId::kPrecision)) return;
+  bool fp16 = std::isnan(peak->bf16);
+  double share = in_fp32 * (1 - peak->fp32 / peak->Mfu());
+  double matmuls = 0;
+  for (const auto& [math, us] : r.gemm_math_us) matmuls += us;
+  Finding f;
+  f.cause = CauseId::kPrecision;
+  f.title = fmt::format("fp32 matmuls without tensor cores: {} of the GPU's time", Pct(in_fp32));
+  f.evidence = fmt::format(
+      "{} of GEMM and convolution kernels ran fp32 on CUDA cores (SIMT kernel names), {} of "
+      "the kernel span ({}), {} of all matmul time; on {} ({:.4g} TFLOPS fp32, {:.4g} TFLOPS "
+      "{} on tensor cores) the same math in {} takes {:.0f}x less",
+      Ms(it->second), Pct(in_fp32), r.window, Pct(it->second / matmuls), peak->model, peak->fp32,
+      peak->Mfu(), fp16 ? "fp16" : "bf16", fp16 ? "fp16" : "bf16", peak->Mfu() / peak->fp32);
+  f.share_lost = share;
+  f.confidence = 0.8;
+  f.fix = fmt::format(fmt::runtime(FixFor(CauseId::kPrecision, Framework::kPytorch)),
+                      fmt::arg("dtype", fp16 ? "torch.float16" : "torch.bfloat16"),
+                      fmt::arg("scaler", fp16 ? " with a torch.amp.GradScaler (this GPU has no bf16)" : ""),
+                      fmt::arg("lightning", fp16 ? "16-mixed" : "bf16-mixed"),
+                      fmt::arg("hf", fp16 ? "fp16" : "bf16"), fmt::arg("short", fp16 ? "fp16" : "bf16"));
+  if (!std::isnan(peak->tf32))
+    f.fix += ", or at least torch.backends.cuda.matmul.allow_tf32 = True (TF32 tensor cores)";
+  out->push_back(f);
+}
+
 Finding Healthy(const RankReport& r) {
   Finding f;
-  f.cause = "healthy";
+  f.cause = CauseId::kHealthy;
   f.title = "no idle cause costs 5% of the GPU's time";
   if (r.gpu_ops > 0 && r.temporal.span_us > 0)
     f.evidence = fmt::format("GPU busy {} of the kernel span ({}): computation {}, idle {}",
@@ -245,11 +279,13 @@ std::vector<Finding> RankFindings(const RankReport& r) {
     LaunchBound(r, &out);
     BetweenSteps(r, &out);
     Comm(r, &out);
+    Precision(r, &out);
   } else {
     HostOnly(r, &out);
   }
   analyze::SortFindings(&out);
-  if (out.empty() || out.front().share_lost < kReport) out.push_back(Healthy(r));
+  // healthy's line: below it, run-to-run noise.
+  if (out.empty() || out.front().share_lost < TraceShare(CauseId::kHealthy)) out.push_back(Healthy(r));
   return out;
 }
 

@@ -374,6 +374,10 @@ void Kernels(const RawTrace& t, const std::vector<Op>& ops, size_t top, RankRepo
     k.min_us = std::min(k.min_us, d);
     k.max_us = std::max(k.max_us, d);
   }
+  for (const auto& [name, k] : by_name)
+    if (k.cls == KernelClass::kComputation)
+      if (KernelMath m = ClassifyKernelMath(t.strings.Get(name)); m != KernelMath::kNotGemm)
+        r->gemm_math_us[m] += k.total_us;
   std::vector<std::pair<uint32_t, KernelStat>> list(by_name.begin(), by_name.end());
   std::sort(list.begin(), list.end(),
             [](const auto& a, const auto& b) { return a.second.total_us > b.second.total_us; });

@@ -70,6 +70,14 @@ void RenderGpu(const RankReport& r, std::string* out) {
   for (const KernelStat& k : r.top_kernels)
     *out += fmt::format("    {:>8} {:>10.1f} {:>9.1f} {:>9.0f}  {}\n", k.count, k.total_us / 1e3,
                         k.mean_us, k.max_us, ShortName(k.name));
+  if (!r.gemm_math_us.empty()) {
+    double kernels = 0;
+    for (const ClassTime& c : r.classes) kernels += c.total_us;
+    *out += "  matmuls and convolutions by math (kernel names):";
+    for (const auto& [math, us] : r.gemm_math_us)
+      *out += fmt::format(" {} {} ({} of kernel time);", KernelMathName(math), Ms(us), Pct(us, kernels));
+    *out += "\n";
+  }
   const LaunchStats& l = r.launches;
   if (l.launches > 0)
     *out += fmt::format(
@@ -161,6 +169,8 @@ nlohmann::json RankJson(const RankReport& r) {
                                 {"mean_us", k.mean_us},
                                 {"min_us", k.min_us},
                                 {"max_us", k.max_us}});
+  j["gemm_math_us"] = nlohmann::json::object();
+  for (const auto& [math, us] : r.gemm_math_us) j["gemm_math_us"][KernelMathKey(math)] = us;
   const LaunchStats& l = r.launches;
   j["launches"] = {{"launches", l.launches},
                    {"cpu_median_us", l.cpu_median_us},

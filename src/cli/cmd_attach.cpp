@@ -80,7 +80,10 @@ int Attach(const AttachOptions& opts) {
   if (!gpus.ok()) return Fail(gpus.status().message());
   Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
   if (!store.ok()) return Fail(store.status().message());
-  if (!opts.quiet) NoteIfGpusUnavailable(**gpus);
+  if (!opts.quiet) {
+    NoteIfGpusUnavailable(**gpus);
+    NoteIfNoPeak(**gpus, opts);
+  }
 
   RunInfo info;
   info.command = CommandLine(*env, static_cast<int>(pid));
@@ -93,8 +96,9 @@ int Attach(const AttachOptions& opts) {
   info.recorder_pid = static_cast<int>(::getpid());
   info.interval_s = opts.common.interval_s;
   info.gpus_json = GpusJson(**gpus);
-  info.config_json =
-      nlohmann::json{{"interval_s", opts.common.interval_s}, {"attached_pid", pid}}.dump();
+  nlohmann::json config{{"interval_s", opts.common.interval_s}, {"attached_pid", pid}};
+  AddRecordConfig(opts, &config);
+  info.config_json = config.dump();
   Result<int64_t> run_id = (*store)->BeginRun(info);
   if (!run_id.ok()) return Fail(run_id.status().message());
   info.id = *run_id;

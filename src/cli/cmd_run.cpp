@@ -129,7 +129,10 @@ int Run(const RunOptions& opts) {
   if (!gpus.ok()) return Fail(gpus.status().message());
   Result<std::unique_ptr<RunStore>> store = OpenStore(opts.common);
   if (!store.ok()) return Fail(store.status().message());
-  if (!opts.quiet) NoteIfGpusUnavailable(**gpus);
+  if (!opts.quiet) {
+    NoteIfGpusUnavailable(**gpus);
+    NoteIfNoPeak(**gpus, opts);
+  }
   const Env* env = Env::Default();
 
   RunInfo info;
@@ -144,6 +147,7 @@ int Run(const RunOptions& opts) {
   std::string python_dir = PythonDir();
   bool auto_steps = !opts.no_auto_steps && !python_dir.empty();
   nlohmann::json config{{"interval_s", opts.common.interval_s}, {"auto_steps", auto_steps}};
+  AddRecordConfig(opts, &config);
   info.config_json = config.dump();
   Result<int64_t> run_id = (*store)->BeginRun(info);
   if (!run_id.ok()) return Fail(run_id.status().message());

@@ -167,6 +167,7 @@ int Show(const RunsOptions& o) {
   if (o.json) {
     nlohmann::json j = RunShowJson(*run, sum);
     j["findings"] = FindingsJson(findings);
+    if (Mfu m = ComputeMfu(*data); m.counted) j["mfu"] = MfuJson(m);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -179,6 +180,7 @@ int Show(const RunsOptions& o) {
   if (run->sample_count == 0) std::printf("  (no samples were recorded)\n");
   std::fputs(RenderSummary(*run, sum, "").c_str(), stdout);
   if (!step_records.empty()) std::fputs(RenderStepsSummary(step_records).c_str(), stdout);
+  std::fputs(RenderMfu(ComputeMfu(*data)).c_str(), stdout);
   std::fputs(RenderFindings(findings).c_str(), stdout);
   if (!data->checkpoints.empty()) {
     std::printf("  checkpoints:\n");

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <vector>
 
 #include "cli.h"
@@ -174,9 +175,24 @@ Result<std::unique_ptr<RunStore>> OpenStore(const CommonOptions& opts) {
 Result<std::unique_ptr<GpuSource>> OpenGpus() { return GpuSource::Open(); }
 
 void NoteIfGpusUnavailable(const GpuSource& gpus) {
-  if (!gpus.available())
+  if (!gpus.available()) {
     std::fprintf(stderr, "fullburn: GPU metrics unavailable: %s; recording host metrics only\n",
                  gpus.unavailable_reason().c_str());
+    return;
+  }
+  // GPUs without GPM, one line per reason: tensor-core use is then judged
+  // from the step hooks' FLOP counts and a trace's kernels alone.
+  std::map<std::string, std::vector<const GpuInfo*>> by_reason;
+  for (const GpuInfo& g : gpus.gpus())
+    if (!g.no_gpm.empty()) by_reason[g.no_gpm].push_back(&g);
+  for (const auto& [reason, list] : by_reason) {
+    std::string which;
+    for (const GpuInfo* g : list) which += (which.empty() ? "" : ", ") + std::to_string(g->index);
+    std::fprintf(stderr,
+                 "fullburn: no SM, tensor or DRAM activity on GPU %s (%s): %s; tensor-core use "
+                 "is judged from the job's FLOP counts instead\n",
+                 which.c_str(), list.front()->name.c_str(), reason.c_str());
+  }
 }
 
 std::vector<std::string> OwnCommandLine() {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fullburn/causes.h"
 #include "fullburn/report.h"
 
 namespace {
@@ -14,7 +15,7 @@ namespace {
 const char* const kCommands[] = {"run",    "attach",       "watch",  "runs",  "diagnose",
                                  "report", "compare",      "launch", "serve", "metrics",
                                  "bench",  "make-dataset", "pack",   "tune",  "version",
-                                 "analyze", "fleet"};
+                                 "analyze", "fleet", "causes"};
 
 std::string TrainingHalf() {
   std::string path = fullburn::cli::TrainingExecutable();
@@ -120,6 +121,13 @@ int main(int argc, char** argv) {
   CLI::App* metrics = app.add_subcommand("metrics", "List every metric: name, unit, Prometheus name");
   metrics->add_flag("--markdown", *markdown, "As a markdown table");
   metrics->callback([markdown] { ExitCode() = Metrics(*markdown); });
+  CLI::App* causes = app.add_subcommand(
+      "causes", "List every cause a finding can name: title, evidence, fleet's wording, tune's knob");
+  causes->add_flag("--markdown", *markdown, "As a markdown table (docs/diagnosis.md)");
+  causes->callback([markdown] {
+    std::fputs(fullburn::RenderCauses(*markdown).c_str(), stdout);
+    ExitCode() = 0;
+  });
   app.add_subcommand("version", "Print versions of fullburn, libtorch and NVML")
       ->callback([] { ExitCode() = Version(); });
   return ParseAndRun(app, argc, argv);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fullburn/diagnose.h"
+#include "fullburn/gpu_peaks.h"
 #include "fullburn/recorder.h"
 
 namespace fullburn::cli {
@@ -15,6 +16,28 @@ void AddRecordOptions(CLI::App* app, RecordOptions* opts, const std::string& wha
   app->add_flag("-q,--quiet", opts->quiet, "No live line and no summary");
   AddIntervalOption(app, &opts->common, 1.0);
   AddStoreOption(app, &opts->common);
+  app->add_option("--peak-tflops", opts->peak_tflops,
+                  "Dense bf16 TFLOPS of one GPU, for MFU, in place of fullburn's table of GPU "
+                  "models (docs/diagnosis.md); 0: the table's")
+      ->check(CLI::Range(0.0, 1e6))
+      ->envname(kPeakTflopsEnvVar);
+}
+
+void AddRecordConfig(const RecordOptions& opts, nlohmann::json* config) {
+  if (opts.peak_tflops > 0) (*config)["peak_tflops"] = opts.peak_tflops;
+}
+
+void NoteIfNoPeak(const GpuSource& gpus, const RecordOptions& opts) {
+  if (opts.peak_tflops > 0) return;
+  std::string missing;
+  for (const GpuInfo& g : gpus.gpus())
+    if (!FindGpuPeak(g.name) && missing.find(g.name) == std::string::npos)
+      missing += (missing.empty() ? "" : ", ") + g.name;
+  if (!missing.empty())
+    std::fprintf(stderr,
+                 "fullburn: %s is not in fullburn's table of GPU peaks: MFU needs "
+                 "--peak-tflops (%s), the GPU's dense bf16 TFLOPS\n",
+                 missing.c_str(), kPeakTflopsEnvVar);
 }
 
 std::string GpusJson(const GpuSource& gpus) {
@@ -67,6 +90,7 @@ void PrintRunEnd(const Recording& rec) {
     std::fputs(RenderSummary(stored->run, Summarize(stored->run, stored->samples), note).c_str(),
                stderr);
     if (!stored->steps.empty()) std::fputs(RenderStepsSummary(stored->steps).c_str(), stderr);
+    std::fputs(RenderMfu(ComputeMfu(*stored)).c_str(), stderr);
     std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
   }
   std::fprintf(stderr, "fullburn: stored as run %lld in %s (fullburn runs show %lld)\n",

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "cli.h"
+#include <nlohmann/json.hpp>
+
 #include "fullburn/report.h"
 
 namespace fullburn::cli {
@@ -15,8 +17,9 @@ struct RecordOptions {
   CommonOptions common;
   std::string name;  // empty: the command
   bool quiet = false;
+  double peak_tflops = 0;  // > 0: MFU's peak per GPU, in place of the table's
 };
-// --name, -q/--quiet, --interval and --store; `what` names the default name.
+// --name, -q/--quiet, --interval, --store and --peak-tflops; `what` names the default name.
 void AddRecordOptions(CLI::App* app, RecordOptions* opts, const std::string& what);
 
 struct Recording {
@@ -40,5 +43,10 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait);
 void PrintRunEnd(const Recording& rec);
 
 std::string GpusJson(const GpuSource& gpus);
+// The run's config keys the record options set (peak_tflops), added to `config`.
+void AddRecordConfig(const RecordOptions& opts, nlohmann::json* config);
+// One line for GPU models the peak table lacks, when no --peak-tflops is
+// given: MFU then needs it.
+void NoteIfNoPeak(const GpuSource& gpus, const RecordOptions& opts);
 
 }  // namespace fullburn::cli

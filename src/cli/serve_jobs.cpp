@@ -87,6 +87,7 @@ void JobsWatcher::Poll() {
     for (const StepRecord& r : w->live.steps())
       if (r.t >= now - LiveDiagnosis::kWindowS) minute.push_back(r);
     jobs.push_back(SummarizeJob(run, minute, w->live.Update(now)));
+    if (w->live.mfu().known()) jobs.back().mfu = w->live.mfu().value;
   }
   for (auto it = watched_.begin(); it != watched_.end();)
     it = running.count(it->first) ? std::next(it) : watched_.erase(it);

@@ -188,12 +188,12 @@ std::string Fix(const Facts& f, double share) {
     std::string every = c.period > 0
                             ? fmt::format("checkpoint.every_steps = {}", TargetPeriod(c, share))
                             : "a larger checkpoint.every_steps or checkpoint.every_minutes";
-    return every + " (the writes are already in the background; the loop waits for the snapshot)";
+    return fmt::format(fmt::runtime(FixFor(CauseId::kCheckpointStall, Framework::kFullburnTrain)),
+                       fmt::arg("every", every));
   }
-  std::string fix = "save " + LessOften(c, share) +
-                    ", or take the write off the loop: torch.distributed.checkpoint.async_save "
-                    "(PyTorch >= 2.4), or copy the state_dict to CPU and torch.save it on a "
-                    "background thread";
+  std::string fix =
+      fmt::format(fmt::runtime(FixFor(CauseId::kCheckpointStall, Framework::kPytorch)),
+                  fmt::arg("less_often", LessOften(c, share)));
   if (double rate = WriteRate(c); rate < kSlowWrite)  // false for NaN: sizes unknown
     fix += fmt::format(
         "; the saves ran at {}/s: write to a local SSD or /dev/shm and copy to shared storage "
@@ -209,8 +209,8 @@ void CheckpointRule(const Facts& f, std::vector<Finding>* out) {
   if (c.saves.empty() || f.wall_s <= 0) return;
   double share = c.blocked_s / f.wall_s;
   if (share < kMinShare) return;
-  out->push_back({"checkpoint_stall", "Checkpoints hold up the training loop", Evidence(c, share),
-                  share, 0.9, Fix(f, share)});
+  out->push_back({CauseId::kCheckpointStall, CauseOf(CauseId::kCheckpointStall).title,
+                  Evidence(c, share), share, 0.9, Fix(f, share)});
 }
 
 }  // namespace fullburn::diagnose

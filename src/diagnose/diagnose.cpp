@@ -10,13 +10,6 @@
 
 namespace fullburn {
 
-const char* const kCauses[] = {
-    "input_cpu",       "input_io",        "input_workers",  "h2d_copy",         "small_batch",
-    "memory_headroom", "memory_pressure", "throttle_power", "throttle_thermal", "idle_phases",
-    "uneven_ranks",    "communication",   "step_stalls",    "checkpoint_stall", "job_failed",
-    "loop_overhead",   "gpu_unused",      "host_sync",      "cpu_threads",      "healthy"};
-const size_t kCauseCount = sizeof(kCauses) / sizeof(kCauses[0]);
-
 namespace {
 
 using namespace diagnose;
@@ -55,7 +48,8 @@ void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
     if (!(f.train_threads > 0 && f.train_threads < cores)) return;
     used = f.train_threads;
     evidence = fmt::format("train.threads = {} of {} cores{}", f.train_threads, cores, ranks);
-    fix = fmt::format("train.threads = 0 (this rank's share of the CPUs) or {}", cores);
+    fix = fmt::format(fmt::runtime(FixFor(CauseId::kCpuThreads, Framework::kFullburnTrain)),
+                      fmt::arg("cores", cores));
   } else if (!f.trainer) {
     // Under a core in all: the loop waits on something other than the CPU
     // (a sleep, a GPU NVML does not see), which threads would not speed up.
@@ -66,14 +60,12 @@ void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
     evidence =
         fmt::format("the job's processes used {:.1f} of {} cores{} (median proc.cpu_util {:.0f}%)",
                     used, cores, ranks, f.proc_cpu);
-    fix = fmt::format(
-        "torch.set_num_threads({}) (or OMP_NUM_THREADS={}) before training; if it ran on a GPU, "
-        "NVML did not see it (fullburn version names the driver)",
-        cores, cores);
+    fix = fmt::format(fmt::runtime(FixFor(CauseId::kCpuThreads, Framework::kPytorch)),
+                      fmt::arg("cores", cores));
   } else {
     return;
   }
-  out->push_back({"cpu_threads",
+  out->push_back({CauseId::kCpuThreads,
                   fmt::format("Training on the CPU with {:.1f} of {} cores at work", used, cores),
                   evidence + (f.have_steps ? fmt::format("; no GPU sampled, data wait {} of step time (< {}), so "
                                                          "the steps compute on the CPU",
@@ -131,14 +123,9 @@ Finding Healthy(const Facts& f) {
     fix = WrappedCpuFix(f);
   else if (f.precision == "fp32")
     fix = "compute-bound: train.precision = bf16 (or fp16 on CUDA) for tensor cores";
-  else if (f.trainer)
-    fix = "compute-bound: nothing to fix in the input or memory";
   else
-    fix =
-        "compute-bound: if the model runs in fp32, torch.autocast(dtype=torch.bfloat16) uses "
-        "tensor cores";
-  return {
-      "healthy", "No bottleneck found", evidence, 0,
+    fix = FixFor(CauseId::kHealthy, f.trainer ? Framework::kFullburnTrain : Framework::kPytorch);
+  return {CauseId::kHealthy, CauseOf(CauseId::kHealthy).title, evidence, 0,
       f.have_steps || !f.gpus.empty() ? 0.8 : f.step_records > 0 ? 0.6 : 0.3,
       fix};
 }
@@ -152,6 +139,8 @@ std::vector<Finding> Diagnose(const RunData& run) {
   TransferRules(f, &out);
   LoopRule(f, &out);
   InputRules(f, &out);
+  PrecisionRule(f, &out);
+  LowMfuRule(f, &out);
   MemoryRules(f, &out);
   ThrottleRules(f, &out);
   IdleRules(f, &out);
@@ -184,7 +173,7 @@ std::string RenderFindings(const std::vector<Finding>& findings, size_t max_show
   std::string s = "  findings:\n";
   for (size_t i = 0; i < findings.size() && i < max_shown; ++i) {
     const Finding& x = findings[i];
-    s += fmt::format("    [{}] {}{}\n      why: {}\n      fix: {}\n", x.cause, x.title,
+    s += fmt::format("    [{}] {}{}\n      why: {}\n      fix: {}\n", x.name(), x.title,
                      x.share_lost > 0 ? fmt::format(" (~{} of the time)", Percent(x.share_lost)) : "",
                      x.evidence, x.fix);
   }
@@ -196,7 +185,7 @@ std::string RenderFindings(const std::vector<Finding>& findings, size_t max_show
 nlohmann::json FindingsJson(const std::vector<Finding>& findings) {
   nlohmann::json out = nlohmann::json::array();
   for (const Finding& x : findings)
-    out.push_back({{"cause", x.cause},
+    out.push_back({{"cause", x.name()},
                    {"title", x.title},
                    {"time_lost_pct", std::round(x.share_lost * 1000) / 10},
                    {"confidence", x.confidence},

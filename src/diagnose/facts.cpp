@@ -210,7 +210,7 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
 std::string Label(const RunData& d, double start, double end, const std::string& fallback) {
   for (const RunEvent& e : d.events)
     if (e.t >= start && e.t <= end + 0.5 && e.kind != "loader" && e.kind != "dataloader" &&
-        !IsTimedSave(e))
+        e.kind != "torch" && e.kind != "flops" && !IsTimedSave(e))
       return e.kind;
   for (const CheckpointRecord& c : d.checkpoints)
     if (c.t >= start && c.t <= end + 0.5) return "checkpoint";
@@ -408,6 +408,14 @@ void GatherGpuSeries(const std::map<std::string, Series>& m,
       gf.pcie_rx = MedianOf(*rx);
       f->pcie_rx = std::isnan(f->pcie_rx) ? gf.pcie_rx : std::max(f->pcie_rx, gf.pcie_rx);
     }
+    auto median = [&](const char* suffix) {
+      const Series* series = Find(m, p + suffix);
+      return series ? MedianOf(*series) : NAN;
+    };
+    gf.sm_active = median("sm_active");
+    gf.tensor_active = median("tensor_active");
+    gf.sm_occupancy = median("sm_occupancy");
+    gf.fp32_active = median("fp32_active");
     if (const Series* t = Find(m, p + "throttle_reasons")) {
       double power = 0, thermal = 0;
       for (const SeriesPoint& s : *t) {
@@ -601,6 +609,7 @@ Facts Gather(const RunData& d) {
     int nodes = std::max<int>(1, HostRanks(d.samples).size());
     f.ranks_per_node = (static_cast<int>(f.ranks.size()) + nodes - 1) / nodes;
   }
+  GatherEfficiency(d, &f);
   if (!f.ranks.empty())
     IdleFromSteps(d, &f);
   else

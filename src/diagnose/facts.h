@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fullburn/diagnose.h"
+#include "fullburn/gpu_peaks.h"
 #include "fullburn/percent.h"
 
 namespace fullburn::diagnose {
@@ -48,6 +49,21 @@ constexpr double kPythonLoaderSpeedup = 3.3;  // 3.33x synthetic JPEGs, 4.40x ph
 constexpr double kStallSteps = 3;             // a step whose work is this many medians is a stall
 constexpr int kStallWarmupSteps = 3;  // each rank's first steps (allocator, autotuning, compile)
 constexpr int kStallMinSteps = 10;    // steps needed for a median to judge against
+// Used well, not just busy (GPM readings, FLOP counts; docs/diagnosis.md).
+// DCGM's guidance: SM activity >= 0.8 is necessary for good use, < 0.5
+// likely means the GPU is used ineffectively.
+constexpr double kSmActiveLow = 50;  // gpuN.sm_active %, median
+constexpr double kSmActiveGood = 80;
+// Tensor pipes this idle while the SMs are busy: fp32 math. The lent H100's
+// fp32 matmul loop read 0% (docs/benchmarks.md, "Monitoring").
+constexpr double kTensorIdle = 10;  // gpuN.tensor_active %, median
+// fp32 FLOPs (outside TF32) of the counted step's matmuls and convolutions
+// at or above this share: the model trains in fp32.
+constexpr double kFp32FlopShare = 0.5;
+// kMfuLow (causes.h): MFU under it, with the GPU busy, is used inefficiently.
+// Eager bf16 GPT-2 124M ran at ~13% MFU on an A100 where torch.compile,
+// flash attention and fused AdamW reached ~43% (build-nanogpt); llm.c
+// reaches ~38% on an H100.
 constexpr double kCheckpointTarget = 0.02;  // the share of wall time a checkpoint period aims at
 constexpr double kSlowWrite = 500e6;        // bytes/s: below this a save waited on its disk
 
@@ -58,6 +74,8 @@ struct GpuFacts {
   double util_max = NAN;        // highest sample of the whole run, %
   double mem_peak_share = NAN;  // peak used / total
   double pcie_rx = NAN;         // median bytes/s, host to device
+  // GPM medians, % (NaN: not read; Hopper and newer)
+  double sm_active = NAN, tensor_active = NAN, sm_occupancy = NAN, fp32_active = NAN;
   std::string Name() const;     // "GPU 1", or "GPU 1 of rank 4's node"
 };
 
@@ -126,6 +144,21 @@ struct Facts {
   double gpu_util = NAN;                // mean over GPUs of the median
   double mem_peak_share = NAN;          // max over GPUs
   double pcie_rx = NAN;                 // max over GPUs of the median
+  // GPM over the job's GPUs: the mean of each one's median (NaN: none read).
+  double sm_active = NAN, tensor_active = NAN, sm_occupancy = NAN, fp32_active = NAN;
+  // The job's GPU model (rank 0's first GPU) and its row of the peak table.
+  std::string gpu_model;
+  const GpuPeak* peak = nullptr;
+  // The step hooks' count of one step's FLOPs (a "flops" event) and the
+  // MFU it gives; mfu.why says why there is none.
+  struct FlopFacts {
+    double flops = NAN;
+    double fp32_simt_flops = 0;  // fp32 matmuls and convolutions outside TF32
+    std::string device;          // where they ran: "cuda", "cpu"
+    bool tf32_matmul = false, tf32_cudnn = false;
+  };
+  std::optional<FlopFacts> flop_count;
+  Mfu mfu;
   // Host readings: the worst node's (every node's first rank samples its
   // host), with the rank that sampled it; -1 when there was no reading.
   double cpu = NAN, iowait = NAN, proc_cpu = NAN;
@@ -208,6 +241,10 @@ struct Facts {
 };
 
 Facts Gather(const RunData& run);
+// Whether a rule before named `id`: rules read each other's findings by id.
+inline bool Named(const std::vector<Finding>& out, CauseId id) {
+  return std::any_of(out.begin(), out.end(), [id](const Finding& x) { return x.cause == id; });
+}
 // The GPU part of Gather: gpus, other_gpus, gpu_util, mem_peak_share, pcie_rx, throttling.
 void GatherGpus(const RunData& run, Facts* f);
 double Median(std::vector<double> v);
@@ -217,6 +254,13 @@ std::string NodeNote(int rank);
 std::string CpuReading(const Facts& f);
 
 void InputRules(const Facts& f, std::vector<Finding>* out);
+// GPM medians, the GPU's peaks, the FLOP count and MFU (efficiency.cpp);
+// after the GPUs and the ranks per node are known.
+void GatherEfficiency(const RunData& run, Facts* f);
+// A busy GPU computing in fp32 where it has tensor cores.
+void PrecisionRule(const Facts& f, std::vector<Finding>* out);
+// After PrecisionRule (fp32 explains a low MFU first): busy, yet little of the peak used.
+void LowMfuRule(const Facts& f, std::vector<Finding>* out);
 void TransferRules(const Facts& f, std::vector<Finding>* out);
 // First, since the others read an idle GPU as a symptom of something else.
 void GpuUseRule(const Facts& f, std::vector<Finding>* out);

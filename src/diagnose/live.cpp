@@ -14,7 +14,9 @@ namespace fullburn {
 namespace {
 
 // The events that describe the job rather than a moment of it.
-bool IsSetting(const RunEvent& e) { return e.kind == "dataloader" || e.kind == "torch"; }
+bool IsSetting(const RunEvent& e) {
+  return e.kind == "dataloader" || e.kind == "torch" || e.kind == "flops";
+}
 
 // When an event began: its time less its duration, if it has one.
 double EventStart(const RunEvent& e) {
@@ -118,7 +120,7 @@ const std::optional<Finding>& LiveDiagnosis::Update(double t) {
   top_.reset();
   if (!std::isnan(first_step_t_) && d.steps.empty() && longest_step_s_ < kWindowS / 3) {
     // Short steps came before, none in the window: a long evaluation, a hang.
-    top_ = Finding{"idle_phases",
+    top_ = Finding{CauseId::kIdlePhases,
                    "No training step in the last minute",
                    fmt::format("no step started in the last {:.0f} s", t - from),
                    1.0,
@@ -127,8 +129,9 @@ const std::optional<Finding>& LiveDiagnosis::Update(double t) {
                    "may hang: py-spy dump --pid PID shows where each thread is"};
     return top_;
   }
+  mfu_ = ComputeMfu(d);
   for (const Finding& f : Diagnose(d))
-    if (f.cause == "healthy" || f.share_lost >= diagnose::kMinShare) {
+    if (f.cause == CauseId::kHealthy || f.share_lost >= diagnose::kMinShare) {
       top_ = f;
       break;
     }
@@ -137,9 +140,9 @@ const std::optional<Finding>& LiveDiagnosis::Update(double t) {
 
 std::string RenderLiveFinding(const std::optional<Finding>& top) {
   if (!top) return "";
-  if (top->cause == "healthy")  // with nothing measured (no GPU, no steps), nothing to say
+  if (top->cause == CauseId::kHealthy)  // with nothing measured (no GPU, no steps), nothing to say
     return top->confidence < 0.5 ? "" : " | now: no bottleneck";
-  return fmt::format(" | now: {} ~{}", top->cause, Percent(top->share_lost));
+  return fmt::format(" | now: {} ~{}", top->name(), Percent(top->share_lost));
 }
 
 }  // namespace fullburn

@@ -17,6 +17,25 @@ std::string Choose(const Facts& f, const std::string& trainer, const std::string
   return f.trainer ? trainer : wrapped;
 }
 
+Framework FrameworkOf(const Facts& f) { return FrameworkFrom(f.loader_framework, f.trainer); }
+
+// The catalog's fix for this run's framework, its named fields filled in.
+template <typename... Args>
+std::string CatalogFix(const Facts& f, CauseId id, const Args&... args) {
+  return fmt::format(fmt::runtime(FixFor(id, FrameworkOf(f))), args...);
+}
+
+// A finding under the catalog's title for its cause.
+Finding Make(CauseId id, std::string evidence, double share, double confidence, std::string fix) {
+  return {id, CauseOf(id).title, std::move(evidence), share, confidence, std::move(fix)};
+}
+
+// " (in Lightning: ...)": a wrapped job's framework's own words for a setting; "" for none.
+std::string SettingNote(const Facts& f, FrameworkSetting setting) {
+  const char* words = SettingIn(setting, FrameworkOf(f));
+  return f.trainer || !*words ? "" : fmt::format(" ({})", words);
+}
+
 // "; its DataLoader: num_workers=0, pin_memory=False" when the markers told.
 std::string DataLoaderNote(const Facts& f) {
   if (f.trainer || f.loader_workers < 0) return "";
@@ -30,9 +49,9 @@ std::string DataLoaderNote(const Facts& f) {
 std::string LoaderSettingsFix(const Facts& f, int workers) {
   if (f.loader_workers < 0 || f.loader_workers < workers)
     return fmt::format(
-        "DataLoader(num_workers={}{}, persistent_workers=True, pin_memory=True); "
-        "or fullburn train's loader",
-        f.loader_workers < 0 ? "" : std::to_string(f.loader_workers) + " -> ", workers);
+        fmt::runtime(FixFor(CauseId::kInputWorkers, Framework::kPytorch)),
+        fmt::arg("workers", (f.loader_workers < 0 ? "" : std::to_string(f.loader_workers) + " -> ") +
+                                std::to_string(workers)));
   // Workers enough for the cores, cores idle, and no process of the job busy
   // for even one core: the workers wait rather than compute.
   if (f.proc_cpu < kLauncherBusy)
@@ -60,43 +79,19 @@ std::string FrameworkLoaderNote(const Facts& f, int workers) {
                          ? ""
                          : (f.loader_created_in.empty() ? "" : " in " + f.loader_created_in) +
                                " at " + f.loader_created_at;
-  std::string args = fmt::format("num_workers={}, persistent_workers=True, pin_memory=True", workers);
-  if (f.loader_framework == "transformers")
-    return fmt::format(
-        "; in the Trainer's terms: TrainingArguments(dataloader_num_workers={}, "
-        "dataloader_persistent_workers=True, dataloader_pin_memory=True, "
-        "dataloader_prefetch_factor=4): the Trainer builds its DataLoader from them{}",
-        workers, f.loader_created_at.empty() ? "" : " (its train() at " + f.loader_created_at + ")");
-  if (f.loader_framework == "lightning")
-    return fmt::format(
-        "; in Lightning: give the DataLoader that your LightningDataModule's (or "
-        "LightningModule's) train_dataloader() returns {}{}",
-        args, site.empty() ? "" : ", made" + site);
-  if (f.loader_framework == "accelerate")
-    return fmt::format("; with accelerate: give the DataLoader you pass to accelerator.prepare() {}{}",
-                       args, site.empty() ? "" : ", made" + site);
+  Framework framework = FrameworkOf(f);
+  const char* words = SettingIn(FrameworkSetting::kLoaderArgs, framework);
+  if (*words) {
+    std::string made = framework == Framework::kTransformers
+                           ? (f.loader_created_at.empty() ? "" : " (its train() at " + f.loader_created_at + ")")
+                           : (site.empty() ? "" : ", made" + site);
+    return "; " + fmt::format(fmt::runtime(words), fmt::arg("workers", workers),
+                              fmt::arg("args", fmt::format("num_workers={}, persistent_workers=True, "
+                                                           "pin_memory=True",
+                                                           workers)),
+                              fmt::arg("made", made));
+  }
   if (!site.empty()) return "; its DataLoader is made" + site;
-  return "";
-}
-
-// The settings that schedule a framework's evaluation and saving: its users
-// set them there, not in a loop of their own.
-std::string FrameworkEvaluationNote(const Facts& f) {
-  if (f.loader_framework == "lightning")
-    return " (in Lightning: Trainer(val_check_interval=..., check_val_every_n_epoch=..., "
-           "limit_val_batches=...), a larger batch in val_dataloader())";
-  if (f.loader_framework == "transformers")
-    return " (in the Trainer's terms: TrainingArguments(eval_steps=..., "
-           "per_device_eval_batch_size=...), or a smaller eval_dataset)";
-  return "";
-}
-
-std::string FrameworkCheckpointNote(const Facts& f) {
-  if (f.loader_framework == "lightning")
-    return " (in Lightning: ModelCheckpoint(every_n_train_steps=...), or "
-           "Trainer(plugins=[AsyncCheckpointIO()]))";
-  if (f.loader_framework == "transformers")
-    return " (in the Trainer's terms: TrainingArguments(save_steps=..., save_total_limit=...))";
   return "";
 }
 
@@ -154,13 +149,8 @@ void SmallBatch(const Facts& f, const std::string& wait, double share, std::vect
     evidence += fmt::format("; peak GPU memory {} of total", Percent(f.mem_peak_share));
   std::string batch = BatchSuggestion(f);
   std::string fix =
-      Choose(f, "train.batch_size = auto (the largest that fits, fastest measured)",
-             "raise the batch size") +
-      (batch.empty() ? "" : ": " + batch) +
-      Choose(f, "; train.cuda_graphs = true (the whole step replayed from one CUDA graph)",
-             "; fewer, larger kernels: torch.compile(mode=\"reduce-overhead\") (CUDA graphs)");
-  out->push_back({"small_batch", "GPU underused: small batches or launch overhead", evidence, share,
-                  conf, fix});
+      CatalogFix(f, CauseId::kSmallBatch, fmt::arg("batch", batch.empty() ? "" : ": " + batch));
+  out->push_back(Make(CauseId::kSmallBatch, evidence, share, conf, fix));
 }
 
 }  // namespace
@@ -175,23 +165,16 @@ void GpuUseRule(const Facts& f, std::vector<Finding>* out) {
     evidence += fmt::format("; the job's processes used {:.0f}% of a core", f.proc_cpu);
   if (!std::isnan(f.cpu)) evidence += "; " + CpuReading(f);
   bool on_cpu = f.trainer && f.device == "cpu";
-  std::string fix =
-      on_cpu ? "train.device = cuda (or auto): this run trained on the CPU"
-      : f.trainer
-          ? "check train.device and that this libtorch sees the GPU (fullburn version)"
-          : "if it should train on the GPU: move the model and each batch there "
-            "(model.to(\"cuda\"), batch.to(\"cuda\", non_blocking=True)) and check "
-            "torch.cuda.is_available() and CUDA_VISIBLE_DEVICES in the job's environment; a "
-            "job meant for the CPU needs no GPU findings";
-  out->push_back({"gpu_unused", "The job did not use the GPU", evidence,
-                  1 - (std::isnan(f.gpu_util) ? 0 : f.gpu_util) / 100, on_cpu ? 0.95 : 0.85, fix});
+  std::string fix = on_cpu ? "train.device = cuda (or auto): this run trained on the CPU"
+                           : CatalogFix(f, CauseId::kGpuUnused);
+  out->push_back(Make(CauseId::kGpuUnused, evidence,
+                      1 - (std::isnan(f.gpu_util) ? 0 : f.gpu_util) / 100, on_cpu ? 0.95 : 0.85, fix));
 }
 
 void InputRules(const Facts& f, std::vector<Finding>* out) {
   // With step records the data wait is measured; without, a GPU that idles
   // while the host works stands in for it (unless copies explain it).
-  bool copies =
-      std::any_of(out->begin(), out->end(), [](const Finding& x) { return x.cause == "h2d_copy"; });
+  bool copies = Named(*out, CauseId::kH2dCopy);
   // A wrapped job's steps are timed on the host, which runs ahead of the
   // GPU: while it waits for the next batch, kernels it queued may still be
   // running. The GPU's idle time (1 - utilization) bounds what the input
@@ -207,8 +190,7 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
   bool inferred = !f.have_steps && f.gpu_util < kGpuLowUtil && !copies && !f.GpuUnused();
   if (!measured && !inferred) {
     // Measured steps with little data wait, yet an idle GPU: launch-bound.
-    bool loop = std::any_of(out->begin(), out->end(),
-                            [](const Finding& x) { return x.cause == "loop_overhead"; });
+    bool loop = Named(*out, CauseId::kLoopOverhead);
     if (f.have_steps && f.gpu_util < kGpuLowUtil && !loop && !f.GpuUnused())
       SmallBatch(
           f,
@@ -232,31 +214,17 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
   double conf = measured ? 0.9 : 0.6;
   int workers = std::max(2, f.RankCores() - 1);
   if (f.iowait >= kIoWait) {
-    out->push_back(
-        {"input_io", "Input-bound: waiting on storage",
-         wait + fmt::format("; CPU iowait median {:.0f}%{} (>= {:.0f}%)", f.iowait,
-                            NodeNote(f.iowait_rank), kIoWait),
-         share, conf,
-         Choose(f,
-                "read from local SSD or RAM: data.cache_mb = the dataset size, or pack it once "
-                "(fullburn pack SRC DST --format raw) for sequential reads",
-                "copy the data to local SSD or RAM (/dev/shm), pack small files into large shards "
-                "(fullburn pack SRC DST, read by python/fullburn_pack.py's PackDataset in place "
-                "of ImageFolder; or WebDataset), DataLoader(prefetch_factor=4)")});
+    out->push_back(Make(CauseId::kInputIo,
+                        wait + fmt::format("; CPU iowait median {:.0f}%{} (>= {:.0f}%)", f.iowait,
+                                           NodeNote(f.iowait_rank), kIoWait),
+                        share, conf, CatalogFix(f, CauseId::kInputIo)));
   } else if (f.cpu >= kCpuSaturated) {
     std::string fix =
-        Choose(f,
-               "decode less: fullburn pack SRC DST --format raw --max-side 256 (decoding "
-               "disappears), smaller source images, or more cores for the loader",
-               f.python_loader
-                   ? "decode less: pack the images once at the size you train at (fullburn pack "
-                     "SRC DST --format raw --max-side 256) and give fullburn.ImageLoader the "
-                     "pack, or more cores"
-                   : "decode and augment less on the CPU: pack the images once at the size you "
-                     "train at (fullburn pack SRC DST --max-side 256; read by "
-                     "python/fullburn_pack.py's PackDataset in place of ImageFolder), augment on "
-                     "the GPU (DALI, torchvision v2 on tensors), more cores" +
-                         FrameworkLoaderNote(f, workers) + SwapNote(f));
+        !f.trainer && f.python_loader
+            ? "decode less: pack the images once at the size you train at (fullburn pack SRC DST "
+              "--format raw --max-side 256) and give fullburn.ImageLoader the pack, or more cores"
+            : CatalogFix(f, CauseId::kInputCpu) +
+                  (f.trainer ? "" : FrameworkLoaderNote(f, workers) + SwapNote(f));
     if (f.cpu_of_quota)
       fix = fmt::format(
                 "the container's CPU limit ({:.3g} CPUs) is the ceiling: raise it (Kubernetes "
@@ -273,13 +241,13 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
       fix = fmt::format("DataLoader(num_workers {} -> {}); then ", f.loader_workers,
                         f.RankCores() - 1) +
             fix;
-    out->push_back({"input_cpu", "Input-bound: the CPU cannot prepare batches fast enough",
-                    wait + "; " + CpuReading(f) + fmt::format(" (>= {:.0f}%)", kCpuSaturated),
-                    share, conf, fix});
+    out->push_back(Make(CauseId::kInputCpu,
+                        wait + "; " + CpuReading(f) + fmt::format(" (>= {:.0f}%)", kCpuSaturated),
+                        share, conf, fix));
   } else if (measured && std::isnan(f.cpu)) {
     // Too short a run for a CPU reading: workers or CPU cannot be told apart.
     out->push_back(
-        {"input_workers", "Input-bound: the training loop waits for data (host CPU not sampled)",
+        {CauseId::kInputWorkers, "Input-bound: the training loop waits for data (host CPU not sampled)",
          wait + "; the host CPU was not sampled (a run shorter than two samples), so idle cores "
                 "and a saturated CPU cannot be told apart",
          share, 0.5,
@@ -292,19 +260,20 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                             "python/fullburn_pack.py)",
                             workers))});
   } else if (measured) {
-    std::string threads =
-        f.data_threads > 0
-            ? fmt::format("data.threads {} -> {} (or 0: tuned while running)", f.data_threads,
-                          std::max(f.data_threads + 1, f.RankCores() - 1))
+    std::string fix =
+        !f.trainer ? MoreWorkersFix(f, workers)
+        : f.data_threads > 0
+            ? CatalogFix(f, CauseId::kInputWorkers,
+                         fmt::arg("threads", fmt::format("{} -> {}", f.data_threads,
+                                                         std::max(f.data_threads + 1, f.RankCores() - 1))))
             : fmt::format(
                   "data.threads is tuned (0) yet cores idle: fix it at {}, or pack the "
-                  "images (fullburn pack) so each sample costs less",
+                  "images (fullburn pack) so each sample costs less; data.prefetch = 0 (tuned) "
+                  "absorbs bursts",
                   std::max(2, f.RankCores() - 1));
-    out->push_back({"input_workers", "Input-bound with idle cores: too few loader workers",
-                    wait + "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated), share,
-                    conf,
-                    Choose(f, threads + "; data.prefetch = 0 (tuned) absorbs bursts",
-                           MoreWorkersFix(f, workers))});
+    out->push_back(Make(CauseId::kInputWorkers,
+                        wait + "; " + CpuReading(f) + fmt::format(" (< {:.0f}%)", kCpuSaturated),
+                        share, conf, fix));
   } else if (f.mem_peak_share < kMemHeadroom) {
     SmallBatch(f, wait + (std::isnan(f.cpu) ? "" : "; " + CpuReading(f)), share, out);
   } else {
@@ -318,7 +287,7 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                      "DataLoader waits are timed with no change to it)"
                    : "mark them (a PyTorch job's are timed by themselves under fullburn run "
                      "unless --no-auto-steps; any other loop with python/fullburn_markers.py)";
-    out->push_back({"input_workers", "GPU mostly idle with cores to spare (steps not timed)",
+    out->push_back({CauseId::kInputWorkers, "GPU mostly idle with cores to spare (steps not timed)",
                     wait +
                         (std::isnan(f.cpu)
                              ? ""
@@ -369,11 +338,7 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
     }
   }
   if (share < kLoopShare) return;
-  std::string fix =
-      "do per-step bookkeeping every N steps: log, print and compute metrics every 50 steps, "
-      "keep running sums as tensors (loss.detach()) and read them (.item()) only then, since "
-      "on a GPU each read waits for the device; move slow calls (a synchronous logger, plots, "
-      "file writes) to a thread or to the epoch's end; py-spy top --pid PID names the call";
+  std::string fix = CatalogFix(f, CauseId::kLoopOverhead);
   if (f.loop_makes_batches)
     fix =
         "if get_batch() is the cost, make the batches ahead of the step: a DataLoader with "
@@ -381,30 +346,26 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
         "queue, from tokens pre-tokenized into a np.memmap, copied .to(device, "
         "non_blocking=True) from pinned memory; if it is bookkeeping, " +
         fix;
-  out->push_back({"loop_overhead",
+  out->push_back({CauseId::kLoopOverhead,
                   f.loop_makes_batches
                       ? "The training loop's own work between steps (making the batches included)"
-                      : "The training loop's own work between steps",
+                      : CauseOf(CauseId::kLoopOverhead).title,
                   evidence, share, confidence, fix});
 }
 
 void TransferRules(const Facts& f, std::vector<Finding>* out) {
   std::string fix =
-      Choose(f,
-             "keep the inputs small on the wire: uint8 images normalized on the device, "
-             "data.image_size; the loader pins and copies ahead (data.prefetch = 0 tunes it)",
-             std::string(f.loader_pin_memory == 0 ? "DataLoader(pin_memory=False -> True)"
-                                                  : "DataLoader(pin_memory=True)") +
-                 " and .to(device, non_blocking=True); send uint8 and normalize on the GPU; "
-                 "copy the next batch while this one computes");
+      CatalogFix(f, CauseId::kH2dCopy,
+                 fmt::arg("pin_memory", f.loader_pin_memory == 0 ? "DataLoader(pin_memory=False -> True)"
+                                                                 : "DataLoader(pin_memory=True)"));
   if (f.have_steps && f.h2d_share >= kH2dShare) {
-    out->push_back({"h2d_copy", "Host-to-device copies take a large share of each step",
-                    fmt::format("copies to the device took {} of step time (>= {})",
-                                Percent(f.h2d_share), Percent(kH2dShare)),
-                    f.h2d_share, 0.9, fix});
+    out->push_back(Make(CauseId::kH2dCopy,
+                        fmt::format("copies to the device took {} of step time (>= {})",
+                                    Percent(f.h2d_share), Percent(kH2dShare)),
+                        f.h2d_share, 0.9, fix));
   } else if (!f.have_steps && f.gpu_util < kGpuLowUtil && f.pcie_rx >= kPcieBusy) {
     out->push_back(
-        {"h2d_copy", "Host-to-device copies likely limit the GPU",
+        {CauseId::kH2dCopy, "Host-to-device copies likely limit the GPU",
          fmt::format("GPU utilization median {:.0f}% (< {:.0f}%) while PCIe host-to-device traffic "
                      "runs at {:.1f} GB/s (>= {:.0f} GB/s)",
                      f.gpu_util, kGpuLowUtil, f.pcie_rx / 1e9, kPcieBusy / 1e9),
@@ -438,12 +399,12 @@ void MemoryModelRule(const Facts& f, std::vector<Finding>* out) {
       fix += fmt::format("{}train.batch_size = {} with a larger train.accumulate",
                          fix.empty() ? "" : ", or ", m.fits_batch);
     if (fix.empty()) fix = "lower train.batch_size and raise train.accumulate";
-    out->push_back({"memory_pressure", fmt::format("Out of memory at micro-batch {}", m.batch),
+    out->push_back({CauseId::kMemoryPressure, fmt::format("Out of memory at micro-batch {}", m.batch),
                     parts, 1.0, 0.9, fix});
     return;
   }
   out->push_back(
-      {"memory_pressure", fmt::format("Micro-batch {} held down by memory", m.batch),
+      {CauseId::kMemoryPressure, fmt::format("Micro-batch {} held down by memory", m.batch),
        parts + (m.chosen_by_model ? "; the batch-size search took the memory model's largest for "
                                     "this setting"
                                   : "; the batch-size search ran out of memory above it"),
@@ -458,26 +419,23 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
   MemoryModelRule(f, out);
   if (f.mem_peak_share < kMemHeadroom && !f.GpuUnused()) {
     std::string batch = BatchSuggestion(f);
-    out->push_back(
-        {"memory_headroom", "GPU memory headroom: the batch can grow",
-         fmt::format("peak GPU memory {} of total (< {})", Percent(f.mem_peak_share),
-                     Percent(kMemHeadroom)) +
-             (std::isnan(f.gpu_util) ? ""
-                                     : fmt::format(", GPU utilization median {:.0f}%", f.gpu_util)),
-         0, 0.8,
-         Choose(f, "train.batch_size = auto", "raise the batch size") +
-             (batch.empty() ? fmt::format(" (about x{:.0f})", std::floor(0.8 / f.mem_peak_share))
-                            : ": " + batch)});
+    out->push_back(Make(
+        CauseId::kMemoryHeadroom,
+        fmt::format("peak GPU memory {} of total (< {})", Percent(f.mem_peak_share),
+                    Percent(kMemHeadroom)) +
+            (std::isnan(f.gpu_util) ? ""
+                                    : fmt::format(", GPU utilization median {:.0f}%", f.gpu_util)),
+        0, 0.8,
+        CatalogFix(f, CauseId::kMemoryHeadroom,
+                   fmt::arg("batch", batch.empty() ? fmt::format(" (about x{:.0f})",
+                                                                 std::floor(0.8 / f.mem_peak_share))
+                                                   : ": " + batch))));
   }
   if (f.mem_peak_share > kMemNearFull)
-    out->push_back(
-        {"memory_pressure", "GPU memory near full: out-of-memory risk",
-         fmt::format("peak GPU memory {} of total (> {})", Percent(f.mem_peak_share),
-                     Percent(kMemNearFull)),
-         0, 0.7,
-         Choose(
-             f, "lower train.batch_size and raise train.accumulate, or train.precision = bf16",
-             "smaller batch with gradient accumulation, bf16 autocast, activation checkpointing")});
+    out->push_back(Make(CauseId::kMemoryPressure,
+                        fmt::format("peak GPU memory {} of total (> {})", Percent(f.mem_peak_share),
+                                    Percent(kMemNearFull)),
+                        0, 0.7, CatalogFix(f, CauseId::kMemoryPressure)));
   bool swapping = f.swap_share >= kSwapShare;
   bool low = f.host_avail_min_share < kHostMemLow;
   if (!swapping && !low) return;
@@ -487,28 +445,26 @@ void MemoryRules(const Facts& f, std::vector<Finding>* out) {
   std::string fix = Choose(f, "lower data.cache_mb or data.threads, or add RAM",
                            "fewer DataLoader workers or a smaller prefetch_factor, or add RAM");
   if (f.killed)  // what the OOM killer leaves behind: SIGKILL and no memory
-    out->push_back({"memory_pressure",
+    out->push_back({CauseId::kMemoryPressure,
                     "Killed with host memory exhausted: most likely the kernel's OOM killer",
                     "exit code 137 (SIGKILL); " + evidence, swapping ? f.swap_share : 0, 0.8,
                     "confirm with dmesg ('Out of memory: Killed process'); then " + fix});
   else
-    out->push_back({"memory_pressure", "Host memory pressure", evidence,
+    out->push_back({CauseId::kMemoryPressure, "Host memory pressure", evidence,
                     swapping ? f.swap_share : 0, 0.7, fix});
 }
 
 void ThrottleRules(const Facts& f, std::vector<Finding>* out) {
   if (f.power_share >= kThrottleShare)
-    out->push_back({"throttle_power", "Clocks held down by the power limit",
-                    fmt::format("power-capped in {} of samples (>= {})", Percent(f.power_share),
-                                Percent(kThrottleShare)),
-                    f.power_share, 0.8,
-                    "check the enforced power limit (nvidia-smi -q -d POWER) and the supply"});
+    out->push_back(Make(CauseId::kThrottlePower,
+                        fmt::format("power-capped in {} of samples (>= {})", Percent(f.power_share),
+                                    Percent(kThrottleShare)),
+                        f.power_share, 0.8, CatalogFix(f, CauseId::kThrottlePower)));
   if (f.thermal_share >= kThrottleShare)
-    out->push_back({"throttle_thermal", "Clocks held down by temperature",
-                    fmt::format("thermally throttled in {} of samples (>= {})",
-                                Percent(f.thermal_share), Percent(kThrottleShare)),
-                    f.thermal_share, 0.8,
-                    "improve cooling: airflow, fan curve, ambient temperature"});
+    out->push_back(Make(CauseId::kThrottleThermal,
+                        fmt::format("thermally throttled in {} of samples (>= {})",
+                                    Percent(f.thermal_share), Percent(kThrottleShare)),
+                        f.thermal_share, 0.8, CatalogFix(f, CauseId::kThrottleThermal)));
 }
 
 namespace {
@@ -559,17 +515,17 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
                     "dataset on local disk",
                     WrappedStartUpFix(f));
     else if (what == "evaluation")
-      step = Choose(f,
-                    "evaluation: evaluate less often (raise eval.every_steps or "
-                    "eval.every_epochs) or on fewer samples (eval.max_samples)",
-                    "evaluation: evaluate less often, on a subset, or with a larger batch" +
-                        FrameworkEvaluationNote(f));
+      step = CatalogFix(f, CauseId::kIdlePhases) + SettingNote(f, FrameworkSetting::kEvaluationSchedule);
     else if (what == "checkpoint")
       step =
           Choose(f, "checkpoints: raise checkpoint.every_steps (writes are already asynchronous)",
                  "checkpoints: save less often, or asynchronously "
                  "(torch.distributed.checkpoint.async_save)" +
-                     FrameworkCheckpointNote(f));
+                     SettingNote(f, FrameworkSetting::kCheckpointSchedule));
+    else if (what == "flops_setup")
+      step =
+          "flops_setup: the FLOP count's one-time set-up, once per run (PyTorch's first dispatch "
+          "mode imports torch._dynamo); FULLBURN_NO_FLOPS=1 skips the count and its MFU";
     else
       step = what + ": find what the job does there (fullburn runs trace RUN)";
     fix += (fix.empty() ? "" : "; ") + step;
@@ -577,8 +533,8 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
   evidence.pop_back();
   // Without a GPU there is no device to idle: the time is simply not training.
   out->push_back(
-      {"idle_phases",
-       f.gpus.empty() ? "Time outside training steps" : "The device idles between phases", evidence,
+      {CauseId::kIdlePhases,
+       f.gpus.empty() ? "Time outside training steps" : CauseOf(CauseId::kIdlePhases).title, evidence,
        share, f.ranks.empty() ? 0.6 : 0.8, fix});
 }
 
@@ -626,12 +582,8 @@ void StallRule(const Facts& f, std::vector<Finding>* out) {
         "for the GPU",
         s.period);
   else
-    fix =
-        "irregular stalls: Python's garbage collector (gc.freeze() once the model and data are "
-        "set up), other processes competing for the host's CPUs" +
-        near_full;
-  out->push_back(
-      {"step_stalls", "Some steps stall", evidence, share, s.period > 0 ? 0.8 : 0.6, fix});
+    fix = CatalogFix(f, CauseId::kStepStalls) + near_full;
+  out->push_back(Make(CauseId::kStepStalls, evidence, share, s.period > 0 ? 0.8 : 0.6, fix));
 }
 
 namespace {
@@ -650,7 +602,7 @@ double DataWaitStragglerRule(const Facts& f, std::vector<Finding>* out) {
   double spread = hi->data_wait_share - lo->data_wait_share;
   if (spread < kUnevenRanks) return 0;
   out->push_back(
-      {"uneven_ranks",
+      {CauseId::kUnevenRanks,
        fmt::format("Straggler: rank {} waits for its data, the others wait for it", hi->rank),
        fmt::format("data wait {} of rank {}'s step time vs {} on rank {} ({:.0f} points apart, "
                    ">= {:.0f}); the steps carry no communication time, so the other ranks' "
@@ -658,13 +610,7 @@ double DataWaitStragglerRule(const Facts& f, std::vector<Finding>* out) {
                    Percent(hi->data_wait_share), hi->rank, Percent(lo->data_wait_share), lo->rank,
                    spread * 100, kUnevenRanks * 100, hi->rank),
        spread, 0.7,
-       Choose(f,
-              fmt::format("look at rank {}'s input: its host's CPU and disk, other jobs there; "
-                          "every rank the same data.threads",
-                          hi->rank),
-              fmt::format("look at rank {}'s input: its DataLoader workers, its shard "
-                          "(DistributedSampler gives equal ones), its host's CPU and disk",
-                          hi->rank))});
+       CatalogFix(f, CauseId::kUnevenRanks, fmt::arg("rank", hi->rank))});
   return spread;
 }
 
@@ -724,7 +670,7 @@ double StragglerRule(const Facts& f, std::vector<Finding>* out) {
                  "ranks) and fewer DataLoader workers per rank, or fewer ranks per node");
   }
   out->push_back(
-      {"uneven_ranks",
+      {CauseId::kUnevenRanks,
        fmt::format("Straggler: rank {} is slowest, the others wait for it", hi->rank),
        fmt::format("median {} {:.1f} ms on rank {} vs {:.1f} ms on rank {}: {} apart (>= {}){}",
                    what, (*hi).*measure * 1e3, hi->rank, (*lo).*measure * 1e3, lo->rank,
@@ -743,7 +689,7 @@ void UnevenGpusRule(const Facts& f, std::vector<Finding>* out) {
   double lost = 0;
   for (const GpuFacts& g : f.gpus) lost += (hi->util - g.util) / 100 / f.gpus.size();
   out->push_back(
-      {"uneven_ranks",
+      {CauseId::kUnevenRanks,
        fmt::format("Uneven GPUs: {} is busy far less than {}", lo->Name(), hi->Name()),
        fmt::format("GPU utilization median {:.0f}% on {} vs {:.0f}% on {} ({:.0f} points apart, "
                    ">= {:.0f})",
@@ -766,19 +712,12 @@ void RankRules(const Facts& f, std::vector<Finding>* out) {
   // Communication a straggler explains is the straggler's, not the network's.
   double comm = f.comm_share - uneven_share;
   if (f.have_steps && comm >= kCommShare)
-    out->push_back(
-        {"communication", "Communication not hidden behind backward",
-         fmt::format(
-             "gradient communication took {} of step time (>= {}) beyond waiting for stragglers",
-             Percent(comm), Percent(kCommShare)),
-         comm, 0.8,
-         Choose(
-             f,
-             "overlap more: smaller first buckets, bf16 gradient compression, raise "
-             "train.accumulate "
-             "(one reduction per effective batch); check the interconnect (NCCL_DEBUG=INFO)",
-             "DDP(bucket_cap_mb=...), bf16 compression hook, no_sync() with gradient accumulation; "
-             "check the interconnect (NCCL_DEBUG=INFO)")});
+    out->push_back(Make(
+        CauseId::kCommunication,
+        fmt::format(
+            "gradient communication took {} of step time (>= {}) beyond waiting for stragglers",
+            Percent(comm), Percent(kCommShare)),
+        comm, 0.8, CatalogFix(f, CauseId::kCommunication)));
 }
 
 namespace {
@@ -832,9 +771,7 @@ std::pair<std::string, std::string> FailureKind(const Facts& f) {
                               f.failure.rank)
                 : "another rank probably died or hung first: find the first rank that failed in "
                   "its output (fullburn launch names it) and fix that one"};
-  return {"The job failed: " + f.failure.type,
-          "the traceback is in the job's output; the findings below describe the run up to the "
-          "failure"};
+  return {"The job failed: " + f.failure.type, CatalogFix(f, CauseId::kJobFailed)};
 }
 
 }  // namespace
@@ -854,7 +791,7 @@ std::optional<Finding> FailureFinding(const Facts& f) {
     evidence += fmt::format(" (the first of {} ranks that raised one)", f.failure.ranks);
   if (!message.empty()) evidence += ": " + message;
   auto [title, fix] = FailureKind(f);
-  return Finding{"job_failed", title, evidence, 0, 0.9, fix};
+  return Finding{CauseId::kJobFailed, title, evidence, 0, 0.9, fix};
 }
 
 }  // namespace fullburn::diagnose

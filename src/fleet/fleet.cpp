@@ -14,6 +14,8 @@
 
 #include "fullburn/fleet.h"
 
+#include "fullburn/causes.h"
+
 namespace fullburn {
 namespace {
 
@@ -170,6 +172,9 @@ void FleetHours::Add(const FleetHours& o) {
   held += o.held;
   held_idle += o.held_idle;
   throttled += o.throttled;
+  mfu_used += o.mfu_used;
+  mfu_weighted += o.mfu_weighted;
+  low_mfu += o.low_mfu;
   for (const auto& [cause, hours] : o.lost_by_cause) lost_by_cause[cause] += hours;
 }
 
@@ -230,6 +235,8 @@ Result<FleetReport> ComputeFleet(const FleetInput& in) {
     causes[key].push_back(&s);
     run_names[key] = Get(s.labels, "name");
   }
+  std::map<std::pair<std::string, std::string>, const PromSeries*> mfus;
+  for (const PromSeries& s : in.mfu) mfus[{Node(s.labels), Get(s.labels, "run")}] = &s;
 
   std::map<std::string, RowAcc> jobs, users, nodes, gpus;
   std::vector<double> avail_b(in.buckets, 0), used_b(in.buckets, 0), idle_b(in.buckets, 0);
@@ -242,6 +249,7 @@ Result<FleetReport> ComputeFleet(const FleetInput& in) {
     if (g.held) with_held.insert(gpu);
     const double hours_per_sample = Interval(in, g, &estimated) / kHour;
     auto cause_it = causes.find({node, run});
+    auto mfu_it = run.empty() ? mfus.end() : mfus.find({node, run});
     FleetHours series;  // this series over the window
     FleetHours held_part;
     for (size_t i = 0; i < g.n->values.size(); ++i) {
@@ -273,6 +281,11 @@ Result<FleetReport> ComputeFleet(const FleetInput& in) {
       }
       if (double t = g.throttled ? g.throttled->At(b) : NAN; !std::isnan(t))
         h.throttled = t * hours_per_sample;
+      if (double m = mfu_it != mfus.end() ? mfu_it->second->At(b) : NAN; !std::isnan(m)) {
+        h.mfu_used = h.used;
+        h.mfu_weighted = m * h.used;
+        if (m < kMfuLow) h.low_mfu = h.used;
+      }
       if (rest > 0) {
         double diagnosed = 0;
         std::vector<std::pair<std::string, double>> weights;
@@ -373,38 +386,8 @@ const std::vector<FleetRow>& FleetRows(const FleetReport& r, const std::string& 
 }
 
 std::string FleetFix(const std::string& cause) {
-  static const std::map<std::string, std::string> fixes = {
-      {kCauseIdleHeld,
-       "a job holds the GPU and runs nothing: end it or release the GPU (an idle notebook, a "
-       "hung job, a job waiting for input: `py-spy dump --pid PID`)"},
-      {kCauseNotHeld, "free capacity: nothing ran on it (scheduling, or fewer jobs than GPUs)"},
-      {kCauseUndiagnosed,
-       "held and partly busy, no diagnosis: run the job under `fullburn run` (or `fullburn "
-       "attach PID`) on a node that runs `fullburn serve`, to name the cause"},
-      {kCauseUnreported, "no held state: scrape `fullburn serve` on this node"},
-      {"input_workers", "more DataLoader workers (num_workers = cores - 1, persistent_workers, "
-                        "pin_memory), or fullburn.ImageLoader"},
-      {"input_cpu", "the input pipeline needs more CPU: a pack (`fullburn pack`), GPU "
-                    "augmentation, or a higher CPU limit"},
-      {"input_io", "storage-bound: local SSD or /dev/shm, shards (`fullburn pack`), prefetch"},
-      {"h2d_copy", "pinned memory and non_blocking copies, uint8 on the wire"},
-      {"small_batch", "a larger batch (`train.batch_size = auto`) or CUDA graphs"},
-      {"throttle_power", "power-capped: check the enforced power limit and the supply"},
-      {"throttle_thermal", "thermal throttling: the node's cooling"},
-      {"idle_phases", "idle between phases (start-up, evaluation, checkpoints): less often, "
-                      "asynchronous checkpoints"},
-      {"uneven_ranks", "a straggler rank: its input, clocks, PCIe and neighbours; equal shards"},
-      {"communication", "overlap gradient buckets, compress, accumulate more per reduction"},
-      {"step_stalls", "what the loop does every K steps (a blocking save, garbage collection)"},
-      {"checkpoint_stall", "save less often, or asynchronously"},
-      {"loop_overhead", "log and read `.item()` every N steps, not every step"},
-      {"gpu_unused", "the job runs on the CPU: move the model and batches to the GPU"},
-      {"memory_pressure", "smaller micro-batches with accumulation, bf16"},
-      {"cpu_threads", "torch.set_num_threads(cores)"},
-      {"healthy", "none needed: busy while held"},
-  };
-  auto it = fixes.find(cause);
-  return it != fixes.end() ? it->second : "`fullburn diagnose RUN` on its node gives the fix";
+  const Cause* c = FindCause(cause);
+  return c && *c->fleet ? c->fleet : "`fullburn diagnose RUN` on its node gives the fix";
 }
 
 }  // namespace fullburn

@@ -129,10 +129,16 @@ std::string RenderFleetHtml(const FleetReport& r, const std::string& by, size_t 
       "available</th><td>{}</td></tr><tr><th>used (weighted by utilization)</th><td>{} "
       "({})</td></tr><tr><th>lost</th><td>{}</td></tr><tr><th>held and idle</th><td>{}</td></tr>"
       "<tr><th>throttled</th><td>{}</td></tr><tr><th>unknown (no sample)</th><td>{}</td></tr>"
-      "</table>",
+      "{}</table>",
       Utc(r.start), Utc(r.end), r.gpus, r.nodes.size(), Hours(t.available), Hours(t.used),
       PercentOf(t.used, t.available), Hours(t.lost), Hours(t.held_idle), Hours(t.throttled),
-      Hours(r.unknown));
+      Hours(r.unknown),
+      t.mfu_used > 0
+          ? fmt::format("<tr><th>MFU (jobs that report it)</th><td>{} over {}</td></tr><tr><th>busy "
+                        "below {} MFU (<code>low_mfu</code>)</th><td>{}</td></tr>",
+                        PercentOf(t.Mfu(), 1), Hours(t.mfu_used), PercentOf(kMfuLow, 1),
+                        Hours(t.low_mfu))
+          : "");
   out += "<h2>Lost GPU-hours by cause</h2>" + CauseBar(t);
   out += "<h2>Over time</h2><div id=charts></div>";
   out += fmt::format("<h2>Top {} by GPU-hours lost</h2>", by == "gpu" ? "GPUs" : Escape(by) + "s") +

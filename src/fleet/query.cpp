@@ -24,6 +24,7 @@ constexpr const char* kHeld = "fullburn_gpu_held";
 constexpr const char* kHeldIdle = "fullburn_gpu_held_idle";
 constexpr const char* kThrottled = "fullburn_gpu_throttled";
 constexpr const char* kJobLost = "fullburn_job_time_lost_ratio";
+constexpr const char* kJobMfu = "fullburn_job_mfu";
 constexpr const char* kHowToScrape =
     "scrape `fullburn serve` on every node (examples/prometheus/prometheus.yml, docs/fleet.md)";
 
@@ -103,7 +104,7 @@ Result<FleetReport> QueryFleet(const PromClient& client, const FleetQuery& q) {
   in.end = q.end ? *q.end : server_now - std::max(1.0, longest);
 
   // Which of fullburn's series exist in the window; what is missing is said.
-  const std::vector<std::string> wanted = {kUtil, kHeld, kHeldIdle, kThrottled, kJobLost};
+  const std::vector<std::string> wanted = {kUtil, kHeld, kHeldIdle, kThrottled, kJobLost, kJobMfu};
   Result<std::set<std::string>> present =
       Present(client, wanted, q.match, in.end - q.window_s, in.end);
   if (!present.ok()) return present.status();
@@ -157,6 +158,8 @@ Result<FleetReport> QueryFleet(const PromClient& client, const FleetQuery& q) {
     queries.push_back({"sum_over_time(" + Selector(kThrottled, q.match) + range + ")", &in.throttled});
   if (present->count(kJobLost))
     queries.push_back({"count_over_time(" + Selector(kJobLost, q.match) + range + ")", &in.causes});
+  if (present->count(kJobMfu))
+    queries.push_back({"avg_over_time(" + Selector(kJobMfu, q.match) + range + ")", &in.mfu});
   // Two at a time: Prometheus evaluates each on a core of its own.
   for (size_t i = 0; i < queries.size(); i += 2) {
     std::vector<std::future<Result<PromMatrix>>> running;

@@ -45,9 +45,11 @@ std::string Verdict(const FleetRow& row) {
 nlohmann::json HoursJson(const FleetHours& h) {
   nlohmann::json causes = nlohmann::json::object();
   for (const auto& [cause, hours] : h.lost_by_cause) causes[cause] = hours;
+  double mfu = h.Mfu();
   return {{"available", h.available}, {"used", h.used},           {"lost", h.lost},
           {"held", h.held},           {"held_idle", h.held_idle}, {"throttled", h.throttled},
-          {"lost_by_cause", causes}};
+          {"lost_by_cause", causes},  {"mfu", std::isnan(mfu) ? nlohmann::json() : nlohmann::json(mfu)},
+          {"mfu_used", h.mfu_used},   {"low_mfu", h.low_mfu}};
 }
 
 nlohmann::json RowsJson(const std::vector<FleetRow>& rows) {
@@ -78,6 +80,12 @@ std::string RenderFleetText(const FleetReport& r, const std::string& by, size_t 
       Hours(r.unknown));
   out += fmt::format("held {} ({}), held and idle {}, throttled {}\n", Hours(t.held),
                      PercentOf(t.held, t.available), Hours(t.held_idle), Hours(t.throttled));
+  if (t.mfu_used > 0)
+    out += fmt::format(
+        "MFU {} over the {} busy GPU-hours of jobs that report it (fullburn_job_mfu); busy "
+        "below {} MFU: {} ({}): {}\n",
+        PercentOf(t.Mfu(), 1), Hours(t.mfu_used), PercentOf(kMfuLow, 1), Hours(t.low_mfu),
+        CauseName(CauseId::kLowMfu), FleetFix(CauseName(CauseId::kLowMfu)));
   out += "\nLost GPU-hours by cause:\n";
   for (const auto& [cause, hours] : ByCause(t))
     out += fmt::format("  {:<18} {:>10}  {:>4}  {}\n", cause, Hours(hours), PercentOf(hours, t.lost),
@@ -101,6 +109,15 @@ std::string RenderFleetText(const FleetReport& r, const std::string& by, size_t 
                        Verdict(row), row.fix);
   }
   if (rows.size() > top) out += fmt::format("  ... {} more (--top)\n", rows.size() - top);
+  if (jobs && t.mfu_used > 0) {
+    out += fmt::format("\nMFU by {} (busy GPU-hours at it; below {}: {}):\n", by,
+                       PercentOf(kMfuLow, 1), CauseName(CauseId::kLowMfu));
+    for (size_t i = 0; i < rows.size() && i < top; ++i)
+      if (rows[i].hours.mfu_used > 0)
+        out += fmt::format("  {:<28} MFU {:>6}  over {:>9}  below the line {:>9}\n", rows[i].key,
+                           PercentOf(rows[i].hours.Mfu(), 1), Hours(rows[i].hours.mfu_used),
+                           Hours(rows[i].hours.low_mfu));
+  }
 
   std::string flagged;
   for (const FleetNode& n : r.node_flags) {

@@ -74,6 +74,8 @@ std::vector<ComparisonRow> ComparisonTable(const std::vector<RunDigest>& runs) {
   measure("samples/s (median)", &RunDigest::samples_per_s, "{:.1f}", 1, true);
   measure("step time (median, ms)", &RunDigest::step_s, "{:.1f}", 1e3, true);
   measure("data wait (% of step)", &RunDigest::data_wait_share, "{:.0f}%", 100, false);
+  if (std::any_of(runs.begin(), runs.end(), [](const RunDigest& d) { return !std::isnan(d.mfu); }))
+    measure("MFU", &RunDigest::mfu, "{:.1f}%", 100, true);
   std::vector<std::string> phases;
   for (const StepPhase& p : kStepPhases) phases.push_back(p.name);
   phases.push_back("other");
@@ -148,8 +150,9 @@ RunDigest Digest(const RunData& d, const std::vector<Finding>& findings) {
   g.gpu_util = gpus.util_pct;
   g.gpu_mem_peak_share = gpus.mem_peak_share;
   g.cpu_util = MedianOf(d.samples, "host.cpu_util");
+  g.mfu = ComputeMfu(d).value;
   for (const Finding& f : findings)
-    if (f.share_lost > 0) g.time_lost[f.cause] = std::max(g.time_lost[f.cause], f.share_lost);
+    if (f.share_lost > 0) g.time_lost[f.name()] = std::max(g.time_lost[f.name()], f.share_lost);
   Flatten(nlohmann::json::parse(d.run.config_json, nullptr, false), "", &g.config);
   g.config.erase("");
   g.config["command"] = JoinedCommand(d.run.command);
@@ -203,6 +206,7 @@ nlohmann::json ComparisonJson(const std::vector<RunDigest>& runs) {
                    {"gpu_util_pct", num(d.gpu_util)},
                    {"gpu_mem_peak_pct", num(d.gpu_mem_peak_share * 100)},
                    {"cpu_util_pct", num(d.cpu_util)},
+                   {"mfu_pct", num(d.mfu * 100)},
                    {"time_lost_pct", lost},
                    {"config", d.config}});
   }

@@ -29,6 +29,13 @@ struct ChartSpec {
 
 const ChartSpec kTelemetryCharts[] = {
     {"GPU utilization", "%", "gpu", {"util", "sm_active", "tensor_active"}, 1},
+    {"GPU pipes (GPM): what the SMs compute with",
+     "%",
+     "gpu",
+     {"tensor_hmma_active", "tensor_imma_active", "tensor_dfma_active", "fp16_active",
+      "fp32_active", "fp64_active"},
+     1},
+    {"SM occupancy and DRAM bandwidth (GPM)", "%", "gpu", {"sm_occupancy", "dram_active"}, 1},
     {"GPU memory",
      "GiB",
      "gpu",
@@ -276,9 +283,9 @@ std::string FindingsHtml(const std::vector<Finding>& findings) {
         "<div class=\"finding {}\"><div class=cause><code>{}</code> {}{}</div><div><b>why</b> "
         "{}</div>"
         "<div><b>fix</b> {}</div><div class=conf>confidence {:.0f}%</div></div>",
-        f.cause == "healthy" ? "ok"
-                             : (f.share_lost > 0 || f.cause == "job_failed" ? "bad" : "hint"),
-        Escape(f.cause), Escape(f.title),
+        f.cause == CauseId::kHealthy ? "ok"
+                             : (f.share_lost > 0 || f.cause == CauseId::kJobFailed ? "bad" : "hint"),
+        Escape(f.name()), Escape(f.title),
         f.share_lost > 0
             ? fmt::format(" <span class=lost>~{:.0f}% of the time</span>", f.share_lost * 100)
             : "",
@@ -322,6 +329,7 @@ std::string RunHtml(const ReportRun& r) {
   row("samples", fmt::format("{} every {} s", run.sample_count, run.interval_s));
   if (!r.data.steps.empty()) row("steps", fmt::format("{} step records", r.data.steps.size()));
   if (!r.data.checkpoints.empty()) row("checkpoints", std::to_string(r.data.checkpoints.size()));
+  if (Mfu mfu = ComputeMfu(r.data); mfu.counted) row("MFU", Escape(mfu.Text()));
   out += "</table>";
   if (IsTuning(r.data)) {
     out += TuningHtml(r.data);  // each trial is a run of its own, with its findings

@@ -17,7 +17,8 @@ nlohmann::json JobsJson(const std::vector<JobNow>& jobs) {
     if (j.samples_per_s) one["samples_per_s"] = *j.samples_per_s;
     if (j.step_s) one["step_s"] = *j.step_s;
     if (j.data_wait_share) one["data_wait_share"] = *j.data_wait_share;
-    if (j.now) one["now"] = {{"cause", j.now->cause}, {"time_lost_pct", j.now->share_lost * 100}};
+    if (j.mfu) one["mfu"] = *j.mfu;
+    if (j.now) one["now"] = {{"cause", j.now->name()}, {"time_lost_pct", j.now->share_lost * 100}};
     out.push_back(one);
   }
   return out;

@@ -111,6 +111,10 @@ std::string RenderJobsPrometheus(const std::vector<JobNow>& jobs, const std::str
       {"fullburn_job_data_wait_ratio",
        "Share of step time the job waited for data over its last minute",
        [](const JobNow& j) { return j.data_wait_share; }},
+      {"fullburn_job_mfu",
+       "Model FLOPs utilization of the job over its last minute: one step's counted FLOPs at "
+       "the median step time, of its GPUs' dense bf16 peak (0-1)",
+       [](const JobNow& j) { return j.mfu; }},
   };
   auto labels = [&](const JobNow& j) {
     return fmt::format("run=\"{}\",name=\"{}\",Hostname=\"{}\"", j.run.id, Escape(j.run.name),
@@ -129,7 +133,7 @@ std::string RenderJobsPrometheus(const std::vector<JobNow>& jobs, const std::str
   for (const JobNow& j : jobs)
     if (j.now)
       lost += fmt::format("fullburn_job_time_lost_ratio{{{},cause=\"{}\"}} {}\n", labels(j),
-                          Escape(j.now->cause), j.now->share_lost);
+                          Escape(j.now->name()), j.now->share_lost);
   if (!lost.empty())
     out +=
         "# HELP fullburn_job_time_lost_ratio Share of the job's last minute lost to what limits "

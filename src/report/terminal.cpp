@@ -149,6 +149,7 @@ std::string RenderLiveLine(const Snapshot& s, double elapsed, const std::string&
       continue;
     }
     line += fmt::format(" | gpu{} {}", g.index, Opt(g.util, "%"));
+    if (g.tensor_active) line += fmt::format(" tensor {:.0f}%", *g.tensor_active);
     if (g.mem_used_bytes) line += " " + FormatBytes(*g.mem_used_bytes);
     if (g.power_w) line += fmt::format(" {:.0f}W", *g.power_w);
   }
@@ -178,7 +179,14 @@ std::string RenderWatchFrame(const Snapshot& s, const std::vector<GpuInfo>& gpus
                        Opt(g.max_sm_clock_mhz, "MHz"));
     out += fmt::format("  util {} {:>5}", Bar(g.util, bar), Opt(g.util, "%"));
     if (g.sm_active) out += fmt::format("  SM active {}", Opt(g.sm_active, "%"));
+    if (g.sm_occupancy) out += fmt::format("  occupancy {}", Opt(g.sm_occupancy, "%"));
     out += "\n";
+    if (g.tensor_active)
+      out += fmt::format("  tensor {} (hmma {} imma {} dfma {})  fp16 {} fp32 {} fp64 {}  dram {}\n",
+                         Opt(g.tensor_active, "%"), Opt(g.tensor_hmma_active, "%"),
+                         Opt(g.tensor_imma_active, "%"), Opt(g.tensor_dfma_active, "%"),
+                         Opt(g.fp16_active, "%"), Opt(g.fp32_active, "%"),
+                         Opt(g.fp64_active, "%"), Opt(g.dram_active, "%"));
     Value mem_pct;
     if (g.mem_used_bytes && g.mem_total_bytes && *g.mem_total_bytes > 0)
       mem_pct = 100.0 * *g.mem_used_bytes / *g.mem_total_bytes;
@@ -218,6 +226,7 @@ std::string RenderJobLines(const std::vector<JobNow>& jobs) {
     if (j.loss) out += fmt::format("  loss {:.4f}", *j.loss);
     if (j.samples_per_s) out += fmt::format("  {:.0f} samples/s", *j.samples_per_s);
     if (j.data_wait_share) out += fmt::format("  data-wait {:.0f}%", *j.data_wait_share * 100);
+    if (j.mfu) out += fmt::format("  MFU {}", Percent(*j.mfu));
     if (!j.step) out += "  no steps recorded";
     out += RenderLiveFinding(j.now) + "\n";
   }

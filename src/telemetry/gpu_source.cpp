@@ -17,6 +17,7 @@ struct GpuSource::Device {
   nvml::Device handle = nullptr;
   Value max_sm_clock_mhz;
   bool gpm = false;
+  int gpm_instance = -1;  // >= 0: MIG is on, GPM reads this GPU instance
   nvml::GpmSample gpm_prev = nullptr, gpm_next = nullptr;
   double gpm_prev_time = -1;
 };
@@ -98,35 +99,97 @@ void DeriveStates(bool listed, GpuSample* g) {
     g->throttled = IsThrottled(static_cast<uint64_t>(*g->throttle_reasons)) ? 1 : 0;
 }
 
-// SM and tensor activity over the window since the previous GPM sample.
-void CollectGpm(const nvml::Api& api, nvml::Device h, nvml::GpmSample* prev,
+// What GPM reads, in request order, and where each value goes. PCIe comes
+// in MiB/s and is stored in bytes/s; the rest are percentages.
+struct GpmField {
+  unsigned id;
+  Value GpuSample::*field;
+};
+constexpr GpmField kGpmFields[] = {
+    {nvml::kGpmSmUtil, &GpuSample::sm_active},
+    {nvml::kGpmAnyTensorUtil, &GpuSample::tensor_active},
+    {nvml::kGpmPcieTx, &GpuSample::pcie_tx_bytes_per_s},
+    {nvml::kGpmPcieRx, &GpuSample::pcie_rx_bytes_per_s},
+    {nvml::kGpmSmOccupancy, &GpuSample::sm_occupancy},
+    {nvml::kGpmHmmaTensorUtil, &GpuSample::tensor_hmma_active},
+    {nvml::kGpmImmaTensorUtil, &GpuSample::tensor_imma_active},
+    {nvml::kGpmDfmaTensorUtil, &GpuSample::tensor_dfma_active},
+    {nvml::kGpmFp16Util, &GpuSample::fp16_active},
+    {nvml::kGpmFp32Util, &GpuSample::fp32_active},
+    {nvml::kGpmFp64Util, &GpuSample::fp64_active},
+    {nvml::kGpmDramBwUtil, &GpuSample::dram_active},
+};
+constexpr unsigned kGpmFieldCount = sizeof(kGpmFields) / sizeof(kGpmFields[0]);
+
+// Every GPM reading over the window since the previous GPM sample; each
+// metric the driver refuses stays absent on its own.
+void CollectGpm(const nvml::Api& api, nvml::Device h, int instance, nvml::GpmSample* prev,
                 nvml::GpmSample* next, double* prev_time, double now, GpuSample* g) {
-  if (api.GpmSampleGet(h, *next) != nvml::kSuccess) return;
+  nvml::Return got = instance >= 0 ? api.GpmMigSampleGet(h, static_cast<unsigned>(instance), *next)
+                                   : api.GpmSampleGet(h, *next);
+  if (got != nvml::kSuccess) return;
   bool have_window = *prev_time >= 0;
   if (have_window) {
     thread_local nvml::GpmMetricsGet req;  // ~10 KB: kept off the stack
     req = nvml::GpmMetricsGet{};
     req.version = nvml::kGpmMetricsGetVersion;
-    req.num_metrics = 4;
+    req.num_metrics = kGpmFieldCount;
     req.sample1 = *prev;
     req.sample2 = *next;
-    req.metrics[0].metric_id = nvml::kGpmSmUtil;
-    req.metrics[1].metric_id = nvml::kGpmAnyTensorUtil;
-    req.metrics[2].metric_id = nvml::kGpmPcieTx;
-    req.metrics[3].metric_id = nvml::kGpmPcieRx;
+    for (unsigned i = 0; i < kGpmFieldCount; ++i) req.metrics[i].metric_id = kGpmFields[i].id;
     if (api.GpmMetricsGet(&req) == nvml::kSuccess) {
-      auto get = [&](int i) {
-        return req.metrics[i].nvml_return == nvml::kSuccess ? Value(req.metrics[i].value) : Value();
-      };
-      g->sm_active = get(0);
-      g->tensor_active = get(1);
       constexpr double kMiB = 1024.0 * 1024.0;  // GPM reports PCIe in MiB/s
-      if (Value tx = get(2)) g->pcie_tx_bytes_per_s = *tx * kMiB;
-      if (Value rx = get(3)) g->pcie_rx_bytes_per_s = *rx * kMiB;
+      for (unsigned i = 0; i < kGpmFieldCount; ++i) {
+        if (req.metrics[i].nvml_return != nvml::kSuccess) continue;
+        bool pcie = kGpmFields[i].id == nvml::kGpmPcieTx || kGpmFields[i].id == nvml::kGpmPcieRx;
+        g->*kGpmFields[i].field = req.metrics[i].value * (pcie ? kMiB : 1.0);
+      }
     }
   }
   std::swap(*prev, *next);
   *prev_time = now;
+}
+
+// With MIG on, the GPU instance GPM can read (the first MIG device's), else
+// -1 (MIG off, or its instance cannot be told: the whole GPU is tried).
+int MigInstance(const nvml::Api& api, nvml::Device h) {
+  unsigned current = 0, pending = 0;
+  if (!api.DeviceGetMigMode || api.DeviceGetMigMode(h, &current, &pending) != nvml::kSuccess ||
+      current != 1 || !api.DeviceGetMigDeviceHandleByIndex || !api.DeviceGetGpuInstanceId ||
+      !api.GpmMigSampleGet)
+    return -1;
+  nvml::Device mig = nullptr;
+  unsigned id = 0;
+  if (api.DeviceGetMigDeviceHandleByIndex(h, 0, &mig) != nvml::kSuccess ||
+      api.DeviceGetGpuInstanceId(mig, &id) != nvml::kSuccess)
+    return -1;
+  return static_cast<int>(id);
+}
+
+// Opens GPM on a device; "" when its readings can be taken, else why not.
+std::string OpenGpm(const nvml::Api& api, const NvmlLibrary& lib, nvml::Device handle,
+                    int* instance, nvml::GpmSample* prev, nvml::GpmSample* next) {
+  if (!api.GpmQueryDeviceSupport)
+    return "this NVML has no GPM (a driver older than R520): update the driver";
+  nvml::GpmSupport support{nvml::kGpmSupportVersion, 0};
+  if (nvml::Return r = api.GpmQueryDeviceSupport(handle, &support); r != nvml::kSuccess)
+    return "NVML refused GPM's support query: " + lib.ErrorString(r);
+  if (!support.is_supported_device) return "GPM is not supported on this GPU (Hopper and newer have it)";
+  *instance = MigInstance(api, handle);
+  if (api.GpmSampleAlloc(prev) != nvml::kSuccess ||
+      api.GpmSampleAlloc(next) != nvml::kSuccess)
+    return "NVML could not allocate GPM samples";
+  // One sample now: a GPU (or MIG instance) that refuses it is said at start,
+  // not found out sample by sample.
+  nvml::Return r = *instance >= 0
+                       ? api.GpmMigSampleGet(handle, static_cast<unsigned>(*instance), *prev)
+                       : api.GpmSampleGet(handle, *prev);
+  if (r != nvml::kSuccess)
+    return (*instance >= 0
+                ? "NVML refused a GPM sample of MIG GPU instance " + std::to_string(*instance)
+                : std::string("NVML refused a GPM sample")) +
+           ": " + lib.ErrorString(r);
+  return "";
 }
 
 double MonotonicNow() { return Env::Default()->MonotonicSeconds(); }
@@ -176,12 +239,8 @@ Result<std::unique_ptr<GpuSource>> GpuSource::Open(std::string library) {
     unsigned mhz = 0;
     if (api.DeviceGetMaxClockInfo && api.DeviceGetMaxClockInfo(d.handle, kClockSm, &mhz) == 0)
       d.max_sm_clock_mhz = mhz;
-    nvml::GpmSupport support{nvml::kGpmSupportVersion, 0};
-    if (api.GpmQueryDeviceSupport && api.GpmQueryDeviceSupport(d.handle, &support) == 0 &&
-        support.is_supported_device && api.GpmSampleAlloc(&d.gpm_prev) == 0 &&
-        api.GpmSampleAlloc(&d.gpm_next) == 0) {
-      d.gpm = true;
-    }
+    info.no_gpm = OpenGpm(api, *src->lib_, d.handle, &d.gpm_instance, &d.gpm_prev, &d.gpm_next);
+    d.gpm = info.no_gpm.empty();
     src->devices_.push_back(d);
     src->gpus_.push_back(info);
   }
@@ -281,7 +340,7 @@ void GpuSource::CollectOne(Device& d, const std::vector<int>& tree_pids, double 
     g->throttle_reasons = static_cast<double>(reasons);
   DeriveStates(CollectProcesses(api, h, tree_pids, g), g);
   if (d.gpm && (d.gpm_prev_time < 0 || mono_now - d.gpm_prev_time >= kGpmMinInterval))
-    CollectGpm(api, h, &d.gpm_prev, &d.gpm_next, &d.gpm_prev_time, mono_now, g);
+    CollectGpm(api, h, d.gpm_instance, &d.gpm_prev, &d.gpm_next, &d.gpm_prev_time, mono_now, g);
 }
 
 }  // namespace fullburn

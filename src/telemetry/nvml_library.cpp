@@ -86,6 +86,10 @@ NvmlLibrary* NvmlLibrary::Load(const std::string& path, std::string* error) {
              Resolve(handle, &a.GpmSampleGet, {"nvmlGpmSampleGet"}) &&
              Resolve(handle, &a.GpmMetricsGet, {"nvmlGpmMetricsGet"});
   if (!gpm) a.GpmQueryDeviceSupport = nullptr;  // GPM needs all five
+  Resolve(handle, &a.DeviceGetMigMode, {"nvmlDeviceGetMigMode"});
+  Resolve(handle, &a.DeviceGetMigDeviceHandleByIndex, {"nvmlDeviceGetMigDeviceHandleByIndex"});
+  Resolve(handle, &a.DeviceGetGpuInstanceId, {"nvmlDeviceGetGpuInstanceId"});
+  Resolve(handle, &a.GpmMigSampleGet, {"nvmlGpmMigSampleGet"});
   return lib;
 }
 

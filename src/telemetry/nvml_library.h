@@ -54,7 +54,15 @@ struct GpmMetricsGet {
 constexpr unsigned kGpmSupportVersion = 1;
 constexpr unsigned kGpmMetricsGetVersion = 1;
 constexpr unsigned kGpmSmUtil = 2;          // NVML_GPM_METRIC_SM_UTIL
+constexpr unsigned kGpmSmOccupancy = 3;     // NVML_GPM_METRIC_SM_OCCUPANCY
 constexpr unsigned kGpmAnyTensorUtil = 5;   // NVML_GPM_METRIC_ANY_TENSOR_UTIL
+constexpr unsigned kGpmDfmaTensorUtil = 6;  // NVML_GPM_METRIC_DFMA_TENSOR_UTIL
+constexpr unsigned kGpmHmmaTensorUtil = 7;  // NVML_GPM_METRIC_HMMA_TENSOR_UTIL
+constexpr unsigned kGpmImmaTensorUtil = 9;  // NVML_GPM_METRIC_IMMA_TENSOR_UTIL
+constexpr unsigned kGpmDramBwUtil = 10;     // NVML_GPM_METRIC_DRAM_BW_UTIL
+constexpr unsigned kGpmFp64Util = 11;       // NVML_GPM_METRIC_FP64_UTIL
+constexpr unsigned kGpmFp32Util = 12;       // NVML_GPM_METRIC_FP32_UTIL
+constexpr unsigned kGpmFp16Util = 13;       // NVML_GPM_METRIC_FP16_UTIL
 constexpr unsigned kGpmPcieTx = 20;         // NVML_GPM_METRIC_PCIE_TX_PER_SEC (MiB/s)
 constexpr unsigned kGpmPcieRx = 21;         // NVML_GPM_METRIC_PCIE_RX_PER_SEC (MiB/s)
 
@@ -86,6 +94,12 @@ struct Api {
   Return (*GpmSampleFree)(GpmSample) = nullptr;
   Return (*GpmSampleGet)(Device, GpmSample) = nullptr;
   Return (*GpmMetricsGet)(GpmMetricsGet*) = nullptr;
+  // MIG: GPM reads a GPU instance of a MIG-enabled GPU (its id from the
+  // first MIG device), where the whole GPU's sample is refused.
+  Return (*DeviceGetMigMode)(Device, unsigned*, unsigned*) = nullptr;
+  Return (*DeviceGetMigDeviceHandleByIndex)(Device, unsigned, Device*) = nullptr;
+  Return (*DeviceGetGpuInstanceId)(Device, unsigned*) = nullptr;
+  Return (*GpmMigSampleGet)(Device, unsigned, GpmSample) = nullptr;
 };
 
 }  // namespace nvml

@@ -120,7 +120,8 @@ void Recorder::Rep::FeedLiveDiagnosis(const Snapshot& s) {
   live->AddSteps(steps);
   live->AddEvents(events);
   live->AddReadings(t, Flatten(s));
-  std::string finding = RenderLiveFinding(live->Update(t));
+  const std::optional<Finding>& top = live->Update(t);
+  std::string finding = RenderLiveMfu(live->mfu()) + RenderLiveFinding(top);
   std::lock_guard<std::mutex> lock(mu);
   live_finding = std::move(finding);
 }

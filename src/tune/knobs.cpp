@@ -228,10 +228,9 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
 }
 
 bool InputBound(const std::vector<Finding>& findings) {
-  static const std::set<std::string> kInput = {"input_cpu", "input_io", "input_workers",
-                                               "h2d_copy"};
   for (const Finding& f : findings)
-    if (f.cause != "healthy" && f.cause != "job_failed") return kInput.count(f.cause) > 0;
+    if (f.cause != CauseId::kHealthy && f.cause != CauseId::kJobFailed)
+      return CauseOf(f.cause).input_bound;
   return false;
 }
 
@@ -246,10 +245,16 @@ std::vector<std::string> OnlySelected(std::vector<std::string> order,
 
 std::vector<std::string> KnobOrder(const std::vector<Finding>& findings,
                                    const std::vector<std::string>& selected) {
-  if (InputBound(findings))
-    return OnlySelected({"pack", "cache", "loader_threads", "prefetch", "batch", "threads",
-                         "precision", "channels_last", "cudnn_benchmark", "cuda_graphs"},
-                        selected);
+  if (InputBound(findings)) {
+    // The input causes' own knobs first, in the catalog's order, then the rest.
+    std::vector<std::string> order;
+    for (const Cause& c : Causes())
+      if (c.input_bound && *c.tune_knob) order.push_back(c.tune_knob);
+    for (const char* k : {"batch", "threads", "precision", "channels_last", "cudnn_benchmark",
+                          "cuda_graphs"})
+      order.push_back(k);
+    return OnlySelected(order, selected);
+  }
   return OnlySelected({"batch", "precision", "channels_last", "cudnn_benchmark", "cuda_graphs",
                        "threads", "loader_threads", "prefetch", "pack", "cache"},
                       selected);

@@ -109,7 +109,7 @@ int KnobTuner::Run() {
   std::fprintf(
       stderr,
       "tune: run-to-run noise %.0f%%; the start's top finding is %s; knobs in this order: %s\n",
-      noise_ * 100, findings.empty() ? "none" : findings.front().cause.c_str(),
+      noise_ * 100, findings.empty() ? "none" : CauseName(findings.front().cause),
       fmt::format("{}", fmt::join(order, ", ")).c_str());
   for (size_t k = 0; k < order.size() && !t_->interrupted(); ++k) {
     if (!TryKnob(order[k], findings)) {

@@ -83,8 +83,8 @@ std::vector<nlohmann::json> EventsOf(const RunData& run, const std::string& kind
 // not the job's, so a test that names what limits the steps asks past it.
 const Finding& TopBesidesIdle(const std::vector<Finding>& findings) {
   for (const Finding& f : findings)
-    if (f.cause != "idle_phases") return f;
-  static const Finding kNone{"none", "", "", 0, 0, ""};
+    if (f.name() != "idle_phases") return f;
+  static const Finding kNone{CauseId::kHealthy, "(no finding besides idle_phases)", "", 0, 0, ""};
   return kNone;
 }
 
@@ -144,7 +144,7 @@ TEST_F(AutoStepsE2E, AnUnchangedPyTorchScriptGetsStepsDataWaitAndItsEvaluations)
   // cores, input_workers; on a machine busy with other work, input_cpu).
   auto findings = Diagnose(run);
   ASSERT_FALSE(findings.empty());
-  EXPECT_EQ(TopBesidesIdle(findings).cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+  EXPECT_EQ(TopBesidesIdle(findings).name().rfind("input_", 0), 0u) << RenderFindings(findings);
   EXPECT_NE(TopBesidesIdle(findings).evidence.find("num_workers=0"), std::string::npos);
 }
 
@@ -258,7 +258,7 @@ TEST_F(AutoStepsE2E, ALoopThatUpdatesByHandGetsItsSteps) {
   }
   EXPECT_EQ(EventsOf(run, "evaluation").size(), 2u);  // still kept out of the steps
   auto findings = Diagnose(run);
-  EXPECT_EQ(TopBesidesIdle(findings).cause.rfind("input_", 0), 0u) << RenderFindings(findings);
+  EXPECT_EQ(TopBesidesIdle(findings).name().rfind("input_", 0), 0u) << RenderFindings(findings);
 }
 
 // --profile A-B: the automatic markers run torch.profiler over those steps,
@@ -367,7 +367,7 @@ TEST_F(AutoStepsE2E, EachRankOfADataParallelJobIsRecordedAndTheStragglerNamed) {
   auto findings = Diagnose(run);
   bool named = false;
   for (const Finding& f : findings)
-    named = named || (f.cause == "uneven_ranks" && f.title.find("rank 1") != std::string::npos);
+    named = named || (f.name() == "uneven_ranks" && f.title.find("rank 1") != std::string::npos);
   EXPECT_TRUE(named) << RenderFindings(findings, 10);
 }
 
@@ -410,7 +410,7 @@ TEST_F(AutoStepsE2E, AnUncaughtExceptionIsTheFirstFinding) {
       << exceptions[0].dump();
   auto findings = Diagnose(run);
   ASSERT_FALSE(findings.empty());
-  EXPECT_EQ(findings[0].cause, "job_failed");
+  EXPECT_EQ(findings[0].name(), "job_failed");
   EXPECT_EQ(findings[0].title, "The job ran out of GPU memory");
   EXPECT_NE(findings[0].evidence.find("exit code 1; raised RuntimeError at plain_torch.py:"),
             std::string::npos)
@@ -489,7 +489,7 @@ TEST_F(AutoStepsE2E, TorchSavesAreCheckpointsKeptOutOfTheSteps) {
   EXPECT_LE(long_steps, 1);
   auto findings = Diagnose(run);
   auto stall = std::find_if(findings.begin(), findings.end(),
-                            [](const Finding& f) { return f.cause == "checkpoint_stall"; });
+                            [](const Finding& f) { return f.name() == "checkpoint_stall"; });
   ASSERT_NE(stall, findings.end()) << RenderFindings(findings, 9);
   EXPECT_NE(stall->evidence.find("4 checkpoints (torch.save"), std::string::npos)
       << stall->evidence;
@@ -510,7 +510,7 @@ TEST_F(AutoStepsE2E, TorchSavesAreCheckpointsKeptOutOfTheSteps) {
   saves = EventsOf(run, "checkpoint");
   ASSERT_EQ(saves.size(), 4u);
   for (const auto& save : saves) EXPECT_TRUE(save.value("background", false)) << save.dump();
-  for (const Finding& f : Diagnose(run)) EXPECT_NE(f.cause, "checkpoint_stall") << f.evidence;
+  for (const Finding& f : Diagnose(run)) EXPECT_NE(f.name(), "checkpoint_stall") << f.evidence;
   std::filesystem::remove(dir_ + "/checkpoint.pt");
 }
 
@@ -523,7 +523,7 @@ TEST_F(AutoStepsE2E, TheStepsPhasesAreTimedAndTheLoopsOwnWorkNamed) {
   };
   auto has = [](const std::vector<Finding>& findings, const char* cause) {
     return std::any_of(findings.begin(), findings.end(),
-                       [&](const Finding& f) { return f.cause == cause; });
+                       [&](const Finding& f) { return f.name() == cause; });
   };
   ASSERT_EQ(Run(args).code, 0);
   RunData plain = Stored();
@@ -615,7 +615,7 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
   auto findings = Diagnose(run);
   ASSERT_FALSE(findings.empty());
   const Finding& loop = TopBesidesIdle(findings);
-  EXPECT_EQ(loop.cause, "loop_overhead") << RenderFindings(findings, 9);
+  EXPECT_EQ(loop.name(), "loop_overhead") << RenderFindings(findings, 9);
   EXPECT_NE(loop.title.find("making the batches"), std::string::npos) << loop.title;
   // Its share is the steps' own: their time outside the timed phases.
   double outside = 0, total = 0;

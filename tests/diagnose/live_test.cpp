@@ -49,18 +49,18 @@ TEST(LiveDiagnosis, NamesWhatLimitsTheLastMinuteAndFollowsAChange) {
   ASSERT_TRUE(top.has_value());
   // The start-up before the first step is not "now" (counted, its 15 s of
   // 40 would be idle_phases' 37%, above the wait's 30%).
-  EXPECT_EQ(top->cause, "input_workers") << top->evidence;
+  EXPECT_EQ(top->name(), "input_workers") << top->evidence;
   EXPECT_NEAR(top->share_lost, 0.3, 0.01);
   EXPECT_EQ(RenderLiveFinding(top), " | now: input_workers ~30%");
   // The loader is fixed at 41 s: once its waits leave the last minute, so
   // does the finding; between two diagnoses the last one stands.
   for (int t = 41; t <= 60; ++t) job.Second(t, 0.01);
-  EXPECT_EQ(job.live.Update(60)->cause, "input_workers") << "25 s of waiting in the window";
+  EXPECT_EQ(job.live.Update(60)->name(), "input_workers") << "25 s of waiting in the window";
   for (int t = 61; t <= 105; ++t) job.Second(t, 0.01);
-  EXPECT_EQ(job.live.Update(65)->cause, "input_workers") << "diagnosed at most every 10 s";
+  EXPECT_EQ(job.live.Update(65)->name(), "input_workers") << "diagnosed at most every 10 s";
   const std::optional<Finding>& later = job.live.Update(105);
   ASSERT_TRUE(later.has_value());
-  EXPECT_EQ(later->cause, "healthy") << later->evidence;
+  EXPECT_EQ(later->name(), "healthy") << later->evidence;
   EXPECT_EQ(RenderLiveFinding(later), " | now: no bottleneck");
   EXPECT_EQ(RenderLiveFinding(std::nullopt), "");
   Finding unmeasured = *later;
@@ -90,7 +90,7 @@ TEST(LiveDiagnosis, LongStepsAreNoStop) {
   job.live.AddSteps(steps);
   for (int t = 1; t <= 150; ++t) job.live.AddReadings(t, {{"host.cpu_util", 30}});
   const std::optional<Finding>& top = job.live.Update(150);
-  EXPECT_TRUE(!top || top->cause != "idle_phases") << top->evidence;
+  EXPECT_TRUE(!top || top->name() != "idle_phases") << top->evidence;
 }
 
 // The DataLoader's settings came once, at the start: the advice still uses

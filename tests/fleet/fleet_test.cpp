@@ -177,6 +177,44 @@ const FleetRow* Row(const std::vector<FleetRow>& rows, const std::string& key) {
   return nullptr;
 }
 
+TEST(FleetCauses, TheFleetsOwnCausesAreTheCatalogs) {
+  EXPECT_STREQ(kCauseIdleHeld, CauseName(CauseId::kIdleHeld));
+  EXPECT_STREQ(kCauseNotHeld, CauseName(CauseId::kNotHeld));
+  EXPECT_STREQ(kCauseUndiagnosed, CauseName(CauseId::kUndiagnosed));
+  EXPECT_STREQ(kCauseUnreported, CauseName(CauseId::kUnreported));
+  for (const char* c : {kCauseIdleHeld, kCauseNotHeld, kCauseUndiagnosed, kCauseUnreported})
+    EXPECT_EQ(FindCause(c)->scope, CauseScope::kFleet) << c;
+}
+
+TEST_F(Accounting, MfuByJobAndTheBusyHoursBelowItsLine) {
+  // Run 7 busy at 90%, its MFU 12% (below the line) for buckets 0-4, 35% after.
+  AddGpu(Gpu("node-b", 0, {{"run", "7"}}), 90, true, false, false);
+  std::map<std::string, std::string> job = {{"Hostname", "node-b"}, {"run", "7"}, {"job", "fullburn"}};
+  PromSeries mfu = Flat(job, 0.12, 0, kBuckets);
+  for (int b = 5; b < kBuckets; ++b) mfu.values[b] = 0.35;
+  in_.mfu.push_back(mfu);
+  // Run 8 reports none.
+  AddGpu(Gpu("node-c", 0, {{"run", "8"}}), 90, true, false, false);
+
+  Result<FleetReport> r = ComputeFleet(in_);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const double busy = 0.9 * 4 * kInterval / kHour;  // used GPU-hours per bucket
+  const FleetRow* seven = Row(r->jobs, "run 7 on node-b");
+  ASSERT_NE(seven, nullptr);
+  EXPECT_NEAR(seven->hours.mfu_used, kBuckets * busy, 1e-12);
+  EXPECT_NEAR(seven->hours.Mfu(), (5 * 0.12 + (kBuckets - 5) * 0.35) / kBuckets, 1e-12);
+  EXPECT_NEAR(seven->hours.low_mfu, 5 * busy, 1e-12);
+  const FleetRow* eight = Row(r->jobs, "run 8 on node-c");
+  ASSERT_NE(eight, nullptr);
+  EXPECT_TRUE(std::isnan(eight->hours.Mfu())) << "no MFU reported is not 0";
+  EXPECT_NEAR(r->total.low_mfu, 5 * busy, 1e-12);
+  std::string text = RenderFleetText(*r, "job", 10);
+  EXPECT_NE(text.find("busy below 20% MFU"), std::string::npos) << text;
+  EXPECT_NE(text.find("low_mfu"), std::string::npos) << text;
+  nlohmann::json j = FleetJson(*r);
+  EXPECT_NEAR(j["hours"]["low_mfu"].get<double>(), 5 * busy, 1e-12) << j.dump();
+}
+
 TEST_F(Accounting, HoursAddUpAndLostHoursGoToTheirCauses) {
   // node-a: held by Slurm job 101 and idle throughout.
   AddGpu(Gpu("node-a", 0, {{"hpc_job", "101"}, {"user", "alice"}}), 0, true, true, false);

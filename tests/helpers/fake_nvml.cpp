@@ -261,6 +261,50 @@ int nvmlDeviceGetPcieThroughput(void* dev, int counter, unsigned* kbps) {
   return Scripted(dev, counter == 0 ? "pcie_tx_kbps" : "pcie_rx_kbps", kbps);
 }
 
+// The script's key for each GPM metric id the sampler asks for.
+static const char* GpmScriptName(unsigned id) {
+  switch (id) {
+    case 2: return "sm_active";
+    case 3: return "sm_occupancy";
+    case 5: return "tensor_active";
+    case 6: return "tensor_dfma_active";
+    case 7: return "tensor_hmma_active";
+    case 9: return "tensor_imma_active";
+    case 10: return "dram_active";
+    case 11: return "fp64_active";
+    case 12: return "fp32_active";
+    case 13: return "fp16_active";
+    case 20: return "gpm_pcie_tx_mibps";
+    case 21: return "gpm_pcie_rx_mibps";
+    default: return "";
+  }
+}
+
+// MIG: "mig_instance": N scripts a MIG-enabled GPU whose first MIG device
+// is in GPU instance N; GPM then answers only through nvmlGpmMigSampleGet
+// for that instance (the whole GPU's sample is refused, as on real MIG).
+int nvmlDeviceGetMigMode(void* dev, unsigned* current, unsigned* pending) {
+  *current = *pending = Gpu(dev).contains("mig_instance") ? 1 : 0;
+  return 0;
+}
+int nvmlDeviceGetMigDeviceHandleByIndex(void* dev, unsigned i, void** mig) {
+  if (!Gpu(dev).contains("mig_instance") || i > 0) return 2;  // NVML_ERROR_INVALID_ARGUMENT
+  *mig = dev;  // the instance id is the parent's script
+  return 0;
+}
+int nvmlDeviceGetGpuInstanceId(void* dev, unsigned* id) {
+  if (!Gpu(dev).contains("mig_instance")) return 2;
+  *id = Gpu(dev)["mig_instance"].get<unsigned>();
+  return 0;
+}
+int nvmlGpmMigSampleGet(void* dev, unsigned instance, GpmSampleFake* s) {
+  if (int e = ErrorFor(dev, "gpm_sample")) return e;
+  if (!Gpu(dev).contains("mig_instance") || Gpu(dev)["mig_instance"].get<unsigned>() != instance)
+    return 2;
+  s->index = static_cast<FakeDevice*>(dev)->index;
+  return 0;
+}
+
 int nvmlGpmQueryDeviceSupport(void* dev, GpmSupport* s) {
   s->supported = Gpu(dev).value("gpm", false) ? 1 : 0;
   return 0;
@@ -274,6 +318,8 @@ int nvmlGpmSampleFree(GpmSampleFake* s) {
   return 0;
 }
 int nvmlGpmSampleGet(void* dev, GpmSampleFake* s) {
+  if (int e = ErrorFor(dev, "gpm_sample")) return e;
+  if (Gpu(dev).contains("mig_instance")) return 3;  // MIG: per instance only
   s->index = static_cast<FakeDevice*>(dev)->index;
   return 0;
 }
@@ -282,9 +328,10 @@ int nvmlGpmMetricsGet(GpmMetricsGet* req) {
   FakeDevice& dev = g_devices[req->s2->index];
   for (unsigned i = 0; i < req->num; ++i) {
     GpmMetric& m = req->metrics[i];
-    const char* name = m.id == 2 ? "sm_active" : m.id == 5 ? "tensor_active" : m.id == 20 ? "gpm_pcie_tx_mibps" : m.id == 21 ? "gpm_pcie_rx_mibps" : "";
+    const char* name = GpmScriptName(m.id);
     json v;
-    m.ret = Next(&dev, name, &v) ? 0 : 3;
+    int scripted_error = *name ? ErrorFor(&dev, name) : 0;
+    m.ret = scripted_error ? scripted_error : Next(&dev, name, &v) ? 0 : 3;
     m.value = m.ret == 0 ? v.get<double>() : 0;
   }
   return 0;

@@ -203,7 +203,7 @@ TEST(Report, JobsExportTheirLastMinute) {
       if (rank == 0) r.data_wait_s = 0.25;
       window.push_back(r);
     }
-  Finding now{"input_workers", "t", "e", 0.42, 0.9, "f"};
+  Finding now{CauseId::kInputWorkers, "t", "e", 0.42, 0.9, "f"};
   JobNow job = SummarizeJob(run, window, now);
   EXPECT_EQ(job.step, 14);
   EXPECT_DOUBLE_EQ(*job.loss, 1.6);                 // rank 0's, the first with the latest time
@@ -454,7 +454,7 @@ RunData TwoStepRun(int64_t id, int batch, double step_s) {
 TEST(Compare, ShowsThroughputChangeAndOnlyTheConfigThatDiffers) {
   std::vector<RunDigest> runs = {
       Digest(TwoStepRun(1, 64, 0.1), {}),
-      Digest(TwoStepRun(2, 256, 0.2), {{"input_cpu", "", "", 0.5, 0.9, ""}})};
+      Digest(TwoStepRun(2, 256, 0.2), {{CauseId::kInputCpu, "", "", 0.5, 0.9, ""}})};
   EXPECT_DOUBLE_EQ(runs[0].samples_per_s, 640);
   EXPECT_DOUBLE_EQ(runs[1].samples_per_s, 1280);
   std::string text = RenderComparison(runs);
@@ -519,7 +519,7 @@ TEST(HtmlReport, EscapesWhatTheRunRecorded) {
   d.run.name = "</script><script>alert(1)</script>";
   d.run.config_json = nlohmann::json{{"note", "</script><b>x</b>"}}.dump();
   d.samples["gpu0.util"] = {{0, 50}, {1, 60}};
-  std::string html = RenderHtmlReport({{d, {{"healthy", "<ok>", "a < b", 0, 0.8, "none & all"}}}});
+  std::string html = RenderHtmlReport({{d, {{CauseId::kHealthy, "<ok>", "a < b", 0, 0.8, "none & all"}}}});
   EXPECT_EQ(html.find("<script>alert(1)"), std::string::npos);
   EXPECT_EQ(html.find("<b>x</b>"), std::string::npos);
   EXPECT_NE(html.find("&lt;ok&gt;"), std::string::npos);

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "fullburn/telemetry.h"
@@ -141,6 +142,64 @@ TEST_F(GpuSourceTest, GpmActivityNeedsTwoSamplesAtLeast100msApart) {
   EXPECT_DOUBLE_EQ(*g.tensor_active, 42.25);
   EXPECT_DOUBLE_EQ(*g.pcie_tx_bytes_per_s, 10.0 * 1024 * 1024);  // GPM: MiB/s
   EXPECT_DOUBLE_EQ(*g.pcie_rx_bytes_per_s, 20.0 * 1024 * 1024);
+}
+
+TEST_F(GpuSourceTest, EveryGpmReadingWithItsOwnValidFlag) {
+  Script(R"({"gpus": [{"util": [99], "mem_util": [1], "gpm": true,
+    "sm_active": [90], "tensor_active": [55], "sm_occupancy": [33.5],
+    "tensor_hmma_active": [50], "tensor_imma_active": [4], "tensor_dfma_active": [1],
+    "fp16_active": [2], "fp32_active": [12.5], "fp64_active": [0.5], "dram_active": [61],
+    "errors": {"tensor_imma_active": 3}}]})");
+  auto src = Open();
+  ASSERT_TRUE(src);
+  EXPECT_EQ(src->gpus().at(0).no_gpm, "");
+  src->Collect({}, 1.0);
+  GpuSample g = src->Collect({}, 1.2).at(0);
+  EXPECT_EQ(g.sm_occupancy, 33.5);
+  EXPECT_EQ(g.tensor_hmma_active, 50);
+  EXPECT_EQ(g.tensor_dfma_active, 1);
+  EXPECT_EQ(g.fp16_active, 2);
+  EXPECT_EQ(g.fp32_active, 12.5);
+  EXPECT_EQ(g.fp64_active, 0.5);
+  EXPECT_EQ(g.dram_active, 61);
+  // Scripted as refused by the driver: that one reading is absent, not 0.
+  EXPECT_FALSE(g.tensor_imma_active.has_value());
+  Snapshot s;
+  s.gpus = {g};
+  auto flat = Flatten(s);
+  std::map<std::string, double> m(flat.begin(), flat.end());
+  EXPECT_DOUBLE_EQ(m.at("gpu0.dram_active"), 61);
+  EXPECT_EQ(m.count("gpu0.tensor_imma_active"), 0u);
+}
+
+TEST_F(GpuSourceTest, GpmOnAMigGpuReadsItsGpuInstance) {
+  Script(R"({"gpus": [{"util": [99], "mem_util": [1], "gpm": true, "mig_instance": 3,
+    "sm_active": [70], "tensor_active": [20]}]})");
+  auto src = Open();
+  ASSERT_TRUE(src);
+  EXPECT_EQ(src->gpus().at(0).no_gpm, "");
+  src->Collect({}, 1.0);
+  GpuSample g = src->Collect({}, 1.2).at(0);
+  EXPECT_EQ(g.sm_active, 70);  // through nvmlGpmMigSampleGet: the whole GPU's is refused
+  EXPECT_EQ(g.tensor_active, 20);
+}
+
+TEST_F(GpuSourceTest, WhyThereIsNoGpmIsSaidPerGpu) {
+  Script(R"({"gpus": [{"util": [50], "mem_util": [1]},
+                      {"util": [50], "mem_util": [1], "gpm": true, "errors": {"gpm_sample": 15}}]})");
+  auto src = Open();
+  ASSERT_TRUE(src);
+  EXPECT_NE(src->gpus().at(0).no_gpm.find("not supported on this GPU"), std::string::npos)
+      << src->gpus().at(0).no_gpm;
+  EXPECT_NE(src->gpus().at(1).no_gpm.find("refused a GPM sample"), std::string::npos)
+      << src->gpus().at(1).no_gpm;
+  src->Collect({}, 1.0);
+  GpuSample g = src->Collect({}, 1.2).at(1);
+  EXPECT_FALSE(g.sm_active.has_value());
+  EXPECT_EQ(g.util, 50);  // the rest of the GPU's readings go on
+  auto old = Open(FAKE_NVML_OLD);  // a library without GPM's symbols
+  ASSERT_TRUE(old);
+  EXPECT_NE(old->gpus().at(0).no_gpm.find("no GPM"), std::string::npos) << old->gpus().at(0).no_gpm;
 }
 
 TEST_F(GpuSourceTest, OldSymbolNamesStillWork) {

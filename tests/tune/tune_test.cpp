@@ -152,15 +152,15 @@ TEST(TuneKnobs, UnknownKnobSuggestsTheClosest) {
 }
 
 TEST(TuneKnobs, TheBottleneckIsTunedFirst) {
-  Finding input{"input_workers", "", "", 0.4, 0.9, ""};
-  Finding healthy{"healthy", "", "", 0, 0.9, ""};
+  Finding input{CauseId::kInputWorkers, "", "", 0.4, 0.9, ""};
+  Finding healthy{CauseId::kHealthy, "", "", 0, 0.9, ""};
   EXPECT_EQ(KnobOrder({input}, {}).front(), "pack");
   EXPECT_EQ(KnobOrder({input}, {"batch", "loader_threads"}),
             (std::vector<std::string>{"loader_threads", "batch"}));
   EXPECT_EQ(KnobOrder({healthy}, {"batch", "loader_threads"}),
             (std::vector<std::string>{"batch", "loader_threads"}));
   // A failure listed first is not the bottleneck: the finding after it is.
-  Finding failed{"job_failed", "", "", 0, 0.9, ""};
+  Finding failed{CauseId::kJobFailed, "", "", 0, 0.9, ""};
   EXPECT_TRUE(InputBound({failed, input}));
   EXPECT_FALSE(InputBound({failed, healthy}));
 }
@@ -270,15 +270,15 @@ TEST(TuneScriptKnobs, TheSwapIsTriedForAnImageFolderAndCheckedAfter) {
   skip.clear();
   EXPECT_TRUE(ScriptKnobCandidates("swap", ctx, &skip).empty());
   EXPECT_NE(skip.find("a Tokens, not an ImageFolder"), std::string::npos) << skip;
-  Finding input{"input_workers", "", "", 0.4, 0.9, ""};
+  Finding input{CauseId::kInputWorkers, "", "", 0.4, 0.9, ""};
   auto order = ScriptKnobOrder({input}, {});
   EXPECT_LT(std::find(order.begin(), order.end(), "workers"),
             std::find(order.begin(), order.end(), "swap"));  // against the best worker count
 }
 
 TEST(TuneScriptKnobs, TheLoaderFirstWhenItIsTheBottleneck) {
-  Finding input{"input_workers", "", "", 0.4, 0.9, ""};
-  Finding healthy{"healthy", "", "", 0, 0.9, ""};
+  Finding input{CauseId::kInputWorkers, "", "", 0.4, 0.9, ""};
+  Finding healthy{CauseId::kHealthy, "", "", 0, 0.9, ""};
   EXPECT_EQ(ScriptKnobOrder({input}, {}).front(), "workers");
   EXPECT_EQ(ScriptKnobOrder({healthy}, {}).front(), "threads");
   EXPECT_EQ(ScriptKnobOrder({input}, {"threads", "prefetch"}),
