@@ -179,7 +179,7 @@ class _AutoSteps:
         self.mark = now
         self.saved_since_mark = 0.0
         if self.flops is not None and threading.get_ident() == self.loop_thread:
-            self.flops.batch_fetched(self.step_start if self.step_start is not None else started)
+            self.flops.batch_fetched()
 
     def _write_evaluation(self, end):
         """The fetches since the last step fed no step: an evaluation."""

@@ -17,10 +17,10 @@ Trainer and accelerate alike. One "flops" event says what it found:
   op's namespace, an aten matmul or attention variant FlopCounterMode does
   not know): where any ran, MFU is a lower bound, and the event says so;
 - counted_s and median_step_s: the counted step's time and the median of the
-  steps before it, so the count's cost is said. The count stops once the
-  step has run FULLBURN_FLOPS_BUDGET (default 2) times that median, so the
-  counted step takes at most about twice a step; a count cut short gives no
-  FLOPs, only its reason;
+  steps before it, so the count's cost is said. The count stops once it has
+  run FULLBURN_FLOPS_BUDGET (default 2) times that median, so the counted
+  step takes its batch's wait and at most about twice a step's work; a count
+  cut short gives no FLOPs, only its reason;
 - tf32_matmul, tf32_cudnn: whether fp32 matmuls and convolutions may use
   TF32 tensor cores.
 
@@ -246,7 +246,7 @@ class FlopCount:
             if fed_by_loader:
                 self.armed = markers
             else:
-                self._start(markers, time.time())
+                self._start(markers)
             return set_up_s
         except Exception as e:  # noqa: BLE001 - a count never disturbs the job
             self._fail(markers, e)
@@ -271,14 +271,13 @@ class FlopCount:
                         "time": time.time(), "duration_s": took, "data": {}})
         return took
 
-    def batch_fetched(self, step_started):
-        """A DataLoader batch arrived on the loop's thread; the step began
-        at step_started (time.time())."""
+    def batch_fetched(self):
+        """A DataLoader batch arrived on the loop's thread."""
         markers, self.armed = self.armed, None
         if markers is None or self.done or self.counter is not None:
             return
         try:
-            self._start(markers, step_started)
+            self._start(markers)
         except Exception as e:  # noqa: BLE001
             self._fail(markers, e)
 
@@ -292,7 +291,7 @@ class FlopCount:
                 pass
         self._abandon(markers, "the FLOP count raised %s: %s" % (type(e).__name__, e))
 
-    def _start(self, markers, step_started):
+    def _start(self, markers):
         if self.counter_class is None:
             try:
                 self.counter_class = make_counter_class(self.torch)
@@ -303,7 +302,9 @@ class FlopCount:
         median = _median(self.durations[1:] or self.durations)  # the first step warms up
         deadline = None
         if self.budget > 0 and median:
-            deadline = step_started + self.budget * median  # the whole step's, its fetch included
+            # From the count's start: a batch the loader is slow to hand over
+            # (its workers behind) is the input's time, not the count's.
+            deadline = time.time() + self.budget * median
         self.median = median
         self.counter = self.counter_class(deadline)
         self.counter.__enter__()

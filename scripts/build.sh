@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs dependencies (scripts/install-deps.sh) and builds into ./build,
 # saying what it does: the packages it installs, then the build's progress.
-#   build.sh           everything: fullburn, the training half, tests, benchmarks
-#   build.sh --demo    only what the main job runs (fullburn, fullburn-net, fullburn-train):
-#                      what scripts/demo.sh needs, in about half the time
+#   build.sh              everything: fullburn, the training half, tests, benchmarks
+#   build.sh --demo       only the monitoring half's fullburn: what scripts/demo.sh runs
+#   build.sh --demo-train the main job's programs (fullburn, fullburn-net, fullburn-train):
+#                         what scripts/demo.sh train runs
 #   BUILD_DIR=build  JOBS=$(nproc)  CMAKE_ARGS="-DFULLBURN_WITH_TORCH=OFF ..."
 # A failure ends in one line naming it and the command that fixes it; the
 # whole build log is kept in $BUILD_DIR/build.log.
@@ -11,7 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=all
 [[ "${1:-}" == "--demo" ]] && mode=demo
-if [[ $mode == demo ]]; then scripts/install-deps.sh --demo; else scripts/install-deps.sh; fi
+[[ "${1:-}" == "--demo-train" ]] && mode=demo-train
+case $mode in
+  demo) scripts/install-deps.sh --demo ;;
+  demo-train) scripts/install-deps.sh --demo-train ;;
+  *) scripts/install-deps.sh ;;
+esac
 
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
@@ -60,6 +66,9 @@ fi
 
 targets=()
 if [[ $mode == demo ]]; then
+  targets=(fullburn)  # the monitoring half: what `fullburn run` over a Python job needs
+  what="fullburn (the monitoring half)"
+elif [[ $mode == demo-train ]]; then
   targets=(fullburn_main_job)  # fullburn, fullburn-net and fullburn-train (without libtorch: the example workload)
   what="fullburn and the training half"
   grep -q 'training half (libtorch) ON' "$log" || what="fullburn and the example workload"

@@ -2,7 +2,10 @@
 # Installs the Debian (bookworm) packages fullburn needs. Idempotent: packages
 # already present are skipped, and apt is not touched when nothing is missing.
 #   install-deps.sh            what the build and the whole test suite need
-#   install-deps.sh --demo     only what the main job (scripts/demo.sh) builds and runs
+#   install-deps.sh --demo     only what scripts/demo.sh builds and runs: the monitoring
+#                              half and Debian's PyTorch for its example script
+#   install-deps.sh --demo-train  what scripts/demo.sh train builds: the monitoring half
+#                              and the training half (libtorch)
 #   install-deps.sh --bench    the test suite's, and the baselines of bench/
 #   FULLBURN_NO_TORCH=1        skip libtorch (the monitoring half builds without it)
 # Every way it can fail ends in one line naming what is missing and the
@@ -13,8 +16,9 @@ mode=${1:-tests}
 case "$mode" in
   tests | --tests) mode=tests ;;
   --demo) mode=demo ;;
+  --demo-train) mode=demo-train ;;
   --bench) mode=bench ;;
-  *) echo "install-deps: unknown option '$1': use --demo, --bench or nothing" >&2; exit 2 ;;
+  *) echo "install-deps: unknown option '$1': use --demo, --demo-train, --bench or nothing" >&2; exit 2 ;;
 esac
 
 # What the main job needs: the build tools and the libraries of fullburn and
@@ -34,10 +38,12 @@ packages=(
   libdeflate-dev                  # fullburn analyze: the CRC-32 of .json.gz traces
   libisal-dev                     # fullburn analyze: inflating .json.gz traces (igzip)
 )
-if [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
+if [[ $mode == demo ]]; then
+  packages+=(python3-torch)  # the demo's PyTorch script (examples/demo/train.py)
+elif [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)
 fi
-if [[ $mode != demo ]]; then
+if [[ $mode != demo && $mode != demo-train ]]; then
   packages+=(
     libgtest-dev libgmock-dev     # tests
     python3 python3-pil           # bench/ scripts, examples/scenarios, python/fullburn_pack.py
@@ -107,7 +113,7 @@ fi
 
 # PyPI's PyTorch 2.x in a venv of its own, for the tests that run under both
 # PyTorch versions (once per machine; without PyPI those tests are skipped).
-if [[ $mode != demo && -z ${FULLBURN_NO_TORCH:-} ]]; then
+if [[ $mode != demo && $mode != demo-train && -z ${FULLBURN_NO_TORCH:-} ]]; then
   "$(dirname "$0")/torch2-venv.sh" >/dev/null ||
     echo "install-deps: going on without PyTorch 2.x: the *.torch2 and python_torch2.* tests will be skipped"
 fi
