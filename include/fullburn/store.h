@@ -34,7 +34,7 @@ struct sqlite3_stmt;
 
 namespace fullburn {
 
-constexpr int kSchemaVersion = 4;
+constexpr int kSchemaVersion = 5;
 
 struct RunInfo {
   int64_t id = 0;
@@ -49,6 +49,10 @@ struct RunInfo {
   // run whose recorder on this host died without finishing it.
   std::string status = "running";
   int recorder_pid = 0;
+  // When the recorder process started (Unix seconds, schema v5): with its
+  // pid it names that one process, never a later one given the same pid.
+  // BeginRun fills it for a recorder that is the calling process.
+  std::optional<double> recorder_start;
   double interval_s = 1.0;
   std::string config_json = "{}";  // effective configuration, JSON object
   std::string gpus_json = "[]";    // [{index, name, uuid}], JSON array

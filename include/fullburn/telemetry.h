@@ -211,6 +211,9 @@ struct ProcessIdentity {
   uint64_t start_ticks = 0;
 };
 Result<ProcessIdentity> ReadProcessIdentity(const Env& env, int pid);
+// When process `pid` started, in Unix seconds (its start ticks after the
+// boot time of /proc/stat); none when it cannot be read.
+std::optional<double> ProcessStartTime(const Env& env, int pid);
 
 class ProcTreeCollector {
  public:
@@ -305,6 +308,10 @@ struct RecordedJob {
   int pid = 0;
   double start_time = 0;  // Unix seconds: the run's start
   bool attached = false;
+  // The recorder's own start (RunInfo::recorder_start): a process matches
+  // only if it started then. Absent (runs recorded before schema v5): the
+  // window of kRecorderStartSlackS before the run's start.
+  std::optional<double> recorder_start;
 };
 
 // The labels of the job holding each GPU, for every series of that GPU:

@@ -103,7 +103,8 @@ std::vector<JobNow> JobsWatcher::Jobs() const {
 std::vector<RecordedJob> RecordedJobs(const std::vector<JobNow>& jobs) {
   std::vector<RecordedJob> out;
   for (const JobNow& j : jobs) {
-    if (j.run.recorder_pid > 0) out.push_back({j.run.id, j.run.recorder_pid, j.run.start_time, false});
+    if (j.run.recorder_pid > 0)
+      out.push_back({j.run.id, j.run.recorder_pid, j.run.start_time, false, j.run.recorder_start});
     nlohmann::json config = nlohmann::json::parse(j.run.config_json, nullptr, false);
     if (config.is_object() && config.contains("attached_pid") && config["attached_pid"].is_number_integer())
       out.push_back({j.run.id, config["attached_pid"].get<int>(), j.run.start_time, true});

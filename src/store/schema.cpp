@@ -88,8 +88,12 @@ CREATE INDEX runs_by_parent ON runs (parent_id);
 const char* const kSchemaV4 = R"sql(
 CREATE INDEX steps_by_time ON steps (run_id, t);
 )sql";
+// v5: the recorder's own start, so its pid names one process (GpuHolders).
+const char* const kSchemaV5 = R"sql(
+ALTER TABLE runs ADD COLUMN recorder_start REAL;  -- Unix seconds; NULL: not recorded
+)sql";
 // Script i takes the store from version i to version i + 1.
-const char* const kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4};
+const char* const kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4, kSchemaV5};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion);
 
 }  // namespace

@@ -114,7 +114,7 @@ Result<int64_t> RunStore::BeginRun(const RunInfo& run) {
   sqlite3_stmt* st = nullptr;
   const char* sql =
       "INSERT INTO runs (name, command, cwd, host, start_time, status, recorder_pid, interval_s, "
-      "config, gpus, parent_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)";
+      "config, gpus, parent_id, recorder_start) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)";
   if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return SqlError("cannot add a run");
   std::string cmd = nlohmann::json(run.command).dump();
   std::string host = run.host.empty() ? HostName() : run.host;
@@ -132,6 +132,13 @@ Result<int64_t> RunStore::BeginRun(const RunInfo& run) {
     sqlite3_bind_int64(st, 11, *run.parent_id);
   else
     sqlite3_bind_null(st, 11);
+  std::optional<double> recorder_start = run.recorder_start;
+  if (!recorder_start && run.recorder_pid == static_cast<int>(::getpid()))
+    recorder_start = ProcessStartTime(*Env::Default(), run.recorder_pid);
+  if (recorder_start)
+    sqlite3_bind_double(st, 12, *recorder_start);
+  else
+    sqlite3_bind_null(st, 12);
   int rc = sqlite3_step(st);
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE) return SqlError("cannot add a run");
@@ -224,7 +231,7 @@ Status RunStore::FinishRun(int64_t run_id, double end_time, std::optional<int> e
 Result<std::vector<RunInfo>> RunStore::QueryRuns(const std::string& where, int64_t id) {
   std::string sql =
       "SELECT id, name, command, cwd, host, start_time, end_time, exit_code, status, recorder_pid, "
-      "interval_s, config, gpus, samples, parent_id "
+      "interval_s, config, gpus, samples, parent_id, recorder_start "
       "FROM runs " + where;
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK)
@@ -252,6 +259,7 @@ Result<std::vector<RunInfo>> RunStore::QueryRuns(const std::string& where, int64
     r.gpus_json = ColumnText(st, 12);
     r.sample_count = sqlite3_column_int64(st, 13);
     if (sqlite3_column_type(st, 14) != SQLITE_NULL) r.parent_id = sqlite3_column_int64(st, 14);
+    if (sqlite3_column_type(st, 15) != SQLITE_NULL) r.recorder_start = sqlite3_column_double(st, 15);
     FixStatus(&r);
     runs.push_back(std::move(r));
   }

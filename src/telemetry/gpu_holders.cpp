@@ -154,6 +154,13 @@ std::string PodUidFromCgroup(const std::string& cgroup) {
   return "";
 }
 
+std::optional<double> ProcessStartTime(const Env& env, int pid) {
+  Result<ProcessIdentity> id = ReadProcessIdentity(env, pid);
+  double boot = BootTime(env);
+  if (!id.ok() || std::isnan(boot)) return std::nullopt;
+  return boot + static_cast<double>(id->start_ticks) / env.ClockTicksPerSecond();
+}
+
 Result<ProcessOwner> ReadProcessOwner(const Env& env, int pid) {
   ProcessOwner o;
   o.pid = pid;
@@ -231,6 +238,12 @@ std::string GpuHolders::MatchRun(int pid, const std::vector<RecordedJob>& runs) 
     int inner = p->ns_pids.size() > 1 ? p->ns_pids.back() : -1;
     for (const RecordedJob& r : runs) {
       if (r.pid != p->pid && r.pid != inner) continue;
+      // The recorder's own start names it: a process given its pid later,
+      // or another namespace's pid 1 (the host's init), started otherwise.
+      if (r.recorder_start) {
+        if (std::fabs(*r.recorder_start - p->start_unix) <= kClockSlackS) return std::to_string(r.run);
+        continue;
+      }
       double before_run = r.start_time - p->start_unix;
       bool started_in_time = before_run >= -kClockSlackS &&
                              (r.attached || before_run <= kRecorderStartSlackS);

@@ -4,10 +4,12 @@
 // namespace of its own.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include "fullburn/store.h"
 #include "fullburn/telemetry.h"
 #include "process.h"
 
@@ -156,11 +158,43 @@ TEST(GpuHolders, RealProcessInItsOwnPidNamespace) {
   ASSERT_TRUE(o.ok()) << o.status().message();
   EXPECT_EQ(o->ns_pids, (std::vector<int>{inner, 1}));
   GpuHolders holders(Env::Default());
-  auto labels = holders.Labels({HeldBy({{inner, 1e9}})}, {{11, 1, o->start_unix + 1, false}});
+  auto labels = holders.Labels({HeldBy({{inner, 1e9}})},
+                               {{11, 1, o->start_unix + 1, false, o->start_unix}});
   EXPECT_EQ(AsMap(labels[0]).at("run"), "11");
-  // The same recorded pid 1 with this process's start long after the run's: no.
-  labels = holders.Labels({HeldBy({{inner, 1e9}})}, {{12, 1, o->start_unix - 3600, false}});
+  // A recorder that was pid 1 but started at another time is another
+  // process: not this one, nor any ancestor, the host's init included
+  // (which, with only the run's start to go by, matched whenever the
+  // machine had booted about as long before as the run was made to
+  // precede this process: an hour into CI, a flaky test).
+  labels = holders.Labels({HeldBy({{inner, 1e9}})},
+                          {{12, 1, o->start_unix - 3600, false, o->start_unix - 3600}});
   EXPECT_EQ(AsMap(labels[0]).count("run"), 0u);
+  Result<ProcessOwner> init = ReadProcessOwner(*Env::Default(), 1);
+  ASSERT_TRUE(init.ok());
+  labels = holders.Labels({HeldBy({{inner, 1e9}})},
+                          {{13, 1, init->start_unix + 1, false, init->start_unix + 5}});
+  EXPECT_EQ(AsMap(labels[0]).count("run"), 0u) << "init's start is 5 s off the recorder's";
+}
+
+// The recorder's start is stored with its run (schema v5) when the
+// recorder is the process that begins it.
+TEST(GpuHolders, ARunStoresItsRecordersStart) {
+  std::string dir = ::testing::TempDir() + "/fb_recorder_start";
+  std::filesystem::create_directories(dir);
+  auto store = RunStore::Open(dir + "/runs.db");
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  RunInfo info;
+  info.name = "self";
+  info.recorder_pid = static_cast<int>(::getpid());
+  auto id = (*store)->BeginRun(info);
+  ASSERT_TRUE(id.ok());
+  auto run = (*store)->GetRun(std::to_string(*id));
+  ASSERT_TRUE(run.ok() && run->recorder_start.has_value());
+  EXPECT_NEAR(*run->recorder_start, *ProcessStartTime(*Env::Default(), ::getpid()), 1e-6);
+  info.recorder_pid = 999999;  // not this process: nothing to read
+  auto other = (*store)->GetRun(std::to_string(*(*store)->BeginRun(info)));
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->recorder_start.has_value());
 }
 
 }  // namespace
