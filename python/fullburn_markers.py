@@ -36,6 +36,7 @@ trainer writes the same lines.
 import json
 import math
 import os
+import sys
 import time
 from contextlib import contextmanager
 
@@ -103,7 +104,20 @@ class Markers:
         if self._file is None:
             return
         # One write per line: appends of whole short lines do not interleave.
-        self._file.write(text + "\n")
+        try:
+            self._file.write(text + "\n")
+        except OSError as e:
+            # A full or vanished file system: the job goes on, unmarked from here.
+            failed, self._file = self._file, None
+            name = getattr(failed, "name", "the events file")
+            try:
+                failed.close()  # its unwritten buffer with it, said once here
+            except OSError:
+                pass
+            self.enabled = False
+            sys.stderr.write("fullburn: step events can no longer be written to %s (%s): steps "
+                             "from step %d on are not recorded; the job goes on (give fullburn run "
+                             "a TMPDIR with room)\n" % (name, e.strerror or e, self.step + 1))
 
     def _synchronize(self):
         if not self._sync:

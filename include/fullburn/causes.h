@@ -40,6 +40,7 @@ enum class CauseId {
   kStepStalls,
   kCheckpointStall,
   kJobFailed,
+  kRecordCut,
   kLoopOverhead,
   kGpuUnused,
   kHostSync,

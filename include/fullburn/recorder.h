@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "fullburn/env.h"
+#include "fullburn/spill.h"
 #include "fullburn/store.h"
 #include "fullburn/telemetry.h"
 
@@ -61,6 +62,9 @@ class Recorder {
     // On the sampler thread after each snapshot is stored and diagnosed,
     // with what poll_job returned for it (a live line's drawing).
     std::function<void(const Snapshot&, const RunRecords& polled)> on_snapshot;
+    // Where what the store refuses goes (spill.h); null: kept in memory for
+    // a while, then dropped. Must outlive the recorder.
+    SpillFile* spill = nullptr;
   };
   // `store` and `gpus` must outlive the recorder; `run` is begun in `store`
   // (rank 0's run, for a forwarding rank).

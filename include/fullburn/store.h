@@ -34,6 +34,8 @@ struct sqlite3_stmt;
 
 namespace fullburn {
 
+class SpillFile;  // spill.h
+
 constexpr int kSchemaVersion = 5;
 
 struct RunInfo {
@@ -122,6 +124,13 @@ struct RunEvent {
 };
 
 // Everything stored about one run, as the diagnosis and the reports read it.
+// The kind of event LoadRun adds (never stored) for a stretch a spill holds
+// and the store does not: data {to, why, spill}, its time the stretch's start.
+constexpr const char* kStoreGapEvent = "store_gap";
+// Stored by fullburn run when the job's events file filled its file system:
+// the steps after its time were not recorded (data {to, why}).
+constexpr const char* kEventsCutEvent = "events_cut";
+
 struct RunData {
   RunInfo run;
   std::map<std::string, Series> samples;
@@ -174,6 +183,11 @@ class RunStore {
   Status AddCheckpoint(int64_t run_id, const CheckpointRecord& checkpoint);
   Result<std::vector<CheckpointRecord>> LoadCheckpoints(int64_t run_id);
   Status AddEvent(int64_t run_id, const RunEvent& event);
+  // The event unless the run has the same one (time, kind, data) already:
+  // whether it was added (a spill imported twice adds each once).
+  Result<bool> AddEventOnce(int64_t run_id, const RunEvent& event);
+  // The run's snapshot count from its stored readings (after an import).
+  Status CountSnapshots(int64_t run_id);
   Result<std::vector<RunEvent>> LoadEvents(int64_t run_id, double after = -INFINITY);
   // `ref` as for GetRun; every table of the run.
   Result<RunData> LoadRun(const std::string& ref);
@@ -186,10 +200,15 @@ class RunStore {
   Result<int64_t> MetricId(const std::string& name);
   Result<std::vector<RunInfo>> QueryRuns(const std::string& where, int64_t id);
   Status SqlError(const std::string& what);
+  // The file at path_ is still the one opened: a store whose folder was
+  // deleted (or file replaced) while it is written would take the writes
+  // into an unlinked file and lose them on close. Under mu_.
+  Status StillThere();
 
   std::mutex mu_;
   sqlite3* db_ = nullptr;
   std::string path_;
+  uint64_t file_dev_ = 0, file_ino_ = 0;  // of path_ when opened
   std::map<std::string, int64_t> metric_ids_;
   sqlite3_stmt* insert_sample_ = nullptr;
 };
@@ -257,28 +276,33 @@ class EventFileReader {
 class BatchWriter {
  public:
   BatchWriter(RunStore* store, int64_t run_id, double run_start, double flush_every_s = 1.0,
-              double keep_s = 300)
+              double keep_s = 300, SpillFile* spill = nullptr)
       : store_(store),
         run_id_(run_id),
         run_start_(run_start),
         flush_every_s_(flush_every_s),
-        keep_s_(keep_s) {}
+        keep_s_(keep_s),
+        spill_(spill) {}
   // The status of the last write: a failed one (the store locked, the disk
   // full) keeps its batch, written with the next once the store takes it
-  // again; samples older than keep_s that could not be written by then are
-  // dropped and counted.
+  // again. With a spill, a batch the store refused for kSpillAfterS goes to
+  // it; without one (or when it cannot be written either), samples older
+  // than keep_s are dropped and counted.
   Status Add(const Snapshot& s);
-  Status Flush();
+  // `last`: nothing comes after, so what the store refuses goes to the spill now.
+  Status Flush(bool last = false);
   int64_t dropped() const { return dropped_; }
+  int64_t spilled() const { return spilled_; }
 
  private:
   RunStore* store_;
   int64_t run_id_;
   double run_start_, flush_every_s_, keep_s_;
   double last_flush_ = -1e300;
+  SpillFile* spill_;
   std::vector<Snapshot> pending_;
   Status last_error_;
-  int64_t dropped_ = 0;
+  int64_t dropped_ = 0, spilled_ = 0;
 };
 
 // What a run records besides its sampled snapshots, written as one batch.
@@ -306,6 +330,9 @@ class RecordWriter {
   // Writes what is kept: checkpoints, steps in one transaction, samples in
   // another, then the events.
   Status Flush();
+  // What is kept goes to `spill` (the store refused it long enough): false
+  // when the spill could not take it either, which then stays kept.
+  bool SpillKept(SpillFile* spill, const std::string& why);
   bool empty() const { return kept_.empty(); }
   size_t kept_steps() const { return kept_.steps.size(); }
   size_t kept_events() const { return kept_.events.size(); }
@@ -331,10 +358,14 @@ class AsyncRecordWriter {
   struct Change {
     bool failing = false;
     std::string error;
-    int64_t lost = 0;  // records dropped while it refused
+    int64_t lost = 0;      // records dropped while it refused
+    int64_t restored = 0;  // records kept in the spill meanwhile, now stored
   };
+  // With a spill, records the store refused for kSpillAfterS (and, at
+  // Finish, all it refuses) go to it; once the store takes writes again,
+  // the spill is drained into it.
   AsyncRecordWriter(RunStore* store, int64_t run_id, size_t max_kept = 200000,
-                    double retry_s = 1.0);
+                    double retry_s = 1.0, SpillFile* spill = nullptr);
   ~AsyncRecordWriter();
   AsyncRecordWriter(const AsyncRecordWriter&) = delete;
   AsyncRecordWriter& operator=(const AsyncRecordWriter&) = delete;
@@ -355,7 +386,10 @@ class AsyncRecordWriter {
   void NoteLocked(const Status& s);
 
   RecordWriter writer_;  // the thread's, and Finish's once it joined
+  RunStore* store_;
+  SpillFile* spill_;
   double retry_s_;
+  double failing_since_ = 0;  // steady seconds, while failing_
   std::mutex mu_;
   std::condition_variable wake_, written_;
   RunRecords queued_;              // by Add, under mu_

@@ -7,6 +7,8 @@
 //   <folder>/datasets/               synthetic data made on a first run without data.path
 //   <folder>/tune-ID/trial-N.log     each trial's output of tuning ID
 //   <folder>/tune-ID/pack/           the pack a tuning made to try data.pack
+//   SPILL/spill-HASH-runID.fbspill   records the store refused (spill.h: SPILL is a
+//                                    folder on another file system; HASH names this store)
 //
 // Contract: pure string functions of the store's path; nothing here touches
 // the disk (the writers create what they need). The folder is the store
@@ -32,6 +34,10 @@ class StoreLayout {
   std::string TuneLogs(int64_t tuning_id) const;
   std::string TrialLog(int64_t tuning_id, int trial) const;
   std::string TunePack(int64_t tuning_id) const;
+  // A spill's file name (its folder is spill.h's): "spill-HASH-runID.fbspill",
+  // "-N" before the extension for the run's Nth; HASH is the store path's CRC-32.
+  std::string SpillName(int64_t run_id, int n = 0) const;
+  std::string SpillPrefix(int64_t run_id) const;  // what every spill of the run starts with
 
  private:
   std::string store_, folder_;

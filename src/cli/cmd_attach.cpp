@@ -108,11 +108,13 @@ int Attach(const AttachOptions& opts) {
                  pid, static_cast<long long>(info.id),
                  std::isinf(for_s) ? "" : (" or for " + FormatDuration(for_s)).c_str());
 
+  SpillFile spill(env, (*store)->path(), info);
   Recording rec;
   rec.env = env;
   rec.gpus = gpus->get();
   rec.store = store->get();
   rec.info = info;
+  rec.spill = &spill;
   rec.root_pid = static_cast<int>(pid);
   rec.quiet = opts.quiet;
   double t0 = env->MonotonicSeconds();
@@ -128,7 +130,7 @@ int Attach(const AttachOptions& opts) {
     return 0;
   });
   // Its exit code went to its parent: none is stored.
-  (*store)->FinishRun(info.id, env->UnixSeconds(), std::nullopt, exited ? "finished" : "detached");
+  EndRun(rec, env->UnixSeconds(), std::nullopt, exited ? "finished" : "detached");
   if (!opts.quiet)
     std::fprintf(stderr, "fullburn: %s\n",
                  exited ? "the process exited" : "recording stopped; the process goes on");

@@ -1,5 +1,6 @@
 // fullburn run: start a command, sample the machine and the command's process
 // tree until it exits, store the run, print a summary, exit with its code.
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -52,6 +53,31 @@ std::string MakeEventsFile(int64_t run_id) {
   if (fd < 0) return "";
   ::close(fd);
   return path;
+}
+
+// The job's markers stop writing when the events file's file system fills
+// (python/fullburn_markers.py says so on the job's stderr): its steps after
+// the last one written were not recorded. Said here, and kept as an
+// events_cut event so the diagnosis reads that stretch as missing, not idle.
+void NoteIfEventsCut(const Recording& rec, const std::string& events_path, double end_t,
+                     bool quiet) {
+  struct statvfs fs {};
+  if (::statvfs(events_path.c_str(), &fs) != 0) return;
+  constexpr double kFullBelow = 64 * 1024;  // less than a few hundred more lines fit
+  if (static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) >= kFullBelow) return;
+  Result<std::vector<StepRecord>> steps = rec.store->LoadSteps(rec.info.id);
+  double last = 0;
+  if (steps.ok())
+    for (const StepRecord& s : *steps) last = std::max(last, s.t);
+  std::string why = "the file system of the job's step events file " + events_path +
+                    " is full: its markers could not write the steps after this";
+  rec.store->AddEvent(rec.info.id,
+                      {last, kEventsCutEvent, nlohmann::json{{"to", end_t}, {"why", why}}.dump()});
+  if (!quiet)
+    std::fprintf(stderr,
+                 "fullburn: the job's steps after %.1f s were not recorded: %s; give fullburn run "
+                 "a TMPDIR with room\n",
+                 last, why.c_str());
 }
 
 // The job is its main process: when that exits, whatever it left running
@@ -179,11 +205,13 @@ int Run(const RunOptions& opts) {
     return Fail(child.status().message(), kExitCannotStart);
   }
 
+  SpillFile spill(env, (*store)->path(), info);
   Recording rec;
   rec.env = env;
   rec.gpus = gpus->get();
   rec.store = store->get();
   rec.info = info;
+  rec.spill = &spill;
   rec.root_pid = *child;
   rec.adopter_pid = static_cast<int>(::getpid());
   rec.quiet = opts.quiet;
@@ -191,6 +219,7 @@ int Run(const RunOptions& opts) {
   int code = RecordUntil(rec, [&] { return WaitChild(*child); });
   EndTheRest(opts);
   if (!events_path.empty()) {
+    NoteIfEventsCut(rec, events_path, env->UnixSeconds() - info.start_time, opts.quiet);
     ::unlink(events_path.c_str());
     if (events.bad_lines() > 0 && !opts.quiet)
       std::fprintf(stderr, "fullburn: %lld malformed step event line(s) skipped; first: %s\n",
@@ -202,8 +231,7 @@ int Run(const RunOptions& opts) {
                    "lost; keep one Markers for the whole run\n",
                    events.first_restarted_rank(), static_cast<long long>(events.restarts()));
   }
-  double end = env->UnixSeconds();
-  (*store)->FinishRun(info.id, end, code, "finished");
+  EndRun(rec, env->UnixSeconds(), code, "finished");
 
   PrintRunEnd(rec);
   PrintTraces(opts, store->get(), info.id, trace_dir);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "cli.h"
+#include "fullburn/spill.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
 
@@ -26,6 +27,8 @@ struct RunsOptions {
   int last = -1;  // top-level runs, newest; -1: all in JSON, kListDefault in the table
   bool all = false;
   std::string status, name;
+  std::vector<std::string> spills;  // runs import
+  bool keep = false;
 };
 
 constexpr int kListDefault = 20;
@@ -259,6 +262,38 @@ std::set<int64_t> WithParts(std::set<int64_t> chosen, const std::vector<RunInfo>
   return chosen;
 }
 
+// fullburn runs import SPILL...: what a store refused, loaded once it has
+// room. Idempotent; a damaged line is skipped and said, and the exit is 1.
+int Import(const RunsOptions& o) {
+  Result<std::unique_ptr<RunStore>> store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  int code = 0;
+  for (const std::string& path : o.spills) {
+    Result<SpillImport> got = ImportSpill(store->get(), path);
+    if (!got.ok()) {
+      Fail(got.status().message());
+      code = 1;
+      continue;
+    }
+    std::printf("%s: into run %lld%s: %lld steps, %lld samples, %lld events, %lld checkpoints%s\n",
+                path.c_str(), static_cast<long long>(got->run_id),
+                got->new_run ? " (made anew: this store had no such run)" : "",
+                static_cast<long long>(got->steps), static_cast<long long>(got->samples),
+                static_cast<long long>(got->events), static_cast<long long>(got->checkpoints),
+                got->end ? ", and the run's end" : "");
+    if (got->skipped > 0) {
+      std::fprintf(stderr,
+                   "fullburn: %s: %lld damaged or cut-short lines skipped (the first at %s); the "
+                   "rest is stored\n",
+                   path.c_str(), static_cast<long long>(got->skipped), got->first_skip.c_str());
+      code = 1;
+    } else if (!o.keep) {
+      ::unlink(path.c_str());  // whole and stored: importing it again would add nothing
+    }
+  }
+  return code;
+}
+
 void SetupRuns(CLI::App& app) {
   CLI::App* runs = app.add_subcommand("runs", "List, show, export and delete stored runs");
   runs->require_subcommand(1);
@@ -300,6 +335,13 @@ void SetupRuns(CLI::App& app) {
                     "trace", "The run's step timeline as Chrome trace / Perfetto JSON, to stdout"),
                 o.get());
   trace->callback([o] { ExitCode() = Trace(*o); });
+
+  CLI::App* import = runs->add_subcommand(
+      "import", "Load spill files (what a store refused while recording) into the store");
+  import->add_option("SPILL", o->spills, "Spill files, as fullburn named them")->required();
+  import->add_flag("--keep", o->keep, "Keep a spill file once it is wholly stored (default: remove it)");
+  AddStoreOption(import, &o->common);
+  import->callback([o] { ExitCode() = Import(*o); });
 
   SetupRunsRemove(runs);
 }

@@ -59,6 +59,7 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
   o.sampler.adopter_pid = rec.adopter_pid;
   o.gpus = rec.gpus;
   o.live_diagnosis = drawn;
+  o.spill = rec.spill;
   const double start = rec.info.start_time;
   if (rec.events)  // what the job appended to its events file since the last look
     o.poll_job = [&rec, start] {
@@ -80,6 +81,35 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
   live.reset();
   (void)recording.Finish();  // what could not be stored is said; the job's code stands
   return code;
+}
+
+void EndRun(const Recording& rec, double end_time, std::optional<int> exit_code,
+            const std::string& status) {
+  Status s = rec.store->FinishRun(rec.info.id, end_time, exit_code, status);
+  if (!rec.spill) return;
+  if (!s.ok()) {
+    Status kept = rec.spill->AddEnd(end_time, exit_code, status, s.message());
+    if (!kept.ok())
+      std::fprintf(stderr, "fullburn: the run's end could not be stored (%s) nor kept (%s)\n",
+                   s.message().c_str(), kept.message().c_str());
+  }
+  if (rec.spill->empty()) return;
+  std::string path = rec.spill->path();
+  int64_t imported = 0;
+  if (s.ok() && rec.spill->DrainInto(rec.store, &imported).ok()) {
+    std::fprintf(stderr, "fullburn: the %lld records kept in %s while the store refused writes are stored\n",
+                 static_cast<long long>(imported), path.c_str());
+    return;
+  }
+  std::fprintf(stderr,
+               "fullburn: %lld records the store refused%s are kept in %s: once it has room, "
+               "fullburn runs import %s%s\n",
+               static_cast<long long>(rec.spill->written()),
+               s.ok() ? "" : ", the run's end among them", path.c_str(), path.c_str(),
+               rec.spill->dropped() > 0
+                   ? (" (" + std::to_string(rec.spill->dropped()) +
+                      " more were dropped past its cap of 256 MiB)").c_str()
+                   : "");
 }
 
 void PrintRunEnd(const Recording& rec) {

@@ -3,12 +3,13 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cli.h"
-#include <nlohmann/json.hpp>
-
 #include "fullburn/report.h"
+#include "fullburn/spill.h"
 
 namespace fullburn::cli {
 
@@ -31,12 +32,20 @@ struct Recording {
   int adopter_pid = -1;  // > 0: this recorder adopts the tree's orphans (fullburn run)
   bool quiet = false;                 // no live line
   EventFileReader* events = nullptr;  // the job's step events; null: none
+  SpillFile* spill = nullptr;         // where what the store refuses goes (spill.h)
 };
 
 // Samples until `wait` returns, storing every snapshot and the step events,
 // with the live line (and what limits the job now) on a terminal. Returns
 // what `wait` returned, once the last snapshot and events are stored.
 int RecordUntil(const Recording& rec, const std::function<int()>& wait);
+
+// The run's end into the store, or into the spill when the store refuses
+// it (a finished job is never left to read as interrupted); then what the
+// spill holds goes to the store if it takes writes now, else its file and
+// the import command are named.
+void EndRun(const Recording& rec, double end_time, std::optional<int> exit_code,
+            const std::string& status);
 
 // After the run is finished in the store: the summary, the steps, the
 // findings and where the run is stored (nothing when quiet).

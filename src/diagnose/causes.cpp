@@ -133,6 +133,12 @@ std::vector<Cause> Build() {
        {"the traceback is in the job's output; the findings below describe the run up to the "
         "failure"},
        "", "", kNever, run, false},
+      {C::kRecordCut, "record_cut", "Part of the run was not recorded",
+       "a stretch the store lacks: records it refused (a full disk, a read-only or deleted "
+       "file, a lock held too long), kept in a spill file, or steps the job's markers could "
+       "not write (their file system full); the stretch, and why",
+       {"once the store has room: fullburn runs import {spill}, then diagnose again"}, "", "",
+       kNever, run, false},
       {C::kLoopOverhead, "loop_overhead", "The training loop's own work between steps",
        ">= 10% of step time outside fetching, forward, backward and the optimizer step",
        {"do per-step bookkeeping every N steps: log, print and compute metrics every 50 steps, "

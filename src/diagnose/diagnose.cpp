@@ -160,6 +160,8 @@ std::vector<Finding> Diagnose(const RunData& run) {
   // A failure comes first whatever it cost: the findings after it describe
   // the run until it stopped.
   if (std::optional<Finding> failed = FailureFinding(f)) out.insert(out.begin(), *failed);
+  // A cut record before all: every finding after it reads only what is stored.
+  if (std::optional<Finding> cut = CutFinding(f)) out.insert(out.begin(), *cut);
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <ctime>
 #include <map>
 #include <set>
 
@@ -217,6 +218,33 @@ std::string Label(const RunData& d, double start, double end, const std::string&
   return fallback;
 }
 
+// The seconds of [start, end] that a cut (a stretch the store lacks) covers.
+double CutWithin(const Facts& f, double start, double end) {
+  double s = 0;
+  for (const CutSpan& c : f.cuts) s += std::max(0.0, std::min(end, c.to) - std::max(start, c.from));
+  return s;
+}
+
+// The stretches a spill holds and the store does not (LoadRun's store_gap events).
+void GatherCuts(const RunData& d, Facts* f) {
+  for (const RunEvent& e : d.events) {
+    if (e.kind != kStoreGapEvent && e.kind != kEventsCutEvent) continue;
+    auto j = nlohmann::json::parse(e.data, nullptr, false);
+    if (!j.is_object()) continue;
+    CutSpan c;
+    c.from = e.t;
+    c.to = std::max(e.t, j.value("to", e.t));
+    c.why = j.value("why", std::string());
+    std::time_t at = static_cast<std::time_t>(d.run.start_time + e.t);
+    std::tm tm{};
+    char buf[16] = "";
+    if (::localtime_r(&at, &tm)) std::strftime(buf, sizeof buf, "%H:%M:%S", &tm);
+    c.clock = buf;
+    c.spill = j.value("spill", std::string());
+    f->cuts.push_back(c);
+  }
+}
+
 // Gaps in the lowest rank's steps: before the first, between, after the last.
 void IdleFromSteps(const RunData& d, Facts* f) {
   std::vector<const StepRecord*> steps;
@@ -231,8 +259,8 @@ void IdleFromSteps(const RunData& d, Facts* f) {
   // saves after the step before it (the markers move a save out of the step
   // it interrupts, to the gap before that step).
   auto add = [&](double start, double end, int64_t after, double min, const std::string& what) {
-    double saves = SavesAfter(f->checkpoints, after);
-    if (end - start - saves >= min) f->idle.push_back({start, end, what, saves});
+    double saves = SavesAfter(f->checkpoints, after), cut = CutWithin(*f, start, end);
+    if (end - start - saves - cut >= min) f->idle.push_back({start, end, what, saves, cut});
   };
   double prev_end = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -265,12 +293,12 @@ void IdleFromGpus(const RunData& d, Facts* f) {
     double start = i == 0 ? 0 : (*util)[i - 1].t,
            end = j < util->size() ? (*util)[j].t : (*util)[j - 1].t + interval;
     bool first = i == 0, last = j == util->size();
-    double saves = SavesWithin(f->checkpoints, start, end);
-    if (end - start - saves >= std::max(kIdleGapMin_s, 2 * interval))
+    double saves = SavesWithin(f->checkpoints, start, end), cut = CutWithin(*f, start, end);
+    if (end - start - saves - cut >= std::max(kIdleGapMin_s, 2 * interval))
       f->idle.push_back(
           {start, end,
            first ? "start-up" : Label(d, start, end, last ? "end" : "between busy stretches"),
-           saves});
+           saves, cut});
     i = j;
   }
 }
@@ -610,6 +638,8 @@ Facts Gather(const RunData& d) {
     f.ranks_per_node = (static_cast<int>(f.ranks.size()) + nodes - 1) / nodes;
   }
   GatherEfficiency(d, &f);
+  GatherCuts(d, &f);
+  f.wall_s -= CutWithin(f, 0, f.wall_s);  // shares are of what the store holds
   if (!f.ranks.empty())
     IdleFromSteps(d, &f);
   else

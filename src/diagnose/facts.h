@@ -90,10 +90,19 @@ struct RankFacts {
   double proc_cpu = NAN;         // median % of one core of the rank's process tree
 };
 
+// A stretch of the run its store does not hold (a spill still does: a
+// store_gap event); no rule reads it as idle, start-up or end.
+struct CutSpan {
+  double from = 0, to = 0;  // seconds into the run
+  std::string clock;        // the time of day it begins, "20:22:51"
+  std::string why, spill;
+};
+
 struct IdleSpan {
   double start = 0, end = 0;
   std::string what;    // start-up, evaluation, checkpoint, end, between steps
   double saves_s = 0;  // checkpoint saves inside it: checkpoint_stall's, not idle_phases'
+  double cut_s = 0;    // of it, what the store does not hold (CutSpan): not idle either
 };
 
 // The time checkpoints blocked the training loop, on the lowest rank (the
@@ -184,6 +193,7 @@ struct Facts {
   bool loop_makes_batches = false;
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
+  std::vector<CutSpan> cuts;   // stretches the store refused (to the run's end when it holds no end)
   StallFacts stalls;
   CheckpointFacts checkpoints;
   // The uncaught Python exception a wrapped job's process raised first
@@ -287,5 +297,7 @@ int64_t Period(const std::vector<int64_t>& at, int64_t min_period);
 // A failed job's uncaught exception, named with the fix for its kind; none
 // without an "exception" event.
 std::optional<Finding> FailureFinding(const Facts& f);
+// The record is cut: which stretch the store lacks, why, and the import that mends it.
+std::optional<Finding> CutFinding(const Facts& f);
 
 }  // namespace fullburn::diagnose

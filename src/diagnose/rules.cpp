@@ -490,7 +490,7 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
   std::map<std::string, std::pair<int, double>> by_what;  // count, seconds
   double idle = 0;
   for (const IdleSpan& s : f.idle) {
-    double seconds = s.end - s.start - s.saves_s;
+    double seconds = s.end - s.start - s.saves_s - s.cut_s;
     idle += seconds;
     by_what[s.what].first++;
     by_what[s.what].second += seconds;
@@ -775,6 +775,27 @@ std::pair<std::string, std::string> FailureKind(const Facts& f) {
 }
 
 }  // namespace
+
+std::optional<Finding> CutFinding(const Facts& f) {
+  if (f.cuts.empty()) return std::nullopt;
+  std::string evidence, spills;
+  for (const CutSpan& c : f.cuts) {
+    evidence += fmt::format("{}records after {} ({:.1f} s into the run, to {:.1f} s) were not "
+                            "stored: {}{}",
+                            evidence.empty() ? "" : "; ", c.clock, c.from, c.to,
+                            c.why.empty() ? "the store refused them" : c.why,
+                            c.spill.empty() ? "" : "; they are kept in " + c.spill);
+    if (!c.spill.empty()) spills += (spills.empty() ? "" : " ") + c.spill;
+  }
+  evidence += "; the findings below leave that stretch out (it is not idle time)";
+  std::string fix =
+      spills.empty()
+          ? "those records were never written anywhere: give fullburn run a TMPDIR (the step "
+            "events file's folder) with room next time"
+          : fmt::format(fmt::runtime(FixFor(CauseId::kRecordCut, Framework::kPytorch)),
+                        fmt::arg("spill", spills));
+  return Finding{CauseId::kRecordCut, CauseOf(CauseId::kRecordCut).title, evidence, 0, 0.9, fix};
+}
 
 std::optional<Finding> FailureFinding(const Facts& f) {
   if (f.failure.type.empty()) return std::nullopt;

@@ -1,12 +1,23 @@
 #include <chrono>
 
+#include "fullburn/spill.h"
 #include "fullburn/store.h"
 
 namespace fullburn {
 
 AsyncRecordWriter::AsyncRecordWriter(RunStore* store, int64_t run_id, size_t max_kept,
-                                     double retry_s)
-    : writer_(store, run_id, max_kept), retry_s_(retry_s), thread_([this] { Loop(); }) {}
+                                     double retry_s, SpillFile* spill)
+    : writer_(store, run_id, max_kept),
+      store_(store),
+      spill_(spill),
+      retry_s_(retry_s),
+      thread_([this] { Loop(); }) {}
+
+namespace {
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 AsyncRecordWriter::~AsyncRecordWriter() { (void)Finish(); }
 
@@ -58,11 +69,24 @@ void AsyncRecordWriter::Loop() {
     std::swap(batch, queued_);
     int64_t taken = added_;
     bool last = stop_;
+    bool was_failing = failing_;
+    double since = failing_since_;
     lock.unlock();
     writer_.Add(std::move(batch));
     Status s = writer_.empty() ? Status::Ok() : writer_.Flush();
+    // Refused long enough, or at the end: to the spill, not memory.
+    if (!s.ok() && spill_ && (last || (was_failing && SteadySeconds() - since >= kSpillAfterS)))
+      writer_.SpillKept(spill_, s.message());
+    int64_t restored = 0;
+    if (s.ok() && spill_ && !spill_->empty()) {
+      // Taking writes again: what went to the spill meanwhile comes back.
+      Status drained = spill_->DrainInto(store_, &restored);
+      if (!drained.ok()) s = drained;
+    }
     lock.lock();
     NoteLocked(s);
+    if (!changes_.empty() && !changes_.back().failing && restored > 0)
+      changes_.back().restored += restored;
     tried_ = taken;
     written_.notify_all();
     if (last && queued_.empty()) {
@@ -76,6 +100,7 @@ void AsyncRecordWriter::NoteLocked(const Status& s) {
   last_status_ = s;
   if (s.ok() == !failing_) return;
   failing_ = !s.ok();
+  if (failing_) failing_since_ = SteadySeconds();
   Change c;
   c.failing = failing_;
   if (failing_) {

@@ -1,5 +1,9 @@
 #include "fullburn/store_layout.h"
 
+#include <zlib.h>
+
+#include <cstdio>
+
 namespace fullburn {
 
 StoreLayout::StoreLayout(std::string store_path) : store_(std::move(store_path)) {
@@ -26,5 +30,17 @@ std::string StoreLayout::TrialLog(int64_t tuning_id, int trial) const {
 }
 
 std::string StoreLayout::TunePack(int64_t tuning_id) const { return TuneLogs(tuning_id) + "/pack"; }
+
+std::string StoreLayout::SpillPrefix(int64_t run_id) const {
+  uint32_t hash = static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(store_.data()), static_cast<uInt>(store_.size())));
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", hash);
+  return std::string("spill-") + hex + "-run" + std::to_string(run_id);
+}
+
+std::string StoreLayout::SpillName(int64_t run_id, int n) const {
+  return SpillPrefix(run_id) + (n > 0 ? "-" + std::to_string(n) : "") + ".fbspill";
+}
 
 }  // namespace fullburn

@@ -2,7 +2,9 @@
 #include <sqlite3.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
+#include "fullburn/spill.h"
 #include "fullburn/store.h"
 #include "sqlite_util.h"
 
@@ -33,6 +35,7 @@ struct Statement {
 Status RunStore::AppendSteps(int64_t run_id, const std::vector<StepRecord>& steps) {
   if (steps.empty()) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = StillThere(); !s.ok()) return s;
   Statement ins;
   if (sqlite3_prepare_v2(db_,
                          "INSERT OR REPLACE INTO steps (run_id, rank, step, epoch, t, loss, lr, "
@@ -112,6 +115,7 @@ Result<std::vector<StepRecord>> RunStore::LoadSteps(int64_t run_id, double after
 
 Status RunStore::AddCheckpoint(int64_t run_id, const CheckpointRecord& c) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = StillThere(); !s.ok()) return s;
   Statement ins;
   if (sqlite3_prepare_v2(
           db_,
@@ -151,6 +155,7 @@ Result<std::vector<CheckpointRecord>> RunStore::LoadCheckpoints(int64_t run_id) 
 
 Status RunStore::AddEvent(int64_t run_id, const RunEvent& e) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = StillThere(); !s.ok()) return s;
   Statement ins;
   if (sqlite3_prepare_v2(db_, "INSERT INTO events (run_id, t, kind, data) VALUES (?,?,?,?)", -1,
                          &ins.st, nullptr) != SQLITE_OK)
@@ -160,6 +165,35 @@ Status RunStore::AddEvent(int64_t run_id, const RunEvent& e) {
   sqlite3_bind_text(ins.st, 3, e.kind.c_str(), -1, SQLITE_TRANSIENT);
   sqlite3_bind_text(ins.st, 4, e.data.c_str(), -1, SQLITE_TRANSIENT);
   return sqlite3_step(ins.st) == SQLITE_DONE ? Status::Ok() : SqlError("cannot record an event");
+}
+
+Result<bool> RunStore::AddEventOnce(int64_t run_id, const RunEvent& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement ins;
+  if (sqlite3_prepare_v2(db_,
+                         "INSERT INTO events (run_id, t, kind, data) SELECT ?1, ?2, ?3, ?4 WHERE NOT "
+                         "EXISTS (SELECT 1 FROM events WHERE run_id = ?1 AND t = ?2 AND kind = ?3 "
+                         "AND data = ?4)",
+                         -1, &ins.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot record an event");
+  sqlite3_bind_int64(ins.st, 1, run_id);
+  sqlite3_bind_double(ins.st, 2, e.t);
+  sqlite3_bind_text(ins.st, 3, e.kind.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(ins.st, 4, e.data.c_str(), -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(ins.st) != SQLITE_DONE) return SqlError("cannot record an event");
+  return sqlite3_changes(db_) > 0;
+}
+
+Status RunStore::CountSnapshots(int64_t run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement up;
+  if (sqlite3_prepare_v2(db_,
+                         "UPDATE runs SET samples = max(samples, (SELECT count(DISTINCT t) FROM "
+                         "samples WHERE run_id = ?1)) WHERE id = ?1",
+                         -1, &up.st, nullptr) != SQLITE_OK)
+    return SqlError("cannot count the snapshots");
+  sqlite3_bind_int64(up.st, 1, run_id);
+  return sqlite3_step(up.st) == SQLITE_DONE ? Status::Ok() : SqlError("cannot count the snapshots");
 }
 
 Result<std::vector<RunEvent>> RunStore::LoadEvents(int64_t run_id, double after) {
@@ -201,6 +235,11 @@ Result<RunData> RunStore::LoadRun(const std::string& ref) {
   Result<std::vector<RunEvent>> events = LoadEvents(d.run.id);
   if (!events.ok()) return events.status();
   d.events = std::move(*events);
+  // What the store refused and a spill still holds: a stretch the run's
+  // records lack, which the diagnosis must not read as idle.
+  for (const StoreGap& g : FindStoreGaps(*Env::Default(), path_, d.run.id))
+    d.events.push_back({g.from_t, kStoreGapEvent,
+                        nlohmann::json{{"to", g.to_t}, {"why", g.why}, {"spill", g.spill}}.dump()});
   return d;
 }
 
@@ -236,6 +275,15 @@ void RecordWriter::Add(RunRecords more) {
   kept_.Append(std::move(more));
   dropped_ += DropOldest(&kept_.steps, max_kept_) + DropOldest(&kept_.events, max_kept_) +
               DropOldest(&kept_.samples, max_kept_);
+}
+
+bool RecordWriter::SpillKept(SpillFile* spill, const std::string& why) {
+  if (kept_.empty()) return true;
+  // A full spill counts what it drops: those are gone either way.
+  Status s = spill->AddRecords(kept_, why);
+  if (!s.ok() && s.code() != Status::Code::kResourceExhausted) return false;
+  kept_ = RunRecords();
+  return true;
 }
 
 Status RecordWriter::Flush() {

@@ -7,9 +7,11 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "fullburn/spill.h"
 #include "fullburn/store_layout.h"
 #include "sqlite_util.h"
 
@@ -23,10 +25,18 @@ std::string HostName() {
 }
 
 // A run left "running" by a recorder on this host that no longer exists was
-// interrupted (the recorder was killed); report it so.
-void FixStatus(RunInfo* r) {
+// interrupted (the recorder was killed), unless the store refused its end,
+// which then waits in a spill (spill.h): report it so.
+void FixStatus(RunInfo* r, const std::string& store_path) {
   if (r->status != "running" || r->recorder_pid <= 0 || r->host != HostName()) return;
-  if (::kill(r->recorder_pid, 0) != 0 && errno == ESRCH) r->status = "interrupted";
+  if (::kill(r->recorder_pid, 0) == 0 || errno != ESRCH) return;
+  r->status = "interrupted";
+  for (const StoreGap& g : FindStoreGaps(*Env::Default(), store_path, r->id))
+    if (g.end_time) {
+      r->end_time = g.end_time;
+      r->exit_code = g.exit_code;
+      r->status = g.status;
+    }
 }
 
 }  // namespace
@@ -70,7 +80,24 @@ Result<std::unique_ptr<RunStore>> RunStore::Open(const std::string& path) {
   }
   if (Status s = store->Exec("PRAGMA synchronous=NORMAL"); !s.ok()) return s;
   if (Status s = store->Migrate(); !s.ok()) return s;
+  if (::stat(path.c_str(), &st) == 0) {
+    store->file_dev_ = static_cast<uint64_t>(st.st_dev);
+    store->file_ino_ = static_cast<uint64_t>(st.st_ino);
+  }
   return store;
+}
+
+Status RunStore::StillThere() {
+  if (file_ino_ == 0) return Status::Ok();
+  struct stat st;
+  if (::stat(path_.c_str(), &st) != 0)
+    return Status::IoError("the run store " + path_ + " was deleted while recording (" +
+                           std::strerror(errno) + "): writes to it would be lost");
+  if (static_cast<uint64_t>(st.st_ino) != file_ino_ || static_cast<uint64_t>(st.st_dev) != file_dev_)
+    return Status::IoError("the run store " + path_ +
+                           " was replaced by another file while recording: writes to the one "
+                           "opened would be lost");
+  return Status::Ok();
 }
 
 // Switching a new file to WAL takes an exclusive lock, and SQLite answers
@@ -181,6 +208,7 @@ Status RunStore::AppendSamples(int64_t run_id, double run_start, const std::vect
 Status RunStore::AppendNamedSamples(int64_t run_id, const std::vector<NamedSample>& samples, int64_t snapshots) {
   if (samples.empty() && snapshots == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = StillThere(); !s.ok()) return s;
   if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   auto roll_back = [this](Status s) {
     Exec("ROLLBACK");
@@ -213,6 +241,7 @@ Status RunStore::AppendNamedSamples(int64_t run_id, const std::vector<NamedSampl
 Status RunStore::FinishRun(int64_t run_id, double end_time, std::optional<int> exit_code,
                            const std::string& status) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = StillThere(); !s.ok()) return s;
   sqlite3_stmt* st = nullptr;
   sqlite3_prepare_v2(db_, "UPDATE runs SET end_time = ?, exit_code = ?, status = ? WHERE id = ?", -1,
                      &st, nullptr);
@@ -260,7 +289,7 @@ Result<std::vector<RunInfo>> RunStore::QueryRuns(const std::string& where, int64
     r.sample_count = sqlite3_column_int64(st, 13);
     if (sqlite3_column_type(st, 14) != SQLITE_NULL) r.parent_id = sqlite3_column_int64(st, 14);
     if (sqlite3_column_type(st, 15) != SQLITE_NULL) r.recorder_start = sqlite3_column_double(st, 15);
-    FixStatus(&r);
+    FixStatus(&r, path_);
     runs.push_back(std::move(r));
   }
   sqlite3_finalize(st);
@@ -387,10 +416,21 @@ Status BatchWriter::Add(const Snapshot& s) {
   return last_error_;
 }
 
-Status BatchWriter::Flush() {
+Status BatchWriter::Flush(bool last) {
   if (pending_.empty()) return last_error_ = Status::Ok();
   last_error_ = store_->AppendSamples(run_id_, run_start_, pending_);
-  if (last_error_.ok()) pending_.clear();  // else kept, and written with the next batch
+  if (last_error_.ok()) {
+    pending_.clear();
+    return last_error_;
+  }
+  // Else kept, and written with the next batch; refused for long enough
+  // (or at the end), they go to the spill instead of waiting in memory.
+  bool long_enough = pending_.back().mono_time - pending_.front().mono_time >= kSpillAfterS;
+  if (spill_ && (last || long_enough)) {
+    Status s = spill_->AddSnapshots(pending_, last_error_.message());
+    if (s.ok()) spilled_ += static_cast<int64_t>(pending_.size());
+    if (s.ok() || s.code() == Status::Code::kResourceExhausted) pending_.clear();  // a full spill counts them
+  }
   return last_error_;
 }
 

@@ -27,6 +27,8 @@ struct Recorder::Rep {
   Status final_status;
   // The store's refusals, from both writers (job thread, but samples_* under mu).
   bool said_failing = false, records_failing = false;
+  std::string spill_said;  // the spill file named on stderr (a new one is named again)
+  int64_t restored = 0;    // spilled records stored since the last "takes writes again"
   std::string records_error;
   int64_t records_lost = 0, records_lost_said = 0, samples_dropped_said = 0;
 
@@ -59,8 +61,8 @@ Recorder::Recorder(const Env* env, RunStore* store, RunInfo run, Options o)
   r.o = std::move(o);
   r.sampler = std::make_unique<Sampler>(env, r.o.gpus, r.o.sampler);
   if (!forward_) {
-    r.samples = std::make_unique<BatchWriter>(store, r.run.id, r.run.start_time);
-    r.records = std::make_unique<AsyncRecordWriter>(store, r.run.id);
+    r.samples = std::make_unique<BatchWriter>(store, r.run.id, r.run.start_time, 1.0, 300, r.o.spill);
+    r.records = std::make_unique<AsyncRecordWriter>(store, r.run.id, 200000, 1.0, r.o.spill);
   }
   if (r.o.live_diagnosis) r.live = std::make_unique<LiveDiagnosis>(r.run);
   if (!r.o.events_path.empty()) {
@@ -161,13 +163,24 @@ void Recorder::Rep::SayStoreChanges() {
   }
   while (std::optional<AsyncRecordWriter::Change> c = records->TakeChange()) {
     records_failing = c->failing;
-    if (c->failing)
+    if (c->failing) {
       records_error = c->error;
-    else
+    } else {
       records_lost += c->lost;
+      restored += c->restored;
+    }
     Say(records_failing || !snapshots.ok(), records_failing ? records_error : snapshots.message());
   }
   Say(records_failing || !snapshots.ok(), records_failing ? records_error : snapshots.message());
+  std::string spilling = o.spill ? o.spill->path() : "";
+  if (!spilling.empty() && spilling != spill_said) {
+    spill_said = spilling;
+    std::fprintf(stderr,
+                 "\nfullburn: what the store refuses now goes to %s, on another file system; "
+                 "once the store takes writes, fullburn runs import %s (this recorder does it "
+                 "itself if the store recovers before it ends)\n",
+                 spilling.c_str(), spilling.c_str());
+  }
 }
 
 void Recorder::Rep::Say(bool failing, const std::string& why) {
@@ -176,8 +189,9 @@ void Recorder::Rep::Say(bool failing, const std::string& why) {
   if (failing) {
     std::fprintf(stderr,
                  "\nfullburn: %s; the job keeps running, and its samples and steps are kept to be "
-                 "written once the store takes writes again\n",
-                 why.c_str());
+                 "written once the store takes writes again (in memory for %.0f s, then in a "
+                 "spill file on another file system)\n",
+                 why.c_str(), kSpillAfterS);
     return;
   }
   int64_t dropped;
@@ -191,6 +205,11 @@ void Recorder::Rep::Say(bool failing, const std::string& why) {
   std::string what = snapshots || steps ? std::to_string(snapshots) + " snapshots and " +
                                               std::to_string(steps) + " step records lost"
                                         : "nothing lost";
+  if (restored > 0)
+    what += ": the " + std::to_string(restored) + " records kept meanwhile in " + spill_said +
+            " are stored";
+  restored = 0;
+  spill_said.clear();
   std::fprintf(stderr, "\nfullburn: the run store takes writes again (%s)\n", what.c_str());
 }
 
@@ -303,7 +322,7 @@ void Recorder::StopSampling() {
   r.sampling_stopped = true;
   r.sampler->Stop();
   if (r.samples) {
-    Status st = r.samples->Flush();
+    Status st = r.samples->Flush(/*last=*/true);
     std::lock_guard<std::mutex> lock(r.mu);
     r.samples_status = st;
     r.samples_dropped = r.samples->dropped();
@@ -322,7 +341,7 @@ Status Recorder::Finish() {
   if (r.records) {
     r.final_status = r.records->Finish();
     r.SayStoreChanges();
-    if (!r.final_status.ok())
+    if (!r.final_status.ok() && (r.records->kept_steps() || r.records->kept_events()))
       std::fprintf(stderr, "fullburn: %zu step records and %zu events could not be stored: %s\n",
                    r.records->kept_steps(), r.records->kept_events(),
                    r.final_status.message().c_str());
