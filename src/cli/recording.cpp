@@ -102,8 +102,8 @@ void EndRun(const Recording& rec, double end_time, std::optional<int> exit_code,
     return;
   }
   std::fprintf(stderr,
-               "fullburn: %lld records the store refused%s are kept in %s: once it has room, "
-               "fullburn runs import %s%s\n",
+               "fullburn: %lld records the store refused%s are kept in %s: once it takes writes "
+               "again (or into another, with --store), fullburn runs import %s%s\n",
                static_cast<long long>(rec.spill->written()),
                s.ok() ? "" : ", the run's end among them", path.c_str(), path.c_str(),
                rec.spill->dropped() > 0
@@ -122,6 +122,12 @@ void PrintRunEnd(const Recording& rec) {
     if (!stored->steps.empty()) std::fputs(RenderStepsSummary(stored->steps).c_str(), stderr);
     std::fputs(RenderMfu(ComputeMfu(*stored)).c_str(), stderr);
     std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
+  }
+  if (rec.spill && !rec.spill->empty()) {
+    std::fprintf(stderr,
+                 "fullburn: run %lld is in %s only in part until the spill is imported (above)\n",
+                 static_cast<long long>(id), rec.store->path().c_str());
+    return;
   }
   std::fprintf(stderr, "fullburn: stored as run %lld in %s (fullburn runs show %lld)\n",
                static_cast<long long>(id), rec.store->path().c_str(), static_cast<long long>(id));

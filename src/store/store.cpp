@@ -121,8 +121,13 @@ RunStore::~RunStore() {
 Status RunStore::SqlError(const std::string& what) {
   int code = sqlite3_errcode(db_);
   std::string msg = "run store " + path_ + ": " + what + ": " + sqlite3_errmsg(db_);
-  if (code == SQLITE_READONLY || code == SQLITE_CANTOPEN || code == SQLITE_PERM)
+  if (code == SQLITE_READONLY || code == SQLITE_CANTOPEN || code == SQLITE_PERM) {
+    // SQLite's WAL needs its -shm and -wal beside the file even to read.
+    std::string folder = StoreLayout(path_).folder();
+    if (::access(folder.c_str(), W_OK) != 0)
+      msg += " (its folder " + folder + " is not writable: " + std::strerror(errno) + ")";
     return Status::IoError(msg + "; check that the file and its directory are writable or pass --store");
+  }
   if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)
     return Status::Corruption(msg + "; move the file aside or pass --store with another path");
   if (code == SQLITE_FULL) return Status::IoError(msg + "; free disk space");
