@@ -9,7 +9,7 @@
 include(CMakePackageConfigHelpers)
 
 set(FULLBURN_EXPORTED fullburn_common fullburn_telemetry fullburn_pipeline fullburn_store
-    fullburn_dist_env fullburn_diagnose fullburn_recorder fullburn_config fullburn_report fullburn_tensorfile
+    fullburn_dist_env fullburn_stacks fullburn_diagnose fullburn_recorder fullburn_config fullburn_report fullburn_tensorfile
     fullburn_run_traces)
 if(TARGET fullburn_analyze)  # profiler traces; fullburn::train links it where it was built
   list(APPEND FULLBURN_EXPORTED fullburn_analyze)

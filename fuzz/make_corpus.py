@@ -166,11 +166,26 @@ def proc_seeds():
         put("proc", name + ".txt", blob[:16384])
 
 
+def stacks_seeds():
+    # A recorded job's first stacks (a few KB), and the forms a recording
+    # holds besides: a command line of several lines (python -c), a
+    # spawned worker's with ';', no line numbers, bytes that are not UTF-8.
+    recorded = (ROOT / "tests" / "stacks" / "data" / "workers0_torch113.pyspy").read_bytes()
+    put("stacks", "recorded.pyspy", recorded[:recorded.rfind(b"\n", 0, 6000) + 1])
+    put("stacks", "forms.pyspy",
+        b'process 7:"python -c import time\nx = 123\n";thread (7): MainThread;<module> (<string>:3) 4\n'
+        b'process 7:"python t.py";process 9:"python -c from multiprocessing.spawn import spawn_main; '
+        b'spawn_main(tracker_fd=5)";thread (9): MainThread;_worker_loop '
+        b'(/usr/lib/python3/dist-packages/torch/utils/data/_utils/worker.py:302);step (/a/t.py) 2\n'
+        b'process 7:"python t.py";thread (7): MainThread;<module> (/data/caf\xe9/t.py:3) 1\n')
+
+
 def main():
-    for t in ("trace", "prom_json", "prom_duration", "tensorfile", "pack", "tokens", "config", "events", "proc"):
+    for t in ("trace", "prom_json", "prom_duration", "tensorfile", "pack", "tokens", "config", "events",
+              "stacks", "proc"):
         shutil.rmtree(OUT / t, ignore_errors=True)
     trace_seeds(); prom_seeds(); tensorfile_seeds(); pack_seeds(); tokens_seeds()
-    config_seeds(); events_seeds(); proc_seeds()
+    config_seeds(); events_seeds(); stacks_seeds(); proc_seeds()
 
 
 if __name__ == "__main__":

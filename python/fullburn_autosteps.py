@@ -84,6 +84,7 @@ import traceback
 import weakref
 
 import fullburn_flops
+import fullburn_layers
 import fullburn_markers
 
 _state = None
@@ -95,7 +96,12 @@ class _AutoSteps:
         self.markers = None  # opened at the first step
         self.optimizer = None  # the one whose steps are counted
         self.saw_loader = False
+        # step_start: when the step began, pushed later by each stretch left
+        # out of it (a save, an evaluation); step_began: when it really
+        # began, which such a stretch is compared with (a save before an
+        # evaluation must not hide the evaluation).
         self.step_start = None
+        self.step_began = None
         self.torch = torch  # None once the first step's "torch" event is written
         self.pid = os.getpid()  # a forked DataLoader worker inherits this state
         self.loop_thread = threading.get_ident()  # the one that steps (set at the first step)
@@ -119,6 +125,8 @@ class _AutoSteps:
         self.profile = _Profile.from_environment(torch)  # fullburn run --profile A-B
         # One step's FLOPs after the warm-up, for MFU (fullburn_flops.py).
         self.flops = fullburn_flops.FlopCount.from_environment(torch, self.profile)
+        # fullburn run --layers: each top-level layer's time and activations.
+        self.layers = fullburn_layers.LayerTimes.from_environment(torch)
         self._reset_pending()
 
     def _reset_pending(self):
@@ -163,7 +171,7 @@ class _AutoSteps:
                 not self.iterator_stepped):
             self._evaluation_ended(now)
         if self.step_start is None:
-            self.step_start = now
+            self.step_start = self.step_began = now
         if self.first_fetch is None:
             self.first_fetch = now
 
@@ -187,12 +195,12 @@ class _AutoSteps:
         m = self._open()
         m._write({"kind": "event", "name": "evaluation", "rank": m.rank, "time": end,
                   "duration_s": max(0.0, end - start - self.saved_s),
-                  "data": {"detected": "automatic"}})
+                  "data": _evaluation_data({"detected": "automatic"}, m.step)})
 
     def _evaluation_ended(self, now):
         self._write_evaluation(now)
         self._reset_pending()
-        self.step_start = now
+        self.step_start = self.step_began = now
 
     # --- the model's calls (loops without a DataLoader) ------------------
 
@@ -215,7 +223,7 @@ class _AutoSteps:
             self.call = (module, now, training)
         self._no_grad_calls_ended(now)
         if self.step_start is None:
-            self.step_start = now
+            self.step_start = self.step_began = now
         if not self.micro_batch_counted:  # the model's input, not the loss's after it
             samples = fullburn_markers._batch_size(args, dim=self.batch_dims.get(module, 0))
             self.module_samples += samples
@@ -254,10 +262,11 @@ class _AutoSteps:
         m = self._open()
         m._write({"kind": "event", "name": "evaluation", "rank": m.rank, "time": end,
                   "duration_s": end - start,
-                  "data": {"detected": "automatic", "model_calls": len(calls)}})
+                  "data": _evaluation_data({"detected": "automatic", "model_calls": len(calls)},
+                                           m.step)})
         if self.step_start is None:
-            self.step_start = end
-        elif self.step_start <= start:
+            self.step_start = self.step_began = end
+        elif self.step_began <= start:
             self.step_start += end - start  # the step goes on after it
 
     def rearm_after(self):
@@ -283,7 +292,7 @@ class _AutoSteps:
             # gives back its time.
             data["background"] = True
         else:
-            if self.step_start is not None and self.step_start <= started:
+            if self.step_start is not None and self.step_began <= started:
                 self.step_start += took  # the step it interrupts goes on after it
             if self.first_fetch is not None and self.first_fetch <= started:
                 self.saved_s += took
@@ -394,6 +403,8 @@ class _AutoSteps:
         m._write_line(line + "}")
         if self.profile is not None:
             self.profile.step_ended(m.step, m)
+        if self.layers is not None:
+            self.layers.step_ended(m, m.step)
         set_up_s = 0.0  # the FLOP count's one-time set-up: outside every step
         if self.flops is not None:
             set_up_s = self.flops.step_ended(m.step, m, max(0.0, now - start), self.saw_loader,
@@ -402,7 +413,7 @@ class _AutoSteps:
         self._reset_pending()
         self.iterator_ref = ref  # accumulation: the same iterator goes on
         self.iterator_stepped = ref is not None
-        self.step_start = now + set_up_s
+        self.step_start = self.step_began = now + set_up_s
         self.rearm_after()
 
     def note_torch(self, m, now):
@@ -443,6 +454,8 @@ class _AutoSteps:
             self.manual_step_ended(self.last_activity or time.time())
         if self.profile is not None and self.profile.profiler is not None:
             self.profile.stop(self.markers, self.markers.step if self.markers else 0)
+        if self.layers is not None:
+            self.layers.finish(self.markers)
         if self.no_grad_calls and self.markers is not None:
             self._no_grad_calls_ended(time.time())
         if self.iterator_ref is None or self.iterator_stepped:
@@ -729,6 +742,71 @@ _FRAMEWORKS = (("/transformers/", "transformers"), ("/accelerate/", "accelerate"
 _LIBRARY_DIRS = ("/site-packages/", "/dist-packages/", os.path.dirname(os.path.abspath(__file__)))
 
 
+# The script's integer command-line options as argparse parsed them
+# ([(dest, option strings, value)]): a DataLoader's num_workers that one of
+# them carried is set on the command line, and the fix names the flag.
+_cli_options = []
+
+
+def _watch_command_line():
+    """Wraps ArgumentParser.parse_known_args (parse_args and HF's
+    HfArgumentParser go through it) to keep what each option parsed to."""
+    import argparse
+
+    original = argparse.ArgumentParser.parse_known_args
+
+    @functools.wraps(original)
+    def parse_known_args(parser, *args, **kwargs):
+        result = original(parser, *args, **kwargs)
+        try:
+            namespace = result[0]
+            for action in parser._actions:
+                value = getattr(namespace, action.dest, None)
+                if action.option_strings and type(value) is int:
+                    _cli_options.append((action.dest, list(action.option_strings), value))
+        except Exception:  # a parser of another shape: nothing kept, the script goes on
+            pass
+        return result
+
+    argparse.ArgumentParser.parse_known_args = parse_known_args
+
+
+def _workers_flag(num_workers):
+    """The option that gave a DataLoader its num_workers ("--workers",
+    "--dataloader_num_workers"), or None: an option about workers whose
+    value it is. The last parse wins (a script parses once; a framework's
+    second parser comes later)."""
+    for dest, strings, value in reversed(_cli_options):
+        about_workers = "worker" in dest.lower() or any("worker" in s for s in strings)
+        if about_workers and value == num_workers:
+            longs = [s for s in strings if s.startswith("--")]
+            return max(longs, key=len) if longs else strings[0]
+    return None
+
+
+def _evaluation_options():
+    """The script's own options about its evaluations ({"--eval-interval":
+    20, "--eval-iters": 40}), for the fix to name: how often, on how many
+    batches."""
+    found = {}
+    for dest, strings, value in _cli_options:
+        names = [dest.lower()] + [s.lower() for s in strings]
+        if any("eval" in n or n.startswith(("val_", "--val")) for n in names):
+            longs = [s for s in strings if s.startswith("--")]
+            found[max(longs, key=len) if longs else strings[0]] = value
+    return found
+
+
+def _evaluation_data(data, step):
+    """An evaluation event's data: the step it came after, the options."""
+    data["after_step"] = step
+    options = _evaluation_options()
+    if options:
+        data["options"] = options
+        data["script"] = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return data
+
+
 def _creation_site(frame):
     """Where a DataLoader is being made: the first frame of the user's own
     code ("train.py:47", "ShapesData.train_dataloader"), and the framework
@@ -874,6 +952,8 @@ def _hook_torch(torch):
         state.record_loss(unscaled)
         started = time.time()
         result = original_backward(tensor, *args, **kwargs)
+        if state.layers is not None:
+            state.layers.backward_returned()
         state.backward_ran(started, time.time())
         return result
 
@@ -949,7 +1029,12 @@ def _hook_torch(torch):
         original_loader_init(loader, *args, **kwargs)
         if "_fullburn_created" not in loader.__dict__:  # a subclass's __init__ calls this again
             try:
-                loader.__dict__["_fullburn_created"] = _creation_site(sys._getframe(1))
+                site = _creation_site(sys._getframe(1))
+                flag = _workers_flag(getattr(loader, "num_workers", None))
+                if flag:
+                    site["workers_flag"] = flag
+                    site["script"] = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+                loader.__dict__["_fullburn_created"] = site
             except Exception:  # where it was made is a hint, never worth failing the job
                 pass
 
@@ -1087,9 +1172,13 @@ def _record_uncaught_exceptions():
         if not issubclass(exc_type, KeyboardInterrupt):  # Ctrl-C is not a failure
             try:
                 m = fullburn_markers.Markers(_automatic=True)
+                data = {"type": exc_type.__name__, "message": str(exc)[:2000], "where": _where(tb)}
+                torch = sys.modules.get("torch")
+                oom = fullburn_layers.out_of_memory(torch, exc, tb) if torch is not None else None
+                if oom is not None:
+                    data["oom"] = oom
                 m._write({"kind": "event", "name": "exception", "rank": m.rank, "time": time.time(),
-                          "data": {"type": exc_type.__name__, "message": str(exc)[:2000],
-                                   "where": _where(tb)}})
+                          "data": data})
                 m.close()
             except Exception:  # the traceback is printed whatever happens here
                 pass
@@ -1103,6 +1192,7 @@ def install():
     if not os.environ.get(fullburn_markers.ENV_VAR):
         return
     _record_uncaught_exceptions()
+    _watch_command_line()
     fullburn_markers._on_explicit_markers = lambda m: _state is not None and _state.hand_over(m)
     for name, hook in (("torch", _hook_torch), ("safetensors.torch", _hook_safetensors),
                        ("lightning.fabric.utilities.cloud_io", _hook_lightning_save),

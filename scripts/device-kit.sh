@@ -39,6 +39,19 @@ while IFS= read -r link; do
   [[ $target == /* ]] || continue
   ln -sfn "$(realpath --relative-to="$(dirname "$link")" -m "$kit/root/usr${target#/usr}")" "$link"
 done < <(find "$kit/root" -type l)
+# py-spy (fullburn run's stack sampler, docs/stacks.md): Debian has no
+# package and the GPU machine no network, so its static binary from the
+# PyPI wheel rides along; there, FULLBURN_PY_SPY=.kit/bin/py-spy.
+mkdir -p "$kit/bin"
+spy_venv="${FULLBURN_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fullburn/torch-2.11.0}"
+if [[ -x $spy_venv/bin/py-spy ]]; then
+  cp "$spy_venv/bin/py-spy" "$kit/bin/py-spy"
+elif ! (cd "$kit" && pip download -q --no-deps --only-binary=:all: -d wheel py-spy >/dev/null 2>&1 &&
+        python3 -m zipfile -e wheel/py_spy-*.whl wheel/x &&
+        cp wheel/x/py_spy-*.data/scripts/py-spy bin/py-spy && chmod +x bin/py-spy); then
+  echo "device-kit: no py-spy (scripts/torch2-venv.sh installs it; or pip download py-spy): the GPU machine's runs will have no stacks" >&2
+fi
+rm -rf "$kit/wheel"
 broken=$(find "$kit" -xtype l)
 if [[ -n $broken ]]; then
   echo "device-kit: broken links: $broken" >&2

@@ -35,7 +35,7 @@ while [[ $# -gt 0 ]]; do
 done
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${build:-$src/build-fuzz}"
-[[ ${#targets[@]} -gt 0 ]] || targets=(trace prom_json prom_duration tensorfile pack tokens config events proc jpeg png)
+[[ ${#targets[@]} -gt 0 ]] || targets=(trace prom_json prom_duration tensorfile pack tokens config events stacks proc jpeg png)
 
 if ! command -v clang++ >/dev/null || ! command -v clang >/dev/null; then
   echo "fuzz: skipped: no clang/clang++ (apt-get install clang libclang-rt-14-dev)"; exit 77

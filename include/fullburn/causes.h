@@ -82,6 +82,9 @@ struct Cause {
   double trace_share;     // analyze names it from a trace at this share of the kernel span (NaN: never)
   CauseScope scope;
   bool input_bound;  // the input pipeline's: tune then orders the loader's knobs first
+  // The stack phases (stacks.h) whose top frames are its findings' "where":
+  // of "workers,data_wait", the one with the most busy samples. "": none.
+  const char* stack_phases = "";
 };
 
 // low_mfu's line: a busy GPU at a lower MFU is used inefficiently (its

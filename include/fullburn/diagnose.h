@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fullburn/causes.h"
+#include "fullburn/stacks.h"
 #include "fullburn/store.h"
 
 namespace fullburn {
@@ -35,10 +36,44 @@ struct Finding {
   double share_lost = 0; // of wall time (0 for opportunities such as memory_headroom)
   double confidence = 0; // 0..1
   std::string fix;       // the knob and a suggested value
+  // Where in the job's code its time went, from the run's Python stacks
+  // (stacks.h; the catalog's stack_phases): "train.py:42 Photos.__getitem__
+  // -> PIL Image.resize 83% of the DataLoader workers' work, ...". "": no
+  // stacks, or none for this cause.
+  std::string where;
   std::string name() const { return CauseName(cause); }  // "input_workers"
 };
 
 std::vector<Finding> Diagnose(const RunData& run);
+
+// The run's stack summary (its last `stacks` event; empty without one).
+StackSummary RunStacks(const RunData& run);
+// The "where" of a finding of `cause` from `stacks` ("" when none): the
+// catalog's stack phases, or `phases` when given ("evaluation").
+std::string WhereOf(CauseId cause, const StackSummary& stacks, const std::string& phases = "");
+
+// Per-layer times of a `fullburn run --layers` job (its last `layers`
+// event, python/fullburn_layers.py): each top-level child of the model, its
+// median forward and backward time per step and the bytes autograd saved
+// for backward in its forward.
+struct LayerTime {
+  std::string name, type;
+  int64_t params = 0;
+  double forward_s = 0, backward_s = 0;
+  int64_t activation_bytes = 0;
+};
+struct RunLayerTimes {
+  std::string device, model;  // "cuda" | "cpu"; the model's class
+  int64_t steps = 0;          // steps the medians are over
+  double hooks_s_per_step = 0;  // the hooks' own host time
+  std::vector<LayerTime> layers;
+  bool empty() const { return layers.empty(); }
+};
+RunLayerTimes RunLayers(const RunData& run);
+// A table: layer, type, forward, backward, share of the layers' time, activations.
+std::string RenderLayers(const RunLayerTimes& layers, size_t max_shown = 12);
+// "h 71% of the layers' forward and backward, lm_head 20%": the top `n`.
+std::string TopLayers(const RunLayerTimes& layers, size_t n = 2);
 
 // Model FLOPs utilization: the FLOPs the step hooks counted in one training
 // step (a "flops" event, python/fullburn_flops.py) at the median step time,

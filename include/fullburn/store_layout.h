@@ -3,6 +3,8 @@
 //
 //   <folder>/runs.db                 the run store (RunStore; -wal, -shm beside it)
 //   <folder>/traces/run-ID/          profiler traces of run ID (run --profile, profile.steps)
+//   <folder>/stacks/run-ID.pyspy     run ID's Python stacks, py-spy's raw samples (stacks.h;
+//                                    .log beside it: py-spy's own output)
 //   <folder>/checkpoints/run-ID/     run ID's checkpoints when checkpoint.dir is empty
 //   <folder>/datasets/               synthetic data made on a first run without data.path
 //   <folder>/tune-ID/trial-N.log     each trial's output of tuning ID
@@ -29,6 +31,7 @@ class StoreLayout {
   const std::string& store() const { return store_; }
   const std::string& folder() const { return folder_; }
   std::string Traces(int64_t run_id) const;
+  std::string Stacks(int64_t run_id) const;
   std::string Checkpoints(int64_t run_id) const;
   std::string Datasets() const;
   std::string TuneLogs(int64_t tuning_id) const;

@@ -3,6 +3,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#ifndef PR_SET_PTRACER
+#define PR_SET_PTRACER 0x59616d61
+#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -135,6 +138,9 @@ Result<pid_t> SpawnChild(const std::vector<std::string>& argv, const std::vector
     ::close(fds[0]);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(128 + SIGTERM);  // fullburn died before prctl
+    // Under Yama's ptrace_scope=1, fullburn's children (the stack sampler,
+    // py-spy) may then read the job, as fullburn itself, its parent, may.
+    ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
     if (out >= 0) {
       ::dup2(out, STDOUT_FILENO);
       ::dup2(out, STDERR_FILENO);

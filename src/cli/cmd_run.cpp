@@ -17,6 +17,7 @@
 #include "fullburn/store_layout.h"
 #include "fullburn/run_traces.h"
 #include "recording.h"
+#include "stacks_sampler.h"
 
 namespace fullburn::cli {
 namespace {
@@ -28,6 +29,9 @@ struct RunOptions : RecordOptions {
   double kill_wait_s = 10;
   std::string profile;  // "A-B": trace those steps (docs/analyze.md)
   bool profile_stacks = false;
+  bool no_stacks = false;
+  bool layers = false;  // per-layer time and activations (python/fullburn_layers.py)
+  double stacks_rate = kDefaultStacksRate;
   std::vector<std::string> command;
 };
 
@@ -195,6 +199,11 @@ int Run(const RunOptions& opts) {
     child_env.push_back("FULLBURN_PROFILE_DIR=" + trace_dir);
     if (opts.profile_stacks) child_env.push_back("FULLBURN_PROFILE_STACKS=1");
   }
+  if (opts.layers) child_env.push_back("FULLBURN_LAYERS=1");
+  std::unique_ptr<StacksSampler> stacks;
+  if (!opts.no_stacks)
+    stacks = PrepareStacks(*env, opts.command, (*store)->path(), info.id, opts.stacks_rate, opts.quiet,
+                           &child_env);
   EventFileReader events(events_path);
   // Orphaned workers become ours: they stay in the job's tree while it runs
   // and are ended with it (EndLeftovers).
@@ -205,6 +214,7 @@ int Run(const RunOptions& opts) {
     return Fail(child.status().message(), kExitCannotStart);
   }
 
+  if (stacks) stacks->Start(*child);
   SpillFile spill(env, (*store)->path(), info);
   Recording rec;
   rec.env = env;
@@ -217,6 +227,9 @@ int Run(const RunOptions& opts) {
   rec.quiet = opts.quiet;
   rec.events = events_path.empty() ? nullptr : &events;
   int code = RecordUntil(rec, [&] { return WaitChild(*child); });
+  // Before the leftovers are ended: py-spy is this process's child too.
+  KeepStacks(stacks.get(), store->get(), info.id, env->UnixSeconds() - info.start_time, *child,
+             opts.stacks_rate, opts.quiet);
   EndTheRest(opts);
   if (!events_path.empty()) {
     NoteIfEventsCut(rec, events_path, env->UnixSeconds() - info.start_time, opts.quiet);
@@ -269,6 +282,19 @@ void SetupRun(CLI::App& app) {
                 "With --profile: record Python stacks too (larger traces; names the line of a "
                 "host sync)")
       ->envname("FULLBURN_PROFILE_STACKS");
+  run->add_flag("--no-stacks", opts->no_stacks,
+                "Do not sample the job's Python stacks (py-spy, when it is installed: where the "
+                "time goes in the job's code, docs/stacks.md)")
+      ->envname("FULLBURN_NO_STACKS");
+  run->add_flag("--layers", opts->layers,
+                "Time each of the model's top-level layers, forward and backward, and count its "
+                "activation memory (module hooks; CUDA events on a GPU; docs/stacks.md, \"Layers\")")
+      ->envname("FULLBURN_LAYERS");
+  run->add_option("--stacks-rate", opts->stacks_rate,
+                  "Python stack samples per second and thread (py-spy's --rate)")
+      ->default_val(kDefaultStacksRate)
+      ->check(CLI::Range(1.0, 1000.0))
+      ->envname("FULLBURN_STACKS_RATE");
   run->add_option("--parent", opts->parent,
                   "Record the run as part of another (fullburn tune's trials)");
   run->add_option("command", opts->command, "The command to run, after --")->required();

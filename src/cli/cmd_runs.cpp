@@ -13,6 +13,8 @@
 #include "fullburn/spill.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/report.h"
+#include "fullburn/stacks.h"
+#include "fullburn/store_layout.h"
 
 namespace fullburn::cli {
 namespace {
@@ -29,6 +31,7 @@ struct RunsOptions {
   std::string status, name;
   std::vector<std::string> spills;  // runs import
   bool keep = false;
+  std::string phase;  // runs stacks: one phase ("" all)
 };
 
 constexpr int kListDefault = 20;
@@ -185,6 +188,11 @@ int Show(const RunsOptions& o) {
   if (!step_records.empty()) std::fputs(RenderStepsSummary(step_records).c_str(), stdout);
   std::fputs(RenderMfu(ComputeMfu(*data)).c_str(), stdout);
   std::fputs(RenderFindings(findings).c_str(), stdout);
+  if (StackSummary stacks = RunStacks(*data); !stacks.empty())
+    std::printf("  python stacks (%lld samples at %g/s per thread; fullburn runs stacks %lld):\n%s",
+                static_cast<long long>(stacks.samples), stacks.rate_hz, static_cast<long long>(run->id),
+                RenderStackPhases(stacks).c_str());
+  std::fputs(RenderLayers(RunLayers(*data)).c_str(), stdout);
   if (!data->checkpoints.empty()) {
     std::printf("  checkpoints:\n");
     for (const CheckpointRecord& c : data->checkpoints)
@@ -242,6 +250,49 @@ int Trace(const RunsOptions& o) {
   if (steps->empty() && samples->empty())
     return Fail("run " + std::to_string(run->id) + " has neither steps nor samples to trace");
   std::printf("%s\n", ChromeTrace(*run, *steps, *checkpoints, *events, *samples).dump().c_str());
+  return 0;
+}
+
+// fullburn runs stacks RUN: the run's Python stacks, as py-spy sampled them,
+// by phase: folded (flamegraph.pl, inferno) or speedscope's JSON.
+int Stacks(const RunsOptions& o) {
+  auto store = OpenStore(o.common);
+  if (!store.ok()) return Fail(store.status().message());
+  Result<RunData> data = (*store)->LoadRun(o.run);
+  if (!data.ok()) return Fail(data.status().message());
+  StackPhase phase;
+  if (!o.phase.empty() && !ParseStackPhase(o.phase, &phase))
+    return Fail("--phase " + o.phase +
+                " is no phase: data_wait, forward, backward, optimizer, evaluation, checkpoint, "
+                "other, startup, threads, workers or processes");
+  std::string file = StoreLayout((*store)->path()).Stacks(data->run.id);
+  Result<std::string> text = Env::Default()->ReadFile(file);
+  if (!text.ok())
+    return Fail(fmt::format(
+        "run {} has no Python stacks ({} cannot be read: {}): fullburn run samples them when "
+        "py-spy is installed (pip install py-spy), unless --no-stacks",
+        data->run.id, file, text.status().message()));
+  int64_t bad = 0;
+  std::vector<StackSample> samples = ParseFoldedStacks(*text, &bad);
+  if (samples.empty()) return Fail(file + " holds no stack sample (py-spy's raw format)");
+  StackSummary summary = RunStacks(*data);
+  int root = summary.root;
+  double rate = summary.rate_hz > 0 ? summary.rate_hz : 100;
+  if (o.format == "speedscope") {
+    nlohmann::json j = SpeedscopeJson(samples, root, rate, fmt::format("fullburn run {}", data->run.id));
+    if (!o.phase.empty()) {
+      nlohmann::json kept = nlohmann::json::array();
+      for (const auto& p : j["profiles"])
+        if (p["name"] == o.phase) kept.push_back(p);
+      j["profiles"] = kept;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::fputs(FoldedStacks(samples, root, o.phase).c_str(), stdout);
+  }
+  if (bad > 0)
+    std::fprintf(stderr, "fullburn: %lld line(s) of %s were no stack and were skipped\n",
+                 static_cast<long long>(bad), file.c_str());
   return 0;
 }
 
@@ -335,6 +386,20 @@ void SetupRuns(CLI::App& app) {
                     "trace", "The run's step timeline as Chrome trace / Perfetto JSON, to stdout"),
                 o.get());
   trace->callback([o] { ExitCode() = Trace(*o); });
+
+  auto so = std::make_shared<RunsOptions>();
+  so->format = "folded";
+  CLI::App* stacks = AddRunArg(
+      runs->add_subcommand("stacks", "The run's Python stacks by phase, to stdout: folded "
+                                     "(flamegraph.pl) or speedscope JSON (docs/stacks.md)"),
+      so.get());
+  stacks->add_option("--format", so->format, "folded (one line per stack, its phase first) or speedscope")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"folded", "speedscope"}));
+  stacks->add_option("--phase", so->phase,
+                     "Only this phase's stacks: data_wait, forward, backward, optimizer, evaluation, "
+                     "checkpoint, other, startup, threads, workers, processes");
+  stacks->callback([so] { ExitCode() = Stacks(*so); });
 
   CLI::App* import = runs->add_subcommand(
       "import", "Load spill files (what a store refused while recording) into the store");

@@ -18,6 +18,7 @@
 #include <set>
 
 #include "cli.h"
+#include "fullburn/store_layout.h"
 #include "fullburn/report.h"
 #include "fullburn/tune.h"
 
@@ -176,8 +177,14 @@ int Remove(const RemoveOptions& o) {
     std::printf("%s run %lld \"%s\"%s\n", verb, static_cast<long long>(r.id), r.name.c_str(),
                 parts ? (" and its " + Plural(parts, "part", "parts")).c_str() : "");
     if (o.dry_run) continue;
-    for (int64_t id : with_parts)
+    for (int64_t id : with_parts) {
       if (Status s = store.DeleteRun(id); !s.ok()) return Fail(s.message(), 1);
+      // Its stacks are the run's record too (a profiler trace, once written,
+      // is the user's file to keep: analyze reads it without the run).
+      std::string stacks = StoreLayout(store.path()).Stacks(id);
+      ::unlink(stacks.c_str());
+      ::unlink((stacks + ".log").c_str());
+    }
   }
   for (int64_t id : skipped)
     std::printf("kept run %lld: it is being recorded\n", static_cast<long long>(id));

@@ -144,7 +144,8 @@ std::vector<Cause> Build() {
        {"do per-step bookkeeping every N steps: log, print and compute metrics every 50 steps, "
         "keep running sums as tensors (loss.detach()) and read them (.item()) only then, since "
         "on a GPU each read waits for the device; move slow calls (a synchronous logger, plots, "
-        "file writes) to a thread or to the epoch's end; py-spy top --pid PID names the call"},
+        "file writes) to a thread or to the epoch's end; the finding's where names the call "
+        "(fullburn run samples the job's stacks where py-spy is installed: pip install py-spy)"},
        "log and read `.item()` every N steps, not every step", "", 0.05, run, false},
       {C::kGpuUnused, "gpu_unused", "The job did not use the GPU",
        "GPU utilization never above 5% over the run",
@@ -212,6 +213,20 @@ std::vector<Cause> Build() {
   };
 }
 
+// Where each cause's time goes in the job's code: the input pipeline's in
+// the workers (or the main process's data wait with num_workers=0), the
+// loop's own in what no measured phase covers, the CPU's compute in the
+// forward and backward, the idle phases' in what they are.
+std::vector<std::pair<CauseId, const char*>> StackPhases() {
+  using C = CauseId;
+  return {{C::kInputCpu, "workers,data_wait"},   {C::kInputIo, "workers,data_wait"},
+          {C::kInputWorkers, "data_wait,workers"}, {C::kLoopOverhead, "other"},
+          {C::kHostSync, "other,forward"},        {C::kCpuThreads, "forward,backward"},
+          {C::kSmallBatch, "forward"},            {C::kPrecision, "forward"},
+          {C::kLowMfu, "forward"},                {C::kIdlePhases, "evaluation,checkpoint,startup"},
+          {C::kStepStalls, "evaluation,checkpoint"}, {C::kCheckpointStall, "checkpoint"}};
+}
+
 }  // namespace
 
 const std::vector<Cause>& Causes() {
@@ -219,6 +234,7 @@ const std::vector<Cause>& Causes() {
     std::vector<Cause> c = Build();
     for (size_t i = 0; i < c.size(); ++i)  // CauseOf indexes by id
       FB_CHECK(static_cast<size_t>(c[i].id) == i);
+    for (auto [id, phases] : StackPhases()) c[static_cast<size_t>(id)].stack_phases = phases;
     return c;
   }();
   return causes;

@@ -77,6 +77,18 @@ void CpuThreadsRule(const Facts& f, std::vector<Finding>* out) {
                   1 - used / cores, 0.6, fix});
 }
 
+// The stack phase of the largest idle part: its where is that part's.
+std::string IdleStackPhase(const Facts& f) {
+  std::map<std::string, double> seconds;
+  for (const IdleSpan& s : f.idle) seconds[s.what] += s.Seconds();
+  auto top = std::max_element(seconds.begin(), seconds.end(),
+                              [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (top == seconds.end()) return "";
+  if (top->first == "start-up") return "startup";
+  if (top->first == "evaluation" || top->first == "checkpoint") return top->first;
+  return "";
+}
+
 Finding Healthy(const Facts& f) {
   std::string evidence =
       !std::isnan(f.gpu_util) ? fmt::format("GPU utilization median {:.0f}%", f.gpu_util)
@@ -157,12 +169,125 @@ std::vector<Finding> Diagnose(const RunData& run) {
     out.front().evidence +=
         fmt::format("; left out: {} (sampled, but none of the job's processes ran there)",
                     fmt::join(f.other_gpus, ", "));
+  StackSummary stacks = RunStacks(run);
+  if (!stacks.empty())
+    for (Finding& x : out)
+      x.where = WhereOf(x.cause, stacks, x.cause == CauseId::kIdlePhases ? IdleStackPhase(f) : "");
+  // The compute causes' time is in the model: with --layers, which layers.
+  if (std::string layers = TopLayers(RunLayers(run)); !layers.empty())
+    for (Finding& x : out)
+      if (x.cause == CauseId::kCpuThreads || x.cause == CauseId::kSmallBatch ||
+          x.cause == CauseId::kPrecision || x.cause == CauseId::kLowMfu)
+        x.where += (x.where.empty() ? "layers: " : "; layers: ") + layers;
   // A failure comes first whatever it cost: the findings after it describe
   // the run until it stopped.
   if (std::optional<Finding> failed = FailureFinding(f)) out.insert(out.begin(), *failed);
   // A cut record before all: every finding after it reads only what is stored.
   if (std::optional<Finding> cut = CutFinding(f)) out.insert(out.begin(), *cut);
   return out;
+}
+
+RunLayerTimes RunLayers(const RunData& run) {
+  RunLayerTimes out;
+  for (auto e = run.events.rbegin(); e != run.events.rend(); ++e) {
+    if (e->kind != "layers") continue;
+    auto j = nlohmann::json::parse(e->data, nullptr, false);
+    if (!j.is_object()) continue;
+    try {
+      out.device = j.value("device", std::string());
+      out.model = j.value("model", std::string());
+      out.steps = j.value("steps", int64_t{0});
+      out.hooks_s_per_step = j.value("hooks_s_per_step", 0.0);
+      for (const nlohmann::json& l : j.value("layers", nlohmann::json::array()))
+        out.layers.push_back({l.value("name", std::string()), l.value("type", std::string()),
+                              l.value("params", int64_t{0}), l.value("forward_s", 0.0),
+                              l.value("backward_s", 0.0), l.value("activation_bytes", int64_t{0})});
+    } catch (const nlohmann::json::exception&) {
+      return RunLayerTimes{};
+    }
+    return out;
+  }
+  return out;
+}
+
+namespace {
+std::string LayerBytes(double bytes) {
+  if (bytes < 1024.0 * 1024) return fmt::format("{:.1f} KiB", bytes / 1024);
+  if (bytes < 1024.0 * 1024 * 1024) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
+  return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024));
+}
+
+double LayersTotal(const RunLayerTimes& layers) {
+  double total = 0;
+  for (const LayerTime& l : layers.layers) total += l.forward_s + l.backward_s;
+  return total;
+}
+}  // namespace
+
+std::string TopLayers(const RunLayerTimes& layers, size_t n) {
+  double total = LayersTotal(layers);
+  if (layers.empty() || total <= 0) return "";
+  std::vector<LayerTime> sorted = layers.layers;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const LayerTime& a, const LayerTime& b) {
+    return a.forward_s + a.backward_s > b.forward_s + b.backward_s;
+  });
+  std::string out;
+  for (size_t i = 0; i < sorted.size() && i < n; ++i)
+    out += fmt::format("{}{} ({}) {}{}", i ? ", " : "", sorted[i].name, sorted[i].type,
+                       Percent((sorted[i].forward_s + sorted[i].backward_s) / total),
+                       i == 0 ? " of the layers' forward and backward" : "");
+  return out;
+}
+
+std::string RenderLayers(const RunLayerTimes& layers, size_t max_shown) {
+  if (layers.empty()) return "";
+  double total = LayersTotal(layers);
+  std::string s = fmt::format(
+      "  layers of {} ({}, medians per step over {} steps; the hooks cost {:.2f} ms a step):\n",
+      layers.model, layers.device, layers.steps, layers.hooks_s_per_step * 1e3);
+  s += fmt::format("    {:<16} {:<18} {:>10} {:>10} {:>7} {:>12}\n", "layer", "type", "forward",
+                   "backward", "share", "activations");
+  for (size_t i = 0; i < layers.layers.size() && i < max_shown; ++i) {
+    const LayerTime& l = layers.layers[i];
+    s += fmt::format("    {:<16} {:<18} {:>7.2f} ms {:>7.2f} ms {:>7} {:>12}\n", l.name, l.type,
+                     l.forward_s * 1e3, l.backward_s * 1e3,
+                     total > 0 ? Percent((l.forward_s + l.backward_s) / total) : "-",
+                     LayerBytes(static_cast<double>(l.activation_bytes)));
+  }
+  if (layers.layers.size() > max_shown)
+    s += fmt::format("    ({} more layers)\n", layers.layers.size() - max_shown);
+  return s;
+}
+
+StackSummary RunStacks(const RunData& run) {
+  for (auto e = run.events.rbegin(); e != run.events.rend(); ++e)
+    if (e->kind == kStacksEvent)
+      return StackSummaryFromJson(nlohmann::json::parse(e->data, nullptr, false));
+  return {};
+}
+
+constexpr int64_t kMinWhereSamples = 10;
+
+std::string WhereOf(CauseId cause, const StackSummary& stacks, const std::string& only) {
+  std::string phases = only.empty() ? CauseOf(cause).stack_phases : only;
+  int64_t best = 0;
+  StackPhase chosen{};
+  size_t at = 0;
+  while (at < phases.size()) {
+    size_t comma = phases.find(',', at);
+    std::string name = phases.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? phases.size() : comma + 1;
+    StackPhase p;
+    if (!ParseStackPhase(name, &p)) continue;
+    int64_t busy = stacks.of(p).samples - stacks.of(p).waiting;
+    if (busy > best) best = busy, chosen = p;
+  }
+  // A handful of samples is noise, not a place (at 50 per second, 0.2 s).
+  if (best < kMinWhereSamples) return "";
+  // The loop's own work is a share of the step, as the finding's is.
+  if (chosen == StackPhase::kOther)
+    return RenderStackPlaces(stacks, chosen, 2, stacks.StepSamples(), "step time");
+  return RenderStackPlaces(stacks, chosen);
 }
 
 JobGpus ReadJobGpus(const RunData& run) {
@@ -175,9 +300,9 @@ std::string RenderFindings(const std::vector<Finding>& findings, size_t max_show
   std::string s = "  findings:\n";
   for (size_t i = 0; i < findings.size() && i < max_shown; ++i) {
     const Finding& x = findings[i];
-    s += fmt::format("    [{}] {}{}\n      why: {}\n      fix: {}\n", x.name(), x.title,
+    s += fmt::format("    [{}] {}{}\n      why: {}\n{}      fix: {}\n", x.name(), x.title,
                      x.share_lost > 0 ? fmt::format(" (~{} of the time)", Percent(x.share_lost)) : "",
-                     x.evidence, x.fix);
+                     x.evidence, x.where.empty() ? "" : "      where: " + x.where + "\n", x.fix);
   }
   if (findings.size() > max_shown)
     s += fmt::format("    ({} more: fullburn diagnose RUN)\n", findings.size() - max_shown);
@@ -192,6 +317,7 @@ nlohmann::json FindingsJson(const std::vector<Finding>& findings) {
                    {"time_lost_pct", std::round(x.share_lost * 1000) / 10},
                    {"confidence", x.confidence},
                    {"evidence", x.evidence},
+                   {"where", x.where},
                    {"fix", x.fix}});
   return out;
 }

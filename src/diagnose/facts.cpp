@@ -158,6 +158,8 @@ void GatherLoop(const std::vector<StepRecord>& steps, Facts* f) {
   f->loop_share = rest / phased;
   f->loop_median_s = Median(rests);
   f->phased_step_median_s = Median(durations);
+  f->loop_mean_s = rest / static_cast<double>(rests.size());
+  f->phased_step_mean_s = phased / static_cast<double>(durations.size());
 }
 
 void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::string, Series>& samples,
@@ -273,6 +275,51 @@ void IdleFromSteps(const RunData& d, Facts* f) {
   }
   if (!f->running && !steps.empty())
     add(prev_end, f->wall_s, steps.back()->step, min_gap, Label(d, prev_end, f->wall_s, "end"));
+  // Each timed evaluation is idle time whatever its length: ten of 0.9 s
+  // are as idle as one of 9 s (a gap shorter than min_gap is not seen above).
+  for (const RunEvent& e : d.events) {
+    if (e.kind != "evaluation") continue;
+    auto j = nlohmann::json::parse(e.data, nullptr, false);
+    double took = j.is_object() ? j.value("duration_s", 0.0) : 0.0;
+    if (!(took > 0)) continue;
+    double start = e.t - took, end = e.t;
+    auto around = std::find_if(f->idle.begin(), f->idle.end(), [&](const IdleSpan& s) {
+      return s.start <= start + 1e-3 && end <= s.end + 1e-3;
+    });
+    if (around != f->idle.end() && around->what == "evaluation") continue;  // the gap was it
+    // One before the first step (nanoGPT's at iteration 0) is the
+    // evaluation's, not the start-up's.
+    if (around != f->idle.end()) around->inner_s += took;
+    f->idle.push_back({start, end, "evaluation", 0, CutWithin(*f, start, end)});
+  }
+}
+
+// How often the job evaluated, for how long and how (idle_phases says it).
+void GatherEvaluations(const RunData& d, Facts* f) {
+  EvaluationFacts& ev = f->evaluations;
+  std::vector<int64_t> after;
+  std::vector<double> calls;
+  for (const RunEvent& e : d.events) {
+    if (e.kind != "evaluation") continue;
+    auto j = nlohmann::json::parse(e.data, nullptr, false);
+    if (!j.is_object()) continue;
+    ev.count++;
+    ev.seconds += std::max(0.0, j.value("duration_s", 0.0));
+    if (j.contains("after_step") && j["after_step"].is_number_integer()) after.push_back(j["after_step"].get<int64_t>());
+    if (j.contains("model_calls") && j["model_calls"].is_number()) calls.push_back(j["model_calls"].get<double>());
+    if (j.contains("options") && j["options"].is_object() && ev.options.empty()) {
+      for (auto& [flag, value] : j["options"].items())
+        ev.options += (ev.options.empty() ? "" : " ") + flag + " " + value.dump();
+      ev.script = j.value("script", std::string());
+    }
+  }
+  if (!calls.empty()) ev.model_calls = static_cast<int>(Median(calls));
+  // Regular: every gap between evaluations after the first the same.
+  std::vector<int64_t> gaps;
+  for (size_t i = 1; i < after.size(); ++i)
+    if (after[i] > after[i - 1]) gaps.push_back(after[i] - after[i - 1]);
+  if (gaps.size() >= 2 && std::all_of(gaps.begin(), gaps.end(), [&](int64_t g) { return g == gaps[0]; }))
+    ev.period = static_cast<int>(gaps[0]);
 }
 
 // Without steps: stretches where every GPU idles while the run is otherwise busy.
@@ -516,6 +563,8 @@ void GatherDataLoader(const std::vector<RunEvent>& events, Facts* f) {
     text("created_at", &f->loader_created_at);
     text("created_in", &f->loader_created_in);
     text("framework", &f->loader_framework);
+    text("workers_flag", &f->loader_workers_flag);
+    text("script", &f->loader_script);
     return;
   }
 }
@@ -595,6 +644,20 @@ void GatherFailure(const RunData& d, Facts* f) {
     f->failure.where = data.value("where", std::string());
     f->failure.rank = rank;
     f->failure.t = e.t;
+    const nlohmann::json oom = data.value("oom", nlohmann::json());
+    f->failure.oom_recorded = oom.is_object();
+    if (oom.is_object()) {
+      auto bytes = [&](const char* key) {
+        return oom.contains(key) && oom[key].is_number() ? oom[key].get<double>() : NAN;
+      };
+      f->failure.oom_layer = oom.value("layer", std::string());
+      f->failure.oom_module_type = oom.value("module_type", std::string());
+      f->failure.oom_pass = oom.value("pass", std::string());
+      f->failure.oom_allocated = bytes("allocated_bytes");
+      f->failure.oom_reserved = bytes("reserved_bytes");
+      f->failure.oom_total = bytes("total_bytes");
+      f->failure.oom_alloc_conf = oom.value("alloc_conf", std::string());
+    }
   }
   f->failure.ranks = static_cast<int>(ranks.size());
   if (f->failure.type.empty()) return;
@@ -644,6 +707,7 @@ Facts Gather(const RunData& d) {
     IdleFromSteps(d, &f);
   else
     IdleFromGpus(d, &f);
+  GatherEvaluations(d, &f);
   auto cfg = nlohmann::json::parse(d.run.config_json, nullptr, false);
   if (cfg.is_object()) {
     f.trainer = cfg.contains("train") || cfg.contains("data");

@@ -98,11 +98,25 @@ struct CutSpan {
   std::string why, spill;
 };
 
+// The evaluations the step hooks (or the job's markers) timed: how many,
+// how often, how long and with how many model calls each, and the script's
+// own command-line options about them ("--eval-interval 20").
+struct EvaluationFacts {
+  int count = 0;
+  double seconds = 0;
+  int period = 0;       // steps between evaluations, when regular; 0: not
+  int model_calls = 0;  // median per evaluation (the batches), 0: unknown
+  std::string options;  // "--eval-interval 20 --eval-iters 40", "" when none seen
+  std::string script;
+};
+
 struct IdleSpan {
   double start = 0, end = 0;
   std::string what;    // start-up, evaluation, checkpoint, end, between steps
   double saves_s = 0;  // checkpoint saves inside it: checkpoint_stall's, not idle_phases'
   double cut_s = 0;    // of it, what the store does not hold (CutSpan): not idle either
+  double inner_s = 0;  // of it, evaluations counted as spans of their own
+  double Seconds() const { return end - start - saves_s - cut_s - inner_s; }
 };
 
 // The time checkpoints blocked the training loop, on the lowest rank (the
@@ -188,11 +202,13 @@ struct Facts {
   // Over the steps whose forward was timed; NaN: none was.
   double loop_share = NAN;
   double loop_median_s = NAN, phased_step_median_s = NAN;  // per step
+  double loop_mean_s = NAN, phased_step_mean_s = NAN;      // loop_share is mean / mean
   // No DataLoader fed those steps (a get_batch() loop): the batches are made
   // in the loop's own work, untimed.
   bool loop_makes_batches = false;
   std::vector<RankFacts> ranks;
   std::vector<IdleSpan> idle;  // from steps, or from GPU samples without steps
+  EvaluationFacts evaluations;
   std::vector<CutSpan> cuts;   // stretches the store refused (to the run's end when it holds no end)
   StallFacts stalls;
   CheckpointFacts checkpoints;
@@ -204,6 +220,13 @@ struct Facts {
     int ranks = 0;          // ranks that raised one
     int64_t last_step = 0;  // that rank's last step before it (0: none)
     double t = NAN;         // seconds into the run
+    // An out-of-memory's record (python/fullburn_layers.py): the layer
+    // (with --layers) or the module type that ran, its pass, and the CUDA
+    // allocator's bytes (NAN: not read, e.g. no CUDA).
+    bool oom_recorded = false;
+    std::string oom_layer, oom_module_type, oom_pass;
+    double oom_allocated = NAN, oom_reserved = NAN, oom_total = NAN;
+    std::string oom_alloc_conf;
   } failure;
   // fullburn train's memory model (its `memory` events, docs/memory.md): an
   // out-of-memory in a step with the setting that would fit, or a micro-batch
@@ -245,6 +268,8 @@ struct Facts {
   // and the framework involved ("lightning", "transformers", "accelerate",
   // "timm"; empty: none), from python/fullburn_autosteps.py.
   std::string loader_created_at, loader_created_in, loader_framework;
+  // The script's command-line option that set num_workers ("--workers"), and the script's name.
+  std::string loader_workers_flag, loader_script;
   bool python_loader = false;  // a wrapped job fed by fullburn.ImageLoader (its loader events)
   // The job's GPUs were sampled, and none ever ran a kernel worth the name.
   bool GpuUnused() const;

@@ -116,9 +116,30 @@ std::string SwapNote(const Facts& f) {
       f.loader_dataset == "ImageFolder" ? "; fullburn tune -- CMD tries the swap as a trial" : "");
 }
 
+// Where the script's command line sets num_workers (timm's and
+// pytorch/examples' -j/--workers, HF scripts' --dataloader_num_workers):
+// the user's knob is the flag, not the library's call that reads it.
+std::string WorkersFlagFix(const Facts& f, int workers, bool with_site = true) {
+  std::string script = f.loader_script.empty() ? "the script" : f.loader_script;
+  std::string site = f.loader_created_at.empty() || !with_site
+                         ? ""
+                         : " (its DataLoader is made at " + f.loader_created_at + ")";
+  return fmt::format(
+      "{} ... {} {}: the script's own option, which sets its DataLoader's num_workers ({} -> "
+      "{}){}; persistent_workers=True and pin_memory=True where the script makes it",
+      script, f.loader_workers_flag, workers, f.loader_workers, workers, site);
+}
+
 // What a wrapped job with idle cores should give its DataLoader; with the
 // DataLoader seen by the markers, the tuner can measure it on the script.
 std::string MoreWorkersFix(const Facts& f, int workers) {
+  if (!f.trainer && !f.python_loader && !f.loader_workers_flag.empty() && f.loader_workers >= 0 &&
+      f.loader_workers < workers) {
+    // The flag first; where the framework takes the loader's settings after.
+    std::string framework = FrameworkLoaderNote(f, workers);
+    return WorkersFlagFix(f, workers, framework.empty()) + framework +
+           "; fullburn tune -- CMD measures DataLoader settings on the script as it is" + SwapNote(f);
+  }
   if (f.python_loader)
     return fmt::format(
         "fullburn.ImageLoader(threads={}) (None: tuned while running), or pack the images once "
@@ -313,12 +334,19 @@ void LoopRule(const Facts& f, std::vector<Finding>* out) {
   // bounds what it cost, less the part the data wait already explains.
   double share = f.loop_share;
   double confidence = 0.8;
+  // The share is of the mean step: its evidence quotes the means, and the
+  // medians beside them when a few long steps hold much of it.
+  std::string medians =
+      std::abs(f.loop_median_s - f.loop_mean_s) > 0.25 * f.loop_mean_s
+          ? fmt::format(" (medians {:.1f} of {:.1f} ms: a few long steps hold much of it)",
+                        f.loop_median_s * 1e3, f.phased_step_median_s * 1e3)
+          : "";
   std::string evidence = fmt::format(
       "{} of step time (>= {}) went to none of {}, backward and the optimizer step: {:.1f} ms "
-      "of a {:.1f} ms step (medians), in the loop's own code{}",
+      "of a {:.1f} ms step on average{}, in the loop's own code{}",
       Percent(f.loop_share), Percent(kLoopShare),
       f.loop_makes_batches ? "the model's forward calls" : "fetching the batch, forward",
-      f.loop_median_s * 1e3, f.phased_step_median_s * 1e3,
+      f.loop_mean_s * 1e3, f.phased_step_mean_s * 1e3, medians,
       f.loop_makes_batches ? ", which makes the batches too (no DataLoader fed the steps, so the "
                              "data wait is in this share, not timed apart)"
                            : " after optimizer.step() (or a micro-batch's backward()) and "
@@ -485,12 +513,47 @@ std::string WrappedStartUpFix(const Facts& f) {
 
 }  // namespace
 
+// " (every 20 steps, 80 model calls each)" for the evaluations the hooks timed.
+std::string EvaluationPattern(const EvaluationFacts& ev) {
+  std::vector<std::string> parts;
+  if (ev.period > 0) parts.push_back(fmt::format("every {} steps", ev.period));
+  if (ev.model_calls > 0) parts.push_back(fmt::format("{} model calls each", ev.model_calls));
+  return parts.empty() ? "" : fmt::format(" ({})", fmt::join(parts, ", "));
+}
+
+// The script's own evaluation options with values that evaluate less:
+// "get_batch_loop.py ... --eval-interval 100 --eval-iters 10 (now 20 and 40)".
+std::string EvaluationOptionsFix(const EvaluationFacts& ev) {
+  if (ev.options.empty()) return "";
+  std::string now, suggested;
+  size_t at = 0;
+  while (at < ev.options.size()) {
+    size_t space = ev.options.find(' ', at);
+    if (space == std::string::npos) break;
+    size_t next = ev.options.find(' ', space + 1);
+    std::string flag = ev.options.substr(at, space - at);
+    std::string value = ev.options.substr(space + 1, next == std::string::npos ? std::string::npos : next - space - 1);
+    at = next == std::string::npos ? ev.options.size() : next + 1;
+    long v = std::strtol(value.c_str(), nullptr, 10);
+    bool how_often = flag.find("interval") != std::string::npos || flag.find("every") != std::string::npos ||
+                     flag.find("freq") != std::string::npos || flag.find("steps") != std::string::npos;
+    bool how_many = flag.find("iters") != std::string::npos || flag.find("batches") != std::string::npos ||
+                    flag.find("samples") != std::string::npos;
+    long better = how_often ? v * 5 : how_many ? std::max(1L, v / 4) : v;
+    suggested += " " + flag + " " + std::to_string(better);
+    now += (now.empty() ? "" : ", ") + flag + " " + value;
+  }
+  if (suggested.empty()) return "";
+  return fmt::format("{} ...{} (the script's own options, now {})",
+                     ev.script.empty() ? "the script" : ev.script, suggested, now);
+}
+
 void IdleRules(const Facts& f, std::vector<Finding>* out) {
   if (f.idle.empty() || f.wall_s <= 0) return;
   std::map<std::string, std::pair<int, double>> by_what;  // count, seconds
   double idle = 0;
   for (const IdleSpan& s : f.idle) {
-    double seconds = s.end - s.start - s.saves_s - s.cut_s;
+    double seconds = s.Seconds();
     idle += seconds;
     by_what[s.what].first++;
     by_what[s.what].second += seconds;
@@ -505,8 +568,9 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
                   idle, f.wall_s, Percent(kIdleShare));
   std::string fix;
   for (const auto& [what, cs] : parts) {
-    evidence += fmt::format(" {}{} {:.1f} s;", what,
-                            cs.first > 1 ? fmt::format(" x{}", cs.first) : "", cs.second);
+    evidence += fmt::format(" {}{} {:.1f} s{};", what,
+                            cs.first > 1 ? fmt::format(" x{}", cs.first) : "", cs.second,
+                            what == "evaluation" ? EvaluationPattern(f.evaluations) : "");
     std::string step;
     if (what == "start-up")
       step = Choose(f,
@@ -515,7 +579,10 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
                     "dataset on local disk",
                     WrappedStartUpFix(f));
     else if (what == "evaluation")
-      step = CatalogFix(f, CauseId::kIdlePhases) + SettingNote(f, FrameworkSetting::kEvaluationSchedule);
+      step = EvaluationOptionsFix(f.evaluations).empty()
+                 ? CatalogFix(f, CauseId::kIdlePhases) + SettingNote(f, FrameworkSetting::kEvaluationSchedule)
+                 : "evaluation: evaluate less often, or on fewer batches: " + EvaluationOptionsFix(f.evaluations) +
+                       SettingNote(f, FrameworkSetting::kEvaluationSchedule);
     else if (what == "checkpoint")
       step =
           Choose(f, "checkpoints: raise checkpoint.every_steps (writes are already asynchronous)",
@@ -532,10 +599,13 @@ void IdleRules(const Facts& f, std::vector<Finding>* out) {
   }
   evidence.pop_back();
   // Without a GPU there is no device to idle: the time is simply not training.
-  out->push_back(
-      {CauseId::kIdlePhases,
-       f.gpus.empty() ? "Time outside training steps" : CauseOf(CauseId::kIdlePhases).title, evidence,
-       share, f.ranks.empty() ? 0.6 : 0.8, fix});
+  std::string title = f.gpus.empty() ? "Time outside training steps" : CauseOf(CauseId::kIdlePhases).title;
+  if (parts.front().first == "evaluation")  // the evaluations are the cost: said first
+    title = fmt::format("Evaluation{}: {} of the run{}",
+                        f.evaluations.period > 0 ? fmt::format(" every {} steps", f.evaluations.period) : "",
+                        Percent(parts.front().second.second / f.wall_s),
+                        f.evaluations.model_calls > 0 ? fmt::format(", {} model calls each", f.evaluations.model_calls) : "");
+  out->push_back({CauseId::kIdlePhases, title, evidence, share, f.ranks.empty() ? 0.6 : 0.8, fix});
 }
 
 void StallRule(const Facts& f, std::vector<Finding>* out) {
@@ -731,8 +801,92 @@ bool Mentions(const std::string& text, std::initializer_list<const char*> needle
 // What an exception means and what to do about it, from its type and
 // message: the failures that end training runs most often each have their
 // usual remedy.
+std::string Gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024)); }
+
+// Reserved far above allocated: blocks the caching allocator holds but cannot
+// reuse for the request (PyTorch's own advice names expandable_segments).
+bool Fragmented(const Facts::Failure& x) {
+  if (std::isnan(x.oom_allocated) || std::isnan(x.oom_reserved)) return false;
+  double base = std::isnan(x.oom_total) ? x.oom_reserved : x.oom_total;
+  return x.oom_reserved - x.oom_allocated >= std::max(0.2 * base, 1024.0 * 1024 * 1024);
+}
+
+// What ran out of memory, for the evidence: "; it ran out in layer h
+// (forward); the allocator: 70.1 GiB allocated, 78.9 GiB reserved of 79.6 GiB".
+std::string OomEvidence(const Facts& f) {
+  const Facts::Failure& x = f.failure;
+  if (!x.oom_recorded) return "";
+  std::string out;
+  if (!x.oom_layer.empty())
+    out = fmt::format("; it ran out in layer {} ({})", x.oom_layer, x.oom_pass);
+  else if (!x.oom_module_type.empty())
+    out = fmt::format("; it ran out in a {} ({}; fullburn run --layers names the layer)",
+                      x.oom_module_type, x.oom_pass);
+  else if (!x.oom_pass.empty())
+    out = fmt::format("; it ran out in the {}", x.oom_pass);
+  if (std::isnan(x.oom_allocated) || std::isnan(x.oom_reserved))
+    return out + "; the CUDA allocator's numbers were not read (no CUDA context in the process)";
+  out += fmt::format("; the allocator: {} allocated, {} reserved", Gib(x.oom_allocated), Gib(x.oom_reserved));
+  if (!std::isnan(x.oom_total)) out += " of " + Gib(x.oom_total);
+  if (Fragmented(x))
+    out += fmt::format(" ({} reserved beyond what is allocated: fragmentation)",
+                       Gib(x.oom_reserved - x.oom_allocated));
+  return out;
+}
+
+// The batch and checkpointing fix for an out-of-memory, in the framework's words.
+std::string OomFix(const Facts& f) {
+  const Facts::Failure& x = f.failure;
+  std::string layer = !x.oom_layer.empty() ? "layer " + x.oom_layer
+                      : !x.oom_module_type.empty() ? "the " + x.oom_module_type + " layers"
+                                                   : "the largest layers";
+  std::string half = f.batch >= 2 ? fmt::format(" ({} -> {})", f.batch, f.batch / 2) : "";
+  std::string fix;
+  switch (FrameworkOf(f)) {
+    case Framework::kLightning:
+      fix = "half the DataLoader's batch_size" + half +
+            " with Trainer(accumulate_grad_batches=2) for the same effective batch; activation "
+            "checkpointing of " + layer + " (torch.utils.checkpoint.checkpoint in its forward); "
+            "Trainer(precision=\"bf16-mixed\")";
+      break;
+    case Framework::kTransformers:
+      fix = "TrainingArguments(per_device_train_batch_size=" +
+            (f.batch >= 2 ? std::to_string(f.batch / 2) : std::string("half")) +
+            ", gradient_accumulation_steps=2) for the same effective batch, "
+            "gradient_checkpointing=True, bf16=True";
+      break;
+    case Framework::kAccelerate:
+      fix = "half the batch" + half + " with Accelerator(gradient_accumulation_steps=2); "
+            "torch.utils.checkpoint.checkpoint around " + layer +
+            "; Accelerator(mixed_precision=\"bf16\")";
+      break;
+    case Framework::kFullburnTrain:
+      fix = "train.batch_size = auto finds the largest batch that fits; model.checkpoint = blocks";
+      break;
+    default:
+      fix = "half the batch" + half + " with 2 accumulation steps for the same effective batch "
+            "(loss / 2, optimizer.step() every second batch); "
+            "torch.utils.checkpoint.checkpoint around " + layer +
+            "'s forward; bf16 autocast";
+  }
+  if (Fragmented(x))
+    return "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first: the memory is there but in "
+           "pieces the allocator cannot join" +
+           std::string(x.oom_alloc_conf.empty() ? "" : " (now: " + x.oom_alloc_conf + ")") +
+           "; then, if it still does not fit, " + fix;
+  return fix + "; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True if it is fragmentation";
+}
+
 std::pair<std::string, std::string> FailureKind(const Facts& f) {
   const std::string text = f.failure.type + ": " + f.failure.message;
+  if (f.failure.oom_recorded && !f.trainer) {
+    std::string peak = std::isnan(f.mem_peak_share)
+                           ? ""
+                           : fmt::format(" (peak GPU memory sampled: {})", Percent(f.mem_peak_share));
+    return {Fragmented(f.failure) ? "The job ran out of GPU memory: fragmentation"
+                                  : "The job ran out of GPU memory",
+            "the step does not fit in GPU memory" + peak + ": " + OomFix(f)};
+  }
   if (Mentions(text, {"CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED",
                       "HIP out of memory", "XPU out of memory"})) {
     std::string peak = std::isnan(f.mem_peak_share)
@@ -811,6 +965,7 @@ std::optional<Finding> FailureFinding(const Facts& f) {
   if (f.failure.ranks > 1)
     evidence += fmt::format(" (the first of {} ranks that raised one)", f.failure.ranks);
   if (!message.empty()) evidence += ": " + message;
+  evidence += OomEvidence(f);
   auto [title, fix] = FailureKind(f);
   return Finding{CauseId::kJobFailed, title, evidence, 0, 0.9, fix};
 }

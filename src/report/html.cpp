@@ -281,7 +281,7 @@ std::string FindingsHtml(const std::vector<Finding>& findings) {
   for (const Finding& f : findings)
     out += fmt::format(
         "<div class=\"finding {}\"><div class=cause><code>{}</code> {}{}</div><div><b>why</b> "
-        "{}</div>"
+        "{}</div>{}"
         "<div><b>fix</b> {}</div><div class=conf>confidence {:.0f}%</div></div>",
         f.cause == CauseId::kHealthy ? "ok"
                              : (f.share_lost > 0 || f.cause == CauseId::kJobFailed ? "bad" : "hint"),
@@ -289,8 +289,61 @@ std::string FindingsHtml(const std::vector<Finding>& findings) {
         f.share_lost > 0
             ? fmt::format(" <span class=lost>~{:.0f}% of the time</span>", f.share_lost * 100)
             : "",
-        Escape(f.evidence), Escape(f.fix), f.confidence * 100);
+        Escape(f.evidence),
+        f.where.empty() ? "" : "<div class=where><b>where</b> <code>" + Escape(f.where) + "</code></div>",
+        Escape(f.fix), f.confidence * 100);
   return out + "</div>";
+}
+
+// The top frames of each phase the job's Python stacks were sampled in.
+std::string StacksHtml(const RunData& data) {
+  StackSummary s = RunStacks(data);
+  if (s.empty()) return "";
+  std::string out = fmt::format(
+      "<h3>Where the time went in the code (Python stacks)</h3><p class=note>{} samples, {:g} per "
+      "second per thread, by py-spy; folded or speedscope: <code>fullburn runs stacks {}</code></p>"
+      "<table class=stacks><tr><th>phase</th><th>samples</th><th>top frames (share of the phase's "
+      "busy samples)</th></tr>",
+      s.samples, s.rate_hz, data.run.id);
+  int64_t step = s.StepSamples();
+  for (int i = 0; i < kStackPhaseCount; ++i) {
+    auto phase = static_cast<StackPhase>(i);
+    const StackPhaseSummary& p = s.of(phase);
+    if (p.samples == 0) continue;
+    std::string share = IsStepPhase(phase) && step > 0
+                            ? fmt::format(" ({:.0f}% of step time)", 100.0 * p.samples / step)
+                            : "";
+    std::string frames;
+    int64_t busy = p.samples - p.waiting;
+    for (size_t k = 0; k < p.top.size() && k < 3; ++k)
+      frames += fmt::format("<div><code>{}</code> {:.0f}%</div>", Escape(p.top[k].where),
+                            busy > 0 ? 100.0 * p.top[k].samples / busy : 0.0);
+    if (p.waiting > 0)
+      frames += fmt::format("<div class=note>waiting {:.0f}% of its samples</div>", 100.0 * p.waiting / p.samples);
+    out += fmt::format("<tr><td>{}</td><td>{}{}</td><td>{}</td></tr>", StackPhaseName(phase), p.samples, share,
+                       frames);
+  }
+  return out + "</table>";
+}
+
+// fullburn run --layers: each top-level layer's time and activations.
+std::string LayersHtml(const RunData& data) {
+  RunLayerTimes layers = RunLayers(data);
+  if (layers.empty()) return "";
+  double total = 0;
+  for (const LayerTime& l : layers.layers) total += l.forward_s + l.backward_s;
+  std::string out = fmt::format(
+      "<h3>Layers</h3><p class=note>{} on {}: medians per step over {} steps (the hooks cost {:.2f} ms "
+      "a step)</p><table class=stacks><tr><th>layer</th><th>type</th><th>forward ms</th><th>backward "
+      "ms</th><th>share</th><th>activations KiB</th></tr>",
+      Escape(layers.model), Escape(layers.device), layers.steps, layers.hooks_s_per_step * 1e3);
+  for (const LayerTime& l : layers.layers)
+    out += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.0f}%</td>"
+                       "<td>{:.1f}</td></tr>",
+                       Escape(l.name), Escape(l.type), l.forward_s * 1e3, l.backward_s * 1e3,
+                       total > 0 ? 100 * (l.forward_s + l.backward_s) / total : 0.0,
+                       l.activation_bytes / 1024.0);
+  return out + "</table>";
 }
 
 std::string BreakdownBar(const std::vector<StepRecord>& steps) {
@@ -336,7 +389,7 @@ std::string RunHtml(const ReportRun& r) {
   } else {
     if (run.sample_count == 0)
       out += "<p class=note>No telemetry samples were recorded for this run.</p>";
-    out += "<h3>Findings</h3>" + FindingsHtml(r.findings) + BreakdownBar(r.data.steps);
+    out += "<h3>Findings</h3>" + FindingsHtml(r.findings) + BreakdownBar(r.data.steps) + StacksHtml(r.data) + LayersHtml(r.data);
   }
   if (!r.trace_text.empty())
     out += fmt::format(
@@ -377,6 +430,7 @@ table.compare td{text-align:right;font-variant-numeric:tabular-nums}table.compar
 .finding{border-left:5px solid #999;padding:6px 10px;margin:6px 0;background:#fafafa}
 .finding.bad{border-color:#e45756}.finding.hint{border-color:#f58518}.finding.ok{border-color:#54a24b}
 .cause{font-weight:600}.lost{color:#c0392b}.conf{color:#777;font-size:12px}
+table.stacks tr:nth-child(even){background:#f4f4f4}table.stacks code,.where code{font-size:12px}
 .bar{display:flex;height:22px;width:100%;max-width:900px;border:1px solid #ccc}.bar span{display:block;height:100%}
 .legend span{margin-right:14px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .chart{margin:10px 0}.note{color:#a15c00}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:300px}

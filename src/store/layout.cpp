@@ -15,6 +15,10 @@ std::string StoreLayout::Traces(int64_t run_id) const {
   return folder_ + "/traces/run-" + std::to_string(run_id);
 }
 
+std::string StoreLayout::Stacks(int64_t run_id) const {
+  return folder_ + "/stacks/run-" + std::to_string(run_id) + ".pyspy";
+}
+
 std::string StoreLayout::Checkpoints(int64_t run_id) const {
   return folder_ + "/checkpoints/run-" + std::to_string(run_id);
 }

@@ -416,7 +416,11 @@ TEST_F(AutoStepsE2E, AnUncaughtExceptionIsTheFirstFinding) {
             std::string::npos)
       << findings[0].evidence;
   EXPECT_NE(findings[0].evidence.find("after step 5"), std::string::npos) << findings[0].evidence;
-  EXPECT_NE(findings[0].fix.find("train.batch_size = auto"), std::string::npos);
+  // A wrapped plain loop's fix is in its own terms (fullburn_layers.py's record).
+  EXPECT_NE(findings[0].fix.find("half the batch"), std::string::npos) << findings[0].fix;
+  EXPECT_NE(findings[0].fix.find("torch.utils.checkpoint.checkpoint around"), std::string::npos)
+      << findings[0].fix;
+  EXPECT_TRUE(exceptions[0].contains("oom")) << exceptions[0].dump();
   EXPECT_NE(o.err.find("[job_failed] The job ran out of GPU memory"), std::string::npos) << o.err;
   // A run that ends well has no such event.
   ASSERT_EQ(Run({"--epochs", "1", "--sample-ms", "0"}).code, 0);
@@ -629,6 +633,47 @@ TEST_F(AutoStepsE2E, ALoopWithoutADataLoaderGetsItsForwardSamplesAndEvaluations)
   RunData keywords = Stored();
   ASSERT_EQ(keywords.steps.size(), 4u) << o.err;
   for (const StepRecord& s : keywords.steps) EXPECT_EQ(s.samples, 16) << "step " << s.step;
+}
+
+// nanoGPT's shape, evaluating and saving every 20 iterations: each
+// evaluation (0, 20, 40, 60) is one idle part however short, counted; each
+// save a checkpoint; the finding names the evaluation with the script's own
+// options; the loop's overhead quotes the means it is a share of.
+TEST_F(AutoStepsE2E, AnEvaluationEveryNIterationsIsNamedWithTheScriptsOwnOptions) {
+  std::string saved = dir_ + "/model.pt";
+  auto o = Run({"--iters", "60", "--grad-accum", "1", "--eval-interval", "20", "--eval-iters", "40",
+                "--batch-ms", "4", "--save-model", saved},
+               {}, kGetBatchScript);
+  ASSERT_EQ(o.code, 0) << o.err;
+  RunData run = Stored();
+  ASSERT_EQ(run.steps.size(), 60u) << o.err;
+  auto evaluations = EventsOf(run, "evaluation");
+  ASSERT_EQ(evaluations.size(), 4u);
+  double shortest = 1e9;
+  for (const auto& e : evaluations) {
+    EXPECT_EQ(e.value("model_calls", 0), 80) << e.dump();  // 40 batches of each split
+    shortest = std::min(shortest, e.value("duration_s", 0.0));
+  }
+  for (const StepRecord& s : run.steps)
+    EXPECT_LT(s.step_s, shortest) << "step " << s.step << " holds an evaluation";
+  EXPECT_EQ(EventsOf(run, "checkpoint").size(), 4u);
+  auto findings = Diagnose(run);
+  const Finding* idle = nullptr;
+  for (const Finding& f : findings)
+    if (f.name() == "idle_phases") idle = &f;
+  ASSERT_NE(idle, nullptr) << RenderFindings(findings, 9);
+  EXPECT_NE(idle->evidence.find("evaluation x4 "), std::string::npos) << idle->evidence;
+  EXPECT_NE(idle->evidence.find("(every 20 steps, 80 model calls each)"), std::string::npos)
+      << idle->evidence;
+  EXPECT_NE(idle->fix.find("get_batch_loop.py ... --eval-interval 100 --eval-iters 10 (the script's own "
+                           "options, now --eval-interval 20, --eval-iters 40)"),
+            std::string::npos)
+      << idle->fix;
+  for (const Finding& f : findings) {
+    if (f.name() == "loop_overhead") {
+      EXPECT_EQ(f.evidence.find("(medians)"), std::string::npos) << f.evidence;
+    }
+  }
 }
 
 // On a terminal, the live line names what limits the job now (the last

@@ -1,6 +1,7 @@
 // Each rule on synthetic series: a case that triggers it and a near miss that must not.
 #include "fullburn/diagnose.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -698,6 +699,76 @@ TEST(Diagnose, AJobThatNeverUsedTheGpuIsToldSoNotToRaiseItsBatch) {
   EXPECT_FALSE(Has(Case().Host(40).Run(), "gpu_unused"));
 }
 
+// nanoGPT's loop evaluates every 20 iterations, each evaluation (0.9 s)
+// shorter than an idle gap must be (kIdleGapMin_s): each one the hooks timed
+// counts, the one before the first step is the evaluation's (not the
+// start-up's), and the fix names the script's own options.
+TEST(Diagnose, ShortRegularEvaluationsAreNamedWithTheScriptsOptions) {
+  Case c;
+  c.run.config_json = "{}";  // a wrapped job
+  c.Host(40);
+  const double step_s = 0.05, eval_s = 0.9;
+  double t = 1.0;  // start-up: 1 s, then the evaluation at iteration 0 (before step 1)
+  std::string options = R"("options": {"--eval-interval": 20, "--eval-iters": 40}, "script": "train.py")";
+  for (int i = 1; i <= 100; ++i) {
+    if (i % 20 == 1) {
+      t += eval_s;
+      c.events.push_back({t, "evaluation",
+                          fmt::format(R"({{"duration_s": {}, "model_calls": 80, "after_step": {}, {}}})", eval_s, i - 1,
+                                      options)});
+    }
+    StepRecord r;
+    r.step = i;
+    r.step_s = step_s;
+    t += step_s;
+    r.t = t;
+    r.samples = 12;
+    r.forward_s = 0.02, r.backward_s = 0.02, r.optimizer_s = 0.008;
+    c.steps.push_back(r);
+  }
+  c.run.end_time = t;
+  auto f = c.Run();
+  ASSERT_FALSE(f.empty());
+  const Finding& idle = f[0];
+  ASSERT_EQ(idle.name(), "idle_phases") << RenderFindings(f, 9);
+  EXPECT_NE(idle.evidence.find("evaluation x5 4.5 s (every 20 steps, 80 model calls each)"), std::string::npos)
+      << idle.evidence;
+  EXPECT_EQ(idle.title.rfind("Evaluation every 20 steps: ", 0), 0u) << idle.title;
+  EXPECT_NE(idle.title.find(", 80 model calls each"), std::string::npos) << idle.title;
+  EXPECT_NE(idle.fix.find("train.py ... --eval-interval 100 --eval-iters 10 (the script's own options, now "
+                          "--eval-interval 20, --eval-iters 40)"),
+            std::string::npos)
+      << idle.fix;
+}
+
+// The loop-overhead share is of the mean step: its evidence quotes the
+// means, and the medians beside them when a few long steps hold it.
+TEST(Diagnose, LoopOverheadQuotesWhatItsShareIsOf) {
+  Case c;
+  c.run.config_json = "{}";
+  c.Host(40);
+  for (int i = 1; i <= 40; ++i) {
+    StepRecord r;
+    r.step = i;
+    bool long_one = i % 10 == 0;  // every 10th step logs for 0.5 s
+    r.step_s = long_one ? 0.55 : 0.05;
+    r.t = 0.5 + 0.06 * i + (i / 10) * 0.5;
+    r.samples = 8;
+    r.data_wait_s = 0.001, r.forward_s = 0.03, r.backward_s = 0.015, r.optimizer_s = 0.002;
+    c.steps.push_back(r);
+  }
+  c.run.end_time = 6;
+  auto f = c.Run();
+  auto loop = std::find_if(f.begin(), f.end(), [](const Finding& x) { return x.name() == "loop_overhead"; });
+  ASSERT_NE(loop, f.end()) << RenderFindings(f, 9);
+  // 4 of 40 steps hold 0.5 s each: a mean rest of 52 ms of a 100 ms step.
+  EXPECT_NE(loop->evidence.find("52% of step time"), std::string::npos) << loop->evidence;
+  EXPECT_NE(loop->evidence.find("52.0 ms of a 100.0 ms step on average (medians 2.0 of 50.0 ms: a few long steps "
+                                "hold much of it)"),
+            std::string::npos)
+      << loop->evidence;
+}
+
 TEST(Diagnose, IdlePhasesFromGapsBetweenSteps) {
   Case c;
   c.Host(40).Wait(0.02);
@@ -918,6 +989,63 @@ TEST(Diagnose, AFailedJobIsNamedFirstWithTheFixForItsKind) {
   Case ok;
   ok.Host(40, 2).Wait(0.3);
   EXPECT_FALSE(Has(ok.Run(), "job_failed"));
+}
+
+// An out-of-memory's record (python/fullburn_layers.py): the layer and pass
+// that ran and the allocator's bytes. Reserved far above allocated is
+// fragmentation, fixed first by expandable segments; otherwise the batch and
+// checkpointing fix, in the framework's words.
+TEST(Diagnose, AnOutOfMemoryNamesItsLayerAndTellsFragmentationFromSize) {
+  auto oom = [](nlohmann::json record, const std::string& framework) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    c.run.exit_code = 1;
+    c.Host(40, 2).Wait(0.02);
+    if (!framework.empty())
+      c.events.push_back({0.5, "dataloader",
+                          nlohmann::json{{"num_workers", 4}, {"framework", framework}}.dump()});
+    nlohmann::json data{{"type", "OutOfMemoryError"},
+                        {"message", "CUDA out of memory. Tried to allocate 2.00 GiB"},
+                        {"where", "train.py:42"},
+                        {"oom", record}};
+    c.events.push_back({30.1, "exception", data.dump()});
+    return c.Run();
+  };
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  auto fragmented = oom({{"layer", "h"}, {"pass", "backward"}, {"allocated_bytes", 50 * kGiB},
+                         {"reserved_bytes", 76 * kGiB}, {"total_bytes", 79.6 * kGiB}},
+                        "lightning");
+  ASSERT_EQ(fragmented[0].name(), "job_failed");
+  EXPECT_EQ(fragmented[0].title, "The job ran out of GPU memory: fragmentation");
+  EXPECT_NE(fragmented[0].evidence.find("it ran out in layer h (backward); the allocator: 50.0 GiB "
+                                        "allocated, 76.0 GiB reserved of 79.6 GiB (26.0 GiB reserved "
+                                        "beyond what is allocated: fragmentation)"),
+            std::string::npos)
+      << fragmented[0].evidence;
+  EXPECT_EQ(fragmented[0].fix.find("the step does not fit in GPU memory: PYTORCH_CUDA_ALLOC_CONF="
+                                   "expandable_segments:True first"),
+            0u)
+      << fragmented[0].fix;
+  EXPECT_NE(fragmented[0].fix.find("Trainer(accumulate_grad_batches=2)"), std::string::npos);
+  EXPECT_NE(fragmented[0].fix.find("checkpointing of layer h"), std::string::npos);
+  // Nearly all reserved is allocated: the step is too large, not fragmented.
+  auto full = oom({{"layer", "3"}, {"pass", "forward"}, {"allocated_bytes", 75 * kGiB},
+                   {"reserved_bytes", 76 * kGiB}, {"total_bytes", 79.6 * kGiB}},
+                  "transformers");
+  EXPECT_EQ(full[0].title, "The job ran out of GPU memory");
+  EXPECT_EQ(full[0].evidence.find("fragmentation"), std::string::npos) << full[0].evidence;
+  EXPECT_NE(full[0].fix.find("gradient_accumulation_steps=2"), std::string::npos) << full[0].fix;
+  EXPECT_NE(full[0].fix.find("gradient_checkpointing=True"), std::string::npos) << full[0].fix;
+  // Without --layers: the module's type from the traceback; without CUDA
+  // read, it says the numbers are missing rather than inventing them.
+  auto plain = oom({{"module_type", "TransformerBlock"}, {"pass", "forward"}}, "");
+  EXPECT_NE(plain[0].evidence.find("it ran out in a TransformerBlock (forward; fullburn run --layers "
+                                   "names the layer); the CUDA allocator's numbers were not read"),
+            std::string::npos)
+      << plain[0].evidence;
+  EXPECT_NE(plain[0].fix.find("torch.utils.checkpoint.checkpoint around the TransformerBlock layers"),
+            std::string::npos)
+      << plain[0].fix;
 }
 
 TEST(Diagnose, StepsThatStallEveryFewStepsAreNamed) {
