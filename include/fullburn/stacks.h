@@ -128,6 +128,7 @@ struct StackSummary {
   int root = 0;
   // The sampler's own cost: py-spy's CPU time over the run's length.
   double sampler_cpu_s = 0, duration_s = 0;
+  double sampler_paused_s = 0;  // held paused to stay within its CPU budget
   std::vector<int> training, workers;
   std::array<StackPhaseSummary, kStackPhaseCount> phases{};
   const StackPhaseSummary& of(StackPhase p) const { return phases[static_cast<int>(p)]; }

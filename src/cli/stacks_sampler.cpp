@@ -199,8 +199,55 @@ void StacksSampler::Attach() {
   }
   // A job that has not started its interpreter yet: tried a few times.
   for (int attempt = 0; attempt < 3 && !Gone(job); ++attempt) {
-    if (Launch()) return;
+    if (Launch()) {
+      HoldToBudget();
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+}
+
+namespace {
+// A process's CPU seconds so far (user + system, all its threads); < 0 once gone.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t paren = text.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream fields(text.substr(paren + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i)  // utime and stime are fields 14 and 15
+    if (i >= 14) ticks += std::atof(field.c_str());
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+}  // namespace
+
+// A token bucket of CPU time: kSamplerCpuBudget of a core accrues each
+// second (up to half a second's worth banked); py-spy using more is stopped
+// until the bucket covers it.
+void StacksSampler::HoldToBudget() {
+  using Clock = std::chrono::steady_clock;
+  auto last = Clock::now();
+  double used_before = CpuSeconds(spy_), bank = 0.05;
+  while (!stopping_.load() && spy_ > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    double used = CpuSeconds(spy_);
+    if (used < 0) return;  // py-spy is done (the job ended)
+    auto now = Clock::now();
+    bank = std::min(0.5 * kSamplerCpuBudget + 0.05,
+                    bank + kSamplerCpuBudget * std::chrono::duration<double>(now - last).count());
+    bank -= used - used_before;
+    used_before = used, last = now;
+    if (bank >= 0) continue;
+    double pause = std::min(1.0, -bank / kSamplerCpuBudget);
+    if (::kill(spy_, SIGSTOP) != 0) return;
+    for (double waited = 0; waited < pause && !stopping_.load(); waited += 0.05)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::kill(spy_, SIGCONT);
+    paused_s_ += std::chrono::duration<double>(Clock::now() - now).count();
+    last = Clock::now();
+    bank = std::min(0.0, bank + kSamplerCpuBudget * pause);
   }
 }
 
@@ -221,7 +268,9 @@ std::string StacksSampler::LogTail() const {
 StacksResult StacksSampler::Finish() {
   StacksResult r;
   r.file = out_;
+  stopping_ = true;
   if (starter_.joinable()) starter_.join();
+  r.paused_s = paused_s_;
   if (spy_ > 0) {
     // py-spy stops by itself within a sample of the job's exit; one that
     // waits on the job's leftover workers is told to write.
@@ -327,6 +376,7 @@ void KeepStacks(StacksSampler* sampler, RunStore* store, int64_t run_id, double 
   summary.bad_lines = bad;
   summary.errors = r.errors;
   summary.sampler_cpu_s = r.sampler_cpu_s;
+  summary.sampler_paused_s = r.paused_s;
   summary.duration_s = t;
   if (summary.empty()) {
     Note(quiet, "py-spy's file " + r.file + " holds no stack");

@@ -8,7 +8,9 @@
 //   too). Finish stops py-spy if it has not stopped by itself.
 // - py-spy runs non-blocking (it never stops the job's threads: py-spy #872)
 //   and at nice 10 (kSamplerNice), in its own process group (a terminal's Ctrl-C is the
-//   job's to handle; Finish tells py-spy when to write).
+//   job's to handle; Finish tells py-spy when to write). Its starter thread
+//   then holds it to kSamplerCpuBudget of a core (SIGSTOP/SIGCONT), so its
+//   cost is bounded whatever the number of processes it samples.
 // - Anything that keeps stacks from being sampled (py-spy absent or too old,
 //   Yama's ptrace_scope, a container without CAP_SYS_PTRACE, a Python
 //   py-spy cannot read) is one line in `note` and leaves the run as it is.
@@ -16,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +32,10 @@ namespace fullburn::cli {
 
 constexpr double kDefaultStacksRate = 50;  // samples per second per thread
 constexpr int kSamplerNice = 10;
+// py-spy's CPU is held to this share of one core: past it, py-spy is paused
+// (SIGSTOP) until its use falls back under, and its samples thin out. With
+// many processes (64 DataLoader workers) py-spy would take a core at 50/s.
+constexpr double kSamplerCpuBudget = 0.10;
 
 // py-spy to use: $FULLBURN_PY_SPY, else beside this executable (a pip
 // install's bin/), else on PATH, else beside the job's interpreter
@@ -50,6 +57,7 @@ struct StacksResult {
   std::string note;  // one line when no stacks came (or some were lost)
   int64_t errors = 0;
   double sampler_cpu_s = 0;  // py-spy's own CPU time (user + system)
+  double paused_s = 0;       // py-spy held paused to keep it within kSamplerCpuBudget
 };
 
 class StacksSampler {
@@ -71,11 +79,14 @@ class StacksSampler {
  private:
   void Attach();
   bool Launch();
+  void HoldToBudget();
   std::string LogTail() const;
   std::string py_spy_, out_, log_;
   double rate_;
   pid_t job_ = -1, spy_ = -1;
   std::string start_note_;
+  std::atomic<bool> stopping_{false};
+  double paused_s_ = 0;
   std::thread starter_;
 };
 

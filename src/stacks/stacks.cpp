@@ -410,6 +410,9 @@ SamplePlace PlaceOf(const StackSample& s, const std::vector<std::string>& tool_d
   }
   const StackFrame& leaf = s.frames.back();
   for (auto f = s.frames.rbegin(); f != s.frames.rend(); ++f) {
+    // A forked worker's stack starts with its parent's frames: above its
+    // worker loop none is the worker's own code.
+    if (IsWorkerLoop(*f)) break;
     if (!IsOwnFrame(*f, tool_dirs)) continue;
     p.file = Basename(f->file);
     p.line = f->line;
@@ -511,7 +514,7 @@ nlohmann::json StackSummaryJson(const StackSummary& s) {
   return {{"rate_hz", s.rate_hz}, {"samples", s.samples}, {"bad_lines", s.bad_lines},
           {"errors", s.errors},   {"root", s.root},       {"training", s.training},
           {"workers", s.workers}, {"sampler_cpu_s", s.sampler_cpu_s},
-          {"duration_s", s.duration_s}, {"phases", phases}};
+          {"duration_s", s.duration_s}, {"sampler_paused_s", s.sampler_paused_s}, {"phases", phases}};
 }
 
 StackSummary StackSummaryFromJson(const nlohmann::json& j) {
@@ -525,6 +528,7 @@ StackSummary StackSummaryFromJson(const nlohmann::json& j) {
     s.root = j.value("root", 0);
     s.sampler_cpu_s = j.value("sampler_cpu_s", 0.0);
     s.duration_s = j.value("duration_s", 0.0);
+    s.sampler_paused_s = j.value("sampler_paused_s", 0.0);
     if (j.contains("training")) s.training = j["training"].get<std::vector<int>>();
     if (j.contains("workers")) s.workers = j["workers"].get<std::vector<int>>();
     const nlohmann::json phases = j.value("phases", nlohmann::json::object());
@@ -566,6 +570,9 @@ std::string RenderStackPhases(const StackSummary& s, size_t n) {
                        "{} worker process{}\n",
                        s.rate_hz, s.sampler_cpu_s, s.duration_s, Percent(s.sampler_cpu_s / s.duration_s),
                        s.workers.size(), s.workers.size() == 1 ? "" : "es");
+  if (s.sampler_paused_s > 0.5)
+    out += fmt::format("    sampler held to its CPU budget: paused {:.1f} s of {:.0f} s (fewer samples, "
+                       "the same phases)\n", s.sampler_paused_s, s.duration_s);
   // py-spy drops a sample it cannot read whole rather than keep a part.
   if (s.errors > 0)
     out += fmt::format("    {} samples py-spy could not read (a stack that changed while read "

@@ -192,6 +192,19 @@ TEST(Stacks, ProcessesAreWorkersTrainingRanksOrOthers) {
   EXPECT_EQ(s.of(StackPhase::kProcesses).samples, 59);
 }
 
+// A forked worker's stack holds its parent's frames above its worker loop:
+// the job's loop there is not the worker's place.
+TEST(Stacks, AForkedWorkersParentFramesAreNotItsPlace) {
+  StackSample forked = One(Line(30, 30, {Main(), Loop(), WorkerLoop(), Fetch(), GetItem()}, 3));
+  EXPECT_EQ(PlaceOf(forked).Render(42), "data.py:42 Photos.__getitem__")
+      << PlaceOf(forked).key;
+  StackSample collating = One(Line(30, 30, {Main(), Loop(), WorkerLoop(), "collate (" + kTorch +
+                                                                          "utils/data/_utils/collate.py:141)"},
+                                   2));
+  EXPECT_EQ(PlaceOf(collating).file, "") << PlaceOf(collating).key;
+  EXPECT_NE(PlaceOf(collating).key.find("collate"), std::string::npos) << PlaceOf(collating).key;
+}
+
 TEST(Stacks, WithoutAStepPhaseTheStartedProcessTrains) {
   std::vector<StackSample> samples = ParseFoldedStacks(Line(20, 20, {Main(), "work (/home/u/train.py:5)"}, 3));
   StackRoles roles = FindStackRoles(samples, 20);
