@@ -17,19 +17,15 @@
 #include "fullburn/diagnose.h"
 #include "fullburn/store.h"
 #include "process.h"
+#include "test_python.h"
 
 namespace fullburn {
 namespace {
 
 using testing::RunToEnd;
 
-const char* const kPython =
-    std::getenv("FULLBURN_TEST_PYTHON") ? std::getenv("FULLBURN_TEST_PYTHON") : "/usr/bin/python3";
+const char* const kPython = testing::TestPython();
 const std::string kExamples = std::string(SOURCE_DIR) + "/examples/frameworks/";
-
-bool PythonHas(const std::string& module) {
-  return RunToEnd({kPython, "-c", "import " + module}).code == 0;
-}
 
 // Not idle_phases: that one holds the interpreter's start-up and the
 // framework's import, whose length is the machine's load, not the job's.
@@ -46,13 +42,7 @@ bool HasInputFinding(const std::vector<Finding>& findings) {
   return false;
 }
 
-// GTEST_SKIP returns from the function it is in: the test's own body.
-#define NEED(module)                                                                   \
-  do {                                                                                 \
-    if (!PythonHas(module))                                                            \
-      GTEST_SKIP() << kPython << " cannot import " << (module)                         \
-                   << ": scripts/torch2-venv.sh installs it with PyPI's PyTorch 2.x"; \
-  } while (0)
+#define NEED(module) NEED_PYTHON_MODULE(module)
 
 class FrameworksE2E : public ::testing::Test {
  protected:

@@ -19,14 +19,14 @@
 #include "fullburn/stacks.h"
 #include "fullburn/store.h"
 #include "process.h"
+#include "test_python.h"
 
 namespace fullburn {
 namespace {
 
 using testing::RunToEnd;
 
-const char* const kPython =
-    std::getenv("FULLBURN_TEST_PYTHON") ? std::getenv("FULLBURN_TEST_PYTHON") : "/usr/bin/python3";
+const char* const kPython = testing::TestPython();
 const std::string kPlanted = std::string(SOURCE_DIR) + "/examples/scenarios/planted.py";
 
 // The py-spy the tests use: $FULLBURN_PY_SPY, else the one CMake found
@@ -34,10 +34,6 @@ const std::string kPlanted = std::string(SOURCE_DIR) + "/examples/scenarios/plan
 std::string PySpy() {
   if (const char* named = std::getenv("FULLBURN_PY_SPY"); named && *named) return named;
   return FULLBURN_TEST_PY_SPY;
-}
-
-bool PythonHas(const std::string& module) {
-  return RunToEnd({kPython, "-c", "import " + module}).code == 0;
 }
 
 // The line of planted.py that ends in "# planted: NAME".
@@ -49,29 +45,17 @@ int PlantedLine(const std::string& name) {
   return 0;
 }
 
-#define NEED(module)                                                                   \
-  do {                                                                                 \
-    if (!PythonHas(module))                                                            \
-      GTEST_SKIP() << kPython << " cannot import " << (module)                         \
-                   << ": scripts/torch2-venv.sh installs it with PyPI's PyTorch 2.x"; \
-  } while (0)
-
-class StacksE2E : public ::testing::Test {
+// A store of its own per test, and planted.py run under fullburn run.
+class PlantedRun : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (PySpy().empty() || ::access(PySpy().c_str(), X_OK) != 0)
-      GTEST_SKIP() << "no py-spy (" << (PySpy().empty() ? "none found" : PySpy())
-                   << "): scripts/torch2-venv.sh installs it; $FULLBURN_PY_SPY names one";
-    if (!PythonHas("torch"))
-      GTEST_SKIP() << kPython << " cannot import torch: scripts/install-deps.sh installs python3-torch";
-    dir_ = testing::FreshTestDir("fb_stacks");
+  bool Prepare(const std::string& name) {
+    if (!testing::TestPythonHas("torch")) return false;
+    dir_ = testing::FreshTestDir(name);
     store_ = dir_ + "/runs.db";
-    ::unsetenv("FULLBURN_NVML_LIBRARY");
-    ::unsetenv("FULLBURN_STORE");
-    ::unsetenv("FULLBURN_NO_STACKS");
-    ::unsetenv("PYTHONPATH");
-    ::setenv("FULLBURN_PY_SPY", PySpy().c_str(), 1);
-    ::setenv("HF_HUB_OFFLINE", "1", 1);
+    for (const char* var : {"FULLBURN_NVML_LIBRARY", "FULLBURN_STORE", "FULLBURN_NO_STACKS",
+                            "FULLBURN_LAYERS", "PYTHONPATH"})
+      ::unsetenv(var);
+    return true;
   }
   testing::Outcome Run(std::vector<std::string> args, std::vector<std::string> flags = {}) {
     std::vector<std::string> argv = {FULLBURN_BIN, "run", "--interval", "0.25", "--store", store_};
@@ -86,6 +70,22 @@ class StacksE2E : public ::testing::Test {
     auto run = (*store)->LoadRun("last");
     EXPECT_TRUE(run.ok()) << run.status().message();
     return run.ok() ? *run : RunData{};
+  }
+  std::string dir_, store_;
+};
+
+#define NEED_TORCH()                                                                            \
+  GTEST_SKIP() << kPython << " cannot import torch: scripts/install-deps.sh installs python3-torch"
+
+class StacksE2E : public PlantedRun {
+ protected:
+  void SetUp() override {
+    if (PySpy().empty() || ::access(PySpy().c_str(), X_OK) != 0)
+      GTEST_SKIP() << "no py-spy (" << (PySpy().empty() ? "none found" : PySpy())
+                   << "): scripts/torch2-venv.sh installs it; $FULLBURN_PY_SPY names one";
+    if (!Prepare("fb_stacks")) NEED_TORCH();
+    ::setenv("FULLBURN_PY_SPY", PySpy().c_str(), 1);
+    ::setenv("HF_HUB_OFFLINE", "1", 1);
   }
   // The finding whose name starts with `prefix` ("input_", "loop_overhead").
   static Finding Named(const std::vector<Finding>& findings, const std::string& prefix) {
@@ -120,7 +120,6 @@ class StacksE2E : public ::testing::Test {
     EXPECT_NE(o.err.find("where: " + expected), std::string::npos) << o.err;
     return f;
   }
-  std::string dir_, store_;
 };
 
 // Its num_workers came from the script's -j/--workers: the fix names the flag.
@@ -156,7 +155,7 @@ TEST_F(StacksE2E, ALoggerThatSyncsAndSleepsIsTheLoopsOwnWork) {
 }
 
 TEST_F(StacksE2E, UnderLightningTheTransformInWorkersAndTheLoggerCallbackAreNamed) {
-  NEED("lightning");
+  NEED_PYTHON_MODULE("lightning");
   ExpectNamed({"--trainer", "lightning", "--plant", "transform", "--workers", "2", "--steps", "100"},
               "input_", "transform", "slow_augment");
   ExpectNamed({"--trainer", "lightning", "--plant", "logger", "--steps", "80"}, "loop_overhead",
@@ -164,7 +163,7 @@ TEST_F(StacksE2E, UnderLightningTheTransformInWorkersAndTheLoggerCallbackAreName
 }
 
 TEST_F(StacksE2E, UnderTheHfTrainerTheCollateAndTheLoggerCallbackAreNamed) {
-  NEED("transformers");
+  NEED_PYTHON_MODULE("transformers");
   // TrainingArguments from the command line, as HF's example scripts take
   // them: the fix names --dataloader_num_workers.
   Finding f = ExpectNamed({"--trainer", "hf", "--plant", "collate", "--steps", "60",
@@ -279,12 +278,14 @@ TEST_F(StacksE2E, AJobThatExitsWhileSampledKeepsItsExitCode) {
 TEST_F(StacksE2E, AStackDeeperThanPySpyReadsIsCountedAndSaid) {
   auto o = RunToEnd({FULLBURN_BIN, "run", "--store", store_, "--", kPython, "-c",
                      "import sys, time\nsys.setrecursionlimit(20000)\n"
-                     "def down(n):\n    if n == 0:\n        end = time.time() + 2\n"
+                     "def down(n):\n    if n == 0:\n        end = time.time() + 3\n"
                      "        while time.time() < end: pass\n        return 0\n"
                      "    return down(n - 1) + 1\ndown(6000)\n"});
   ASSERT_EQ(o.code, 0) << o.err;
   StackSummary s = RunStacks(Stored());
-  EXPECT_GT(s.errors, 20) << o.err;
+  // How many py-spy tries in those 3 s depends on the CPU it gets (it is held
+  // to its budget, and each try walks 6,000 frames): at least one.
+  EXPECT_GT(s.errors, 0) << o.err;
   auto show = RunToEnd({FULLBURN_BIN, "runs", "show", "last", "--store", store_});
   ASSERT_EQ(show.code, 0) << show.err;
   EXPECT_NE(show.out.find(std::to_string(s.errors) + " samples py-spy could not read"), std::string::npos)
@@ -324,34 +325,16 @@ namespace {
 // fullburn run --layers (python/fullburn_layers.py): the model's top-level
 // layers timed and their activations counted by module hooks; here on the
 // CPU, where planted.py's "heavy" layer burns 8 ms of its forward by design.
-class LayersE2E : public ::testing::Test {
+class LayersE2E : public PlantedRun {
  protected:
   void SetUp() override {
-    if (!PythonHas("torch"))
-      GTEST_SKIP() << kPython << " cannot import torch: scripts/install-deps.sh installs python3-torch";
-    dir_ = testing::FreshTestDir("fb_layers");
-    store_ = dir_ + "/runs.db";
-    ::unsetenv("FULLBURN_NVML_LIBRARY");
-    ::unsetenv("FULLBURN_STORE");
-    ::unsetenv("FULLBURN_LAYERS");
-    ::unsetenv("PYTHONPATH");
+    if (!Prepare("fb_layers")) NEED_TORCH();
   }
+  // Stacks off: only the layer hooks are under test.
   testing::Outcome Run(std::vector<std::string> args, std::vector<std::string> flags) {
-    std::vector<std::string> argv = {FULLBURN_BIN, "run", "--no-stacks", "--interval", "0.25",
-                                     "--store", store_};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), {"--", kPython, kPlanted});
-    argv.insert(argv.end(), args.begin(), args.end());
-    return RunToEnd(argv, 240);
+    flags.insert(flags.begin(), "--no-stacks");
+    return PlantedRun::Run(std::move(args), std::move(flags));
   }
-  RunData Stored() {
-    auto store = RunStore::Open(store_);
-    EXPECT_TRUE(store.ok());
-    auto run = (*store)->LoadRun("last");
-    EXPECT_TRUE(run.ok()) << run.status().message();
-    return run.ok() ? *run : RunData{};
-  }
-  std::string dir_, store_;
 };
 
 TEST_F(LayersE2E, EachTopLevelLayerGetsItsTimesAndActivations) {
