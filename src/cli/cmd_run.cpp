@@ -228,8 +228,12 @@ int Run(const RunOptions& opts) {
   rec.events = events_path.empty() ? nullptr : &events;
   int code = RecordUntil(rec, [&] { return WaitChild(*child); });
   // Before the leftovers are ended: py-spy is this process's child too.
-  KeepStacks(stacks.get(), store->get(), info.id, env->UnixSeconds() - info.start_time, *child,
-             opts.stacks_rate, opts.quiet);
+  // The wait for py-spy to write is fullburn's, not the job's: the run's
+  // end leaves it out, so no finding counts it as the job's time.
+  double job_end = env->UnixSeconds();
+  KeepStacks(stacks.get(), store->get(), info.id, job_end - info.start_time, *child, opts.stacks_rate,
+             opts.quiet);
+  double sampler_wait = env->UnixSeconds() - job_end;
   EndTheRest(opts);
   if (!events_path.empty()) {
     NoteIfEventsCut(rec, events_path, env->UnixSeconds() - info.start_time, opts.quiet);
@@ -244,7 +248,7 @@ int Run(const RunOptions& opts) {
                    "lost; keep one Markers for the whole run\n",
                    events.first_restarted_rank(), static_cast<long long>(events.restarts()));
   }
-  EndRun(rec, env->UnixSeconds(), code, "finished");
+  EndRun(rec, env->UnixSeconds() - sampler_wait, code, "finished");
 
   PrintRunEnd(rec);
   PrintTraces(opts, store->get(), info.id, trace_dir);

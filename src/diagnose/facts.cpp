@@ -213,7 +213,8 @@ void GatherSteps(const std::vector<StepRecord>& steps, const std::map<std::strin
 std::string Label(const RunData& d, double start, double end, const std::string& fallback) {
   for (const RunEvent& e : d.events)
     if (e.t >= start && e.t <= end + 0.5 && e.kind != "loader" && e.kind != "dataloader" &&
-        e.kind != "torch" && e.kind != "flops" && !IsTimedSave(e))
+        e.kind != "torch" && e.kind != "flops" && e.kind != kStacksEvent && e.kind != "layers" &&
+        !IsTimedSave(e))
       return e.kind;
   for (const CheckpointRecord& c : d.checkpoints)
     if (c.t >= start && c.t <= end + 0.5) return "checkpoint";

@@ -467,6 +467,37 @@ TEST(Diagnose, WrappedJobsGetPyTorchKnobs) {
 // A framework's job sets its DataLoader where the framework takes it: the
 // fix says where (python/fullburn_autosteps.py records the place), and a
 // Trainer's user, who never wrote a DataLoader, gets TrainingArguments.
+// A num_workers the script's command line carried (the hooks matched it to
+// the option that parsed it): the fix names the flag, then, under a
+// framework, where the framework takes the loader's settings.
+TEST(Diagnose, AWorkersCountFromTheCommandLineIsFixedAsTheScriptsFlag) {
+  auto job = [](const std::string& framework) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    for (int k = 0; k < 8; ++k) c.m["host.cpu" + std::to_string(k) + ".util"] = Flat(40);
+    c.Host(40, 2).Wait(0.25);
+    nlohmann::json data{{"num_workers", 0}, {"pin_memory", false}, {"dataset", "Shapes"},
+                        {"created_at", "train.py:805"}, {"created_in", "main"},
+                        {"workers_flag", "--workers"}, {"script", "train.py"}};
+    if (!framework.empty()) data["framework"] = framework;
+    c.events.push_back({0.5, "dataloader", data.dump()});
+    return c.Run();
+  };
+  auto plain = job("");
+  ASSERT_EQ(plain[0].name(), "input_workers");
+  EXPECT_EQ(plain[0].fix.find("train.py ... --workers 7: the script's own option, which sets its "
+                              "DataLoader's num_workers (0 -> 7);"),
+            0u)
+      << plain[0].fix;
+  EXPECT_NE(plain[0].fix.find("its DataLoader is made in main at train.py:805"), std::string::npos)
+      << plain[0].fix;
+  auto lightning = job("lightning");
+  ASSERT_EQ(lightning[0].name(), "input_workers");
+  EXPECT_EQ(lightning[0].fix.find("train.py ... --workers 7: the script's own option"), 0u) << lightning[0].fix;
+  EXPECT_NE(lightning[0].fix.find("in Lightning"), std::string::npos) << lightning[0].fix;
+  EXPECT_EQ(lightning[0].fix.find("(its DataLoader is made at"), std::string::npos) << lightning[0].fix;
+}
+
 TEST(Diagnose, AFrameworksLoaderIsFixedInItsOwnTerms) {
   auto job = [](const std::string& framework, const std::string& at, const std::string& in) {
     Case c;
@@ -806,6 +837,24 @@ TEST(Diagnose, AWrappedJobsStartUpWithoutAGpuIsTimeOutsideSteps) {
   EXPECT_NE(f[0].fix.find("num_workers=3 processes"), std::string::npos) << f[0].fix;
   c.Gpu(95, 0.7);
   EXPECT_EQ(c.Run()[0].title, "The device idles between phases");
+}
+
+// The summaries fullburn itself adds once the job has ended (its stacks,
+// its layers) name no stretch of the job's time.
+TEST(Diagnose, FullburnsOwnSummaryEventsNameNoIdleStretch) {
+  Case c;
+  c.Host(40).Wait(0.02);
+  c.run.config_json = "{}";
+  double last = 0;
+  for (const StepRecord& r : c.steps) last = std::max(last, r.t);
+  c.run.end_time = last + 12;  // 12 s after the last step: the interpreter's exit
+  c.events.push_back({last + 11.5, "stacks", R"({"samples": 10})"});
+  c.events.push_back({last + 11.6, "layers", R"({"layers": []})"});
+  auto f = c.Run();
+  ASSERT_EQ(f[0].name(), "idle_phases");
+  EXPECT_NE(f[0].evidence.find("end 12.0 s"), std::string::npos) << f[0].evidence;
+  EXPECT_EQ(f[0].evidence.find("stacks"), std::string::npos) << f[0].evidence;
+  EXPECT_EQ(f[0].evidence.find("layers"), std::string::npos) << f[0].evidence;
 }
 
 TEST(Diagnose, HostLevelsAreReadWhileTheJobTrains) {
