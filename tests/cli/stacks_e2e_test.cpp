@@ -45,6 +45,14 @@ int PlantedLine(const std::string& name) {
   return 0;
 }
 
+// The run's DataLoader as the hooks described it (its last `dataloader` event).
+nlohmann::json LoaderEvent(const RunData& run) {
+  nlohmann::json loader = nlohmann::json::object();
+  for (const RunEvent& e : run.events)
+    if (e.kind == "dataloader") loader = nlohmann::json::parse(e.data);
+  return loader;
+}
+
 // A store of its own per test, and planted.py run under fullburn run.
 class PlantedRun : public ::testing::Test {
  protected:
@@ -126,9 +134,7 @@ class StacksE2E : public PlantedRun {
 TEST_F(StacksE2E, ASlowTransformInProcessIsNamedInTheDataWait) {
   Finding f = ExpectNamed({"--plant", "transform", "-j", "0", "--steps", "60"}, "input_", "transform",
                           "slow_augment");
-  nlohmann::json loader;
-  for (const RunEvent& e : Stored().events)
-    if (e.kind == "dataloader") loader = nlohmann::json::parse(e.data);
+  nlohmann::json loader = LoaderEvent(Stored());
   EXPECT_EQ(loader.value("workers_flag", ""), "--workers") << loader.dump();
   // Whether more workers is the fix depends on the cores the machine had
   // free (input_cpu when it had none): the flag goes with that fix.
@@ -177,9 +183,7 @@ TEST_F(StacksE2E, UnderTheHfTrainerTheCollateAndTheLoggerCallbackAreNamed) {
   Finding f = ExpectNamed({"--trainer", "hf", "--plant", "collate", "--steps", "60",
                            "--dataloader_num_workers", "0"},
                           "input_", "collate", "pad_collate");
-  nlohmann::json loader;
-  for (const RunEvent& e : Stored().events)
-    if (e.kind == "dataloader") loader = nlohmann::json::parse(e.data);
+  nlohmann::json loader = LoaderEvent(Stored());
   EXPECT_EQ(loader.value("workers_flag", ""), "--dataloader_num_workers") << loader.dump();
   if (f.name() == "input_workers") {
     EXPECT_NE(f.fix.find("planted.py ... --dataloader_num_workers "), std::string::npos) << f.fix;
