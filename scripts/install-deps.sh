@@ -117,6 +117,12 @@ if [[ $mode != demo && $mode != demo-train && -z ${FULLBURN_NO_TORCH:-} ]]; then
   "$(dirname "$0")/torch2-venv.sh" >/dev/null ||
     echo "install-deps: going on without PyTorch 2.x: the *.torch2 and python_torch2.* tests will be skipped"
 fi
+# MLflow and TensorBoard from PyPI, for the tests that read back what
+# fullburn sends them (docs/trackers.md); without PyPI they are skipped.
+if [[ $mode != demo && $mode != demo-train ]]; then
+  "$(dirname "$0")/trackers-venv.sh" >/dev/null ||
+    echo "install-deps: going on without MLflow and TensorBoard: the trackers.* tests will be skipped"
+fi
 
 # Installed is not enough: a partly removed or broken toolchain fails later
 # with pages of CMake output. The tools are checked by running them.
