@@ -375,6 +375,7 @@ class _AutoSteps:
         self._no_grad_calls_ended(now)
         start = self.step_start if self.step_start is not None else now
         self.note_torch(m, now)
+        m.note_mlflow(now)
         m.step += 1
         # Formatted by hand: json.dumps was a fifth of the per-step cost
         # (bench/autosteps_overhead); every value here is a number.

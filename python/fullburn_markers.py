@@ -92,6 +92,7 @@ class Markers:
         self._step_start = time.time()
         self._wait = 0.0
         self._described = set()
+        self._mlflow_run_id = None  # the job's own MLflow run, once written
         if not _automatic and _on_explicit_markers is not None:
             _on_explicit_markers(self)  # automatic markers stop (fullburn_autosteps)
 
@@ -162,8 +163,29 @@ class Markers:
         for key, value in phases.items():
             event[key] = float(value)
         self._write(event)
+        self.note_mlflow(now)
         self._step_start = now
         self._wait = 0.0
+
+    def note_mlflow(self, now):
+        """The job's own MLflow run, once it has one (mlflow.start_run: a plain
+        script, HF Trainer's MLflowCallback), as a "mlflow_run" event:
+        `fullburn run --mlflow` then logs into it rather than into a run of
+        its own (docs/trackers.md). A dict lookup per step without mlflow."""
+        mlflow = sys.modules.get("mlflow")
+        if mlflow is None or self._file is None:
+            return
+        try:
+            run = mlflow.active_run()
+            if run is None or run.info.run_id == self._mlflow_run_id:
+                return
+            uri = mlflow.get_tracking_uri()
+        except Exception:  # an mlflow too old or half imported: no join, the job goes on
+            return
+        self._mlflow_run_id = run.info.run_id
+        self._write({"kind": "event", "name": "mlflow_run", "rank": self.rank, "time": now,
+                     "data": {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
+                              "tracking_uri": str(uri), "by": "job"}})
 
     def describe_loader(self, loader):
         """Records a torch DataLoader's settings once (a "dataloader" event), so

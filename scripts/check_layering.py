@@ -19,7 +19,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MONITORING = {"common", "telemetry", "store", "diagnose", "report", "analyze", "fleet", "cli",
-              "http", "config"}
+              "http", "config", "trackers"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 

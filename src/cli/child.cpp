@@ -37,6 +37,18 @@ bool AnyChild() {
   return false;
 }
 
+// fullburn's own helpers (SpawnHelper): not the job's, so never its leftovers;
+// a helper reaped by ReapExited leaves its exit code here for WaitHelper.
+constexpr int kMaxHelpers = 8;
+std::atomic<pid_t> g_helpers[kMaxHelpers] = {};
+std::atomic<int> g_helper_codes[kMaxHelpers] = {};
+
+int HelperSlot(pid_t pid) {
+  for (int i = 0; i < kMaxHelpers; ++i)
+    if (g_helpers[i] == pid) return i;
+  return -1;
+}
+
 void Remember(pid_t pid) {
   for (int i = 0; i < kMaxChildren; ++i) {
     pid_t free_slot = 0;
@@ -248,7 +260,10 @@ double MonotonicNow() {
 void ReapExited() {
   int status = 0;
   pid_t pid;
-  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) Forget(pid);
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    Forget(pid);
+    if (int slot = HelperSlot(pid); slot >= 0) g_helper_codes[slot] = ExitCodeOf(status);
+  }
 }
 
 }  // namespace
@@ -268,6 +283,7 @@ std::vector<pid_t> Descendants() {
   for (size_t i = 0; i < todo.size(); ++i) {
     auto range = children.equal_range(todo[i]);
     for (auto it = range.first; it != range.second; ++it) {
+      if (HelperSlot(it->second) >= 0) continue;  // fullburn's own, and what it runs
       todo.push_back(it->second);
       out.push_back(it->second);
     }
@@ -303,6 +319,62 @@ Leftovers EndLeftovers(double kill_wait_s) {
   }
   ReapExited();
   return done;
+}
+
+Result<pid_t> SpawnHelper(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int slot = -1;
+  for (int i = 0; i < kMaxHelpers && slot < 0; ++i) {
+    pid_t free_slot = 0;
+    if (g_helpers[i].compare_exchange_strong(free_slot, -1)) slot = i;
+  }
+  if (slot < 0) return Status::Unavailable("too many helper processes");
+  g_helper_codes[slot] = -1;
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    g_helpers[slot] = 0;
+    return Status::IoError(std::string("cannot fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  g_helpers[slot] = pid;
+  return pid;
+}
+
+bool WaitHelper(pid_t pid, double timeout_s) {
+  int slot = HelperSlot(pid);
+  double deadline = MonotonicNow() + timeout_s, kill_at = 1e300;
+  int code = -1;
+  bool in_time = true;
+  for (;;) {
+    int status = 0;
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      code = ExitCodeOf(status);
+      break;
+    }
+    if (r < 0 && errno == ECHILD) {  // reaped by ReapExited meanwhile
+      code = slot >= 0 ? g_helper_codes[slot].load() : 1;
+      break;
+    }
+    double now = MonotonicNow();
+    if (now >= deadline && kill_at == 1e300) {
+      in_time = false;
+      ::kill(pid, SIGTERM);
+      kill_at = now + 5;
+    } else if (now >= kill_at) {
+      ::kill(pid, SIGKILL);
+      kill_at = 1e299;
+    }
+    ::usleep(20000);
+  }
+  if (slot >= 0) g_helpers[slot] = 0;
+  return in_time && code == 0;
 }
 
 }  // namespace fullburn::cli

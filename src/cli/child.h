@@ -58,4 +58,13 @@ struct Leftovers {
 // workers blocked on a full queue can hold a GPU's memory for hours.
 Leftovers EndLeftovers(double kill_wait_s);
 
+// A helper of fullburn's own beside the job (fullburn-net's mlflow-follow),
+// in a process group of its own: a terminal's Ctrl-C, the signals fullburn
+// passes on and EndLeftovers all leave it alone, and it outlives a
+// fullburn that is killed. Its output is fullburn's.
+Result<pid_t> SpawnHelper(const std::vector<std::string>& argv);
+// Waits up to `timeout_s` for the helper to exit; then SIGTERM and up to 5 s
+// more, then SIGKILL. True when it exited within `timeout_s` with code 0.
+bool WaitHelper(pid_t pid, double timeout_s);
+
 }  // namespace fullburn::cli

@@ -96,6 +96,21 @@ void SetupData(CLI::App& app);  // make-dataset, bench
 void SetupTune(CLI::App& app);
 void SetupAnalyze(CLI::App& app);  // fullburn analyze TRACE...
 void SetupFleet(CLI::App& app);    // fullburn fleet --prometheus URL
+// fullburn-net's: runs push, and mlflow-follow (what run --mlflow starts).
+void SetupMlflow(CLI::App& app);
+constexpr const char* kRunsPushAbout =
+    "Send a stored run to MLflow: its readings, steps, findings, params, tags and report "
+    "(docs/trackers.md)";
+// --mlflow URI (MLFLOW_TRACKING_URI when empty: MlflowConnection reads it)
+// and --mlflow-experiment, for runs push and mlflow-follow.
+constexpr const char* kMlflowUriHelp =
+    "MLflow tracking server, http(s)://HOST:PORT; empty: $MLFLOW_TRACKING_URI";
+constexpr const char* kMlflowExperimentHelp =
+    "MLflow experiment for a run fullburn makes (when the job has no MLflow run of its own); "
+    "default $MLFLOW_EXPERIMENT_NAME, else Default";
+// fullburn-net's `mlflow-follow` for the run `run_id`: its arguments.
+std::vector<std::string> MlflowFollowArgs(int64_t run_id, const std::string& store, const std::string& uri,
+                                          const std::string& experiment);
 // `fullburn train|export-weights ...`: argv as main got it; handed to fullburn-train.
 int Train(int argc, char** argv);
 

@@ -18,6 +18,7 @@
 #include "fullburn/run_traces.h"
 #include "recording.h"
 #include "stacks_sampler.h"
+#include "trackers_live.h"
 
 namespace fullburn::cli {
 namespace {
@@ -32,6 +33,7 @@ struct RunOptions : RecordOptions {
   bool no_stacks = false;
   bool layers = false;  // per-layer time and activations (python/fullburn_layers.py)
   double stacks_rate = kDefaultStacksRate;
+  TrackerOptions trackers;  // --tensorboard, --mlflow
   std::vector<std::string> command;
 };
 
@@ -215,6 +217,7 @@ int Run(const RunOptions& opts) {
   }
 
   if (stacks) stacks->Start(*child);
+  TrackersLive trackers(opts.trackers, (*store)->path(), info, opts.quiet);
   SpillFile spill(env, (*store)->path(), info);
   Recording rec;
   rec.env = env;
@@ -251,6 +254,7 @@ int Run(const RunOptions& opts) {
   EndRun(rec, env->UnixSeconds() - sampler_wait, code, "finished");
 
   PrintRunEnd(rec);
+  trackers.Finish();  // after the run's end is stored: their last poll sends the rest
   PrintTraces(opts, store->get(), info.id, trace_dir);
   return code;
 }
@@ -299,11 +303,24 @@ void SetupRun(CLI::App& app) {
       ->default_val(kDefaultStacksRate)
       ->check(CLI::Range(1.0, 1000.0))
       ->envname("FULLBURN_STACKS_RATE");
+  run->add_option("--tensorboard", opts->trackers.tensorboard,
+                  "Write the run's readings, steps and live finding as TensorBoard scalars into this "
+                  "folder while it runs (fullburn/...; docs/trackers.md)")
+      ->envname("FULLBURN_TENSORBOARD");
+  run->add_option("--mlflow", opts->trackers.mlflow_uri,
+                  "Log the run into MLflow while it runs: the job's own MLflow run when it has one, "
+                  "else a run of fullburn's (docs/trackers.md). URI: the tracking server, "
+                  "$MLFLOW_TRACKING_URI when left out")
+      ->expected(0, 1);
+  run->add_option("--mlflow-experiment", opts->trackers.mlflow_experiment, kMlflowExperimentHelp);
   run->add_option("--parent", opts->parent,
                   "Record the run as part of another (fullburn tune's trials)");
   run->add_option("command", opts->command, "The command to run, after --")->required();
   run->positionals_at_end();
-  run->callback([opts] { ExitCode() = Run(*opts); });
+  run->callback([opts, run] {
+    opts->trackers.mlflow = run->count("--mlflow") > 0;
+    ExitCode() = Run(*opts);
+  });
 }
 
 }  // namespace fullburn::cli

@@ -15,6 +15,7 @@
 #include "fullburn/report.h"
 #include "fullburn/stacks.h"
 #include "fullburn/store_layout.h"
+#include "fullburn/trackers.h"
 
 namespace fullburn::cli {
 namespace {
@@ -32,6 +33,7 @@ struct RunsOptions {
   std::vector<std::string> spills;  // runs import
   bool keep = false;
   std::string phase;  // runs stacks: one phase ("" all)
+  std::string dir;    // runs export --format tensorboard: the folder
 };
 
 constexpr int kListDefault = 20;
@@ -205,11 +207,32 @@ int Show(const RunsOptions& o) {
   return 0;
 }
 
+// The whole run as TensorBoard scalars (docs/trackers.md).
+int ExportTensorBoard(RunStore* store, const RunInfo& run, const std::string& dir) {
+  auto data = store->LoadRun(std::to_string(run.id));
+  if (!data.ok()) return Fail(data.status().message());
+  std::vector<TrackerPoint> points = RunPoints(*data, TrackerStyle::kTensorBoard);
+  if (points.empty())
+    return Fail("run " + std::to_string(run.id) + " has neither readings nor steps to export");
+  auto writer = TfEventsWriter::Open(dir, run.start_time);
+  if (!writer.ok()) return Fail(writer.status().message(), 1);
+  if (Status s = (*writer)->Write(points); !s.ok()) return Fail(s.message(), 1);
+  std::fprintf(stderr, "fullburn: run %lld: %zu scalars into %s (tensorboard --logdir %s)\n",
+               static_cast<long long>(run.id), points.size(), (*writer)->path().c_str(), dir.c_str());
+  return 0;
+}
+
 int Export(const RunsOptions& o) {
+  if (o.format == "tensorboard" && o.dir.empty())
+    return Fail("--format tensorboard writes files: give their folder, e.g. fullburn runs export " + o.run +
+                " --format tensorboard runs/tb");
+  if (o.format != "tensorboard" && !o.dir.empty())
+    return Fail("a folder (" + o.dir + ") is only for --format tensorboard; csv and json go to stdout");
   auto store = OpenStore(o.common);
   if (!store.ok()) return Fail(store.status().message());
   auto run = (*store)->GetRun(o.run);
   if (!run.ok()) return Fail(run.status().message());
+  if (o.format == "tensorboard") return ExportTensorBoard(store->get(), *run, o.dir);
   if (o.table == "steps") {
     auto steps = (*store)->LoadSteps(run->id);
     if (!steps.ok()) return Fail(steps.status().message());
@@ -370,11 +393,15 @@ void SetupRuns(CLI::App& app) {
                  "JSON: metadata and, per metric, min/median/p95/max, unit, count");
   show->callback([o] { ExitCode() = Show(*o); });
 
-  CLI::App* exp =
-      AddRunArg(runs->add_subcommand("export", "Every sample of a run, to stdout"), o.get());
-  exp->add_option("--format", o->format, "csv (one column per metric) or json")
+  CLI::App* exp = AddRunArg(
+      runs->add_subcommand("export", "Every sample of a run, to stdout (csv, json) or TensorBoard's files"),
+      o.get());
+  exp->add_option("DIR", o->dir, "With --format tensorboard: the folder its event file goes into");
+  exp->add_option("--format", o->format,
+                  "csv (one column per metric), json, or tensorboard (readings, steps and the "
+                  "diagnosis as scalars under fullburn/..., into DIR; docs/trackers.md)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"csv", "json"}));
+      ->check(CLI::IsMember({"csv", "json", "tensorboard"}));
   exp->add_option("--table", o->table,
                   "samples (telemetry) or steps (fullburn train's per-step records)")
       ->capture_default_str()
@@ -409,6 +436,8 @@ void SetupRuns(CLI::App& app) {
   import->callback([o] { ExitCode() = Import(*o); });
 
   SetupRunsRemove(runs);
+  // Listed for --help: main() hands `runs push` to fullburn-net (MLflow's HTTP).
+  runs->add_subcommand("push", kRunsPushAbout);
 }
 
 }  // namespace fullburn::cli

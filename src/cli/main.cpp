@@ -30,7 +30,7 @@ std::string TrainingHalf() {
   return out;
 }
 
-// serve and fleet: fullburn-net's (cli.h NetworkExecutable).
+// serve, fleet and runs push: fullburn-net's (cli.h NetworkExecutable).
 int NetworkCommand(int argc, char** argv) {
   std::string exe = fullburn::cli::NetworkExecutable();
   if (exe.empty())
@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
     return Train(argc, argv);
   if (argc > 1 && (std::strcmp(argv[1], "serve") == 0 || std::strcmp(argv[1], "fleet") == 0))
     return NetworkCommand(argc, argv);
+  if (argc > 2 && std::strcmp(argv[1], "runs") == 0 && std::strcmp(argv[2], "push") == 0)
+    return NetworkCommand(argc, argv);  // MLflow's REST API
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string all = "train";
