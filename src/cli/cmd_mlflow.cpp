@@ -218,13 +218,20 @@ int Follow(const MlflowOptions& o) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   double next_try = 0, backoff = o.poll_s, ended_at = -1;
   std::string now_tag, not_here;
+  // While the server refuses, what is unsent waits here up to this many
+  // values; past it the feed is not read (the store keeps the rest, read
+  // from where the feed stopped once these are sent), so memory stays bounded.
+  constexpr size_t kMaxPending = 500000;
+  bool finished = false;
   for (;;) {
-    auto batch = feed.Poll(store->get());
-    bool finished = false;
-    if (!batch.ok()) {
+    Result<TrackerBatch> batch = Status::Unavailable("not read: values wait to be sent");
+    if (pending.size() < kMaxPending) batch = feed.Poll(store->get());
+    if (!batch.ok() && pending.size() >= kMaxPending) {
+      // not read this time
+    } else if (!batch.ok()) {
       notes.Trouble(Status::IoError("cannot read the run from the store: " + batch.status().message()));
     } else {
-      finished = batch->finished;
+      finished = finished || batch->finished;
       pending.insert(pending.end(), batch->points.begin(), batch->points.end());
       events.insert(events.end(), batch->events.begin(), batch->events.end());
       if (batch->now) {

@@ -4,8 +4,12 @@
 #include "fullburn/mlflow.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <cstdlib>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 namespace fullburn {
 namespace {
@@ -96,6 +100,94 @@ TEST(MlflowClient, AServerThatIsNotThereIsUnavailableNamingIt) {
   EXPECT_EQ(got.status().code(), Status::Code::kUnavailable);
   EXPECT_NE(got.status().message().find("cannot reach MLflow at http://127.0.0.1:1"), std::string::npos)
       << got.status().message();
+}
+
+// A server on a loopback port answering as MLflow's does when it refuses:
+// the faults a real `mlflow server` cannot be made to give on demand.
+class RefusingServer {
+ public:
+  RefusingServer() {
+    server_.Post("/api/2.0/mlflow/runs/log-batch", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(mu_);
+      nlohmann::json body = nlohmann::json::parse(req.body);
+      ++requests_;
+      if (status_ != 200) {
+        res.status = status_;
+        res.set_content(R"({"error_code":"TEMPORARILY_UNAVAILABLE","message":"try later"})", "application/json");
+        return;
+      }
+      for (const auto& m : body["metrics"])
+        if (m["key"] == "fullburn/refused") {
+          res.status = 400;
+          res.set_content(R"({"error_code":"INVALID_PARAMETER_VALUE","message":"Invalid value \"fullburn/refused\""})",
+                          "application/json");
+          return;
+        }
+      for (const auto& m : body["metrics"]) logged_.push_back(m["key"].get<std::string>());
+      res.set_content("{}", "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::yield();
+  }
+  ~RefusingServer() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  void Answer(int status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+  }
+  int requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+  std::vector<std::string> logged() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return logged_;
+  }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  int status_ = 200, requests_ = 0;
+  std::vector<std::string> logged_;
+};
+
+TEST(MlflowClient, ARefusedKeyIsFoundLeftOutAndNotSentAgain) {
+  RefusingServer server;
+  auto c = MlflowClient::Open(MlflowConnection::FromEnv(server.Url()));
+  ASSERT_TRUE(c.ok());
+  std::set<std::string> refused;
+  std::vector<TrackerPoint> points = {{"fullburn/a", 1, 1, 10}, {"fullburn/refused", 2, 1, 10},
+                                      {"fullburn/b", 3, 1, 10}};
+  Status s = c->LogBatch("run", points, {}, {}, &refused);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(refused, std::set<std::string>{"fullburn/refused"});
+  std::vector<std::string> logged = server.logged();
+  EXPECT_EQ(std::set<std::string>(logged.begin(), logged.end()), (std::set<std::string>{"fullburn/a", "fullburn/b"}));
+  int before = server.requests();
+  ASSERT_TRUE(c->LogBatch("run", points, {}, {}, &refused).ok());
+  EXPECT_EQ(server.requests(), before + 1) << "the refused key is not tried again";
+}
+
+TEST(MlflowClient, ServerTroubleAndCredentialsAreToldApart) {
+  RefusingServer server;
+  auto c = MlflowClient::Open(MlflowConnection::FromEnv(server.Url()));
+  ASSERT_TRUE(c.ok());
+  std::set<std::string> refused;
+  server.Answer(503);
+  Status busy = c->LogBatch("run", {{"fullburn/a", 1, 1, 10}}, {}, {}, &refused);
+  EXPECT_EQ(busy.code(), Status::Code::kUnavailable);
+  EXPECT_NE(busy.message().find("HTTP 503: try later"), std::string::npos) << busy.message();
+  server.Answer(401);
+  Status denied = c->LogBatch("run", {{"fullburn/a", 1, 1, 10}}, {}, {}, &refused);
+  EXPECT_EQ(denied.code(), Status::Code::kAborted);
+  EXPECT_NE(denied.message().find("MLFLOW_TRACKING_TOKEN"), std::string::npos) << denied.message();
+  EXPECT_TRUE(refused.empty()) << "a server in trouble refuses no key";
 }
 
 }  // namespace
