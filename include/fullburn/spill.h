@@ -77,6 +77,15 @@ class SpillFile {
   int64_t bytes_ = 0, written_ = 0, dropped_ = 0;
 };
 
+// The run's end into the store, or into `spill` when the store refuses it
+// (a finished job is never left to read as interrupted); then what the
+// spill holds goes to the store if it takes writes now. What to tell the
+// user, one line each ("" when all is stored): the records it imported, or
+// the spill file and the `fullburn runs import` that loads it. `spill` may
+// be null (the end's Status is then all there is).
+std::string FinishRunOrKeep(RunStore* store, SpillFile* spill, int64_t run_id, double end_time,
+                            std::optional<int> exit_code, const std::string& status);
+
 // The folder a spill of a store at `store_path` goes to, or why there is none.
 Result<std::string> SpillFolder(const Env& env, const std::string& store_path);
 

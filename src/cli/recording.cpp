@@ -85,31 +85,9 @@ int RecordUntil(const Recording& rec, const std::function<int()>& wait) {
 
 void EndRun(const Recording& rec, double end_time, std::optional<int> exit_code,
             const std::string& status) {
-  Status s = rec.store->FinishRun(rec.info.id, end_time, exit_code, status);
-  if (!rec.spill) return;
-  if (!s.ok()) {
-    Status kept = rec.spill->AddEnd(end_time, exit_code, status, s.message());
-    if (!kept.ok())
-      std::fprintf(stderr, "fullburn: the run's end could not be stored (%s) nor kept (%s)\n",
-                   s.message().c_str(), kept.message().c_str());
-  }
-  if (rec.spill->empty()) return;
-  std::string path = rec.spill->path();
-  int64_t imported = 0;
-  if (s.ok() && rec.spill->DrainInto(rec.store, &imported).ok()) {
-    std::fprintf(stderr, "fullburn: the %lld records kept in %s while the store refused writes are stored\n",
-                 static_cast<long long>(imported), path.c_str());
-    return;
-  }
-  std::fprintf(stderr,
-               "fullburn: %lld records the store refused%s are kept in %s: once it takes writes "
-               "again (or into another, with --store), fullburn runs import %s%s\n",
-               static_cast<long long>(rec.spill->written()),
-               s.ok() ? "" : ", the run's end among them", path.c_str(), path.c_str(),
-               rec.spill->dropped() > 0
-                   ? (" (" + std::to_string(rec.spill->dropped()) +
-                      " more were dropped past its cap of 256 MiB)").c_str()
-                   : "");
+  std::string said = FinishRunOrKeep(rec.store, rec.spill, rec.info.id, end_time, exit_code, status);
+  for (size_t at = 0, nl; (nl = said.find('\n', at)) != std::string::npos; at = nl + 1)
+    std::fprintf(stderr, "fullburn: %s\n", said.substr(at, nl - at).c_str());
 }
 
 void PrintRunEnd(const Recording& rec) {

@@ -412,4 +412,29 @@ std::vector<StoreGap> FindStoreGaps(const Env& env, const std::string& store_pat
   return out;
 }
 
+std::string FinishRunOrKeep(RunStore* store, SpillFile* spill, int64_t run_id, double end_time,
+                            std::optional<int> exit_code, const std::string& status) {
+  Status s = store->FinishRun(run_id, end_time, exit_code, status);
+  if (!spill) return s.ok() ? "" : "the run's end could not be stored: " + s.message() + "\n";
+  std::string out;
+  if (!s.ok()) {
+    Status kept = spill->AddEnd(end_time, exit_code, status, s.message());
+    if (!kept.ok())
+      out += "the run's end could not be stored (" + s.message() + ") nor kept (" + kept.message() + ")\n";
+  }
+  if (spill->empty()) return out;
+  std::string path = spill->path();
+  int64_t imported = 0;
+  if (s.ok() && spill->DrainInto(store, &imported).ok())
+    return out + "the " + std::to_string(imported) + " records kept in " + path +
+           " while the store refused writes are stored\n";
+  out += std::to_string(spill->written()) + " records the store refused" +
+         (s.ok() ? "" : ", the run's end among them,") + " are kept in " + path +
+         ": once it takes writes again (or into another, with --store), fullburn runs import " + path;
+  if (spill->dropped() > 0)
+    out += " (" + std::to_string(spill->dropped()) + " more were dropped past its cap of " +
+           std::to_string(kSpillMaxBytes >> 20) + " MiB)";
+  return out + "\n";
+}
+
 }  // namespace fullburn

@@ -238,8 +238,21 @@ void Trainer::Finish(const std::string& status, int code) {
   // different steps, and one of them may still be in a gradient all-reduce.
   if (dp_ && status == "finished" && code == 0) (void)dp_->AnyRank(false);
   live_.reset();
-  if (run_.id > 0 && rank_.rank == 0)
-    store_->FinishRun(run_.id, Env::Default()->UnixSeconds(), code, status);
+  std::string said;
+  if (run_.id > 0 && rank_.rank == 0) {
+    // Into the spill if the store refuses it: a finished run never reads as interrupted.
+    said = FinishRunOrKeep(store_.get(), spill_.get(), run_.id, Env::Default()->UnixSeconds(), code, status);
+  } else if (spill_ && !spill_->empty()) {
+    int64_t imported = 0;
+    std::string path = spill_->path();
+    said = spill_->DrainInto(store_.get(), &imported).ok()
+               ? fmt::format("the {} records kept in {} while the store refused writes are stored\n", imported, path)
+               : fmt::format("{} records the store refused are kept in {}: fullburn runs import {}\n",
+                             spill_->written(), path, path);
+  }
+  for (size_t at = 0, nl; (nl = said.find('\n', at)) != std::string::npos; at = nl + 1)
+    std::fprintf(stderr, "fullburn: %s%s\n", rank_.world_size > 1 ? fmt::format("rank {}: ", rank_.rank).c_str() : "",
+                 said.substr(at, nl - at).c_str());
 }
 
 Status Trainer::Run() {

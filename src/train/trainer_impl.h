@@ -15,6 +15,7 @@
 #include "fullburn/dist_torch.h"
 #include "fullburn/recorder.h"
 #include "fullburn/report.h"
+#include "fullburn/spill.h"
 #include "fullburn/store.h"
 #include "fullburn/store_layout.h"
 #include "fullburn/train.h"
@@ -303,6 +304,9 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;
   LrSchedule schedule_;
   std::unique_ptr<GpuSource> gpus_;
+  // Where what the store refuses goes (spill.h): before recorder_, whose
+  // writers add to it, so it outlives them.
+  std::unique_ptr<SpillFile> spill_;
   // Every record of the run goes through it; the training loop never waits
   // on the store. Before ckpt_, whose thread adds to it, so it outlives that
   // thread; after gpus_, which its sampler reads.

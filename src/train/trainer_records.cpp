@@ -53,6 +53,12 @@ void Trainer::StartRecording() {
   // markers would write.
   if (const char* events = std::getenv(kEventsEnvVar); events && *events && rank_.rank == 0)
     o.events_path = events;
+  // A rank that writes a store keeps what it refuses (a full disk, a lock
+  // held past the retry time) in a spill, as fullburn run does.
+  if (!forward_) {
+    spill_ = std::make_unique<SpillFile>(Env::Default(), store_->path(), run_);
+    o.spill = spill_.get();
+  }
   recorder_ = std::make_unique<Recorder>(Env::Default(), store_.get(), run_, std::move(o));
   for (const RunEvent& e : pending_events_) recorder_->AddEvent(e);
   pending_events_.clear();

@@ -1791,6 +1791,64 @@ TEST_F(TrainE2E, AStoreLockedForAWhileCostsNoStepRecords) {
   EXPECT_LT(longest, 4.5) << "the training loop waited on the locked store";
 }
 
+// The store's disk fills while fullburn train trains (issue 67): the loop
+// trains on, what the store refuses goes to a spill on another file system
+// (named with its import), the run reads as finished, not interrupted, and
+// the import stores every step. Skipped where a small tmpfs cannot be mounted.
+TEST_F(TrainE2E, ADiskThatFillsMidTrainingLosesNoStep) {
+  const std::string disk = dir_ + "/disk", spills = dir_ + "/spills";
+  fs::create_directories(disk);
+  fs::create_directories(spills);
+  if (RunToEnd({"mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", disk}).code != 0)
+    GTEST_SKIP() << "mount -t tmpfs was refused (needs root): no small disk to fill";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { RunToEnd({"umount", "-l", dir}); }
+  } unmount{disk};
+  ::setenv("XDG_RUNTIME_DIR", spills.c_str(), 1);  // the spill's folder, on another file system
+  const std::string store = disk + "/runs.db";
+  Background b;
+  std::vector<std::string> argv = {FULLBURN_BIN, "train", "--store", store, "train.steps=100000",
+                                   "train.time_limit_s=10", "checkpoint.at_end=false"};
+  argv.insert(argv.end(), kTiny.begin(), kTiny.end());
+  testing::Start(&b, argv, "train_disk_full");
+  auto stored = [&] {
+    auto s = RunStore::Open(store);
+    if (!s.ok()) return size_t{0};
+    auto run = (*s)->GetRun("last");
+    return run.ok() ? (*s)->LoadSteps(run->id).value().size() : size_t{0};
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return fs::exists(store) && stored() > 20; }, 60)) << b.Err();
+  {
+    std::ofstream filler(disk + "/filler", std::ios::binary);
+    std::string mib(1 << 20, 'x');
+    for (int i = 0; i < 4 && filler; ++i) filler.write(mib.data(), static_cast<std::streamsize>(mib.size()));
+  }
+  int code = b.Wait(120);
+  ASSERT_EQ(code, 0) << b.Err();
+  std::string err = b.Err();
+  EXPECT_NE(err.find("database or disk is full"), std::string::npos) << err;
+  std::vector<std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(spills))
+    if (e.path().extension() == ".fbspill") files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u) << err;
+  EXPECT_NE(err.find("fullburn runs import " + files[0]), std::string::npos) << err;
+  auto list = RunToEnd({FULLBURN_BIN, "runs", "list", "--json", "--store", store});
+  ASSERT_EQ(list.code, 0) << list.err;
+  // The run's end is in the spill, where runs list looks (XDG_RUNTIME_DIR still set).
+  EXPECT_EQ(nlohmann::json::parse(list.out)[0]["status"], "finished") << list.out;
+  ::unsetenv("XDG_RUNTIME_DIR");
+  fs::remove(disk + "/filler");
+  auto imported = RunToEnd({FULLBURN_BIN, "runs", "import", "--store", store, files[0]});
+  ASSERT_EQ(imported.code, 0) << imported.err;
+  auto s = RunStore::Open(store);
+  ASSERT_TRUE(s.ok());
+  auto steps = (*s)->LoadSteps((*s)->GetRun("last")->id).value();
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front().step, 1);
+  EXPECT_EQ(static_cast<int64_t>(steps.size()), steps.back().step) << "a hole in the steps";
+}
+
 TEST_F(TrainE2E, ResumingWithADifferentModelShapeIsRefused) {
   ASSERT_EQ(Train({"train.steps=5"}).code, 0);
   auto o = Train({"--resume", "last", "data.features=16", "train.steps=10"}, false);
