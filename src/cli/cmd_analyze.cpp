@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "fullburn/analyze.h"
+#include "fullburn/step_range.h"
 
 namespace fullburn::cli {
 namespace {
@@ -19,22 +20,13 @@ struct AnalyzeCliOptions {
   size_t top = 10;
 };
 
-// "5-9" (or "7": one step) into ProfilerStep numbers.
+// "5-9" (or "7": one step) into ProfilerStep numbers, which count from 0.
 Status ParseSteps(const std::string& text, AnalyzeOptions* o) {
-  char* end = nullptr;
-  long long a = std::strtoll(text.c_str(), &end, 10);
-  long long b = a;
-  if (end != text.c_str() && *end == '-') {
-    const char* rest = end + 1;
-    b = std::strtoll(rest, &end, 10);
-    if (end == rest) end = nullptr;
-  }
-  if (end == nullptr || end == text.c_str() || *end != '\0' || a < 0 || b < a)
-    return Status::InvalidArgument("--steps " + text +
-                                   ": expected A-B, the first and last ProfilerStep numbers "
-                                   "(5-9), or one step (7)");
-  o->first_step = a;
-  o->last_step = b;
+  auto range = ParseStepRange(text, 0);
+  if (!range.ok())
+    return Status::InvalidArgument("--steps " + range.status().message() +
+                                   " (the first and last ProfilerStep numbers, e.g. 5-9)");
+  std::tie(o->first_step, o->last_step) = *range;
   return Status::Ok();
 }
 

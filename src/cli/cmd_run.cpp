@@ -17,6 +17,7 @@
 #include "fullburn/store_layout.h"
 #include "fullburn/run_traces.h"
 #include "recording.h"
+#include "fullburn/step_range.h"
 #include "stacks_sampler.h"
 #include "trackers_live.h"
 
@@ -105,23 +106,10 @@ void EndTheRest(const RunOptions& opts) {
 
 // --profile A-B (or N: that step alone): the steps, 1 <= A <= B.
 Status ParseSteps(const std::string& text, int64_t* first, int64_t* last) {
-  size_t dash = text.find('-');
-  try {
-    size_t used = 0;
-    *first = std::stoll(text.substr(0, dash), &used);
-    if (used != (dash == std::string::npos ? text.size() : dash)) throw std::invalid_argument("");
-    *last = *first;
-    if (dash != std::string::npos) {
-      *last = std::stoll(text.substr(dash + 1), &used);
-      if (used != text.size() - dash - 1) throw std::invalid_argument("");
-    }
-  } catch (const std::exception&) {
-    return Status::InvalidArgument("--profile " + text +
-                                   " is not a range of steps: give A-B, as in --profile 20-25");
-  }
-  if (*first < 1 || *last < *first)
-    return Status::InvalidArgument("--profile " + text +
-                                   ": the steps count from 1 and A-B needs A <= B, as in 20-25");
+  auto range = ParseStepRange(text, 1);
+  if (!range.ok())
+    return Status::InvalidArgument("--profile " + range.status().message() + " (e.g. --profile 20-25)");
+  std::tie(*first, *last) = *range;
   return Status::Ok();
 }
 

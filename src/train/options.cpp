@@ -203,7 +203,7 @@ const std::vector<OptionDef>& TrainOptions() {
        "Write on a background thread; the loop is blocked only for the snapshot"},
       // profile
       {"profile.steps", T::kString, "",
-       "Trace optimizer steps A-B with torch's profiler (e.g. 20-25): one Chrome trace per rank "
+       "Trace optimizer steps A-B (or N alone) with torch's profiler (e.g. 20-25): one Chrome trace per rank "
        "beside the run store (traces/run-ID), analysed as fullburn analyze does in the summary, "
        "fullburn diagnose and fullburn report; empty: off"},
       // eval: the held-out loss and accuracy, recorded as the run's evaluation events

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fullburn/atomic_file.h"
+#include "fullburn/step_range.h"
 #include "trainer_impl.h"
 
 namespace fullburn {
@@ -17,32 +18,13 @@ namespace fullburn {
 namespace prof = torch::autograd::profiler;
 namespace impl = torch::profiler::impl;
 
-Result<std::pair<int64_t, int64_t>> ParseProfileSteps(const std::string& spec) {
-  auto bad = [&] {
-    return Status::InvalidArgument("profile.steps = '" + spec +
-                                   "': give the optimizer steps to trace as A-B with 1 <= A <= B, "
-                                   "e.g. profile.steps=20-25");
-  };
-  size_t dash = spec.find('-');
-  if (dash == std::string::npos) return bad();
-  try {
-    size_t used_a = 0, used_b = 0;
-    int64_t a = std::stoll(spec.substr(0, dash), &used_a);
-    int64_t b = std::stoll(spec.substr(dash + 1), &used_b);
-    if (used_a != dash || used_b != spec.size() - dash - 1 || a < 1 || b < a) return bad();
-    return std::make_pair(a, b);
-  } catch (const std::exception&) {
-    return bad();
-  }
-}
-
 Status Trainer::SetupProfile() {
   std::string spec = cfg_.Str("profile.steps");
   if (spec.empty()) return Status::Ok();
-  auto steps = ParseProfileSteps(spec);
-  if (!steps.ok()) {
-    return steps.status();
-  }
+  auto steps = ParseStepRange(spec, 1);  // optimizer steps count from 1
+  if (!steps.ok())
+    return Status::InvalidArgument("profile.steps = " + steps.status().message() +
+                                   " (the optimizer steps to trace, e.g. profile.steps=20-25)");
   std::tie(profile_first_, profile_last_) = *steps;
   return Status::Ok();
 }

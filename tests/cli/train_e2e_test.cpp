@@ -1636,7 +1636,8 @@ TEST_F(TrainE2E, BadConfigsAreOneLineErrors) {
       {{"train.precision=fp16"}, "needs a CUDA device"},
       {{"train.cuda_graphs=true"}, "train.cuda_graphs needs CUDA"},
       {{"profile.steps=6-2"}, "profile.steps = '6-2'"},
-      {{"profile.steps=20"}, "as A-B with 1 <= A <= B"},
+      {{"profile.steps=0-3"}, "profile.steps = '0-3': the steps count from 1"},
+      {{"profile.steps=4-6x"}, "digits only"},
       {{dir_ + "/missing.toml"}, "cannot be read"},
   };
   for (const Case& c : cases) {
