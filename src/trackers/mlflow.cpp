@@ -3,6 +3,8 @@
 
 #include <httplib.h>
 
+#include "fullburn/http_client.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -23,24 +25,6 @@ std::string EnvOr(const char* name, const std::string& fallback = "") {
 
 int64_t Millis(double unix_time) { return static_cast<int64_t>(std::llround(unix_time * 1000)); }
 
-std::string Trimmed(std::string s, size_t n) { return s.size() > n ? s.substr(0, n) + "..." : s; }
-
-std::string WhyUnreachable(httplib::Error e) {
-  switch (e) {
-    case httplib::Error::Connection:
-      return "connection refused or host not found";
-    case httplib::Error::ConnectionTimeout:
-      return "no answer to the connection";
-    case httplib::Error::Read:
-      return "the connection broke or timed out while reading the answer";
-    case httplib::Error::SSLConnection:
-      return "the TLS handshake failed";
-    case httplib::Error::SSLServerVerification:
-      return "the server's certificate did not verify";
-    default:
-      return httplib::to_string(e);
-  }
-}
 
 json KeyValueArray(const KeyValues& kv, size_t max_value) {
   json a = json::array();
