@@ -81,6 +81,11 @@ inline std::string FirstLine(const std::string& s) { return s.substr(0, s.find('
   std::abort();
 }
 
+// The exit code of every fullburn program for bad input it refuses before
+// any work (a flag, a config key, a file it cannot use): one value, so a
+// script can tell it from a job's own failure.
+constexpr int kExitUsage = 2;
+
 }  // namespace fullburn
 
 #define FB_CHECK(cond) \

@@ -13,7 +13,7 @@
 namespace fullburn::cli {
 
 // Exit codes of fullburn's own failures (a wrapped command's code passes through).
-constexpr int kExitUsage = 2;         // bad flag, bad input, unusable store
+// kExitUsage (status.h): a bad flag, bad input, an unusable store.
 constexpr int kExitCannotStart = 127; // `run`: the command could not be started
 
 // Options shared by several subcommands: each is defined once, here, with

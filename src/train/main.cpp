@@ -22,7 +22,7 @@ struct BenchOptions {
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "fullburn: %s\n", message.c_str());
-  return 2;
+  return fullburn::kExitUsage;
 }
 
 // Batches resident on the device, normalized: what a training step consumes.

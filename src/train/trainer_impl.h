@@ -122,7 +122,7 @@ int PendingStopSignal();
 // (dist.shard, dist.offload), trainer_memory.cpp (the memory model's probe
 // and advice), trainer_eval.cpp, trainer_records.cpp (through the Recorder,
 // to rank 0), trainer_graph.cpp (CUDA graphs), trainer_profile.cpp.
-constexpr int kExitFailed = 1, kExitUsage = 2, kExitInterrupted = 130;
+constexpr int kExitFailed = 1, kExitInterrupted = 130;  // and kExitUsage (status.h)
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
 // `started`: the step loop began.
