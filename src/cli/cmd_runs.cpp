@@ -190,7 +190,7 @@ int Show(const RunsOptions& o) {
   if (!step_records.empty()) std::fputs(RenderStepsSummary(step_records).c_str(), stdout);
   std::fputs(RenderMfu(ComputeMfu(*data)).c_str(), stdout);
   std::fputs(RenderFindings(findings).c_str(), stdout);
-  if (StackSummary stacks = RunStacks(*data); !stacks.empty())
+  if (StackSummary stacks = RunStacks(*data); !stacks.empty() || stacks.errors > 0)
     std::printf("  python stacks (%lld samples at %g/s per thread; fullburn runs stacks %lld):\n%s",
                 static_cast<long long>(stacks.samples), stacks.rate_hz, static_cast<long long>(run->id),
                 RenderStackPhases(stacks).c_str());

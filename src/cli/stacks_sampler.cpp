@@ -363,22 +363,28 @@ void KeepStacks(StacksSampler* sampler, RunStore* store, int64_t run_id, double 
                 double rate_hz, bool quiet) {
   if (!sampler) return;
   StacksResult r = sampler->Finish();
-  if (!r.sampled) {
-    Note(quiet, r.note);
-    return;
+  // py-spy that read no stack whole (each one deeper than it reads, say)
+  // still counted its tries: that count is kept, so `runs show` says why
+  // this run has no stacks.
+  bool only_errors = !r.sampled && r.errors > 0 && r.note.rfind("py-spy wrote no samples", 0) == 0;
+  if (!r.sampled) Note(quiet, r.note);
+  if (!r.sampled && !only_errors) return;
+  StackSummary summary;
+  summary.rate_hz = rate_hz;
+  if (r.sampled) {
+    std::ifstream in(r.file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    int64_t bad = 0;
+    std::vector<StackSample> samples = ParseFoldedStacks(text.str(), &bad);
+    summary = SummarizeStacks(samples, root_pid, rate_hz, ToolDirs());
+    summary.bad_lines = bad;
   }
-  std::ifstream in(r.file, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  int64_t bad = 0;
-  std::vector<StackSample> samples = ParseFoldedStacks(text.str(), &bad);
-  StackSummary summary = SummarizeStacks(samples, root_pid, rate_hz, ToolDirs());
-  summary.bad_lines = bad;
   summary.errors = r.errors;
   summary.sampler_cpu_s = r.sampler_cpu_s;
   summary.sampler_paused_s = r.paused_s;
   summary.duration_s = t;
-  if (summary.empty()) {
+  if (summary.empty() && !only_errors) {
     Note(quiet, "py-spy's file " + r.file + " holds no stack");
     return;
   }

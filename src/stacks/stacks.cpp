@@ -562,7 +562,7 @@ std::string RenderStackPlaces(const StackSummary& s, StackPhase phase, size_t n,
 }
 
 std::string RenderStackPhases(const StackSummary& s, size_t n) {
-  if (s.empty()) return "";
+  if (s.empty() && s.errors == 0) return "";
   std::string out;
   int64_t step = s.StepSamples();
   if (s.duration_s > 0 && s.sampler_cpu_s > 0)
