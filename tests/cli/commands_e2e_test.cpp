@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
 
 #include "fullburn/pipeline.h"
 #include "fullburn/store.h"
@@ -613,7 +614,13 @@ TEST_F(CommandsE2E, ServeExposesPrometheusMetrics) {
   int port = StartServe(&b, {"--interval", "0.2", "--store", store_}, "serve");
   ASSERT_GT(port, 0) << b.Err();
   httplib::Client client("127.0.0.1", port);
+  // The host's CPU share is a difference of two readings: it is exported from
+  // the second sample on, which a busy machine may take after the port is up.
   auto res = client.Get("/metrics");
+  for (int i = 0; i < 100 && res && res->body.find("fullburn_host_cpu_util") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    res = client.Get("/metrics");
+  }
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
   EXPECT_NE(res->get_header_value("Content-Type").find("version=0.0.4"), std::string::npos);
