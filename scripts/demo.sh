@@ -60,11 +60,12 @@ echo "      data wait, the CPU, and (after 20 s of steps) what limits the job no
 "$fb" run --name demo-starved -- "$python" "$script" --epochs "$epochs"
 starved=$("$fb" runs list --last 1 --json | "$python" -c "import json, sys; print(json.load(sys.stdin)[0]['id'])")
 
-# The fix the diagnosis named: its DataLoader's num_workers, "0 -> N".
+# The fix the diagnosis named: its DataLoader's num_workers, "num_workers=0 -> N" in
+# code or "num_workers (0 -> N)" where the script has its own flag for it.
 workers=$("$fb" diagnose "$starved" --json | "$python" -c '
 import json, re, sys
 for f in json.load(sys.stdin):
-    m = re.search(r"num_workers[= ]0 -> (\d+)", f["fix"])
+    m = re.search(r"num_workers[= (]+0 -> (\d+)", f["fix"])
     if m:
         print(m.group(1)); break
 else:
