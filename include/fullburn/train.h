@@ -18,13 +18,11 @@
 // - The whole runtime for a program's own network and data: RunTraining
 //   with TrainerOptions::model and train_data or dataset (trainer.h,
 //   examples/cpp_api). An installed fullburn exports it as the CMake target
-//   fullburn::train. The CPU memory budget (cpu_memory_budget.h) stands in for
-//   a GPU's memory in tests and the batch-size search.
+//   fullburn::train.
 // - This header only gathers the component's headers, for users.
 #pragma once
 
 #include "fullburn/amp.h"
 #include "fullburn/checkpoint.h"
-#include "fullburn/cpu_memory_budget.h"
 #include "fullburn/optim.h"
 #include "fullburn/trainer.h"

@@ -1,5 +1,5 @@
 // Internal to fullburn tune: running one trial as a child process, the
-// TrialRunner the tuning loop (include/fullburn/tuner.h) is given.
+// TrialRunner the tuning loop (src/internal/fullburn/tuner.h) is given.
 #pragma once
 
 #include <memory>

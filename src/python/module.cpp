@@ -1,5 +1,5 @@
 // fullburn._native: the loaders and the tensor-file saver for Python
-// (include/fullburn/python.h has the contract; python/fullburn/ the API).
+// (src/internal/fullburn/python.h has the contract; python/fullburn/ the API).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/numpy.h>

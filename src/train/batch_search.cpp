@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "fullburn/cpu_memory_budget.h"
 #include "memory_model.h"
 #include "trainer_impl.h"
 

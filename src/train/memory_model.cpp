@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "fullburn/cpu_memory_budget.h"
 #include "fullburn/env.h"
 #include "trainer_impl.h"
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "fullburn/cpu_memory_budget.h"
 #include "fullburn/diagnose.h"
 #include "fullburn/run_traces.h"
 

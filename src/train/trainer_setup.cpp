@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "fullburn/cpu_memory_budget.h"
 #include "trainer_impl.h"
 
 namespace fullburn {

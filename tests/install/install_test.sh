@@ -21,6 +21,13 @@ for f in bin/fullburn include/fullburn/train.h include/fullburn/pipeline.h \
          lib/cmake/fullburn/fullburnConfig.cmake lib/libfullburn_pipeline.a; do
   [[ -e $prefix/$f ]] || fail "$f was not installed"
 done
+# Only the public headers are installed; the internal ones (src/internal/) stay behind.
+for h in "$source"/src/internal/fullburn/*.h; do
+  [[ ! -e $prefix/include/fullburn/$(basename "$h") ]] || fail "internal header $(basename "$h") was installed"
+done
+public=$(ls "$source"/include/fullburn/*.h | wc -l)
+installed=$(ls "$prefix"/include/fullburn/*.h | wc -l)
+[[ $public == "$installed" ]] || fail "$installed headers installed, but include/fullburn/ has $public"
 fb=$prefix/bin/fullburn
 store=$work/runs.db
 

@@ -1,3 +1,4 @@
+#include "fullburn/cpu_memory_budget.h"
 #include "fullburn/models.h"
 
 #include <ATen/autocast_mode.h>

@@ -1,6 +1,7 @@
 // The training runtime's pieces, on CPU: loss scaler, autocast guard,
 // accumulation, optimizers against torch::optim, schedule, checkpoints, the
 // memory budget and the batch-size search.
+#include "fullburn/cpu_memory_budget.h"
 #include "fullburn/train.h"
 
 #include <ATen/autocast_mode.h>

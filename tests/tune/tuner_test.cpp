@@ -1,4 +1,4 @@
-// fullburn tune's loop (include/fullburn/tuner.h) driven by a scripted
+// fullburn tune's loop (src/internal/fullburn/tuner.h) driven by a scripted
 // TrialRunner and a scripted clock: the noise measured by the repeated start,
 // a slower start retried once, a failed trial, a budget that runs out and
 // Ctrl-C, each decided in milliseconds with no process started.
