@@ -1,6 +1,6 @@
 """One training step's FLOPs, counted once, for MFU (docs/diagnosis.md, "Used well").
 
-The automatic step hooks (fullburn_autosteps.py) call `FlopCount.step_ended`
+The automatic step hooks (fullburn_autosteps/steps.py) call `FlopCount.step_ended`
 after each step they write. After the warm-up, step FULLBURN_FLOPS_STEP (default
 3) runs under torch.utils.flop_counter's FlopCounterMode (its dispatch mode
 alone, without its per-module tracking), from its first batch's arrival

@@ -2,7 +2,7 @@
 `fullburn run --layers` (FULLBURN_LAYERS=1; docs/stacks.md, "Layers"), and
 the record of an out-of-memory error (always).
 
-The automatic step hooks (fullburn_autosteps.py) make one `LayerTimes` when
+The automatic step hooks (fullburn_autosteps/steps.py) make one `LayerTimes` when
 --layers is on and tell it of each step's end and each backward()'s return.
 
 - The model: the first module called on the loop's thread with grad enabled,

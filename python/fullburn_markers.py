@@ -1,7 +1,7 @@
 """Step markers for jobs recorded by `fullburn run` (no dependencies).
 
 A PyTorch loop under `fullburn run` needs none of this: its optimizer steps
-and DataLoader waits are timed by themselves (fullburn_autosteps.py). For a
+and DataLoader waits are timed by themselves (fullburn_autosteps/). For a
 loop those hooks cannot see, or to mark steps your own way, two lines give it
 the same data-wait diagnosis as `fullburn train` (the automatic markers step
 aside when the job makes its own):
@@ -203,7 +203,7 @@ class Markers:
         dataset = getattr(loader, "dataset", None)
         if dataset is not None:  # "ImageFolder": the diagnosis can name fullburn.ImageLoader
             data["dataset"] = type(dataset).__name__
-        # Where it was made and by which framework (fullburn_autosteps.py),
+        # Where it was made and by which framework (fullburn_autosteps/frameworks.py),
         # so the fix names the place to change: a DataModule's
         # train_dataloader(), TrainingArguments.
         created = getattr(loader, "_fullburn_created", None)

@@ -1,5 +1,5 @@
 """A plain PyTorch training script with no fullburn code in it: `fullburn run`
-times its steps by itself (python/fullburn_autosteps.py). For the tests and
+times its steps by itself (python/fullburn_autosteps/). For the tests and
 the README tour; needs torch (Debian's python3-torch: /usr/bin/python3).
 
 Each sample "arrives" after --sample-ms of waiting (a slow disk or network

@@ -1,6 +1,6 @@
 """Loaded by Python at start-up because `fullburn run` puts this folder first
 on the child's PYTHONPATH: marks a PyTorch job's steps with no change to it
-(python/fullburn_autosteps.py), then runs the sitecustomize it shadows."""
+(python/fullburn_autosteps/), then runs the sitecustomize it shadows."""
 import importlib.machinery
 import importlib.util
 import os

@@ -257,7 +257,7 @@ void SetupRun(CLI::App& app) {
   AddRecordOptions(run, opts.get(), "the command");
   run->add_flag("--no-auto-steps", opts->no_auto_steps,
                 "Do not time a PyTorch job's steps by itself (optimizer.step, DataLoader waits; "
-                "python/fullburn_autosteps.py)")
+                "python/fullburn_autosteps/)")
       ->envname("FULLBURN_NO_AUTO_STEPS");
   run->add_flag("--keep-orphans", opts->keep_orphans,
                 "Leave running the processes the job leaves behind when its main process exits "

@@ -213,7 +213,7 @@ struct Facts {
   StallFacts stalls;
   CheckpointFacts checkpoints;
   // The uncaught Python exception a wrapped job's process raised first
-  // (python/fullburn_autosteps.py's "exception" event); type empty: none.
+  // (python/fullburn_autosteps/exceptions.py's "exception" event); type empty: none.
   struct Failure {
     std::string type, message, where;  // where: "train.py:42"
     int rank = 0;
@@ -266,7 +266,7 @@ struct Facts {
   std::string loader_dataset;  // the DataLoader's dataset class, when the markers told
   // Where the job's code made it ("train.py:47", "ShapesData.train_dataloader")
   // and the framework involved ("lightning", "transformers", "accelerate",
-  // "timm"; empty: none), from python/fullburn_autosteps.py.
+  // "timm"; empty: none), from python/fullburn_autosteps/frameworks.py.
   std::string loader_created_at, loader_created_in, loader_framework;
   // The script's command-line option that set num_workers ("--workers"), and the script's name.
   std::string loader_workers_flag, loader_script;

@@ -39,7 +39,7 @@ bool EndsWith(const std::string& s, const char* suffix) {
 }
 bool Has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
-// "_hook_torch.<locals>.__next__" -> "__next__": Python 3.11's qualified
+// "_next_hook.<locals>.__next__" -> "__next__": Python 3.11's qualified
 // names and older plain ones alike.
 std::string ShortName(const std::string& function) {
   size_t dot = function.rfind('.');
@@ -51,8 +51,16 @@ std::string Basename(const std::string& file) {
   return slash == std::string::npos ? file : file.substr(slash + 1);
 }
 
+// A file of fullburn's automatic step hooks: python/fullburn_autosteps/'s
+// modules, or the single fullburn_autosteps.py they were before (an older
+// install's stacks).
+bool IsAutostepsFile(const std::string& file) {
+  return Has(file, "/fullburn_autosteps/") || file.compare(0, 19, "fullburn_autosteps/") == 0 ||
+         EndsWith(file, "fullburn_autosteps.py");
+}
+
 bool IsHook(const StackFrame& f, std::initializer_list<const char*> names) {
-  if (!EndsWith(f.file, "fullburn_autosteps.py")) return false;
+  if (!IsAutostepsFile(f.file)) return false;
   std::string name = ShortName(f.function);
   for (const char* n : names)
     if (name == n) return true;
@@ -376,7 +384,7 @@ std::vector<StackSample> ParseFoldedStacks(const std::string& text, int64_t* bad
 bool IsOwnFrame(const StackFrame& f, const std::vector<std::string>& tool_dirs) {
   if (f.file.empty() || f.file[0] == '<') return false;  // <frozen ...>, <string>
   if (!SitePackage(f.file).empty() || IsStdlib(f.file)) return false;
-  if (EndsWith(f.file, "fullburn_autosteps.py") || EndsWith(f.file, "fullburn_flops.py") ||
+  if (IsAutostepsFile(f.file) || EndsWith(f.file, "fullburn_flops.py") ||
       EndsWith(f.file, "fullburn_markers.py"))
     return false;
   for (const std::string& dir : tool_dirs)

@@ -1,5 +1,6 @@
 // The knobs of an unchanged PyTorch script: DataLoader arguments and torch
-// threads, which python/fullburn_autosteps.py applies from FULLBURN_TUNE_SET.
+// threads, which python/fullburn_autosteps/ (tune_settings.py) applies from
+// FULLBURN_TUNE_SET.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -41,7 +41,7 @@ TEST(RunTraces, EachRanksFileIsAnalysedOnce) {
   EXPECT_FALSE(t.text.empty());
 }
 
-// The event is written from the job's side (python/fullburn_autosteps.py):
+// The event is written from the job's side (python/fullburn_autosteps/profiler.py):
 // fields of another type are unknown steps, not an exception out of report.
 TEST(RunTraces, StepsOfAnotherTypeAreUnknownAndAMissingFileIsTheError) {
   RunData run;

@@ -1,5 +1,5 @@
 // End to end: `fullburn run` times the steps of an unchanged PyTorch script
-// (python/fullburn_autosteps.py) with real torch: Debian's python3-torch
+// (python/fullburn_autosteps/) with real torch: Debian's python3-torch
 // 1.13, and again (the tests named *.torch2) under PyPI's 2.x in the venv of
 // scripts/torch2-venv.sh, named by FULLBURN_TEST_PYTHON.
 #include <gtest/gtest.h>

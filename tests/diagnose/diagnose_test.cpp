@@ -465,7 +465,7 @@ TEST(Diagnose, WrappedJobsGetPyTorchKnobs) {
 // python/fullburn_markers.py describes the job's DataLoader: the evidence
 // names its settings and the fix starts from them.
 // A framework's job sets its DataLoader where the framework takes it: the
-// fix says where (python/fullburn_autosteps.py records the place), and a
+// fix says where (python/fullburn_autosteps/frameworks.py records the place), and a
 // Trainer's user, who never wrote a DataLoader, gets TrainingArguments.
 // A num_workers the script's command line carried (the hooks matched it to
 // the option that parsed it): the fix names the flag, then, under a
@@ -908,7 +908,7 @@ TEST(Diagnose, AWrappedJobsDataWaitCountsOnlyAsFarAsTheGpuIdled) {
   EXPECT_EQ(trainer.Run()[0].name(), "input_workers");
 }
 
-// A wrapped job's steps with every phase timed (python/fullburn_autosteps.py):
+// A wrapped job's steps with every phase timed (python/fullburn_autosteps/steps.py):
 // `rest` of each 1 s step is the loop's own work, outside every phase.
 Case LoopSteps(double rest, bool forward_timed = true) {
   Case c;
@@ -990,7 +990,7 @@ TEST(Diagnose, TheLoopsWorkCountsOnlyAsFarAsTheGpuIdled) {
   EXPECT_TRUE(Has(w, "input_workers")) << ::testing::PrintToString(Causes(w));
 }
 
-// A wrapped job's uncaught exception (python/fullburn_autosteps.py) is the
+// A wrapped job's uncaught exception (python/fullburn_autosteps/exceptions.py) is the
 // first finding, whatever the others cost, titled and fixed by its kind.
 TEST(Diagnose, AFailedJobIsNamedFirstWithTheFixForItsKind) {
   auto failed = [](std::vector<std::tuple<double, int, std::string, std::string>> raised) {

@@ -18,6 +18,7 @@ fail() { echo "install_test: $*" >&2; exit 1; }
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log"; fail "cmake --install failed"; }
 for f in bin/fullburn include/fullburn/train.h include/fullburn/pipeline.h \
          share/fullburn/python/fullburn_markers.py share/fullburn/python/autosteps/sitecustomize.py \
+         share/fullburn/python/fullburn_autosteps/__init__.py share/fullburn/python/fullburn_autosteps/torch_hooks.py \
          lib/cmake/fullburn/fullburnConfig.cmake lib/libfullburn_pipeline.a; do
   [[ -e $prefix/$f ]] || fail "$f was not installed"
 done

@@ -147,7 +147,7 @@ if __name__ == "__main__":
 
 class TorchVersions(unittest.TestCase):
     """The step hooks say once when torch is outside the versions they are
-    tested with (python/fullburn_autosteps.py), and stay quiet inside."""
+    tested with (python/fullburn_autosteps/torch_hooks.py), and stay quiet inside."""
 
     def setUp(self):
         here = os.path.dirname(os.path.abspath(__file__))

@@ -15,7 +15,10 @@ namespace {
 
 const std::string kTorch = "/usr/lib/python3/dist-packages/torch/";
 const std::string kStd = "/usr/lib/python3.11/";
-const std::string kHooks = "/opt/fullburn/share/fullburn/python/fullburn_autosteps.py";
+const std::string kAutosteps = "/opt/fullburn/share/fullburn/python/fullburn_autosteps/";
+const std::string kHooks = kAutosteps + "torch_hooks.py";
+// Before python/fullburn_autosteps/ was a package: one file (an older install's stacks).
+const std::string kOldHooks = "/opt/fullburn/share/fullburn/python/fullburn_autosteps.py";
 
 // One raw line: `frames` as "func (file:line)" joined by ';'.
 std::string Line(int pid, int tid, const std::vector<std::string>& frames, int count,
@@ -29,7 +32,7 @@ std::string Line(int pid, int tid, const std::vector<std::string>& frames, int c
 
 std::string Main() { return "<module> (/home/u/train.py:120)"; }
 std::string Loop() { return "train (/home/u/train.py:88)"; }
-std::string Next() { return "_hook_torch.<locals>.__next__ (" + kHooks + ":862)"; }
+std::string Next() { return "_next_hook.<locals>.__next__ (" + kHooks + ":862)"; }
 std::string LoaderNext() { return "_BaseDataLoaderIter.__next__ (" + kTorch + "utils/data/dataloader.py:628)"; }
 std::string Fetch() { return "_MapDatasetFetcher.fetch (" + kTorch + "utils/data/_utils/fetch.py:51)"; }
 std::string GetItem() { return "Photos.__getitem__ (/home/u/data.py:42)"; }
@@ -125,6 +128,13 @@ TEST(Stacks, TheHooksOwnFramesDecideThePhase) {
             StackPhase::kBackward);
   EXPECT_EQ(PhaseIn({Main(), Loop(), "save (" + kHooks + ":931)", "_save (" + kTorch + "serialization.py:653)"}),
             StackPhase::kCheckpoint);
+  std::string save_file = "save_file (/usr/lib/python3/dist-packages/safetensors/torch.py:286)";
+  EXPECT_EQ(PhaseIn({Main(), Loop(), "timed (" + kAutosteps + "checkpoints.py:97)", save_file}),
+            StackPhase::kCheckpoint);
+  // The hooks as one file, before the package.
+  EXPECT_EQ(PhaseIn({Main(), Loop(), "_hook_torch.<locals>.backward (" + kOldHooks + ":876)",
+                     "Tensor.backward (" + kTorch + "_tensor.py:488)"}),
+            StackPhase::kBackward);
   // Without the hooks, the DataLoader's own __next__ still says so.
   EXPECT_EQ(PhaseIn({Main(), Loop(), LoaderNext(), Fetch(), GetItem()}), StackPhase::kDataWait);
 }
@@ -237,6 +247,8 @@ TEST(Stacks, PlacesFoldLibraryFramesUnderTheJobsAndSumByFunction) {
 
 TEST(Stacks, FullburnsOwnFilesAreNotTheJobs) {
   EXPECT_FALSE(IsOwnFrame({"__next__", kHooks, 862}));
+  EXPECT_FALSE(IsOwnFrame({"exec_and_hook", kAutosteps + "import_watch.py", 27}));
+  EXPECT_FALSE(IsOwnFrame({"__next__", kOldHooks, 862}));
   EXPECT_FALSE(IsOwnFrame({"f", "/opt/fb/python/helper.py", 1}, {"/opt/fb/python/"}));
   EXPECT_FALSE(IsOwnFrame({"get", kStd + "queue.py", 1}));
   EXPECT_FALSE(IsOwnFrame({"get", "/root/.pyenv/versions/3.11.7/lib/python3.11/queue.py", 1}));

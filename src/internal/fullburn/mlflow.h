@@ -101,7 +101,7 @@ struct MlflowRunEnd {
 MlflowRunEnd RunEndRecords(const RunData& run, const std::vector<Finding>& findings);
 
 // The run a job's own MLflow run is: the newest "mlflow_run" event the step
-// hooks wrote (python/fullburn_autosteps.py) or fullburn sent to before, for
+// hooks wrote (python/fullburn_autosteps/) or fullburn sent to before, for
 // this tracking URI (any, when `uri` is empty). "" when none.
 std::string MlflowRunOf(const std::vector<RunEvent>& events, const std::string& uri);
 constexpr const char* kMlflowRunEvent = "mlflow_run";

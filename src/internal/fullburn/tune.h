@@ -104,12 +104,12 @@ std::vector<std::string> KnobOrder(const std::vector<Finding>& findings,
 std::pair<int64_t, int64_t> KeepEffectiveBatch(int64_t searched, int64_t effective);
 
 // ---- Knobs of an unchanged PyTorch script (fullburn tune -- CMD) ---------
-// The automatic markers (python/fullburn_autosteps.py) apply a trial's
+// The automatic markers (python/fullburn_autosteps/tune_settings.py) apply a trial's
 // settings from FULLBURN_TUNE_SET, a JSON object: the DataLoader arguments
 // num_workers, prefetch_factor, persistent_workers, pin_memory, and threads
 // (torch.set_num_threads). A candidate's overrides use those keys.
 
-// The variable python/fullburn_autosteps.py reads a trial's settings from.
+// The variable python/fullburn_autosteps/tune_settings.py reads a trial's settings from.
 inline constexpr char kTuneSetVar[] = "FULLBURN_TUNE_SET";
 
 const std::vector<KnobDef>&
