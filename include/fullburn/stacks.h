@@ -32,7 +32,8 @@
 //   interpreter's folders, site- or dist-packages, frozen modules, or
 //   `tool_dirs` (fullburn's own Python files).
 // - Strings are kept as py-spy wrote them, except that bytes that are not
-//   UTF-8 are replaced (U+FFFD), so every summary is valid JSON.
+//   UTF-8 and control bytes (a name py-spy read torn, "~\0") are replaced
+//   (U+FFFD), so every summary is valid JSON and every folded stack one line.
 #pragma once
 
 #include <array>

@@ -269,6 +269,24 @@ std::string ValidUtf8(const std::string& text) {
 
 namespace {
 
+// A frame's text as fullburn shows it: valid UTF-8, and no control byte.
+// py-spy reads a function's name from the live process, and one read while
+// the interpreter builds it can be torn ("~\0"): kept, a NUL or a newline
+// would cut the folded export's line and a terminal's.
+std::string FrameText(const std::string& text) {
+  std::string out = ValidUtf8(text);
+  std::string clean;
+  clean.reserve(out.size());
+  for (char c : out) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7F)
+      clean += "\xEF\xBF\xBD";
+    else
+      clean += c;
+  }
+  return clean;
+}
+
 // A stack ends in " COUNT" after its process's closing quote: a command line
 // may span lines (python -c with a script of several), which py-spy writes
 // as they are.
@@ -353,7 +371,7 @@ std::vector<StackSample> ParseFoldedStacks(const std::string& text, int64_t* bad
       if (first && frame.compare(0, 8, "thread (") == 0) {
         s.tid = std::atoi(frame.c_str() + 8);
         size_t colon = frame.find("): ");
-        if (colon != std::string::npos) s.thread = ValidUtf8(frame.substr(colon + 3));
+        if (colon != std::string::npos) s.thread = FrameText(frame.substr(colon + 3));
         first = false;
         continue;
       }
@@ -361,7 +379,7 @@ std::vector<StackSample> ParseFoldedStacks(const std::string& text, int64_t* bad
       StackFrame f;
       size_t open = frame.rfind(" (");
       if (open != std::string::npos && EndsWith(frame, ")")) {
-        f.function = ValidUtf8(frame.substr(0, open));
+        f.function = FrameText(frame.substr(0, open));
         std::string where = frame.substr(open + 2, frame.size() - open - 3);
         size_t colon = where.rfind(':');
         if (colon != std::string::npos && colon + 1 < where.size() &&
@@ -369,9 +387,9 @@ std::vector<StackSample> ParseFoldedStacks(const std::string& text, int64_t* bad
           f.line = std::atoi(where.c_str() + colon + 1);
           where.resize(colon);
         }
-        f.file = ValidUtf8(where);
+        f.file = FrameText(where);
       } else {
-        f.function = ValidUtf8(frame);
+        f.function = FrameText(frame);
       }
       s.frames.push_back(std::move(f));
     }

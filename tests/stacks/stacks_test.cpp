@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -111,6 +112,23 @@ TEST(Stacks, BytesThatAreNotUtf8BecomeReplacementCharacters) {
   EXPECT_EQ(ValidUtf8("ok \xC3\xA9 \xF0\x9F\x98\x80"), "ok \xC3\xA9 \xF0\x9F\x98\x80");  // é, an emoji
   EXPECT_EQ(ValidUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // an overlong '/'
   EXPECT_EQ(ValidUtf8("cut \xE2\x82"), "cut \xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+// Recorded: a name py-spy read while the interpreter was still building it.
+TEST(Stacks, AFrameNameReadTornIsKeptOnOneLineWithoutItsControlBytes) {
+  using namespace std::string_literals;
+  std::string torn = "process 5:\"python t.py\";thread (5): MainThread;<module> (t.py:3);~\0\x01 (mm:2);f (t.py:9) 4\n"s;
+  ASSERT_NE(torn.find('\0'), std::string::npos);
+  std::vector<StackSample> samples = ParseFoldedStacks(torn);
+  ASSERT_EQ(samples.size(), 1u);
+  ASSERT_EQ(samples[0].frames.size(), 3u);
+  EXPECT_EQ(samples[0].frames[1].function, "~\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(samples[0].frames[1].file, "mm");
+  EXPECT_EQ(samples[0].frames[1].line, 2);
+  std::string folded = FoldedStacks(samples, 5, "");
+  EXPECT_EQ(std::count(folded.begin(), folded.end(), '\n'), 1) << folded;
+  EXPECT_EQ(folded.find('\0'), std::string::npos);
+  EXPECT_NE(folded.find(";f (t.py:9) 4\n"), std::string::npos) << folded;
 }
 
 StackPhase PhaseIn(const std::vector<std::string>& frames, int pid = 20, int tid = 20) {
