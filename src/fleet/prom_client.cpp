@@ -26,25 +26,23 @@ Result<PromClient> PromClient::Open(const PromConnection& connection) {
   PromClient c;
   c.c_ = connection;
   const std::string& url = connection.url;
-  size_t scheme_end = url.find("://");
-  std::string scheme = scheme_end == std::string::npos ? "" : url.substr(0, scheme_end);
-  if (scheme != "http" && scheme != "https")
-    return Status::InvalidArgument("--prometheus '" + url +
-                                   "' is not an http:// or https:// URL, e.g. "
-                                   "http://prometheus:9090");
-  size_t host_start = scheme_end + 3;
-  size_t path = url.find('/', host_start);
-  if (path == host_start || host_start >= url.size())
-    return Status::InvalidArgument("--prometheus '" + url + "' names no host");
-  c.scheme_host_port_ = url.substr(0, path);
-  c.prefix_ = path == std::string::npos ? "" : url.substr(path);
-  while (!c.prefix_.empty() && c.prefix_.back() == '/') c.prefix_.pop_back();
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-  if (scheme == "https")
-    return Status::InvalidArgument(
-        "this fullburn was built with a cpp-httplib without TLS: use an http:// URL (a proxy "
-        "on the node), or build against Debian's libcpp-httplib-dev");
-#endif
+  HttpBase base = SplitHttpBase(url);
+  switch (base.problem) {
+    case HttpBase::Problem::kNotHttp:
+      return Status::InvalidArgument("--prometheus '" + url +
+                                     "' is not an http:// or https:// URL, e.g. "
+                                     "http://prometheus:9090");
+    case HttpBase::Problem::kNoHost:
+      return Status::InvalidArgument("--prometheus '" + url + "' names no host");
+    case HttpBase::Problem::kNoTls:
+      return Status::InvalidArgument(
+          "this fullburn was built with a cpp-httplib without TLS: use an http:// URL (a proxy "
+          "on the node), or build against Debian's libcpp-httplib-dev");
+    case HttpBase::Problem::kNone:
+      break;
+  }
+  c.scheme_host_port_ = base.scheme_host_port;
+  c.prefix_ = base.prefix;
   if (!connection.bearer_token.empty() && !connection.user.empty())
     return Status::InvalidArgument(
         "both a bearer token and a basic-auth user are set: keep one (FULLBURN_PROMETHEUS_TOKEN, "

@@ -101,25 +101,25 @@ Result<MlflowClient> MlflowClient::Open(const MlflowConnection& connection) {
   if (url.empty())
     return Status::InvalidArgument(
         "no MLflow server given: pass --mlflow http://HOST:5000 or set MLFLOW_TRACKING_URI");
-  size_t scheme_end = url.find("://");
-  std::string scheme = scheme_end == std::string::npos ? "" : url.substr(0, scheme_end);
-  if (scheme != "http" && scheme != "https")
-    return Status::InvalidArgument("the MLflow URI '" + url +
-                                   "' is not an http:// or https:// tracking server (fullburn sends "
-                                   "through MLflow's REST API; a file: or sqlite: store needs "
-                                   "`mlflow server` in front of it), e.g. http://127.0.0.1:5000");
-  size_t host_start = scheme_end + 3;
-  size_t path = url.find('/', host_start);
-  if (path == host_start || host_start >= url.size())
-    return Status::InvalidArgument("the MLflow URI '" + url + "' names no host");
-  c.scheme_host_port_ = url.substr(0, path);
-  c.prefix_ = path == std::string::npos ? "" : url.substr(path);
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-  if (scheme == "https")
-    return Status::InvalidArgument(
-        "this fullburn was built with a cpp-httplib without TLS: use an http:// MLflow URI, or "
-        "build against Debian's libcpp-httplib-dev");
-#endif
+  HttpBase base = SplitHttpBase(url);
+  switch (base.problem) {
+    case HttpBase::Problem::kNotHttp:
+      return Status::InvalidArgument(
+          "the MLflow URI '" + url +
+          "' is not an http:// or https:// tracking server (fullburn sends "
+          "through MLflow's REST API; a file: or sqlite: store needs "
+          "`mlflow server` in front of it), e.g. http://127.0.0.1:5000");
+    case HttpBase::Problem::kNoHost:
+      return Status::InvalidArgument("the MLflow URI '" + url + "' names no host");
+    case HttpBase::Problem::kNoTls:
+      return Status::InvalidArgument(
+          "this fullburn was built with a cpp-httplib without TLS: use an http:// MLflow URI, or "
+          "build against Debian's libcpp-httplib-dev");
+    case HttpBase::Problem::kNone:
+      break;
+  }
+  c.scheme_host_port_ = base.scheme_host_port;
+  c.prefix_ = base.prefix;
   return c;
 }
 

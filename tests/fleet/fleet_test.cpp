@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fullburn/fleet.h"
+#include "fullburn/http_client.h"
 
 namespace fullburn {
 namespace {
@@ -407,6 +408,22 @@ std::string ErrorOf(const PromConnection& c) {
 
 const char kTimeAnswer[] =
     R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"1700000000"]}]}})";
+
+// One split of a base URL for the Prometheus and the MLflow client.
+TEST(HttpBase, ABaseUrlSplitsIntoTheServerAndThePrefixOfEveryRequest) {
+  HttpBase b = SplitHttpBase("http://prom:9090/sub/path/");
+  EXPECT_EQ(b.problem, HttpBase::Problem::kNone);
+  EXPECT_EQ(b.scheme_host_port, "http://prom:9090");
+  EXPECT_EQ(b.prefix, "/sub/path");
+  b = SplitHttpBase("http://127.0.0.1:5000/");  // the root: no "//api/..."
+  EXPECT_EQ(b.scheme_host_port, "http://127.0.0.1:5000");
+  EXPECT_EQ(b.prefix, "");
+  EXPECT_EQ(SplitHttpBase("http://h").prefix, "");
+  EXPECT_EQ(SplitHttpBase("prom:9090").problem, HttpBase::Problem::kNotHttp);
+  EXPECT_EQ(SplitHttpBase("file:///tmp/mlruns").problem, HttpBase::Problem::kNotHttp);
+  EXPECT_EQ(SplitHttpBase("http:///x").problem, HttpBase::Problem::kNoHost);
+  EXPECT_EQ(SplitHttpBase("https://").problem, HttpBase::Problem::kNoHost);
+}
 
 TEST(PromClientErrors, BadUrlsAndUnreachableServers) {
   EXPECT_NE(ErrorOf(Conn("prometheus:9090")).find("is not an http:// or https:// URL"), std::string::npos);
