@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "facts.h"
+#include "fullburn/train_settings.h"
 
 namespace fullburn::diagnose {
 
@@ -110,10 +111,8 @@ void GatherCheckpoints(const RunData& d, Facts* f) {
   std::vector<int64_t> at;
   for (const Save& s : c.saves) c.blocked_s += s.blocked_s, at.push_back(s.after_step);
   c.period = Period(at, 1);
-  auto cfg = nlohmann::json::parse(d.run.config_json, nullptr, false);
-  if (cfg.is_object() && cfg.contains("checkpoint") && cfg["checkpoint"].is_object() &&
-      cfg["checkpoint"].contains("async") && cfg["checkpoint"]["async"].is_boolean())
-    c.trainer_async = cfg["checkpoint"]["async"].get<bool>();
+  if (auto settings = ReadStoredSettings(d.run.config_json); settings.ok())
+    c.trainer_async = settings->checkpoint.async;
 }
 
 double SavesWithin(const CheckpointFacts& c, double start, double end) {

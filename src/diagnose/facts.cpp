@@ -10,6 +10,7 @@
 #include <set>
 
 #include "fullburn/telemetry.h"
+#include "fullburn/train_settings.h"
 
 namespace fullburn::diagnose {
 namespace {
@@ -711,11 +712,15 @@ Facts Gather(const RunData& d) {
   GatherEvaluations(d, &f);
   auto cfg = nlohmann::json::parse(d.run.config_json, nullptr, false);
   if (cfg.is_object()) {
-    f.trainer = cfg.contains("train") || cfg.contains("data");
     f.attached = cfg.contains("attached_pid");
-    if (cfg.contains("train") && cfg["train"].contains("precision") &&
-        cfg["train"]["precision"].is_string())
-      f.precision = cfg["train"]["precision"].get<std::string>();
+    // A trainer's options through the trainer's own typed reader; "resolved"
+    // is what the trainer chose at run time, no option.
+    auto settings = ReadStoredSettings(d.run.config_json);
+    f.trainer = settings.ok();
+    if (settings.ok()) {
+      f.precision = settings->train.precision;
+      f.data_threads = static_cast<int>(settings->data.threads);
+    }
     if (cfg.contains("resolved") && cfg["resolved"].contains("device") &&
         cfg["resolved"]["device"].is_string())
       f.device = cfg["resolved"]["device"].get<std::string>();
@@ -726,9 +731,6 @@ Facts Gather(const RunData& d) {
         cfg["resolved"]["ranks_per_node"].is_number_integer() &&
         cfg["resolved"]["ranks_per_node"].get<int>() > 0)
       f.ranks_per_node = cfg["resolved"]["ranks_per_node"].get<int>();
-    if (cfg.contains("data") && cfg["data"].contains("threads") &&
-        cfg["data"]["threads"].is_number())
-      f.data_threads = cfg["data"]["threads"].get<int>();
   }
   return f;
 }

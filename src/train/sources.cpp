@@ -193,27 +193,27 @@ class TokenSource : public BatchSource {
 // class is the sum of the last two tokens modulo the class count; resnet:
 // noise images whose class sets each channel's mean (held on the device, so a
 // run measures the model alone, as the throughput benchmarks of the field do).
-std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
-  int64_t n = s.train ? c.Int("data.synthetic_samples")
-                      : std::max<int64_t>(s.batch_size, c.Int("data.synthetic_samples") / 8);
-  int64_t classes = c.Int("data.classes");
-  auto rule = torch::make_generator<at::CPUGeneratorImpl>(c.Int("train.seed") + 7);
+std::unique_ptr<BatchSource> Synthetic(const TrainSettings& c, const SourceSpec& s) {
+  int64_t n = s.train ? c.data.synthetic_samples
+                      : std::max<int64_t>(s.batch_size, c.data.synthetic_samples / 8);
+  int64_t classes = c.data.classes;
+  auto rule = torch::make_generator<at::CPUGeneratorImpl>(c.train.seed + 7);
   auto gen =
-      torch::make_generator<at::CPUGeneratorImpl>(c.Int("train.seed") * 2 + (s.train ? 1 : 2));
+      torch::make_generator<at::CPUGeneratorImpl>(c.train.seed * 2 + (s.train ? 1 : 2));
   torch::Tensor x, y;
-  bool tokens = c.Str("model.name") == "lstm";
+  bool tokens = c.model.name == "lstm";
   if (tokens) {
-    x = torch::randint(c.Int("data.vocab"), {n, c.Int("data.seq_len")}, gen, torch::kLong);
+    x = torch::randint(c.data.vocab, {n, c.data.seq_len}, gen, torch::kLong);
     y = (x.select(1, -1) + x.select(1, -2)).remainder(classes);
-  } else if (c.Str("model.name").rfind("resnet", 0) == 0) {
-    int64_t side = c.Int("data.image_size");
+  } else if (c.model.name.rfind("resnet", 0) == 0) {
+    int64_t side = c.data.image_size;
     torch::Tensor means = torch::randn({classes, 3, 1, 1}, rule);
     y = torch::randint(classes, {n}, gen, torch::kLong);
     x = torch::randn({n, 3, side, side}, gen).mul_(0.5).add_(means.index_select(0, y));
     if (s.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
   } else {
-    torch::Tensor w = torch::randn({c.Int("data.features"), classes}, rule);
-    x = torch::randn({n, c.Int("data.features")}, gen);
+    torch::Tensor w = torch::randn({c.data.features, classes}, rule);
+    x = torch::randn({n, c.data.features}, gen);
     y = x.matmul(w).argmax(1);
   }
   return std::make_unique<TensorSource>(x.to(s.device), y.to(s.device), s.batch_size, s.seed,
@@ -223,7 +223,7 @@ std::unique_ptr<BatchSource> Synthetic(const Config& c, const SourceSpec& s) {
 
 // A program's own samples (C++ API; CheckTensorData passed), moved to the
 // device whole.
-Result<std::unique_ptr<BatchSource>> ProgramTensors(const Config& c, const SourceSpec& s) {
+Result<std::unique_ptr<BatchSource>> ProgramTensors(const TrainSettings& c, const SourceSpec& s) {
   if (!s.tensors)
     return Status::InvalidArgument(
         "data.source = tensors takes the samples a program hands over through the C++ API "
@@ -233,7 +233,7 @@ Result<std::unique_ptr<BatchSource>> ProgramTensors(const Config& c, const Sourc
   if (s.channels_last && x.dim() == 4) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
   // A language model's outputs are its vocabulary (as for token shards).
   int64_t classes =
-      y.dim() > 1 && !x.is_floating_point() ? c.Int("data.vocab") : y.max().item<int64_t>() + 1;
+      y.dim() > 1 && !x.is_floating_point() ? c.data.vocab : y.max().item<int64_t>() + 1;
   auto src = std::make_unique<TensorSource>(x, y, s.batch_size, s.seed, classes,
                                             /*tokens=*/!x.is_floating_point(), s.rank, s.world_size,
                                             /*keep_last=*/!s.train);
@@ -275,16 +275,16 @@ class DatasetSource : public BatchSource {
   int64_t classes_;
 };
 
-Result<std::unique_ptr<BatchSource>> ProgramDataset(const Config& c, const SourceSpec& s) {
+Result<std::unique_ptr<BatchSource>> ProgramDataset(const TrainSettings& c, const SourceSpec& s) {
   if (!s.dataset)
     return Status::InvalidArgument(
         "data.source = dataset takes a Dataset a program hands over through the C++ API "
         "(TrainerOptions::dataset): choose images, tokens or synthetic");
   DatasetLoaderOptions o;
   o.batch_size = s.batch_size;
-  o.threads = static_cast<int>(c.Int("data.threads"));
+  o.threads = static_cast<int>(c.data.threads);
   o.cpu_budget = s.loader_cpu_budget;
-  o.prefetch = static_cast<int>(c.Int("data.prefetch"));
+  o.prefetch = static_cast<int>(c.data.prefetch);
   o.seed = s.seed;
   o.rank = s.rank;
   o.world_size = s.world_size;
@@ -296,7 +296,7 @@ Result<std::unique_ptr<BatchSource>> ProgramDataset(const Config& c, const Sourc
   // A built-in model's outputs: a language model's vocabulary, else the classes.
   const Sample& first = (*loader)->first();
   bool tokens = first.target.dim() > 0 && !first.input.is_floating_point();
-  int64_t classes = c.Int(tokens ? "data.vocab" : "data.classes");
+  int64_t classes = tokens ? c.data.vocab : c.data.classes;
   return std::unique_ptr<BatchSource>(new DatasetSource(std::move(*loader), classes));
 }
 
@@ -341,8 +341,8 @@ std::string CheckTensorData(const TensorData& d) {
   return "";
 }
 
-std::string CheckTensorsFitModel(const Config& c, const TensorData& d) {
-  const std::string& model = c.Str("model.name");
+std::string CheckTensorsFitModel(const TrainSettings& c, const TensorData& d) {
+  const std::string& model = c.model.name;
   const torch::Tensor &x = d.inputs, &y = d.targets;
   bool floats = x.is_floating_point(), tokens = model == "lstm" || model == "gpt";
   std::string wants;
@@ -361,46 +361,46 @@ std::string CheckTensorsFitModel(const Config& c, const TensorData& d) {
         model, wants, c10::toString(x.scalar_type()), fmt::join(x.sizes(), "x"),
         fmt::join(y.sizes(), "x"));
   if (!tokens) return "";
-  int64_t vocab = c.Int("data.vocab"), top = x.max().item<int64_t>();
+  int64_t vocab = c.data.vocab, top = x.max().item<int64_t>();
   if (model == "gpt") top = std::max(top, y.max().item<int64_t>());
   if (top >= vocab)
     return fmt::format("the tensors hold token {}, beyond data.vocab = {}: set data.vocab = {}",
                        top, vocab, top + 1);
-  if (model == "gpt" && x.size(1) > c.Int("data.seq_len"))
+  if (model == "gpt" && x.size(1) > c.data.seq_len)
     return fmt::format(
         "the tensors hold sequences of {} tokens, longer than data.seq_len = {} (the model's "
         "positions): set data.seq_len = {}",
-        x.size(1), c.Int("data.seq_len"), x.size(1));
+        x.size(1), c.data.seq_len, x.size(1));
   return "";
 }
 
-Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpec& s) {
-  const std::string& kind = c.Str("data.source");
+Result<std::unique_ptr<BatchSource>> OpenSource(const TrainSettings& c, const SourceSpec& s) {
+  const std::string& kind = c.data.source;
   if (kind == "synthetic") return Synthetic(c, s);
   if (kind == "tensors") return ProgramTensors(c, s);
   if (kind == "dataset") return ProgramDataset(c, s);
   if (kind == "tokens") {
-    auto shards = TokenShards::Open({s.path}, static_cast<int>(c.Int("data.seq_len")));
+    auto shards = TokenShards::Open({s.path}, static_cast<int>(c.data.seq_len));
     if (!shards.ok()) return shards.status();
     return std::unique_ptr<BatchSource>(
         new TokenSource(std::move(*shards), s.batch_size, s.seed + (s.train ? 0 : 1000003),
-                        s.device, static_cast<int>(c.Int("data.vocab")), s.rank, s.world_size));
+                        s.device, static_cast<int>(c.data.vocab), s.rank, s.world_size));
   }
   TorchLoaderOptions t;
   t.loader.root = s.path;
   t.loader.batch_size = s.batch_size;
-  t.loader.threads = static_cast<int>(c.Int("data.threads"));
+  t.loader.threads = static_cast<int>(c.data.threads);
   t.loader.cpu_budget = s.loader_cpu_budget;
-  t.loader.prefetch = static_cast<int>(c.Int("data.prefetch"));
-  t.loader.cache_bytes = c.Int("data.cache_mb") << 20;
-  t.loader.out_w = t.loader.out_h = static_cast<int>(c.Int("data.image_size"));
-  t.loader.eval_resize = static_cast<int>(c.Int("data.image_size") * 256 / 224);
+  t.loader.prefetch = static_cast<int>(c.data.prefetch);
+  t.loader.cache_bytes = c.data.cache_mb << 20;
+  t.loader.out_w = t.loader.out_h = static_cast<int>(c.data.image_size);
+  t.loader.eval_resize = static_cast<int>(c.data.image_size * 256 / 224);
   t.loader.train = s.train;
   t.loader.keep_last = !s.train;  // evaluation reads every held-out image once
   t.loader.layout = Layout::kNCHW;
   t.loader.seed = s.seed;
   t.loader.on_bad_sample =
-      c.Str("data.bad_samples") == "skip" ? BadSamplePolicy::kSkip : BadSamplePolicy::kFail;
+      c.data.bad_samples == "skip" ? BadSamplePolicy::kSkip : BadSamplePolicy::kFail;
   t.loader.bad_sample_fix =
       "set data.bad_samples = skip to train on without it, or remove or replace the file";
   t.loader.rank = s.rank;
@@ -414,7 +414,7 @@ Result<std::unique_ptr<BatchSource>> OpenSource(const Config& c, const SourceSpe
         "the data at " + s.path + " has fewer samples than one batch of " +
         std::to_string(s.batch_size) + ": lower train.batch_size or add data");
   auto src = std::make_unique<ImageSource>(std::move(*loader));
-  src->in_features_ = 3 * c.Int("data.image_size") * c.Int("data.image_size");
+  src->in_features_ = 3 * c.data.image_size * c.data.image_size;
   return std::unique_ptr<BatchSource>(std::move(src));
 }
 

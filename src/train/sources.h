@@ -9,6 +9,7 @@
 #include "fullburn/pipeline.h"
 #include "fullburn/torch_loader.h"
 #include "fullburn/trainer.h"
+#include "fullburn/train_settings.h"
 
 namespace fullburn {
 
@@ -59,9 +60,10 @@ std::string CheckTensorData(const TensorData& data);
 Result<TensorData> FirstSampleAsBatch(Dataset& dataset, uint64_t seed);
 // Why the built-in model.name cannot take `data` ("" when it can): the kind
 // of input it reads, and for token models data.vocab and data.seq_len.
-std::string CheckTensorsFitModel(const Config& config, const TensorData& data);
+std::string CheckTensorsFitModel(const TrainSettings& settings, const TensorData& data);
 
-Result<std::unique_ptr<BatchSource>> OpenSource(const Config& config, const SourceSpec& spec);
+Result<std::unique_ptr<BatchSource>> OpenSource(const TrainSettings& settings,
+                                                const SourceSpec& spec);
 
 // The defaults used when data.path is empty: a synthetic JPEG folder (train
 // and val splits) or token file under `dir`, created on first use.

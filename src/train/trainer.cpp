@@ -89,38 +89,39 @@ Status Trainer::OpenStoreAndResume() {
     }
     cfg_ = *cfg;
   }
+  set_ = ReadSettings(cfg_);
   // What a program hands over through the C++ API takes the place of the
   // built-in models and sources, and the run's config says so.
-  if (opt_.model) (void)cfg_.Set("model.name", "custom", "C++ API (TrainerOptions::model)");
+  if (opt_.model) (void)SetOption("model.name", "custom", "C++ API (TrainerOptions::model)");
   if (opt_.train_data)
-    (void)cfg_.Set("data.source", "tensors", "C++ API (TrainerOptions::train_data)");
+    (void)SetOption("data.source", "tensors", "C++ API (TrainerOptions::train_data)");
   else if (opt_.dataset)
-    (void)cfg_.Set("data.source", "dataset", "C++ API (TrainerOptions::dataset)");
+    (void)SetOption("data.source", "dataset", "C++ API (TrainerOptions::dataset)");
   return Status::Ok();
 }
 
+Status Trainer::SetOption(const std::string& key, const std::string& value,
+                          const std::string& origin) {
+  Status s = cfg_.Set(key, value, origin);
+  set_ = ReadSettings(cfg_);
+  return s;
+}
+
 std::string Trainer::ModelLabel() const {
-  return opt_.model && !opt_.model_name.empty() ? opt_.model_name : cfg_.Str("model.name");
+  return opt_.model && !opt_.model_name.empty() ? opt_.model_name : set_.model.name;
 }
 
 Status Trainer::ConnectRanks() {
   if (rank_.world_size <= 1) return Status::Ok();
   DistOptions o;
-  o.backend = cfg_.Str("dist.backend");
-  o.timeout_s = cfg_.Float("dist.timeout_s");
-  o.bucket_mb = cfg_.Float("dist.bucket_mb");
-  o.first_bucket_mb = cfg_.Float("dist.first_bucket_mb");
-  o.overlap = cfg_.Bool("dist.overlap");
-  o.compress = cfg_.Str("dist.compress");
+  o.backend = set_.dist.backend;
+  o.timeout_s = set_.dist.timeout_s;
+  o.bucket_mb = set_.dist.bucket_mb;
+  o.first_bucket_mb = set_.dist.first_bucket_mb;
+  o.overlap = set_.dist.overlap;
+  o.compress = set_.dist.compress;
   // Ranks must train the same job; what describes a rank's machine may differ.
-  nlohmann::json job = cfg_.ToJson();
-  for (const char* key : {"train.memory_budget_mb", "train.threads", "train.device", "data.threads",
-                          "data.prefetch", "data.cache_mb"}) {
-    std::string k = key;
-    size_t dot = k.find('.');
-    if (job.contains(k.substr(0, dot))) job[k.substr(0, dot)].erase(k.substr(dot + 1));
-  }
-  o.config_hash = std::to_string(std::hash<std::string>{}(job.dump()));
+  o.config_hash = std::to_string(std::hash<std::string>{}(JobIdentity(set_)));
   auto dp = DataParallel::Connect(rank_, o, ctx_.device);
   if (!dp.ok()) {
     return dp.status();
@@ -191,7 +192,7 @@ Status Trainer::BeginRun() {
     StartRecording();  // with this rank's batch-size trials
     return OpenCheckpoints();
   }
-  run_.name = opt_.name.empty() ? ModelLabel() + " on " + cfg_.Str("data.source") : opt_.name;
+  run_.name = opt_.name.empty() ? ModelLabel() + " on " + set_.data.source : opt_.name;
   run_.command =
       opt_.command.empty() ? std::vector<std::string>{"fullburn", "train"} : opt_.command;
   run_.cwd = std::filesystem::current_path().string();
@@ -270,7 +271,7 @@ Status Trainer::Run() {
     what = what.substr(0, what.find('\n'));
     // Several ranks that hold everything whole can share it instead.
     const std::string share =
-        dp_ && cfg_.Str("dist.shard") != "full"
+        dp_ && set_.dist.shard != "full"
             ? fmt::format(
                   "dist.shard = full gives each of the {} ranks a share of the weights, "
                   "gradients and optimizer state (docs/memory.md); or ",
@@ -295,7 +296,7 @@ Status Trainer::Run() {
   // dist.shard = full probes first: a probe step with most parameters
   // released would count what it gathers as activations. Every rank probes
   // (the gathers are collectives).
-  const bool probe_first = cfg_.Str("dist.shard") == "full";
+  const bool probe_first = set_.dist.shard == "full";
   if (probe_first)
     if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
   if (Status r = SetupSharding(); !r.ok()) {
@@ -315,14 +316,14 @@ Status Trainer::Run() {
                                                : ParameterCount(*ctx_.model)),
         static_cast<long long>(batch_), static_cast<long long>(accumulate_),
         static_cast<long long>(total_steps_), ctx_.device.str().c_str(),
-        cfg_.Str("train.precision").c_str());
+        set_.train.precision.c_str());
   started_ = true;
   s = Loop();
   if (!s.ok()) parts_cancel_ = true;  // a rank may be gone: its part will not come
   // A failed step leaves the weights suspect: the last good checkpoint stands.
-  if (s.ok() && (cfg_.Bool("checkpoint.at_end") || interrupted_)) s = Checkpoint(true);
+  if (s.ok() && (set_.checkpoint.at_end || interrupted_)) s = Checkpoint(true);
   nlohmann::json eval;
-  if (s.ok() && !interrupted_ && cfg_.Bool("eval.at_end")) s = Evaluate(&eval);
+  if (s.ok() && !interrupted_ && set_.eval.at_end) s = Evaluate(&eval);
   Finish(s.ok() ? "finished" : "failed", TrainingExitCode(s, interrupted_, started_));
   if (!s.ok()) return s;
   if (!opt_.quiet && rank_.rank == 0) {

@@ -178,7 +178,7 @@ Status Trainer::FinalCheckpointLost() {
 }
 
 Status Trainer::OpenCheckpoints() {
-  std::string dir = cfg_.Str("checkpoint.dir");
+  std::string dir = set_.checkpoint.dir;
   if (dir.empty()) dir = StoreLayout(store_->path()).Checkpoints(run_.id);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -187,7 +187,7 @@ Status Trainer::OpenCheckpoints() {
   Recorder* records = recorder_.get();
   double start = run_.start_time;
   ckpt_ = std::make_unique<CheckpointWriter>(
-      dir, static_cast<int>(cfg_.Int("checkpoint.keep")), cfg_.Bool("checkpoint.async"),
+      dir, static_cast<int>(set_.checkpoint.keep), set_.checkpoint.async,
       [records, start](const CheckpointWriter::Written& w) {
         if (!w.status.ok()) {
           std::fprintf(stderr, "\nfullburn: %s\n", w.status.message().c_str());
@@ -202,7 +202,7 @@ Status Trainer::OpenCheckpoints() {
     // Each rank's part in the background; the loop waits only for the copy
     // of what the next forward changes (buffers, RNG: in rank 0's file).
     part_ckpt_ = std::make_unique<CheckpointWriter>(
-        dir, -1, cfg_.Bool("checkpoint.async"), [this](const CheckpointWriter::Written& w) {
+        dir, -1, set_.checkpoint.async, [this](const CheckpointWriter::Written& w) {
           part_write_us_ += static_cast<int64_t>(w.write_s * 1e6);
           if (!w.status.ok()) PartFailed(w.step, w.path, w.status.message());
         });
@@ -210,7 +210,7 @@ Status Trainer::OpenCheckpoints() {
     if (rank_.rank == 0) {
       // As long as the ranks wait for each other anywhere: a part later than
       // that is a rank gone or a folder the ranks do not share.
-      const double wait_s = cfg_.Float("dist.timeout_s");
+      const double wait_s = set_.dist.timeout_s;
       ckpt_->SetBeforeWrite([this, dir, wait_s](int64_t step) {
         return WaitForOptimizerShards(CheckpointPath(dir, step), PartIdentity(step), parts_cancel_,
                                       wait_s);

@@ -18,20 +18,20 @@ std::string Trainer::DatasetsDir() const { return StoreLayout(store_->path()).Da
 // The held-out data evaluation reads ("" for none; synthetic data draws its
 // own held-out samples); nothing is created here.
 std::string Trainer::ResolvedValPath() const {
-  const std::string& source = cfg_.Str("data.source");
+  const std::string& source = set_.data.source;
   if (source != "images" && source != "tokens") return "";
-  std::string val = cfg_.Str("data.val_path");
-  if (source == "images" && val.empty() && cfg_.Str("data.path").empty())
-    val = DefaultImagesPath(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
+  std::string val = set_.data.val_path;
+  if (source == "images" && val.empty() && set_.data.path.empty())
+    val = DefaultImagesPath(DatasetsDir(), static_cast<int>(set_.data.classes), true);
   return val;
 }
 
 Status Trainer::SetupEval() {
-  eval_every_steps_ = cfg_.Int("eval.every_steps");
-  eval_every_epoch_steps_ = cfg_.Int("eval.every_epochs") * StepsPerEpoch();
+  eval_every_steps_ = set_.eval.every_steps;
+  eval_every_epoch_steps_ = set_.eval.every_epochs * StepsPerEpoch();
   bool periodic = eval_every_steps_ > 0 || eval_every_epoch_steps_ > 0;
-  if (!periodic && !cfg_.Bool("eval.at_end")) return Status::Ok();
-  const std::string& source = cfg_.Str("data.source");
+  if (!periodic && !set_.eval.at_end) return Status::Ok();
+  const std::string& source = set_.data.source;
   SourceSpec es = spec_;
   es.train = false;
   es.tensors = opt_.val_data ? &*opt_.val_data : nullptr;
@@ -55,13 +55,13 @@ Status Trainer::SetupEval() {
           ") or set them to 0");
     }
     // The default's held-out split is made on first use.
-    if (source == "images" && cfg_.Str("data.val_path").empty())
+    if (source == "images" && set_.data.val_path.empty())
       if (auto made =
-              DefaultImages(DatasetsDir(), static_cast<int>(cfg_.Int("data.classes")), true);
+              DefaultImages(DatasetsDir(), static_cast<int>(set_.data.classes), true);
           !made.ok())
         return made.status();
   }
-  auto src = OpenSource(cfg_, es);
+  auto src = OpenSource(set_, es);
   if (!src.ok()) {
     return Status::InvalidArgument("held-out data (data.val_path): " + src.status().message());
   }
@@ -74,7 +74,7 @@ bool Trainer::EvaluationDue() const {
   bool due = (eval_every_steps_ > 0 && step_ % eval_every_steps_ == 0) ||
              (eval_every_epoch_steps_ > 0 && step_ % eval_every_epoch_steps_ == 0);
   // The last step's evaluation is the one at the end.
-  return due && !(step_ == total_steps_ && cfg_.Bool("eval.at_end"));
+  return due && !(step_ == total_steps_ && set_.eval.at_end);
 }
 
 Status Trainer::Evaluate(nlohmann::json* out) {
@@ -98,7 +98,7 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
   if (!eval_source_) return Status::Ok();
   optim_->WaitForUpdate();
   double started = MonoNow();
-  int64_t max_samples = cfg_.Int("eval.max_samples");
+  int64_t max_samples = set_.eval.max_samples;
   // Rank r reads max/world samples, one more while r < max % world: max in all.
   double cap = max_samples > 0 ? static_cast<double>(max_samples / rank_.world_size +
                                                      (rank_.rank < max_samples % rank_.world_size))
@@ -150,7 +150,7 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
 // checkpoint.keep_best: a new lowest held-out loss checkpoints this step
 // (unless it is written already) and shields it from the rotation.
 void Trainer::KeepIfBest(nlohmann::json* eval) {
-  if (!cfg_.Bool("checkpoint.keep_best") || !((*eval)["val_loss"].get<double>() < best_val_loss_))
+  if (!set_.checkpoint.keep_best || !((*eval)["val_loss"].get<double>() < best_val_loss_))
     return;
   best_val_loss_ = (*eval)["val_loss"].get<double>();
   (*eval)["best"] = true;

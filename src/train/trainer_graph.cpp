@@ -54,7 +54,7 @@ Status Trainer::GraphedTrainStep(bool timed, StepRecord* rec) {
   }
   if (!device_step_) {
     device_step_ = std::make_unique<DeviceStep>(optim_.get(), scaler_.get(),
-                                                cfg_.Float("train.clip_grad_norm"), ctx_.device);
+                                                set_.train.clip_grad_norm, ctx_.device);
     graph_ = std::make_unique<CudaGraph>();
     for (const TrainBatch& b : micro)
       static_batches_.push_back({b.inputs.clone(), b.targets.clone(), b.samples});

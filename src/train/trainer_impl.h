@@ -22,6 +22,7 @@
 #include "memory_model.h"
 #include "sharded_params.h"
 #include "sources.h"
+#include "fullburn/train_settings.h"
 
 namespace fullburn {
 
@@ -283,10 +284,13 @@ class Trainer {
   std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);
   CheckpointState Snapshot();
+  // cfg_.Set, and set_ read again from it.
+  Status SetOption(const std::string& key, const std::string& value, const std::string& origin);
 
   TrainerOptions opt_;
   bool interrupted_ = false, started_ = false, finished_ = false;
-  Config cfg_;
+  Config cfg_;  // what the run stores and a checkpoint keeps
+  TrainSettings set_;  // cfg_ typed, read again whenever SetOption changes cfg_
   std::unique_ptr<RunStore> store_;
   std::optional<Resume> resume_;
   RunInfo run_;

@@ -50,7 +50,7 @@ Status Trainer::NextBatch(TrainBatch* b, double* wait_s) {
 }
 
 Status Trainer::TrainStep(bool timed, StepRecord* rec) {
-  if (cfg_.Bool("train.cuda_graphs")) return GraphedTrainStep(timed, rec);
+  if (set_.train.cuda_graphs) return GraphedTrainStep(timed, rec);
   double start = MonoNow();
   double wait = 0;
   MicroTimes mt;
@@ -91,7 +91,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   bool skip = scaler_->Update(bad);
   double lr = schedule_.At(step_ + 1);
   if (!skip) {
-    if (double clip = cfg_.Float("train.clip_grad_norm"); clip > 0) {
+    if (double clip = set_.train.clip_grad_norm; clip > 0) {
       if (grads_sharded_) {
         if (Status s = ClipShardedGradients(clip); !s.ok()) return s;
       } else {
@@ -100,7 +100,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     }
     ckpt_->BeforeUpdate();
     if (part_ckpt_) part_ckpt_->BeforeUpdate();
-    auto traced = ProfileScope("Optimizer.step#" + cfg_.Str("optim.name") + ".step");
+    auto traced = ProfileScope("Optimizer.step#" + set_.optim.name + ".step");
     if (update_overlaps_)
       optim_->StepAsync(lr);  // the next forward waits block by block
     else
@@ -153,7 +153,7 @@ Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
   rec->step_s = end - o.start;
   rec->skipped = o.skipped;
   rec->data_wait_s = o.wait_s;  // always measured: it costs two clock reads
-  if (consecutive_skips_ >= cfg_.Int("train.max_skipped_steps")) {
+  if (consecutive_skips_ >= set_.train.max_skipped_steps) {
     return Status::Aborted(fmt::format(
         "training diverged: the loss or gradients were inf/NaN for {} steps in a row (step {}){}; "
         "lower optim.lr, set train.clip_grad_norm, or use bf16 instead of fp16. Checkpoints before "
@@ -212,7 +212,7 @@ void Trainer::Progress(const StepRecord& r, bool force) {
   recent_wait_s_ = first ? wait : 0.95 * recent_wait_s_ + 0.05 * wait;
   double rate = recent_step_s_ > 0 ? recent_samples_ / recent_step_s_ : 0;
   double wait_share = recent_step_s_ > 0 ? recent_wait_s_ / recent_step_s_ : 0;
-  if (!force && now - last_progress_ < cfg_.Float("train.log_every_s")) return;
+  if (!force && now - last_progress_ < set_.train.log_every_s) return;
   last_progress_ = now;
   std::string util = "-", now_limits = recorder_->LiveFinding();
   if (std::optional<fullburn::Snapshot> latest = recorder_->Latest()) {
@@ -276,10 +276,10 @@ Result<bool> Trainer::StopHere(double limit_s) {
 }
 
 Status Trainer::Loop() {
-  int64_t every_steps = cfg_.Int("checkpoint.every_steps");
-  double every_s = cfg_.Float("checkpoint.every_minutes") * 60;
-  double limit_s = cfg_.Float("train.time_limit_s");
-  int64_t time_every = cfg_.Int("train.time_every");
+  int64_t every_steps = set_.checkpoint.every_steps;
+  double every_s = set_.checkpoint.every_minutes * 60;
+  double limit_s = set_.train.time_limit_s;
+  int64_t time_every = set_.train.time_every;
   // A resumed run continues after the samples its checkpoint's run read,
   // whatever world size and batch that run had.
   epoch_skip_ += next_batch_ * batch_ * rank_.world_size;
@@ -356,7 +356,7 @@ Status Trainer::Loop() {
         {"largest_gather_bytes", params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
         {"block_gathers", params_sharded_ ? params_sharded_->block_gathers() : 0},
         {"prefetched_gathers", params_sharded_ ? params_sharded_->prefetched_gathers() : 0},
-        {"shard", cfg_.Str("dist.shard")},
+        {"shard", set_.dist.shard},
         {"offloaded", optim_->offloaded()},                   // state_bytes then in host memory
         {"shard_write_s", shard_write_s_},                    // the loop blocked for its parts
         {"shard_part_write_s", part_write_us_.load() / 1e6},  // their writer

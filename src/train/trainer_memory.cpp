@@ -78,7 +78,7 @@ std::vector<Setting> TableSettings(const MemoryModel& m, const std::string& ckpt
 }  // namespace
 
 bool Trainer::MemoryReportWanted() const {
-  return cfg_.Bool("train.memory_report") || batch_searched_ || cfg_.IsAuto("train.batch_size");
+  return set_.train.memory_report || batch_searched_ || set_.train.batch_size.automatic;
 }
 
 // Empty when the weights and a gradient for each fit on the device next to
@@ -130,25 +130,25 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
                                  int64_t large) {
   if (dp_) dp_->SetSync(false);
   MemoryModel m = MemoryModelFor(ctx_.model->parameters(), optimizer, rank_.world_size,
-                                 cfg_.Float("dist.bucket_mb"),
-                                 ctx_.device.is_cuda() && cfg_.Bool("train.cuda_graphs"));
+                                 set_.dist.bucket_mb,
+                                 ctx_.device.is_cuda() && set_.train.cuda_graphs);
   m.accumulate = accumulate_;
-  m.state_on_host = ctx_.device.is_cuda() && cfg_.Str("dist.offload") == "optimizer";
+  m.state_on_host = ctx_.device.is_cuda() && set_.dist.offload == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
   if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
     // model.checkpoint = every_K: stage 3 gathers K blocks at a time (the
     // table's rows for other modes reuse it: over-counted for fewer blocks).
     BlockSplit split = SplitByBlocks(*ctx_.model, blocks,
-                                     std::max(1, CheckpointSegment(cfg_.Str("model.checkpoint"))));
+                                     std::max(1, CheckpointSegment(set_.model.checkpoint)));
     m.gather_bytes =
         TensorBytes(split.outside) +
-        (cfg_.Bool("dist.prefetch") ? split.largest_pair_bytes : split.largest_block_bytes);
+        (set_.dist.prefetch ? split.largest_pair_bytes : split.largest_block_bytes);
   }
   CountOtherMemory(m);
   m.probed_small = small;
   m.probed_large = large;
   const int64_t knee = LossKnee(*ctx_.model, probe);
-  const std::string current = cfg_.Str("model.checkpoint");
+  const std::string current = set_.model.checkpoint;
   m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, knee);
   if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
     try {
@@ -169,8 +169,8 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
 // Advice only: where it runs out of memory, the advice goes without it.
 void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
                              MemoryModel* m) {
-  const std::string current = cfg_.Str("model.checkpoint");
-  const std::string mode = ActivationMode(cfg_.Str("dist.shard"), current, rank_.world_size);
+  const std::string current = set_.model.checkpoint;
+  const std::string mode = ActivationMode(set_.dist.shard, current, rank_.world_size);
   if (!ctx_.model->SetFusedLoss(true)) return;
   const bool switched = mode != current && ctx_.model->SetCheckpointing(mode);
   auto restore = [&] {
@@ -217,7 +217,7 @@ void Trainer::StartMemoryCount() {
 }
 
 nlohmann::json Trainer::MemoryJson(bool measured) const {
-  const std::string shard = cfg_.Str("dist.shard"), ckpt = cfg_.Str("model.checkpoint");
+  const std::string shard = set_.dist.shard, ckpt = set_.model.checkpoint;
   const int64_t limit = DeviceMemoryLimit(ctx_.device);
   nlohmann::json j{{"rank", rank_.rank},
                    {"world", rank_.world_size},
@@ -270,7 +270,7 @@ void Trainer::PrintBatchTable() {
   if (!memory_ || rank_.rank != 0) return;
   const int64_t limit = DeviceMemoryLimit(ctx_.device);
   if (limit <= 0) return;
-  const std::string shard = cfg_.Str("dist.shard"), ckpt = cfg_.Str("model.checkpoint");
+  const std::string shard = set_.dist.shard, ckpt = set_.model.checkpoint;
   std::fprintf(stderr,
                "fullburn: the largest micro-batch by memory setting (memory model: %s limit, 10%% "
                "headroom, %s held besides the model):\n",
@@ -284,7 +284,7 @@ void Trainer::PrintBatchTable() {
 }
 
 std::string Trainer::OutOfMemoryAdvice() {
-  const std::string shard = cfg_.Str("dist.shard"), ckpt = cfg_.Str("model.checkpoint");
+  const std::string shard = set_.dist.shard, ckpt = set_.model.checkpoint;
   if (!memory_ || !memory_->activations.count(ckpt)) {
     // dist.shard = full: a probe now would gather on this rank alone.
     if (params_sharded_) return "";

@@ -19,7 +19,7 @@ namespace prof = torch::autograd::profiler;
 namespace impl = torch::profiler::impl;
 
 Status Trainer::SetupProfile() {
-  std::string spec = cfg_.Str("profile.steps");
+  std::string spec = set_.profile.steps;
   if (spec.empty()) return Status::Ok();
   auto steps = ParseStepRange(spec, 1);  // optimizer steps count from 1
   if (!steps.ok())

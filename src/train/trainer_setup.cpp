@@ -144,7 +144,7 @@ Status Trainer::CheckCudaGraphs() {
 
 // Device, threads, precision and the CUDA switches, from the config.
 Status Trainer::SetupDevice() {
-  std::string dev = cfg_.Str("train.device");
+  std::string dev = set_.train.device;
   if (dev == "auto") dev = torch::cuda::is_available() ? "cuda" : "cpu";
   try {
     ctx_.device = torch::Device(dev);
@@ -166,13 +166,13 @@ Status Trainer::SetupDevice() {
   // whenever it keeps ahead, and a core held back for it sat idle (the demo
   // on 2 cores ran 1.35-1.56x faster on 2 threads than on 1).
   int cpus = RankCpus(ReadCpuView(Env::Default()), rank_.local_world_size);
-  int threads = static_cast<int>(cfg_.Int("train.threads"));
+  int threads = static_cast<int>(set_.train.threads);
   torch::set_num_threads(threads > 0 ? threads : cpus);
   spec_.loader_cpu_budget = std::max(1, cpus - 1);
-  if (cfg_.Bool("train.keep_host_memory")) KeepHostMemory();
-  torch::manual_seed(static_cast<uint64_t>(cfg_.Int("train.seed")));
+  if (set_.train.keep_host_memory) KeepHostMemory();
+  torch::manual_seed(static_cast<uint64_t>(set_.train.seed));
 
-  const std::string& precision = cfg_.Str("train.precision");
+  const std::string& precision = set_.train.precision;
   if (precision == "bf16") ctx_.autocast = torch::kBFloat16;
   if (precision == "fp16") {
     if (!ctx_.device.is_cuda())
@@ -181,15 +181,15 @@ Status Trainer::SetupDevice() {
           "in libtorch 1.13): use bf16 on CPU");
     ctx_.autocast = torch::kHalf;
   }
-  if (cfg_.Bool("train.cuda_graphs"))
+  if (set_.train.cuda_graphs)
     if (Status s = CheckCudaGraphs(); !s.ok()) return s;
   ctx_.events = PhaseEvents::ForDevice(ctx_.device);
   if (ctx_.device.is_cuda()) {
-    at::globalContext().setAllowTF32CuBLAS(cfg_.Bool("train.tf32"));
-    at::globalContext().setAllowTF32CuDNN(cfg_.Bool("train.tf32"));
-    at::globalContext().setBenchmarkCuDNN(cfg_.Bool("train.cudnn_benchmark"));
+    at::globalContext().setAllowTF32CuBLAS(set_.train.tf32);
+    at::globalContext().setAllowTF32CuDNN(set_.train.tf32);
+    at::globalContext().setBenchmarkCuDNN(set_.train.cudnn_benchmark);
   }
-  if (int64_t mb = cfg_.Int("train.memory_budget_mb"); mb > 0) {
+  if (int64_t mb = set_.train.memory_budget_mb; mb > 0) {
     if (ctx_.device.is_cuda())
       std::fprintf(stderr,
                    "fullburn: train.memory_budget_mb applies to CPU training only; ignored on %s\n",
@@ -206,8 +206,8 @@ Status Trainer::SetupDevice() {
 // The model and its data must agree, and the data must exist, before
 // anything runs; the default datasets are made here on first use.
 Status Trainer::SetupData() {
-  const std::string& model = cfg_.Str("model.name");
-  const std::string& source = cfg_.Str("data.source");
+  const std::string& model = set_.model.name;
+  const std::string& source = set_.data.source;
   if (Status s = CheckProgramParts(); !s.ok()) {
     return s;
   }
@@ -223,21 +223,21 @@ Status Trainer::SetupData() {
   }
   ctx_.per_position = source == "tokens" || (program_first_ && program_first_->targets.dim() > 1);
   ctx_.channels_last =
-      cfg_.Bool("model.channels_last") && (model.rfind("resnet", 0) == 0 || model == "custom");
+      set_.model.channels_last && (model.rfind("resnet", 0) == 0 || model == "custom");
 
-  spec_.path = cfg_.Str("data.path");
+  spec_.path = set_.data.path;
   std::string data_dir = DatasetsDir();
   if (spec_.path.empty() && source == "images") {
-    auto p = DefaultImages(data_dir, static_cast<int>(cfg_.Int("data.classes")), false);
+    auto p = DefaultImages(data_dir, static_cast<int>(set_.data.classes), false);
     if (!p.ok()) return p.status();
     spec_.path = *p;
   } else if (spec_.path.empty() && source == "tokens") {
-    auto p = DefaultTokens(data_dir, static_cast<int>(cfg_.Int("data.vocab")));
+    auto p = DefaultTokens(data_dir, static_cast<int>(set_.data.vocab));
     if (!p.ok()) return p.status();
     spec_.path = *p;
   }
   // A held-out folder named by hand is checked now, not after the training.
-  if (std::string val = cfg_.Str("data.val_path");
+  if (std::string val = set_.data.val_path;
       !val.empty() && (source == "images" || source == "tokens")) {
     bool usable =
         source == "images" ? std::filesystem::exists(val) : std::filesystem::is_regular_file(val);
@@ -250,15 +250,15 @@ Status Trainer::SetupData() {
   }
   if (opt_.train_data) spec_.tensors = &*opt_.train_data;
   spec_.dataset = opt_.dataset;
-  spec_.seed = static_cast<uint64_t>(cfg_.Int("train.seed"));
+  spec_.seed = static_cast<uint64_t>(set_.train.seed);
   spec_.device = ctx_.device;
   spec_.channels_last = ctx_.channels_last;
   return Status::Ok();
 }
 
 Status Trainer::CheckProgramParts() {
-  const std::string& model = cfg_.Str("model.name");
-  const std::string& source = cfg_.Str("data.source");
+  const std::string& model = set_.model.name;
+  const std::string& source = set_.data.source;
   // A resumed run's config comes from its checkpoint: the program that
   // trained it must hand its parts over again.
   auto missing = [&](const std::string& setting, const std::string& what) {
@@ -295,7 +295,7 @@ Status Trainer::CheckProgramParts() {
   }
   if (opt_.train_data) program_first_ = opt_.train_data;
   if (opt_.dataset) {
-    auto first = FirstSampleAsBatch(*opt_.dataset, static_cast<uint64_t>(cfg_.Int("train.seed")));
+    auto first = FirstSampleAsBatch(*opt_.dataset, static_cast<uint64_t>(set_.train.seed));
     if (!first.ok()) return first.status();
     const torch::Tensor& target = first->targets;
     if (target.is_floating_point() || target.is_complex() || target.scalar_type() == torch::kBool)
@@ -305,23 +305,23 @@ Status Trainer::CheckProgramParts() {
     program_first_ = *first;
   }
   if (!program_first_ || model == "custom") return Status::Ok();
-  if (std::string why = CheckTensorsFitModel(cfg_, *program_first_); !why.empty())
+  if (std::string why = CheckTensorsFitModel(set_, *program_first_); !why.empty())
     return Status::InvalidArgument(why);
   return Status::Ok();
 }
 
 OptimizerOptions Trainer::OptimizerFromConfig() const {
   OptimizerOptions oo;
-  oo.name = cfg_.Str("optim.name");
-  oo.momentum = cfg_.Float("optim.momentum");
-  oo.nesterov = cfg_.Bool("optim.nesterov");
-  oo.weight_decay = cfg_.Float("optim.weight_decay");
-  oo.beta1 = cfg_.Float("optim.beta1");
-  oo.beta2 = cfg_.Float("optim.beta2");
-  oo.eps = cfg_.Float("optim.eps");
-  oo.trust = cfg_.Float("optim.trust");
-  oo.foreach = ForeachFor(cfg_.Str("optim.foreach"), ctx_.device.is_cuda());
-  oo.fused = cfg_.Bool("optim.fused");  // Setup turns it off where it cannot run
+  oo.name = set_.optim.name;
+  oo.momentum = set_.optim.momentum;
+  oo.nesterov = set_.optim.nesterov;
+  oo.weight_decay = set_.optim.weight_decay;
+  oo.beta1 = set_.optim.beta1;
+  oo.beta2 = set_.optim.beta2;
+  oo.eps = set_.optim.eps;
+  oo.trust = set_.optim.trust;
+  oo.foreach = ForeachFor(set_.optim.foreach, ctx_.device.is_cuda());
+  oo.fused = set_.optim.fused;  // Setup turns it off where it cannot run
   return oo;
 }
 
@@ -330,9 +330,9 @@ OptimizerOptions Trainer::OptimizerFromConfig() const {
 const char* Trainer::FusedUpdateUnusedHere(const OptimizerOptions& oo) const {
   if (!oo.fused) return nullptr;
   if (const char* why = FusedUpdateUnused(oo, ctx_.device)) return why;
-  if (cfg_.Str("dist.offload") == "optimizer")
+  if (set_.dist.offload == "optimizer")
     return "dist.offload = optimizer updates on the host";
-  if (cfg_.Bool("train.cuda_graphs"))
+  if (set_.train.cuda_graphs)
     return "train.cuda_graphs = true updates inside the graph, with its own AdamW";
   return nullptr;
 }
@@ -360,8 +360,8 @@ void Trainer::ReportAttentionKernel(const ModelSpec& ms) const {
 
 // The micro-batch: as configured, or searched (and agreed over the ranks).
 Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
-  if (!cfg_.IsAuto("train.batch_size")) {
-    batch_ = cfg_.Int("train.batch_size");
+  if (!set_.train.batch_size.automatic) {
+    batch_ = set_.train.batch_size.value;
     return Status::Ok();
   }
   batch_searched_ = true;
@@ -375,7 +375,7 @@ Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
       std::fprintf(stderr, "fullburn: micro-batch %lld, the smallest any rank found\n",
                    static_cast<long long>(*common));
     batch_ = *common;
-    cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search, every rank");
+    SetOption("train.batch_size", std::to_string(batch_), "batch-size search, every rank");
   }
   pending_events_.push_back({0, "batch_size_chosen", chosen.dump()});
   return Status::Ok();
@@ -389,23 +389,23 @@ void Trainer::SetupOptimization(const OptimizerOptions& oo) {
   optim_ = std::make_unique<Optimizer>(params, oo);
 
   LossScalerOptions so;
-  so.enabled = cfg_.Str("train.precision") == "fp16";
-  so.init_scale = cfg_.Float("amp.init_scale");
-  so.growth_factor = cfg_.Float("amp.growth_factor");
-  so.backoff_factor = cfg_.Float("amp.backoff_factor");
-  so.growth_interval = cfg_.Int("amp.growth_interval");
+  so.enabled = set_.train.precision == "fp16";
+  so.init_scale = set_.amp.init_scale;
+  so.growth_factor = set_.amp.growth_factor;
+  so.backoff_factor = set_.amp.backoff_factor;
+  so.growth_interval = set_.amp.growth_interval;
   scaler_ = std::make_unique<LossScaler>(so);
 
-  total_steps_ = cfg_.Int("train.steps") > 0 ? cfg_.Int("train.steps")
-                                             : StepsPerEpoch() * cfg_.Int("train.epochs");
-  schedule_.peak = cfg_.Float("optim.lr");
-  if (cfg_.Bool("optim.scale_lr"))
+  total_steps_ = set_.train.steps > 0 ? set_.train.steps
+                                             : StepsPerEpoch() * set_.train.epochs;
+  schedule_.peak = set_.optim.lr;
+  if (set_.optim.scale_lr)
     schedule_.peak *= static_cast<double>(batch_ * accumulate_ * rank_.world_size) /
-                      static_cast<double>(cfg_.Int("optim.base_batch"));
-  schedule_.min_lr = cfg_.Float("optim.min_lr");
-  schedule_.warmup = std::min(cfg_.Int("optim.warmup_steps"), total_steps_);
+                      static_cast<double>(set_.optim.base_batch);
+  schedule_.min_lr = set_.optim.min_lr;
+  schedule_.warmup = std::min(set_.optim.warmup_steps, total_steps_);
   schedule_.total = total_steps_;
-  schedule_.cosine = cfg_.Str("optim.schedule") == "cosine";
+  schedule_.cosine = set_.optim.schedule == "cosine";
 }
 
 Status Trainer::Setup() {
@@ -414,7 +414,7 @@ Status Trainer::Setup() {
   if (Status s = SetupData(); !s.ok()) return s;
   if (Status s = ConnectRanks(); !s.ok()) return s;
   if (Status s = RefusedMemorySettings(); !s.ok()) return s;
-  accumulate_ = cfg_.Int("train.accumulate");
+  accumulate_ = set_.train.accumulate;
   OptimizerOptions oo = OptimizerFromConfig();
   if (const char* why = FusedUpdateUnusedHere(oo)) {
     oo.fused = false;
@@ -424,14 +424,14 @@ Status Trainer::Setup() {
   }
   if (Status s = ChooseBatch(oo); !s.ok()) return s;
   spec_.batch_size = static_cast<int>(batch_);
-  auto src = OpenSource(cfg_, spec_);
+  auto src = OpenSource(set_, spec_);
   if (!src.ok()) return src.status();
   source_ = std::move(*src);
   if (!ctx_.model)  // the batch-size search built it already
     if (Status s = BuildModel(*source_); !s.ok()) return s;
   SetupOptimization(oo);
   if (Status s = SetupEval(); !s.ok()) return s;
-  if (cfg_.Bool("checkpoint.keep_best") && !eval_source_) {
+  if (set_.checkpoint.keep_best && !eval_source_) {
     return Status::InvalidArgument(
         "checkpoint.keep_best needs evaluations: set eval.every_steps or eval.every_epochs, with "
         "held-out data (data.val_path)");
@@ -444,29 +444,29 @@ Status Trainer::BuildModel(const BatchSource& source) {
     ctx_.model = opt_.model;
   } else {
     ModelSpec ms;
-    ms.name = cfg_.Str("model.name");
+    ms.name = set_.model.name;
     ms.num_classes = source.num_classes();
-    ms.width = cfg_.Float("model.width");
+    ms.width = set_.model.width;
     ms.in_features = source.in_features();
-    ms.vocab = cfg_.Int("data.vocab");
-    ms.seq_len = cfg_.Int("data.seq_len");
-    ms.hidden = cfg_.Int("model.hidden");
-    ms.layers = cfg_.Int("model.layers");
-    ms.heads = cfg_.Int("model.heads");
-    ms.dropout = cfg_.Float("model.dropout");
-    ms.pad_vocab = cfg_.Int("model.pad_vocab");
-    ms.fused_loss = cfg_.Bool("model.fused_loss");
-    ms.loss_kernel = cfg_.Str("model.loss_kernel");
+    ms.vocab = set_.data.vocab;
+    ms.seq_len = set_.data.seq_len;
+    ms.hidden = set_.model.hidden;
+    ms.layers = set_.model.layers;
+    ms.heads = set_.model.heads;
+    ms.dropout = set_.model.dropout;
+    ms.pad_vocab = set_.model.pad_vocab;
+    ms.fused_loss = set_.model.fused_loss;
+    ms.loss_kernel = set_.model.loss_kernel;
     // Never a silent fallback: where the kernels cannot run, say what does.
     if (const char* why = CudaLossKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
       std::fprintf(stderr,
                    "fullburn: model.loss_kernel = cuda: %s: the ATen cross-entropy runs instead\n",
                    why);
-    ms.norm_kernel = cfg_.Str("model.norm_kernel");
+    ms.norm_kernel = set_.model.norm_kernel;
     if (const char* why = CudaNormKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
       std::fprintf(stderr,
                    "fullburn: model.norm_kernel = cuda: %s: ATen's layer norms run instead\n", why);
-    ms.checkpoint = cfg_.Str("model.checkpoint");
+    ms.checkpoint = set_.model.checkpoint;
     auto m = MakeModel(ms);
     if (!m.ok()) {
       return m.status();
@@ -475,14 +475,14 @@ Status Trainer::BuildModel(const BatchSource& source) {
     if (ms.name == "gpt" && ctx_.device.is_cuda() && rank_.rank == 0) ReportAttentionKernel(ms);
   }
   std::vector<std::vector<torch::Tensor>> blocks;  // (a null gather only names them)
-  if (dp_ && cfg_.Str("dist.shard") == "full" &&
+  if (dp_ && set_.dist.shard == "full" &&
       !ctx_.model->SetParameterGather(nullptr, &blocks)) {
     return NoBlocksToGather();
   }
   // The batch-size search and the memory probe start from the whole model
   // on the device (the search's trials then release the others' share);
   // without them, stage 3 never needs it there.
-  const bool full = dp_ && cfg_.Str("dist.shard") == "full";
+  const bool full = dp_ && set_.dist.shard == "full";
   if (full && MemoryReportWanted())
     if (Status s = ProbeOrShare(); !s.ok()) return s;
   share_to_device_ = full && !MemoryReportWanted();
@@ -520,7 +520,7 @@ Status Trainer::ProbeOrShare() {
   if (!any.ok()) return any.status();
   if (!*any) return Status::Ok();
   if (shortfall.empty()) shortfall = "on another rank";
-  if (cfg_.IsAuto("train.batch_size")) {
+  if (set_.train.batch_size.automatic) {
     return Status::InvalidArgument(
         "train.batch_size = auto with dist.shard = full searches with the model whole on each "
         "device, and it does not fit (" +
@@ -531,11 +531,11 @@ Status Trainer::ProbeOrShare() {
                  "fullburn: dist.shard = full: no memory report: the probe needs the model whole "
                  "on each device, and it does not fit (%s); each rank starts from its share\n",
                  shortfall.c_str());
-  return cfg_.Set("train.memory_report", "false", "the whole model does not fit for the probe");
+  return SetOption("train.memory_report", "false", "the whole model does not fit for the probe");
 }
 
 bool Trainer::BucketsHeld() const {
-  const std::string shard = cfg_.Str("dist.shard");
+  const std::string shard = set_.dist.shard;
   return dp_ && shard != "gradients" && shard != "full";
 }
 
@@ -544,14 +544,14 @@ bool Trainer::BucketsHeld() const {
 Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   SourceSpec probe_spec = spec_;
   probe_spec.batch_size = 8;
-  auto probe_src = OpenSource(cfg_, probe_spec);
+  auto probe_src = OpenSource(set_, probe_spec);
   if (!probe_src.ok()) return probe_src.status();
   (*probe_src)->StartEpoch(0, 0);
   TrainBatch probe;
   if (!(*probe_src)->Next(&probe)) return (*probe_src)->status();
   if (Status s = BuildModel(**probe_src); !s.ok()) return s;
   BatchSearchOptions bo;
-  bo.max_batch = std::min(cfg_.Int("train.max_batch_size"), (*probe_src)->batches_per_epoch() * 8);
+  bo.max_batch = std::min(set_.train.max_batch_size, (*probe_src)->batches_per_epoch() * 8);
   bo.optimizer = oo;
   if (dp_) {
     std::vector<torch::Tensor> trainable;  // the optimizer's parameters, in its order
@@ -559,10 +559,10 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
       if (p.requires_grad()) trainable.push_back(p);
     std::vector<int> owners = DataParallel::ShardOwners(trainable, dp_->world_size());
     // A trial holds the optimizer state this rank will: its owners' share.
-    if (cfg_.Str("dist.shard") != "none")
+    if (set_.dist.shard != "none")
       for (int owner : owners) bo.owned.push_back(owner == dp_->rank());
-    bo.shape = std::make_shared<RankTrialShape>(dp_.get(), ctx_.model.get(), cfg_.Str("dist.shard"),
-                                                cfg_.Bool("dist.prefetch"), trainable, owners);
+    bo.shape = std::make_shared<RankTrialShape>(dp_.get(), ctx_.model.get(), set_.dist.shard,
+                                                set_.dist.prefetch, trainable, owners);
   }
   // The probe source stays open through the search: what it holds (an
   // in-memory dataset, loader buffers) is held while training too.
@@ -583,7 +583,7 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
     return chosen.status();
   }
   batch_ = *chosen;
-  cfg_.Set("train.batch_size", std::to_string(batch_), "batch-size search");
+  SetOption("train.batch_size", std::to_string(batch_), "batch-size search");
   for (const BatchTrial& t : trials) {
     nlohmann::json trial = {{"batch", t.batch},
                             {"fits", t.fits},

@@ -34,7 +34,7 @@ Status Trainer::SetupSharding() {
 // dist.offload = optimizer, after the sharding (only the parameters this
 // rank updates): refused before training when the host cannot hold it.
 Status Trainer::SetupOffload() {
-  if (cfg_.Str("dist.offload") == "none") return Status::Ok();
+  if (set_.dist.offload == "none") return Status::Ok();
   const int64_t needed = optim_->OffloadBytes();
   const int64_t available = HostBytesAvailable(ctx_.device);
   if (available >= 0 && needed > available)
@@ -74,17 +74,17 @@ Status Trainer::SetupOffload() {
 // asks once the ranks are connected, before the model is built or a batch
 // size searched.
 Status Trainer::RefusedMemorySettings() const {
-  if (cfg_.Str("dist.offload") != "none" && cfg_.Bool("train.cuda_graphs"))
+  if (set_.dist.offload != "none" && set_.train.cuda_graphs)
     return Status::InvalidArgument(
         "dist.offload = optimizer updates on the host, outside a CUDA graph: set "
         "train.cuda_graphs = false or dist.offload = none");
-  const std::string shard = cfg_.Str("dist.shard");
+  const std::string shard = set_.dist.shard;
   if (!dp_ || shard == "none") return Status::Ok();
-  if (cfg_.Bool("train.cuda_graphs"))
+  if (set_.train.cuda_graphs)
     return Status::InvalidArgument("dist.shard = " + shard +
                                    " does not run inside a CUDA graph yet: set train.cuda_graphs "
                                    "= false or dist.shard = none");
-  if (cfg_.Float("checkpoint.every_minutes") > 0)
+  if (set_.checkpoint.every_minutes > 0)
     return Status::InvalidArgument(
         "dist.shard = " + shard +
         " gathers the state from every rank at each checkpoint, so the ranks must checkpoint at "
@@ -96,13 +96,13 @@ Status Trainer::RefusedMemorySettings() const {
 Status Trainer::NoBlocksToGather() const {
   return Status::InvalidArgument(
       "dist.shard = full gathers a model's parameters block by block, and " +
-      cfg_.Str("model.name") +
+      set_.model.name +
       " has no blocks to gather: use dist.shard = gradients, or a model with blocks (gpt, "
       "resnet18, resnet50, mlp)");
 }
 
 Status Trainer::ShardStates() {
-  const std::string shard = cfg_.Str("dist.shard");
+  const std::string shard = set_.dist.shard;
   if (shard == "none") return Status::Ok();
   if (!dp_) {
     if (rank_.rank == 0 && !opt_.quiet)
@@ -131,7 +131,7 @@ Status Trainer::ShardStates() {
       params_sharded_.reset();
       return NoBlocksToGather();
     }
-    params_sharded_->SetBlocks(blocks, cfg_.Bool("dist.prefetch"));
+    params_sharded_->SetBlocks(blocks, set_.dist.prefetch);
     model_gather_ = params_sharded_;
     params_sharded_->ReleaseAll();  // each rank keeps its own parameters only
   }
@@ -148,7 +148,7 @@ Status Trainer::ShardStates() {
 // are still placeholders of their shape when it is made.
 Status Trainer::PlaceShareOnDevice() {
   torch::NoGradGuard no_grad;
-  const int64_t chunk = static_cast<int64_t>(cfg_.Float("dist.bucket_mb") * 1e6);
+  const int64_t chunk = static_cast<int64_t>(set_.dist.bucket_mb * 1e6);
   const int64_t total_bytes = TensorBytes(optim_->params());  // before the others' are dropped
   std::set<const void*> sharded;
   for (const torch::Tensor& p : optim_->params()) sharded.insert(p.unsafeGetTensorImpl());

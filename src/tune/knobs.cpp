@@ -12,20 +12,8 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-std::string Get(const TuneContext& ctx, const std::string& key) {
-  auto it = ctx.config.find(key);
-  if (it != ctx.config.end()) return it->second;
-  const OptionDef* def = FindOption(key);
-  return def ? def->default_value : "";
-}
-
-int64_t GetInt(const TuneContext& ctx, const std::string& key) {
-  try {
-    return std::stoll(Get(ctx, key));
-  } catch (...) {
-    return 0;
-  }
-}
+std::string Text(int64_t v) { return std::to_string(v); }
+std::string Text(bool v) { return v ? "true" : "false"; }
 
 // One override per value, the current value left out, in the order given.
 std::vector<Candidate> Values(const std::string& key, const std::vector<std::string>& values,
@@ -44,12 +32,13 @@ std::vector<Candidate> Values(const std::string& key, const std::vector<std::str
 }
 
 std::vector<Candidate> BatchCandidates(const TuneContext& ctx, std::string* skip) {
-  if (Get(ctx, "train.batch_size") == "auto") {
+  const TrainSettings& s = ctx.settings;
+  if (s.train.batch_size.automatic) {
     *skip = "train.batch_size is already auto (searched)";
     return {};
   }
-  int64_t batch = GetInt(ctx, "train.batch_size"),
-          accumulate = std::max<int64_t>(1, GetInt(ctx, "train.accumulate"));
+  int64_t batch = s.train.batch_size.value,
+          accumulate = std::max<int64_t>(1, s.train.accumulate);
   int64_t effective = batch * accumulate;
   if (!ctx.keep_effective_batch)
     return {{"auto (largest that fits)", {{"train.batch_size", "auto"}}, std::nullopt}};
@@ -68,7 +57,7 @@ std::vector<Candidate> BatchCandidates(const TuneContext& ctx, std::string* skip
 // The images as a raw pack in the tuning's directory; the held-out split
 // stays where it was (an empty data.path meant the default's split too).
 std::vector<Candidate> PackCandidates(const TuneContext& ctx, std::string* skip) {
-  std::string source = Get(ctx, "data.source"), src = Get(ctx, "resolved.data_path");
+  const std::string &source = ctx.settings.data.source, &src = ctx.data_path;
   if (!ctx.input_bound && !ctx.knobs_chosen) {
     *skip = "the input pipeline is not the bottleneck";
   } else if (source != "images") {
@@ -78,12 +67,12 @@ std::vector<Candidate> PackCandidates(const TuneContext& ctx, std::string* skip)
   } else if (src.empty() || ctx.pack_dir.empty()) {
     *skip = "the runs do not record where their images are";
   } else {
-    int side = PackMaxSide(static_cast<int>(GetInt(ctx, "data.image_size")));
+    int side = PackMaxSide(static_cast<int>(ctx.settings.data.image_size));
     Candidate c{"raw, max side " + std::to_string(side),
                 {{"data.path", ctx.pack_dir}},
                 PackJob{src, ctx.pack_dir, side}};
-    std::string val = Get(ctx, "resolved.val_path");
-    if (Get(ctx, "data.val_path").empty() && !val.empty()) c.overrides["data.val_path"] = val;
+    if (ctx.settings.data.val_path.empty() && !ctx.val_path.empty())
+      c.overrides["data.val_path"] = ctx.val_path;
     return {c};
   }
   return {};
@@ -171,34 +160,33 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
   skip->clear();
   int cores = std::max(1, ctx.cores);
   auto n = [](int v) { return std::to_string(std::max(1, v)); };
+  const TrainSettings& s = ctx.settings;
   std::vector<Candidate> out;
   if (knob == "batch") {
     out = BatchCandidates(ctx, skip);
   } else if (knob == "loader_threads") {
     out = Values("data.threads", {"0", n(cores / 2), n(cores - 1), n(cores)},
-                 Get(ctx, "data.threads"));
+                 Text(s.data.threads));
   } else if (knob == "prefetch") {
-    out = Values("data.prefetch", {"0", "2", "8"}, Get(ctx, "data.prefetch"));
+    out = Values("data.prefetch", {"0", "2", "8"}, Text(s.data.prefetch));
   } else if (knob == "threads") {
     // Trials run one process, for which 0 (auto) is every core: one trial of it, not two.
-    std::string current = Get(ctx, "train.threads");
     out = Values("train.threads", {n(cores / 2), n(cores - 1), n(cores)},
-                 current == "0" ? n(cores) : current);
+                 s.train.threads == 0 ? n(cores) : Text(s.train.threads));
   } else if (knob == "precision") {
     std::vector<std::string> v =
         ctx.cuda ? std::vector<std::string>{"bf16", "fp16"} : std::vector<std::string>{"bf16"};
-    out = Values("train.precision", v, Get(ctx, "train.precision"));
+    out = Values("train.precision", v, s.train.precision);
   } else if (knob == "channels_last") {
-    if (Get(ctx, "model.name").rfind("resnet", 0) != 0)
+    if (s.model.name.rfind("resnet", 0) != 0)
       *skip = "only ResNets have a channels-last option";
     else
-      out = Values("model.channels_last",
-                   {Get(ctx, "model.channels_last") == "true" ? "false" : "true"},
-                   Get(ctx, "model.channels_last"));
+      out = Values("model.channels_last", {Text(!s.model.channels_last)},
+                   Text(s.model.channels_last));
   } else if (knob == "pack") {
     out = PackCandidates(ctx, skip);
   } else if (knob == "cache") {
-    std::string source = Get(ctx, "data.source");
+    const std::string& source = s.data.source;
     int64_t mb = static_cast<int64_t>(std::min(8192.0, ctx.host_memory_bytes / 4 / kMiB));
     if (!ctx.input_bound && !ctx.knobs_chosen)
       *skip = "the input pipeline is not the bottleneck";
@@ -206,20 +194,20 @@ std::vector<Candidate> KnobCandidates(const std::string& knob, const TuneContext
       *skip = "data.source = " + source + " has nothing to decode and cache";
     else if (ctx.data_is_pack)
       *skip = "the data is a pack, which the page cache already holds";
-    else if (mb < 64 || GetInt(ctx, "data.cache_mb") >= mb)
+    else if (mb < 64 || s.data.cache_mb >= mb)
       *skip = "no room for a larger cache";
     else
-      out = Values("data.cache_mb", {std::to_string(mb)}, Get(ctx, "data.cache_mb"));
+      out = Values("data.cache_mb", {std::to_string(mb)}, Text(s.data.cache_mb));
   } else if (knob == "cudnn_benchmark") {
     if (!ctx.cuda)
       *skip = "CPU trials: no cuDNN";
     else
-      out = Values("train.cudnn_benchmark", {"true"}, Get(ctx, "train.cudnn_benchmark"));
+      out = Values("train.cudnn_benchmark", {"true"}, Text(s.train.cudnn_benchmark));
   } else if (knob == "cuda_graphs") {
     if (!ctx.cuda)
       *skip = "CPU trials: no CUDA graphs";
     else
-      out = Values("train.cuda_graphs", {"true"}, Get(ctx, "train.cuda_graphs"));
+      out = Values("train.cuda_graphs", {"true"}, Text(s.train.cuda_graphs));
   } else {
     *skip = "unknown knob";
   }

@@ -37,13 +37,13 @@ class TrainTuner : public KnobTuner {
   Trial Settle(const std::string& knob, Trial search) override {
     if (knob != "batch") return search;
     const TuneContext& ctx = ctx_;
-    std::map<std::string, std::string> searched = FlatConfig(search.run_id);
-    int64_t chosen = 0, effective = 0;
-    try {
-      chosen = std::stoll(searched.at("train.batch_size"));
-      effective = std::stoll(ctx.config.at("train.batch_size")) *
-                  std::stoll(ctx.config.at("train.accumulate"));
-    } catch (const std::exception&) {
+    Result<TrainSettings> searched = StoredSettings(search.run_id);
+    const TrainSettings& best = ctx.settings;
+    int64_t chosen = searched.ok() && !searched->train.batch_size.automatic
+                         ? searched->train.batch_size.value
+                         : 0;
+    int64_t effective = best.train.batch_size.value * best.train.accumulate;
+    if (chosen <= 0 || best.train.batch_size.automatic) {
       search.status = TrialStatus::kFailed;
       search.reason =
           "run " + std::to_string(search.run_id) + " does not record the chosen batch size";
@@ -72,8 +72,20 @@ class TrainTuner : public KnobTuner {
 
   TuneContext Context(const std::vector<Finding>& findings) {
     TuneContext ctx;
-    ctx.config = FlatConfig(best_.run_id);
-    ctx.cuda = ctx.config["resolved.device"].rfind("cuda", 0) == 0;
+    auto run = t_->store()->GetRun(std::to_string(best_.run_id));
+    if (run.ok()) {
+      if (auto settings = ReadStoredSettings(run->config_json); settings.ok())
+        ctx.settings = *settings;
+      // Not options: what the trainer resolved them to, recorded beside them.
+      auto stored = nlohmann::json::parse(run->config_json, nullptr, false);
+      nlohmann::json resolved = stored.is_object() ? stored.value("resolved", nlohmann::json())
+                                                   : nlohmann::json();
+      if (resolved.is_object()) {
+        ctx.data_path = resolved.value("data_path", "");
+        ctx.val_path = resolved.value("val_path", "");
+        ctx.cuda = resolved.value("device", "").rfind("cuda", 0) == 0;
+      }
+    }
     ctx.cores = RankCpus(ReadCpuView(t_->env()), 1);  // what one trial may use
     ctx.host_memory_bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                             static_cast<double>(::sysconf(_SC_PAGESIZE));
@@ -81,17 +93,15 @@ class TrainTuner : public KnobTuner {
     ctx.knobs_chosen = !t_->plan().knobs.empty();
     ctx.keep_effective_batch = !o_.free_batch;
     ctx.pack_dir = t_->PackDir();
-    ctx.data_is_pack = PackReader::IsPack(ctx.config["resolved.data_path"]);
+    ctx.data_is_pack = PackReader::IsPack(ctx.data_path);
     return ctx;
   }
 
-  // A run's effective config, flattened ("train.batch_size"); its samples are not needed.
-  std::map<std::string, std::string> FlatConfig(int64_t run_id) {
+  // A run's options as it stored them.
+  Result<TrainSettings> StoredSettings(int64_t run_id) {
     auto run = t_->store()->GetRun(std::to_string(run_id));
-    if (!run.ok()) return {};
-    RunData only_info;
-    only_info.run = *run;
-    return Digest(only_info, {}).config;
+    if (!run.ok()) return run.status();
+    return ReadStoredSettings(run->config_json);
   }
 
   // The winner as a complete config file.

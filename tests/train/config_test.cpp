@@ -3,6 +3,7 @@
 
 #include <fstream>
 
+#include "fullburn/train_settings.h"
 #include "fullburn/config.h"
 #include "replay_env.h"
 
@@ -163,6 +164,70 @@ TEST(ConfigMessages, QuoteTheKeyTheValueAndTheLine) {
   EXPECT_EQ(m4, "train.batch_size = 0 (" + p4 + " line 4): must be >0");
   auto [p5, m5] = message("m5.toml", "[optim]\nlr = -0.25\n");
   EXPECT_EQ(m5, "optim.lr = -0.25 (" + p5 + " line 2): must be >0");
+}
+
+// Every option has its typed field and every field its option, of its type.
+TEST(TrainSettings, OneFieldPerOptionOfItsType) { EXPECT_EQ(SettingsTableProblems(), ""); }
+
+TEST(TrainSettings, ReadOnceFromTheConfigTheyType) {
+  auto c = Config::Load("", {"optim.lr=0.25", "model.name=gpt", "checkpoint.async=false",
+                             "data.seq_len=512", "train.batch_size=auto"},
+                        /*read_environment=*/false);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  TrainSettings s = ReadSettings(*c);
+  EXPECT_DOUBLE_EQ(s.optim.lr, 0.25);
+  EXPECT_EQ(s.model.name, "gpt");
+  EXPECT_FALSE(s.checkpoint.async);
+  EXPECT_EQ(s.data.seq_len, 512);
+  EXPECT_TRUE(s.train.batch_size.automatic);
+  EXPECT_EQ(s.train.batch_size.value, 0);
+  EXPECT_DOUBLE_EQ(s.optim.beta2, c->Float("optim.beta2"));  // a default
+  ASSERT_TRUE(c->Set("train.batch_size", "48", "test").ok());
+  TrainSettings again = ReadSettings(*c);
+  EXPECT_FALSE(again.train.batch_size.automatic);
+  EXPECT_EQ(again.train.batch_size.value, 48);
+}
+
+// What a run stored is read back through the same table: diagnose and tune
+// see the run's values, the defaults where it left one out, and no
+// "resolved" (what the trainer chose at run time, no option).
+TEST(TrainSettings, AStoredConfigReadsBackToTheSettingsItWasWrittenFrom) {
+  auto c = Config::Load("", {"train.precision=bf16", "data.threads=3", "checkpoint.async=false"},
+                        /*read_environment=*/false);
+  ASSERT_TRUE(c.ok());
+  nlohmann::json stored = c->ToJson();
+  stored["resolved"] = {{"device", "cpu"}, {"threads", 2}};
+  stored["train"].erase("seed");  // an older run's config may lack an option
+  auto s = ReadStoredSettings(stored.dump());
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->train.precision, "bf16");
+  EXPECT_EQ(s->data.threads, 3);
+  EXPECT_FALSE(s->checkpoint.async);
+  EXPECT_EQ(s->train.seed, DefaultSettings().train.seed);
+  EXPECT_EQ(SettingsJson(ReadSettings(*c)), c->ToJson());  // the table writes what Config writes
+
+  EXPECT_FALSE(ReadStoredSettings(R"({"command": ["python3", "train.py"]})").ok());  // a wrapped job
+  EXPECT_FALSE(ReadStoredSettings("not json").ok());
+  auto wrong = ReadStoredSettings(R"({"train": {"precision": 16}})");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("train.precision"), std::string::npos);
+}
+
+// Ranks compare a hash of JobIdentity: a rank's machine may differ, its job may not.
+TEST(TrainSettings, JobIdentityLeavesOutWhatDescribesARanksMachine) {
+  TrainSettings a = DefaultSettings(), b = a;
+  b.train.device = "cuda:1";
+  b.train.threads = 7;
+  b.train.memory_budget_mb = 1000;
+  b.data.threads = 5;
+  b.data.prefetch = 9;
+  b.data.cache_mb = 64;
+  EXPECT_EQ(JobIdentity(a), JobIdentity(b));
+  b.optim.lr = a.optim.lr * 2;
+  EXPECT_NE(JobIdentity(a), JobIdentity(b));
+  b = a;
+  b.train.batch_size = AutoInt{0, !a.train.batch_size.automatic};
+  EXPECT_NE(JobIdentity(a), JobIdentity(b));
 }
 
 }  // namespace

@@ -309,7 +309,9 @@ TEST(TuneScriptKnobs, TheWinnerIsSaidAsCodeAndAsTheVariable) {
 TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
   TuneContext ctx;
   ctx.cores = 8;
-  ctx.config = {{"data.threads", "4"}, {"train.precision", "fp32"}, {"model.name", "mlp"}};
+  ctx.settings.data.threads = 4;
+  ctx.settings.train.precision = "fp32";
+  ctx.settings.model.name = "mlp";
   std::string skip;
   auto threads = KnobCandidates("loader_threads", ctx, &skip);
   ASSERT_TRUE(skip.empty());
@@ -330,9 +332,9 @@ TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
   auto graphs = KnobCandidates("cuda_graphs", ctx, &skip);
   ASSERT_EQ(graphs.size(), 1u);
   EXPECT_EQ(graphs[0].overrides.at("train.cuda_graphs"), "true");
-  ctx.config["train.cuda_graphs"] = "true";  // already on: nothing to try
+  ctx.settings.train.cuda_graphs = true;  // already on: nothing to try
   EXPECT_TRUE(KnobCandidates("cuda_graphs", ctx, &skip).empty());
-  ctx.config.erase("train.cuda_graphs");
+  ctx.settings.train.cuda_graphs = false;
   ctx.cuda = false;
   EXPECT_TRUE(KnobCandidates("cudnn_benchmark", ctx, &skip).empty());
   EXPECT_FALSE(skip.empty());
@@ -344,12 +346,12 @@ TEST(TuneKnobs, CandidatesLeaveOutTheCurrentValueAndSayWhyNone) {
 
 TEST(TuneKnobs, PackOnlyWhenTheInputIsTheBottleneckAndKeepsTheHeldOutSplit) {
   TuneContext ctx;
-  ctx.config = {{"data.source", "images"},
-                {"data.path", ""},
-                {"data.val_path", ""},
-                {"data.image_size", "48"},
-                {"resolved.data_path", "/s/datasets/imgs/train"},
-                {"resolved.val_path", "/s/datasets/imgs/val"}};
+  ctx.settings.data.source = "images";
+  ctx.settings.data.path = "";
+  ctx.settings.data.val_path = "";
+  ctx.settings.data.image_size = 48;
+  ctx.data_path = "/s/datasets/imgs/train";
+  ctx.val_path = "/s/datasets/imgs/val";
   ctx.pack_dir = "/s/tune-3/pack";
   std::string skip;
   EXPECT_TRUE(KnobCandidates("pack", ctx, &skip).empty());
@@ -364,7 +366,7 @@ TEST(TuneKnobs, PackOnlyWhenTheInputIsTheBottleneckAndKeepsTheHeldOutSplit) {
   EXPECT_EQ(c[0].overrides.at("data.path"), "/s/tune-3/pack");
   // An empty data.path also meant the default held-out split: keep evaluating it.
   EXPECT_EQ(c[0].overrides.at("data.val_path"), "/s/datasets/imgs/val");
-  ctx.config["data.val_path"] = "/mine/val";
+  ctx.settings.data.val_path = "/mine/val";
   EXPECT_EQ(KnobCandidates("pack", ctx, &skip)[0].overrides.count("data.val_path"), 0u);
   ctx.data_is_pack = true;
   EXPECT_TRUE(KnobCandidates("pack", ctx, &skip).empty());
@@ -373,7 +375,7 @@ TEST(TuneKnobs, PackOnlyWhenTheInputIsTheBottleneckAndKeepsTheHeldOutSplit) {
   EXPECT_TRUE(KnobCandidates("cache", ctx, &skip).empty());  // the page cache holds a pack
   EXPECT_NE(skip.find("page cache"), std::string::npos);
   ctx.data_is_pack = false;
-  ctx.config["data.source"] = "tokens";
+  ctx.settings.data.source = "tokens";
   EXPECT_TRUE(KnobCandidates("pack", ctx, &skip).empty());
   EXPECT_NE(skip.find("tokens"), std::string::npos);
 }
@@ -394,14 +396,15 @@ TEST(TuneKnobs, APackIsRefusedWhenItWouldTakeMoreThanHalfTheFreeDisk) {
 
 TEST(TuneKnobs, BatchSearchKeepsTheEffectiveBatch) {
   TuneContext ctx;
-  ctx.config = {{"train.batch_size", "8"}, {"train.accumulate", "8"}};
+  ctx.settings.train.batch_size = AutoInt{8, false};
+  ctx.settings.train.accumulate = 8;
   std::string skip;
   auto c = KnobCandidates("batch", ctx, &skip);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].overrides.at("train.batch_size"), "auto");
   EXPECT_EQ(c[0].overrides.at("train.max_batch_size"), "64");
   EXPECT_EQ(c[0].overrides.at("train.accumulate"), "1");
-  ctx.config["train.accumulate"] = "1";
+  ctx.settings.train.accumulate = 1;
   EXPECT_TRUE(KnobCandidates("batch", ctx, &skip).empty());
   EXPECT_NE(skip.find("--free-batch"), std::string::npos);
   ctx.keep_effective_batch = false;

@@ -27,6 +27,7 @@
 #include "fullburn/diagnose.h"
 #include "fullburn/status.h"
 #include "fullburn/store.h"
+#include "fullburn/train_settings.h"
 
 namespace fullburn {
 
@@ -45,8 +46,11 @@ Result<std::vector<std::string>> ParseKnobList(const std::string& csv,
 
 // What the tuner knows when it picks candidate values.
 struct TuneContext {
-  std::map<std::string, std::string> config;  // flattened effective config of the best run so far
-  bool cuda = false;                          // the trials run on a CUDA device
+  // The best run so far: its options (ReadStoredSettings), and where the
+  // trainer resolved its images to (its stored "resolved" section).
+  TrainSettings settings = DefaultSettings();
+  std::string data_path, val_path;
+  bool cuda = false;  // the trials run on a CUDA device
   int cores = 1;
   double host_memory_bytes = 0;
   bool input_bound = false;  // the diagnosis names the input pipeline
