@@ -238,7 +238,9 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
     out->push_back(Make(CauseId::kInputIo,
                         wait + fmt::format("; CPU iowait median {:.0f}%{} (>= {:.0f}%)", f.iowait,
                                            NodeNote(f.iowait_rank), kIoWait),
-                        share, conf, CatalogFix(f, CauseId::kInputIo)));
+                        share, conf,
+                        CatalogFix(f, CauseId::kInputIo) +
+                            (f.trainer ? "" : FrameworkLoaderNote(f, workers))));
   } else if (f.cpu >= kCpuSaturated) {
     std::string fix =
         !f.trainer && f.python_loader
@@ -278,8 +280,8 @@ void InputRules(const Facts& f, std::vector<Finding>* out) {
                             std::max(1, f.RankCores() - 1)),
                 fmt::format("run longer to tell; with idle cores DataLoader(num_workers={}), with "
                             "a busy CPU smaller images (fullburn pack SRC DST --max-side 256, "
-                            "python/fullburn_pack.py)",
-                            workers))});
+                            "python/fullburn_pack.py){}",
+                            workers, FrameworkLoaderNote(f, workers)))});
   } else if (measured) {
     std::string fix =
         !f.trainer ? MoreWorkersFix(f, workers)

@@ -539,6 +539,33 @@ TEST(Diagnose, AFrameworksLoaderIsFixedInItsOwnTerms) {
   EXPECT_NE(plain[0].fix.find("fullburn.ImageLoader"), std::string::npos) << plain[0].fix;
 }
 
+// Which input cause a starved loader gets hangs on the host's readings (a
+// neighbour's writes raise iowait); the DataLoader's settings are named in
+// the framework's terms under each.
+TEST(Diagnose, AFrameworksLoaderIsFixedInItsOwnTermsWhateverTheInputCause) {
+  auto job = [](double cpu, double iowait) {
+    Case c;
+    c.run.config_json = R"({"interval_s": 1})";
+    for (int k = 0; k < 8; ++k) c.m["host.cpu" + std::to_string(k) + ".util"] = Flat(cpu);
+    c.Host(cpu, iowait).Wait(0.4);
+    nlohmann::json data{{"num_workers", 0}, {"pin_memory", false}, {"dataset", "Points"},
+                        {"created_at", "loop.py:30"}, {"created_in", "main"},
+                        {"framework", "accelerate"}};
+    c.events.push_back({0.5, "dataloader", data.dump()});
+    return c.Run();
+  };
+  for (auto [cpu, iowait, cause] : {std::tuple{30.0, 25.0, "input_io"},
+                                    std::tuple{95.0, 2.0, "input_cpu"},
+                                    std::tuple{40.0, 2.0, "input_workers"}}) {
+    auto f = job(cpu, iowait);
+    ASSERT_EQ(f[0].name(), cause) << RenderFindings(f);
+    EXPECT_NE(f[0].fix.find("with accelerate: give the DataLoader you pass to "
+                            "accelerator.prepare() num_workers="),
+              std::string::npos)
+        << cause << ": " << f[0].fix;
+  }
+}
+
 // A framework schedules its evaluations: the fix names its settings.
 TEST(Diagnose, AFrameworksEvaluationsAreFixedInItsSettings) {
   auto run = [](const std::string& framework) {
