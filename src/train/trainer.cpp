@@ -226,12 +226,13 @@ Status Trainer::BeginRun() {
 void Trainer::Finish(const std::string& status, int code) {
   finished_ = true;
   FlushSteps(true);
-  if (ckpt_) ckpt_->Wait();
-  if (recorder_) {
-    recorder_->StopSampling();
-    if (recorder_->forwarding()) SendForwarded(true);
+  if (checkpoints_) checkpoints_->Wait();
+  if (records_) {
+    Recorder& recorder = records_->recorder();
+    recorder.StopSampling();
+    if (recorder.forwarding()) SendForwarded(true);
     if (dp_ && rank_.rank == 0) ApplyForwarded(true);
-    (void)recorder_->Finish();  // what could not be stored is said; the run's outcome stands
+    (void)recorder.Finish();  // what could not be stored is said; the run's outcome stands
   }
   // Ranks sharing rank 0's store write their last steps themselves: wait for
   // every rank's, so the summary and diagnosis rank 0 prints next see them
@@ -241,16 +242,17 @@ void Trainer::Finish(const std::string& status, int code) {
   if (dp_ && status == "finished" && code == 0) (void)dp_->AnyRank(false);
   live_.reset();
   std::string said;
+  SpillFile* spill = records_ ? records_->spill() : nullptr;
   if (run_.id > 0 && rank_.rank == 0) {
     // Into the spill if the store refuses it: a finished run never reads as interrupted.
-    said = FinishRunOrKeep(store_.get(), spill_.get(), run_.id, Env::Default()->UnixSeconds(), code, status);
-  } else if (spill_ && !spill_->empty()) {
+    said = FinishRunOrKeep(store_.get(), spill, run_.id, Env::Default()->UnixSeconds(), code, status);
+  } else if (spill && !spill->empty()) {
     int64_t imported = 0;
-    std::string path = spill_->path();
-    said = spill_->DrainInto(store_.get(), &imported).ok()
+    std::string path = spill->path();
+    said = spill->DrainInto(store_.get(), &imported).ok()
                ? fmt::format("the {} records kept in {} while the store refused writes are stored\n", imported, path)
                : fmt::format("{} records the store refused are kept in {}: fullburn runs import {}\n",
-                             spill_->written(), path, path);
+                             spill->written(), path, path);
   }
   for (size_t at = 0, nl; (nl = said.find('\n', at)) != std::string::npos; at = nl + 1)
     std::fprintf(stderr, "fullburn: %s%s\n", rank_.world_size > 1 ? fmt::format("rank {}: ", rank_.rank).c_str() : "",
@@ -319,7 +321,7 @@ Status Trainer::Run() {
         set_.train.precision.c_str());
   started_ = true;
   s = Loop();
-  if (!s.ok()) parts_cancel_ = true;  // a rank may be gone: its part will not come
+  if (!s.ok() && checkpoints_) checkpoints_->CancelParts();  // a rank may be gone: its part will not come
   // A failed step leaves the weights suspect: the last good checkpoint stands.
   if (s.ok() && (set_.checkpoint.at_end || interrupted_)) s = Checkpoint(true);
   nlohmann::json eval;
@@ -395,13 +397,6 @@ int TrainingExitCode(const Status& s, bool interrupted, bool started) {
     default:
       return kExitFailed;
   }
-}
-
-Trainer::~Trainer() {
-  // Their callbacks read the trainer (a sharded part's identity): done
-  // before any member goes, on a failure path too.
-  if (part_ckpt_) part_ckpt_->Wait();
-  if (ckpt_) ckpt_->Wait();
 }
 
 // An exception no step, evaluation or setup caught (a directory that cannot

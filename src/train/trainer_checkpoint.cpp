@@ -120,21 +120,14 @@ Status Trainer::Restore() {
 
 Status Trainer::Checkpoint(bool final_one) {
   // Sharded, every rank saves the state it owns beside the step's file, in
-  // the background (part_ckpt_); rank 0's writer writes that file only once
+  // the background (checkpoints_'s part writer); rank 0's writer writes that file only once
   // every part landed (WaitForOptimizerShards), so a checkpoint is whole or
   // absent. The ranks all come here at the same steps (step-based triggers,
   // a shared stop, evaluations), but need not wait for each other.
-  if (part_ckpt_ && step_ != last_ckpt_step_) {
-    try {
-      shard_write_s_ += part_ckpt_->Save(step_, PartState());
-    } catch (const std::exception& e) {  // staging ran out of memory, say
-      std::string what = e.what();
-      PartFailed(step_, PartPath(step_), what.substr(0, what.find('\n')));
-    }
-  }
+  if (checkpoints_->parts() && step_ != last_ckpt_step_) checkpoints_->SavePart(step_, PartState());
   if (rank_.rank != 0) {
     last_ckpt_step_ = step_;
-    if (final_one && part_ckpt_) part_ckpt_->Wait();  // rank 0 reports a lost one
+    if (final_one) checkpoints_->WaitPart();  // rank 0 reports a lost one
     return Status::Ok();  // every rank holds the same weights
   }
   bool saved = true;
@@ -142,7 +135,7 @@ Status Trainer::Checkpoint(bool final_one) {
     last_ckpt_step_ = step_;
     last_ckpt_time_ = MonoNow();
     try {
-      ckpt_->Save(step_, Snapshot());
+      checkpoints_->SaveWhole(step_, Snapshot());
     } catch (const std::exception& e) {  // the previous checkpoint stands
       std::string what = e.what();
       std::fprintf(
@@ -155,15 +148,15 @@ Status Trainer::Checkpoint(bool final_one) {
   if (!final_one) return Status::Ok();
   // The end state may be the periodic checkpoint of this same step, written
   // in the background: wait for it and check it landed.
-  ckpt_->Wait();
-  if (!saved || !ckpt_->last_status().ok()) return FinalCheckpointLost();
+  checkpoints_->Wait();
+  if (!saved || !checkpoints_->last_status().ok()) return FinalCheckpointLost();
   return Status::Ok();
 }
 
 // The run trained but its end state is not on disk: that is a failure, and
 // the user needs to know which checkpoint still holds the work.
 Status Trainer::FinalCheckpointLost() {
-  if (recorder_) recorder_->Sync();  // the checkpoints written so far are in the store
+  if (records_) records_->recorder().Sync();  // the checkpoints written so far are in the store
   auto cks = store_->LoadCheckpoints(run_.id);
   std::string newest = cks.ok() && !cks->empty()
                            ? fmt::format(
@@ -183,73 +176,30 @@ Status Trainer::OpenCheckpoints() {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("cannot create checkpoint.dir " + dir + ": " + ec.message());
-  ckpt_dir_ = dir;
-  Recorder* records = recorder_.get();
-  double start = run_.start_time;
-  ckpt_ = std::make_unique<CheckpointWriter>(
-      dir, static_cast<int>(set_.checkpoint.keep), set_.checkpoint.async,
-      [records, start](const CheckpointWriter::Written& w) {
-        if (!w.status.ok()) {
-          std::fprintf(stderr, "\nfullburn: %s\n", w.status.message().c_str());
-          return;
-        }
-        RunRecords r;
-        r.checkpoints.push_back(
-            {w.step, Env::Default()->UnixSeconds() - start, w.path, w.bytes, w.stall_s, w.write_s});
-        records->AddRecords(std::move(r));
-      });
-  if (!shard_owner_.empty()) {
-    // Each rank's part in the background; the loop waits only for the copy
-    // of what the next forward changes (buffers, RNG: in rank 0's file).
-    part_ckpt_ = std::make_unique<CheckpointWriter>(
-        dir, -1, set_.checkpoint.async, [this](const CheckpointWriter::Written& w) {
-          part_write_us_ += static_cast<int64_t>(w.write_s * 1e6);
-          if (!w.status.ok()) PartFailed(w.step, w.path, w.status.message());
-        });
-    part_ckpt_->SetPath([this](int64_t step) { return PartPath(step); });
-    if (rank_.rank == 0) {
-      // As long as the ranks wait for each other anywhere: a part later than
-      // that is a rank gone or a folder the ranks do not share.
-      const double wait_s = set_.dist.timeout_s;
-      ckpt_->SetBeforeWrite([this, dir, wait_s](int64_t step) {
-        return WaitForOptimizerShards(CheckpointPath(dir, step), PartIdentity(step), parts_cancel_,
-                                      wait_s);
-      });
-    }
-  }
+  CheckpointPlan plan;
+  plan.dir = dir;
+  plan.keep = static_cast<int>(set_.checkpoint.keep);
+  plan.async = set_.checkpoint.async;
+  plan.parts = !shard_owner_.empty();
+  // As long as the ranks wait for each other anywhere: a part later than
+  // that is a rank gone or a folder the ranks do not share.
+  plan.part_wait_s = set_.dist.timeout_s;
+  plan.run_id = run_.id;
+  plan.run_start = run_.start_time;
+  plan.rank = rank_.rank;
+  plan.world = rank_.world_size;
+  checkpoints_ = std::make_unique<RunCheckpoints>(std::move(plan), records_);
   // A resumed run writing into the same folder keeps the best one it inherited.
   if (best_step_ >= 0 && std::filesystem::path(best_checkpoint_).parent_path() == dir)
-    ckpt_->Protect(best_step_);
+    checkpoints_->Protect(best_step_);
   mono_start_ = MonoNow();
   last_ckpt_time_ = mono_start_;
   if (!opt_.quiet && rank_.rank == 0) live_ = std::make_unique<LiveStatus>(STDERR_FILENO);
   return Status::Ok();
 }
 
-// This rank's part of the checkpoint at `step` was not written: the marker
-// rank 0 waits for, and a line here.
-void Trainer::PartFailed(int64_t step, const std::string& path, const std::string& why) {
-  ShardIdentity id = PartIdentity(step);  // not step_: this may run on the writer's thread
-  MarkOptimizerShardFailed(path, id, why);
-  std::fprintf(stderr, "\nfullburn: rank %d: this rank's part of the checkpoint at step %lld failed (%s)\n",
-               id.rank, static_cast<long long>(step), why.c_str());
-}
-
-std::string Trainer::PartPath(int64_t step) const {
-  return OptimizerShardPath(CheckpointPath(ckpt_dir_, step), rank_.rank, rank_.world_size);
-}
-
-ShardIdentity Trainer::PartIdentity(int64_t step) const {
-  ShardIdentity id;
-  id.step = step;
-  id.run_id = run_.id;
-  id.rank = rank_.rank;
-  id.world = rank_.world_size;
-  return id;
-}
-
 // This rank's optimizer state and, with dist.shard = full, the parameters it
-// owns: all of it changes only in the optimizer step, so part_ckpt_ copies
+// owns: all of it changes only in the optimizer step, so its part writer copies
 // it on its own thread while the next forward and backward run (the loop's
 // BeforeUpdate fences the step behind the copy).
 CheckpointState Trainer::PartState() {
@@ -259,7 +209,7 @@ CheckpointState Trainer::PartState() {
     for (auto& p : ctx_.model->named_parameters())
       if (params_sharded_->Owns(p.value()))
         mine.until_update.emplace_back("model." + p.key(), p.value());
-  mine.state_json = ShardIdentityJson(PartIdentity(step_));
+  mine.state_json = ShardIdentityJson(checkpoints_->PartIdentity(step_));
   return mine;
 }
 

@@ -156,9 +156,9 @@ void Trainer::KeepIfBest(nlohmann::json* eval) {
   (*eval)["best"] = true;
   Checkpoint(false);  // on every rank: a sharded state is gathered first
   if (rank_.rank != 0) return;
-  ckpt_->Protect(step_);
+  checkpoints_->Protect(step_);
   best_step_ = step_;
-  best_checkpoint_ = CheckpointPath(ckpt_dir_, step_);
+  best_checkpoint_ = CheckpointPath(checkpoints_->dir(), step_);
   (*eval)["checkpoint"] = best_checkpoint_;
 }
 

@@ -61,8 +61,7 @@ Status Trainer::GraphedTrainStep(bool timed, StepRecord* rec) {
   }
   double lr = schedule_.At(step_ + 1);
   device_step_->SetLearningRate(lr);
-  ckpt_->BeforeUpdate();  // the step writes the weights a checkpoint may still be copying
-  if (part_ckpt_) part_ckpt_->BeforeUpdate();
+  checkpoints_->BeforeUpdate();  // the step writes the weights a checkpoint may still be copying
   if (!SameShapes(micro, static_batches_)) {
     StepBody(micro);  // a short batch (skipped samples): eager, same math
   } else {

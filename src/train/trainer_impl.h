@@ -20,6 +20,8 @@
 #include "fullburn/store_layout.h"
 #include "fullburn/train.h"
 #include "memory_model.h"
+#include "run_checkpoints.h"
+#include "run_recording.h"
 #include "sharded_params.h"
 #include "sources.h"
 #include "fullburn/train_settings.h"
@@ -137,8 +139,10 @@ struct Resume {
 
 class Trainer {
  public:
+  // The parts with threads of their own (the recording, the checkpoint
+  // writers) stop them in their own destructors and share what those
+  // threads read, so the order of the fields below is free.
   explicit Trainer(const TrainerOptions& o) : opt_(o) {}
-  ~Trainer();
   Status Run();
   // Run, with any exception that escaped it as a Status (the run stored as failed).
   Status RunCatchingEverything();
@@ -183,13 +187,8 @@ class Trainer {
   Status SetupSharding();
   Status ClipShardedGradients(double max_norm);
   // Sharded: this rank's optimizer state (and, with full, its parameters)
-  // for its part beside the step's checkpoint, written by part_ckpt_.
+  // for its part beside the step's checkpoint (checkpoints_'s part writer).
   CheckpointState PartState();
-  ShardIdentity PartIdentity(int64_t step) const;
-  std::string PartPath(int64_t step) const;
-  void PartFailed(int64_t step, const std::string& path, const std::string& why);
-  double shard_write_s_ = 0;               // the loop's time blocked for them, in total
-  std::atomic<int64_t> part_write_us_{0};  // part_ckpt_'s time writing them, in total
   // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
   bool MemoryReportWanted() const;
   std::string WholeModelShortfall() const;  // dist.shard = full's probe and search
@@ -259,7 +258,7 @@ class Trainer {
   bool EvaluationDue() const;
   Status Evaluate(nlohmann::json* out);  // out: empty when there was nothing to evaluate
   Status EvaluateShare(nlohmann::json* out);
-  // What the run records goes through recorder_ (recorder.h): the store,
+  // What the run records goes through records_ (run_recording.h): the store,
   // the sampler, the live finding, the steps' flushes (trainer_records.cpp).
   void StartRecording();
   // Records of a rank whose store is not rank 0's (another node's disk) go
@@ -291,7 +290,7 @@ class Trainer {
   bool interrupted_ = false, started_ = false, finished_ = false;
   Config cfg_;  // what the run stores and a checkpoint keeps
   TrainSettings set_;  // cfg_ typed, read again whenever SetOption changes cfg_
-  std::unique_ptr<RunStore> store_;
+  std::shared_ptr<RunStore> store_;  // shared with records_, whose sampler writes it
   std::optional<Resume> resume_;
   RunInfo run_;
   double mono_start_ = 0;
@@ -302,26 +301,18 @@ class Trainer {
   int64_t eval_every_steps_ = 0, eval_every_epoch_steps_ = 0;
   double best_val_loss_ = INFINITY;  // checkpoint.keep_best
   int64_t best_step_ = -1;
-  std::string best_checkpoint_, ckpt_dir_;
+  std::string best_checkpoint_;
   void KeepIfBest(nlohmann::json* eval);
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<LossScaler> scaler_;
   LrSchedule schedule_;
-  std::unique_ptr<GpuSource> gpus_;
-  // Where what the store refuses goes (spill.h): before recorder_, whose
-  // writers add to it, so it outlives them.
-  std::unique_ptr<SpillFile> spill_;
+  std::shared_ptr<GpuSource> gpus_;  // shared with records_, whose sampler reads it
   // Every record of the run goes through it; the training loop never waits
-  // on the store. Before ckpt_, whose thread adds to it, so it outlives that
-  // thread; after gpus_, which its sampler reads.
-  std::unique_ptr<Recorder> recorder_;
-  // Set when the loop failed: rank 0's writer stops waiting for parts that
-  // may never come. Before ckpt_, whose thread reads it.
-  std::atomic<bool> parts_cancel_{false};
-  std::unique_ptr<CheckpointWriter> ckpt_;
-  // Sharded runs: this rank's part, written in the background like ckpt_'s
-  // files; rank 0's ckpt_ writes a step's file once every part is there.
-  std::unique_ptr<CheckpointWriter> part_ckpt_;
+  // on the store. Null until the run is begun.
+  std::shared_ptr<RunRecording> records_;
+  // Rank 0's checkpoint files and, sharded, this rank's parts beside them,
+  // written in the background. Null until the run is begun.
+  std::unique_ptr<RunCheckpoints> checkpoints_;
   std::unique_ptr<LiveStatus> live_;
   RankInfo rank_;                            // world_size 1 without a launcher
   std::unique_ptr<DataParallel> dp_;         // only when world_size > 1

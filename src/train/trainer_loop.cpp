@@ -98,8 +98,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
         torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
       }
     }
-    ckpt_->BeforeUpdate();
-    if (part_ckpt_) part_ckpt_->BeforeUpdate();
+    checkpoints_->BeforeUpdate();
     auto traced = ProfileScope("Optimizer.step#" + set_.optim.name + ".step");
     if (update_overlaps_)
       optim_->StepAsync(lr);  // the next forward waits block by block
@@ -165,7 +164,7 @@ Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
 }
 
 void Trainer::FlushSteps(bool force) {
-  if (!recorder_) return;  // the run was not begun
+  if (!records_) return;  // the run was not begun
   double now = MonoNow();
   if (!force && now - last_flush_ < 2.0) return;
   last_flush_ = now;
@@ -190,10 +189,10 @@ void Trainer::FlushSteps(bool force) {
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "loader", j.dump()});
   }
   if (dp_ && rank_.rank == 0) ApplyForwarded(false);
-  if (recorder_->forwarding())
+  if (records_->recorder().forwarding())
     SendForwarded(false);
   else
-    recorder_->Flush();
+    records_->recorder().Flush();
 }
 
 void Trainer::Progress(const StepRecord& r, bool force) {
@@ -214,8 +213,8 @@ void Trainer::Progress(const StepRecord& r, bool force) {
   double wait_share = recent_step_s_ > 0 ? recent_wait_s_ / recent_step_s_ : 0;
   if (!force && now - last_progress_ < set_.train.log_every_s) return;
   last_progress_ = now;
-  std::string util = "-", now_limits = recorder_->LiveFinding();
-  if (std::optional<fullburn::Snapshot> latest = recorder_->Latest()) {
+  std::string util = "-", now_limits = records_->recorder().LiveFinding();
+  if (std::optional<fullburn::Snapshot> latest = records_->recorder().Latest()) {
     if (!latest->gpus.empty() && latest->gpus[0].util)
       util = fmt::format("gpu {:.0f}%", *latest->gpus[0].util);
     else if (latest->proc && latest->proc->cpu_util)
@@ -319,7 +318,7 @@ Status Trainer::Loop() {
                               " failed: " + what.substr(0, what.find('\n')));
     }
     if (!s.ok()) return s;
-    recorder_->AddStep(rec);
+    records_->recorder().AddStep(rec);
     last = rec;
     ProfileAfterStep(false);
     Progress(rec, false);
@@ -358,8 +357,8 @@ Status Trainer::Loop() {
         {"prefetched_gathers", params_sharded_ ? params_sharded_->prefetched_gathers() : 0},
         {"shard", set_.dist.shard},
         {"offloaded", optim_->offloaded()},                   // state_bytes then in host memory
-        {"shard_write_s", shard_write_s_},                    // the loop blocked for its parts
-        {"shard_part_write_s", part_write_us_.load() / 1e6},  // their writer
+        {"shard_write_s", checkpoints_->part_blocked_s()},     // the loop blocked for its parts
+        {"shard_part_write_s", checkpoints_->part_write_s()},  // their writer
         {"sharded", !shard_owner_.empty()}};
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});
   }

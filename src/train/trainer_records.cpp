@@ -44,7 +44,6 @@ void Trainer::StartRecording() {
   o.sampler.root_pid = static_cast<int>(::getpid());
   o.sampler.host = samples_node;
   o.sampler.rank = rank_.rank;
-  o.gpus = samples_node ? gpus_.get() : nullptr;
   o.rank = rank_.rank;
   o.world_size = rank_.world_size;
   o.forward = forward_;
@@ -55,38 +54,36 @@ void Trainer::StartRecording() {
     o.events_path = events;
   // A rank that writes a store keeps what it refuses (a full disk, a lock
   // held past the retry time) in a spill, as fullburn run does.
-  if (!forward_) {
-    spill_ = std::make_unique<SpillFile>(Env::Default(), store_->path(), run_);
-    o.spill = spill_.get();
-  }
-  recorder_ = std::make_unique<Recorder>(Env::Default(), store_.get(), run_, std::move(o));
-  for (const RunEvent& e : pending_events_) recorder_->AddEvent(e);
+  records_ = std::make_shared<RunRecording>(store_, samples_node ? gpus_ : nullptr, run_,
+                                            std::move(o), /*keep_refused=*/!forward_);
+  Recorder& recorder = records_->recorder();
+  for (const RunEvent& e : pending_events_) recorder.AddEvent(e);
   pending_events_.clear();
-  recorder_->Start();
+  recorder.Start();
 }
 
 void Trainer::RecordEvent(const RunEvent& event, bool to_events_file) {
-  if (recorder_)
-    recorder_->AddEvent(event, to_events_file);
+  if (records_)
+    records_->recorder().AddEvent(event, to_events_file);
   else
     pending_events_.push_back(event);
 }
 
 void Trainer::SendForwarded(bool last) {
-  std::string payload = recorder_->TakeForwarded();
+  std::string payload = records_->recorder().TakeForwarded();
   Status s = payload.empty() ? Status::Ok() : dp_->Send(payload);
   if (s.ok() && last) s = dp_->Done();
   if (!s.ok()) {
     std::fprintf(stderr, "\nfullburn: rank %d: %s; its records from now on are lost\n", rank_.rank,
                  s.message().c_str());
-    recorder_->StopForwarding();  // nothing to send them to
+    records_->recorder().StopForwarding();  // nothing to send them to
   }
 }
 
 void Trainer::ApplyForwarded(bool last) {
   if (senders_.empty()) return;
   if (last) dp_->WaitForSenders(senders_, 10.0);
-  for (const std::string& text : dp_->Receive(senders_)) recorder_->AddForwarded(text);
+  for (const std::string& text : dp_->Receive(senders_)) records_->recorder().AddForwarded(text);
 }
 
 }  // namespace fullburn
