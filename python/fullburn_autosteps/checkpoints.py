@@ -68,6 +68,16 @@ def _saved_bytes(f, position):
     return None
 
 
+def _mark_saved(state, f, position, started):
+    """The "checkpoint" event of a save that ended now: `f` the file (or
+    buffer) it wrote, `position` where a buffer stood before it."""
+    end = time.time()
+    try:
+        state.saved(_save_target(f), started, end, _saved_bytes(f, position))
+    except Exception:  # the save itself succeeded; the marker is not worth failing it
+        pass
+
+
 def _timed_save(original, path_index, path_name, whole):
     """A framework's save function as a checkpoint write: its time, and the
     file its `path_index`-th argument (or `path_name`) names, with its size.
@@ -85,11 +95,7 @@ def _timed_save(original, path_index, path_name, whole):
             result = original(*args, **kwargs)
         finally:
             state.saving = False
-        end = time.time()
-        try:
-            state.saved(_save_target(path), started, end, _saved_bytes(path, None))
-        except Exception:  # the save itself succeeded; the marker is not worth failing it
-            pass
+        _mark_saved(state, path, None, started)
         return result
 
     return timed

@@ -28,7 +28,7 @@ import weakref
 
 import fullburn_autosteps as _package  # its _state: set here, once torch is hooked
 
-from .checkpoints import _TimingHooksHidden, _is_path, _save_target, _saved_bytes
+from .checkpoints import _TimingHooksHidden, _is_path, _mark_saved
 from .frameworks import _creation_site, _workers_flag
 from .loader_swap import _swapper
 from .steps import _AutoSteps
@@ -241,11 +241,7 @@ def _save_hook(state, original_save):
             position = None
         with _TimingHooksHidden(obj):
             result = original_save(obj, f, *args, **kwargs)
-        end = time.time()
-        try:
-            state.saved(_save_target(f), started, end, _saved_bytes(f, position))
-        except Exception:  # the save itself succeeded; the marker is not worth failing it
-            pass
+        _mark_saved(state, f, position, started)
         return result
 
     return save
