@@ -48,6 +48,11 @@ if ! "$python" -c "import torch" 2>/dev/null; then
     exit 1
   fi
 fi
+# py-spy for the stacks (install-deps --demo installs it), unless one is named.
+spy=${FULLBURN_PY_SPY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fullburn/py-spy}/bin/py-spy
+if [[ -z ${FULLBURN_PY_SPY:-} && -x $spy ]]; then
+  export FULLBURN_PY_SPY=$spy
+fi
 script=examples/demo/train.py
 epochs=${DEMO_EPOCHS:-8}
 torch_version=$("$python" -c "import torch; print(torch.__version__)")

@@ -3,7 +3,8 @@
 # already present are skipped, and apt is not touched when nothing is missing.
 #   install-deps.sh            what the build and the whole test suite need
 #   install-deps.sh --demo     only what scripts/demo.sh builds and runs: the monitoring
-#                              half and Debian's PyTorch for its example script
+#                              half, Debian's PyTorch for its example script and
+#                              py-spy from PyPI (scripts/py-spy-venv.sh) for its stacks
 #   install-deps.sh --demo-train  what scripts/demo.sh train builds: the monitoring half
 #                              and the training half (libtorch)
 #   install-deps.sh --bench    the test suite's, and the baselines of bench/
@@ -40,6 +41,7 @@ packages=(
 )
 if [[ $mode == demo ]]; then
   packages+=(python3-torch)  # the demo's PyTorch script (examples/demo/train.py)
+  packages+=(python3-venv)   # the demo's py-spy, from PyPI (scripts/py-spy-venv.sh)
 elif [[ "${FULLBURN_NO_TORCH:-0}" != 1 ]]; then
   packages+=(libtorch-dev libgloo-dev)  # training half (CPU libtorch 1.13)
 fi
@@ -116,6 +118,12 @@ fi
 if [[ $mode != demo && $mode != demo-train && -z ${FULLBURN_NO_TORCH:-} ]]; then
   "$(dirname "$0")/torch2-venv.sh" >/dev/null ||
     echo "install-deps: going on without PyTorch 2.x: the *.torch2 and python_torch2.* tests will be skipped"
+fi
+# py-spy from PyPI for the demo's stacks, so its finding names the script's
+# line; the tests' py-spy comes with the PyTorch 2.x venv.
+if [[ $mode == demo ]]; then
+  "$(dirname "$0")/py-spy-venv.sh" >/dev/null ||
+    echo "install-deps: going on without py-spy: the demo's finding will not name the script's line"
 fi
 # MLflow and TensorBoard from PyPI, for the tests that read back what
 # fullburn sends them (docs/trackers.md); without PyPI they are skipped.

@@ -2,12 +2,14 @@
 # Makes or reuses a venv on Debian's /usr/bin/python3 holding a requirements
 # file from PyPI, and prints its python. Shared by scripts/torch2-venv.sh and
 # scripts/trackers-venv.sh:
-#   pip-venv.sh TAG REQUIREMENTS VENV CHECK_IMPORT WHAT
-# TAG names the caller in messages; a venv whose requirements are unchanged
+#   pip-venv.sh TAG REQUIREMENTS VENV CHECK WHAT
+# TAG names the caller in messages; CHECK is what must import after the
+# install ("mlflow, tensorboard"), or bin/PROGRAM, a program of the venv that
+# must run with --version (a wheel that brings only a binary, py-spy); a venv whose requirements are unchanged
 # (a copy kept beside it) is reused. Without PyPI it says so in one line and
 # exits 1; the tests that need the venv are then skipped with that reason.
 set -euo pipefail
-tag=$1 requirements=$2 venv=$3 check_import=$4 what=$5
+tag=$1 requirements=$2 venv=$3 check=$4 what=$5
 stamp="$venv/.fullburn-requirements"
 
 if [[ -x $venv/bin/python && -f $stamp ]] && cmp -s "$stamp" "$requirements"; then
@@ -30,8 +32,13 @@ if ! { [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"; } >"$log" 
   exit 1
 fi
 rm -f "$log"
-if ! "$venv/bin/python" -c "import $check_import" >/dev/null 2>&1; then
-  echo "$tag: $venv/bin/python cannot import $check_import after the install: remove $venv and run again" >&2
+if [[ $check == bin/* ]]; then
+  if ! "$venv/$check" --version >/dev/null 2>&1; then
+    echo "$tag: $venv/$check does not run after the install: remove $venv and run again" >&2
+    exit 1
+  fi
+elif ! "$venv/bin/python" -c "import $check" >/dev/null 2>&1; then
+  echo "$tag: $venv/bin/python cannot import $check after the install: remove $venv and run again" >&2
   exit 1
 fi
 cp "$requirements" "$stamp"
