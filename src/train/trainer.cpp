@@ -301,7 +301,11 @@ Status Trainer::Run() {
   const bool probe_first = set_.dist.shard == "full";
   if (probe_first)
     if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
-  if (Status r = SetupSharding(); !r.ok()) {
+  if (Status r = sharding_.Setup(set_,
+                                 {optim_.get(), ctx_.model.get(), dp_.get(), ctx_.device,
+                                  ctx_.channels_last, rank_.rank, opt_.quiet},
+                                 share_to_device_);
+      !r.ok()) {
     return r;
   }
   if (!probe_first)
@@ -314,7 +318,7 @@ Status Trainer::Run() {
         stderr,
         "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
         static_cast<long long>(run_.id), ModelLabel().c_str(),
-        static_cast<long long>(params_sharded_ ? params_sharded_->total_numel()
+        static_cast<long long>(sharding_.parameters() ? sharding_.parameters()->total_numel()
                                                : ParameterCount(*ctx_.model)),
         static_cast<long long>(batch_), static_cast<long long>(accumulate_),
         static_cast<long long>(total_steps_), ctx_.device.str().c_str(),

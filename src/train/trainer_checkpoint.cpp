@@ -37,12 +37,12 @@ CheckpointState Trainer::Snapshot() {
   // copied while the next forward/backward runs. Buffers (BatchNorm running
   // statistics) change in forward, so they are copied now.
   // With dist.shard = full each rank's part holds its own parameters too.
-  if (!params_sharded_)
+  if (!sharding_.parameters())
     for (auto& p : ctx_.model->named_parameters())
       s.until_update.emplace_back("model." + p.key(), p.value());
   for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
   // Sharded, each rank wrote its own part beside this file (WriteOptimizerShard).
-  if (shard_owner_.empty())
+  if (!sharding_.optimizer_sharded())
     for (auto& [name, t] : optim_->State()) s.until_update.emplace_back("optim." + name, t);
   for (auto& [name, gen] : Generators(ctx_.device)) {
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -56,7 +56,7 @@ CheckpointState Trainer::Snapshot() {
                       {"scaler_growth_tracker", scaler_->growth_tracker()},
                       {"skipped_steps", skipped_},
                       {"run_id", run_.id},
-                      {"optim_shards", shard_owner_.empty() ? 0 : rank_.world_size},
+                      {"optim_shards", sharding_.optimizer_sharded() ? rank_.world_size : 0},
                       {"config", cfg_.ToJson()}};
   if (std::isfinite(best_val_loss_))
     meta.update({{"best_val_loss", best_val_loss_},
@@ -180,7 +180,7 @@ Status Trainer::OpenCheckpoints() {
   plan.dir = dir;
   plan.keep = static_cast<int>(set_.checkpoint.keep);
   plan.async = set_.checkpoint.async;
-  plan.parts = !shard_owner_.empty();
+  plan.parts = sharding_.optimizer_sharded();
   // As long as the ranks wait for each other anywhere: a part later than
   // that is a rank gone or a folder the ranks do not share.
   plan.part_wait_s = set_.dist.timeout_s;
@@ -205,9 +205,9 @@ Status Trainer::OpenCheckpoints() {
 CheckpointState Trainer::PartState() {
   CheckpointState mine;
   for (auto& [name, t] : optim_->State()) mine.until_update.emplace_back("optim." + name, t);
-  if (params_sharded_)  // the parameters this rank owns (the others are empty here)
+  if (ShardedParameters* own = sharding_.parameters())  // the others are empty here
     for (auto& p : ctx_.model->named_parameters())
-      if (params_sharded_->Owns(p.value()))
+      if (own->Owns(p.value()))
         mine.until_update.emplace_back("model." + p.key(), p.value());
   mine.state_json = ShardIdentityJson(checkpoints_->PartIdentity(step_));
   return mine;

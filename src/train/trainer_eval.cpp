@@ -124,7 +124,7 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
     }
     ctx_.model->train();
   }
-  if (params_sharded_) params_sharded_->ReleaseAll();
+  sharding_.ReleaseOthers();
   if (!eval_source_->status().ok())
     return Status::InvalidArgument("held-out data (data.val_path): " +
                                    eval_source_->status().message());

@@ -22,6 +22,7 @@
 #include "memory_model.h"
 #include "run_checkpoints.h"
 #include "run_recording.h"
+#include "run_sharding.h"
 #include "sharded_params.h"
 #include "sources.h"
 #include "fullburn/train_settings.h"
@@ -121,10 +122,11 @@ int PendingStopSignal();
 // `fullburn train`, its files split by seam: trainer.cpp (the store and
 // --resume, ranks, the run's start and end), trainer_setup.cpp (device,
 // data, model, optimizer, batch), trainer_loop.cpp (the step loop),
-// trainer_checkpoint.cpp (writers, snapshot, restore), trainer_sharding.cpp
-// (dist.shard, dist.offload), trainer_memory.cpp (the memory model's probe
-// and advice), trainer_eval.cpp, trainer_records.cpp (through the Recorder,
-// to rank 0), trainer_graph.cpp (CUDA graphs), trainer_profile.cpp.
+// trainer_checkpoint.cpp (writers, snapshot, restore), trainer_memory.cpp
+// (the memory model's probe and advice), trainer_eval.cpp,
+// trainer_records.cpp (through the Recorder, to rank 0), trainer_graph.cpp
+// (CUDA graphs), trainer_profile.cpp; and its parts: run_recording.h,
+// run_checkpoints.h, run_sharding.h (dist.shard, dist.offload).
 constexpr int kExitFailed = 1, kExitInterrupted = 130;  // and kExitUsage (status.h)
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
@@ -182,10 +184,6 @@ class Trainer {
   // writes the trace and its `profile` event.
   void ProfileAfterStep(bool loop_ended);
   int64_t profile_first_ = 0, profile_last_ = 0;  // 0: off
-  // dist.shard = optimizer (trainer_sharding.cpp): each rank updates the
-  // parameters it owns and keeps only their optimizer state.
-  Status SetupSharding();
-  Status ClipShardedGradients(double max_norm);
   // Sharded: this rank's optimizer state (and, with full, its parameters)
   // for its part beside the step's checkpoint (checkpoints_'s part writer).
   CheckpointState PartState();
@@ -213,23 +211,13 @@ class Trainer {
   std::optional<MemoryModel> memory_;
   int64_t memory_other_ = 0;       // in use at the start besides weights and buckets
   bool batch_searched_ = false;    // train.batch_size = auto (the config then holds the size)
-  std::vector<int> shard_owner_;   // empty: not sharded
-  bool grads_sharded_ = false;     // dist.shard = gradients: each rank keeps its owned gradients
-  std::shared_ptr<ShardedParameters> params_sharded_;  // dist.shard = full
+  // dist.shard and dist.offload (run_sharding.h), set up once the optimizer
+  // and the memory probe are done.
+  RunSharding sharding_;
   // dist.shard = full without a probe (a fixed micro-batch, no memory
-  // report): the model waits in host memory until ShardStates moves each
+  // report): the model waits in host memory until sharding_ moves each
   // rank's own parameters to the device, so no rank holds it whole there.
   bool share_to_device_ = false;
-  Status PlaceShareOnDevice();
-  bool BucketsHeld() const;  // whole gradient buckets between steps (unsharded gradients)
-  // What the model gathers through (params_sharded_, or dist.offload's wait
-  // for the host update); null: nothing.
-  std::shared_ptr<ParameterGather> model_gather_;
-  bool update_overlaps_ = false;  // dist.offload unsharded: StepAsync
-  Status RefusedMemorySettings() const;
-  Status NoBlocksToGather() const;
-  Status ShardStates();           // dist.shard (SetupSharding's first half)
-  Status SetupOffload();          // dist.offload (its second)
   bool profiling_ = false;
   Result<bool> StopHere(double limit_s);
   Status TrainStep(bool timed, StepRecord* rec);

@@ -83,33 +83,21 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
       torch::stack({loss_sum.to(torch::kFloat) / accumulate_, found_inf.to(torch::kFloat)}).cpu();
   double loss = both[0].item<double>();
   bool bad = both[1].item<double>() != 0;
-  if (grads_sharded_) {  // each rank checked only its own gradients
-    Result<bool> any = dp_->AnyRank(bad);
+  {
+    Result<bool> any = sharding_.AnyRank(bad);
     if (!any.ok()) return any.status();
     bad = *any;
   }
   bool skip = scaler_->Update(bad);
   double lr = schedule_.At(step_ + 1);
   if (!skip) {
-    if (double clip = set_.train.clip_grad_norm; clip > 0) {
-      if (grads_sharded_) {
-        if (Status s = ClipShardedGradients(clip); !s.ok()) return s;
-      } else {
-        torch::nn::utils::clip_grad_norm_(optim_->params(), clip);
-      }
-    }
+    if (double clip = set_.train.clip_grad_norm; clip > 0)
+      if (Status s = sharding_.ClipGradients(clip); !s.ok()) return s;
     checkpoints_->BeforeUpdate();
     auto traced = ProfileScope("Optimizer.step#" + set_.optim.name + ".step");
-    if (update_overlaps_)
-      optim_->StepAsync(lr);  // the next forward waits block by block
-    else
-      optim_->Step(lr);
-    // Sharded: this rank updated its parameters; the others come from their
-    // owners (with dist.shard = full, at their next use).
-    if (!shard_owner_.empty() && !params_sharded_)
-      if (Status s = dp_->BroadcastFromOwners(optim_->params(), shard_owner_); !s.ok()) return s;
+    if (Status s = sharding_.Update(lr); !s.ok()) return s;
   }
-  if (params_sharded_) params_sharded_->ReleaseAll();
+  sharding_.ReleaseOthers();
   if (dp_)
     dp_->ZeroGradients();  // in place: the gradients are views of the buckets
   else
@@ -341,6 +329,7 @@ Status Trainer::Loop() {
   optim_->WaitForUpdate();
   RecordMemory();
   if (dp_) {  // what each rank holds: 1/N of the state (and gradients) when sharded
+    const ShardedParameters* own = sharding_.parameters();
     nlohmann::json j{
         {"rank", rank_.rank},
         {"state_bytes", optim_->StateBytes()},
@@ -350,16 +339,15 @@ Status Trainer::Loop() {
         {"buckets_after_backward", dp_->stats().started_after},
         // between steps: every parameter, or with dist.shard =
         // full the rank's own (the largest gather on top while used)
-        {"param_bytes",
-         params_sharded_ ? params_sharded_->held_bytes() : TensorBytes(ctx_.model->parameters())},
-        {"largest_gather_bytes", params_sharded_ ? params_sharded_->largest_gather_bytes() : 0},
-        {"block_gathers", params_sharded_ ? params_sharded_->block_gathers() : 0},
-        {"prefetched_gathers", params_sharded_ ? params_sharded_->prefetched_gathers() : 0},
+        {"param_bytes", own ? own->held_bytes() : TensorBytes(ctx_.model->parameters())},
+        {"largest_gather_bytes", own ? own->largest_gather_bytes() : 0},
+        {"block_gathers", own ? own->block_gathers() : 0},
+        {"prefetched_gathers", own ? own->prefetched_gathers() : 0},
         {"shard", set_.dist.shard},
         {"offloaded", optim_->offloaded()},                   // state_bytes then in host memory
         {"shard_write_s", checkpoints_->part_blocked_s()},     // the loop blocked for its parts
         {"shard_part_write_s", checkpoints_->part_write_s()},  // their writer
-        {"sharded", !shard_owner_.empty()}};
+        {"sharded", sharding_.optimizer_sharded()}};
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "optimizer_state", j.dump()});
   }
   if (last.step > 0) Progress(last, true);

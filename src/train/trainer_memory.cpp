@@ -135,7 +135,7 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
   m.accumulate = accumulate_;
   m.state_on_host = ctx_.device.is_cuda() && set_.dist.offload == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
-  if (ctx_.model->SetParameterGather(model_gather_, &blocks)) {
+  if (ctx_.model->SetParameterGather(sharding_.gather(), &blocks)) {
     // model.checkpoint = every_K: stage 3 gathers K blocks at a time (the
     // table's rows for other modes reuse it: over-counted for fewer blocks).
     BlockSplit split = SplitByBlocks(*ctx_.model, blocks,
@@ -198,10 +198,11 @@ void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t lar
 void Trainer::CountOtherMemory(const MemoryModel& m) {
   // (A resumed run's optimizer state is the model's, already in use.)
   // dist.shard = full: only the rank's own parameters are whole here.
-  const int64_t weights = params_sharded_ ? params_sharded_->held_bytes() : m.weight_bytes;
+  const ShardedParameters* own = sharding_.parameters();
+  const int64_t weights = own ? own->held_bytes() : m.weight_bytes;
   const int64_t state = m.state_on_host || !optim_ ? 0 : optim_->StateBytes();
   memory_other_ =
-      DeviceBytesInUse(ctx_.device) - weights - state - (BucketsHeld() ? m.grad_bytes : 0);
+      DeviceBytesInUse(ctx_.device) - weights - state - (RunSharding::BucketsHeld(set_, dp_ != nullptr) ? m.grad_bytes : 0);
 }
 
 int64_t Trainer::ModelBudget() const {
@@ -287,7 +288,7 @@ std::string Trainer::OutOfMemoryAdvice() {
   const std::string shard = set_.dist.shard, ckpt = set_.model.checkpoint;
   if (!memory_ || !memory_->activations.count(ckpt)) {
     // dist.shard = full: a probe now would gather on this rank alone.
-    if (params_sharded_) return "";
+    if (sharding_.parameters()) return "";
     try {
       if (ctx_.device.is_cuda()) FreeDeviceCache(ctx_.device);
       if (Status s = ProbeMemory(std::max<int64_t>(2, batch_ / 4)); !s.ok()) return "";

@@ -413,7 +413,7 @@ Status Trainer::Setup() {
   if (Status s = SetupProfile(); !s.ok()) return s;
   if (Status s = SetupData(); !s.ok()) return s;
   if (Status s = ConnectRanks(); !s.ok()) return s;
-  if (Status s = RefusedMemorySettings(); !s.ok()) return s;
+  if (Status s = RunSharding::Refused(set_, dp_ != nullptr); !s.ok()) return s;
   accumulate_ = set_.train.accumulate;
   OptimizerOptions oo = OptimizerFromConfig();
   if (const char* why = FusedUpdateUnusedHere(oo)) {
@@ -477,7 +477,7 @@ Status Trainer::BuildModel(const BatchSource& source) {
   std::vector<std::vector<torch::Tensor>> blocks;  // (a null gather only names them)
   if (dp_ && set_.dist.shard == "full" &&
       !ctx_.model->SetParameterGather(nullptr, &blocks)) {
-    return NoBlocksToGather();
+    return RunSharding::NoBlocksToGather(set_.model.name);
   }
   // The batch-size search and the memory probe start from the whole model
   // on the device (the search's trials then release the others' share);
@@ -494,15 +494,15 @@ Status Trainer::BuildModel(const BatchSource& source) {
   }
   if (dp_) {
     // Every rank starts from rank 0's weights (stage 3 without a probe: as
-    // ShardStates moves them). Unsharded gradients' buckets are allocated
+    // the sharding part moves them). Unsharded gradients' buckets are allocated
     // now (the run holds them for good); sharded ones exist only while
     // backward reduces them.
-    // (Stage 3 from the host attaches in ShardStates, once on the device.)
+    // (Stage 3 from the host attaches in RunSharding::Setup, once on the device.)
     if (!share_to_device_) {
       std::vector<torch::Tensor> state = ctx_.model->parameters();
       for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
       if (Status s = dp_->Broadcast(state); !s.ok()) return s;
-      if (Status s = dp_->Attach(ctx_.model->parameters(), BucketsHeld()); !s.ok()) return s;
+      if (Status s = dp_->Attach(ctx_.model->parameters(), RunSharding::BucketsHeld(set_, true)); !s.ok()) return s;
     }
     dp_->SetSync(false);
   }
@@ -532,11 +532,6 @@ Status Trainer::ProbeOrShare() {
                  "on each device, and it does not fit (%s); each rank starts from its share\n",
                  shortfall.c_str());
   return SetOption("train.memory_report", "false", "the whole model does not fit for the probe");
-}
-
-bool Trainer::BucketsHeld() const {
-  const std::string shard = set_.dist.shard;
-  return dp_ && shard != "gradients" && shard != "full";
 }
 
 // Probes the data with a small batch for shapes and real values, builds the
