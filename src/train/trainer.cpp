@@ -208,7 +208,7 @@ Status Trainer::BeginRun() {
                         {"threads", torch::get_num_threads()},
                         {"ranks_per_node", rank_.local_world_size},
                         {"data_path", spec_.path},
-                        {"val_path", ResolvedValPath()}};
+                        {"val_path", RunEvaluation::HeldOutPath(set_, DatasetsDir())}};
   run_.config_json = config.dump();
   auto id = store_->BeginRun(run_);
   if (!id.ok()) return id.status();
@@ -347,9 +347,10 @@ Status Trainer::Run() {
                      RenderFindings(traces.findings, traces.findings.size()).c_str());
     }
     if (!eval.empty()) std::fprintf(stderr, "  %s\n", EvaluationLine(eval).c_str());
-    if (!best_checkpoint_.empty() && std::filesystem::exists(best_checkpoint_))
-      std::fprintf(stderr, "  best held-out loss %.4f: %s\n", best_val_loss_,
-                   best_checkpoint_.c_str());
+    if (const RunEvaluation::Best& best = evaluation_.best();
+        !best.checkpoint.empty() && std::filesystem::exists(best.checkpoint))
+      std::fprintf(stderr, "  best held-out loss %.4f: %s\n", best.val_loss,
+                   best.checkpoint.c_str());
     if (skipped_)
       std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
     auto cks = store_->LoadCheckpoints(run_.id);

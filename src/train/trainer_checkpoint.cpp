@@ -58,10 +58,10 @@ CheckpointState Trainer::Snapshot() {
                       {"run_id", run_.id},
                       {"optim_shards", sharding_.optimizer_sharded() ? rank_.world_size : 0},
                       {"config", cfg_.ToJson()}};
-  if (std::isfinite(best_val_loss_))
-    meta.update({{"best_val_loss", best_val_loss_},
-                 {"best_step", best_step_},
-                 {"best_checkpoint", best_checkpoint_}});
+  if (const RunEvaluation::Best& best = evaluation_.best(); std::isfinite(best.val_loss))
+    meta.update({{"best_val_loss", best.val_loss},
+                 {"best_step", best.step},
+                 {"best_checkpoint", best.checkpoint}});
   s.state_json = meta.dump();
   return s;
 }
@@ -108,9 +108,9 @@ Status Trainer::Restore() {
   epoch_skip_ = m.value("epoch_samples", int64_t{0});
   next_batch_ = m.contains("epoch_samples") ? 0 : m.value("next_batch", int64_t{0});
   skipped_ = m.value("skipped_steps", int64_t{0});
-  best_val_loss_ = m.value("best_val_loss", INFINITY);  // checkpoint.keep_best goes on from it
-  best_checkpoint_ = m.value("best_checkpoint", std::string());
-  best_step_ = m.value("best_step", int64_t{-1});
+  evaluation_.RestoreBest({m.value("best_val_loss", INFINITY),  // checkpoint.keep_best goes on
+                           m.value("best_step", int64_t{-1}),
+                           m.value("best_checkpoint", std::string())});
   last_ckpt_step_ = step_;
   std::fprintf(stderr, "fullburn: resuming from %s (step %lld, epoch %lld)\n",
                resume_->path.c_str(), static_cast<long long>(step_),
@@ -190,8 +190,9 @@ Status Trainer::OpenCheckpoints() {
   plan.world = rank_.world_size;
   checkpoints_ = std::make_unique<RunCheckpoints>(std::move(plan), records_);
   // A resumed run writing into the same folder keeps the best one it inherited.
-  if (best_step_ >= 0 && std::filesystem::path(best_checkpoint_).parent_path() == dir)
-    checkpoints_->Protect(best_step_);
+  if (const RunEvaluation::Best& best = evaluation_.best();
+      best.step >= 0 && std::filesystem::path(best.checkpoint).parent_path() == dir)
+    checkpoints_->Protect(best.step);
   mono_start_ = MonoNow();
   last_ckpt_time_ = mono_start_;
   if (!opt_.quiet && rank_.rank == 0) live_ = std::make_unique<LiveStatus>(STDERR_FILENO);

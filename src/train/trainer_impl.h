@@ -21,6 +21,7 @@
 #include "fullburn/train.h"
 #include "memory_model.h"
 #include "run_checkpoints.h"
+#include "run_evaluation.h"
 #include "run_recording.h"
 #include "run_sharding.h"
 #include "sharded_params.h"
@@ -126,7 +127,7 @@ int PendingStopSignal();
 // (the memory model's probe and advice), trainer_eval.cpp,
 // trainer_records.cpp (through the Recorder, to rank 0), trainer_graph.cpp
 // (CUDA graphs), trainer_profile.cpp; and its parts: run_recording.h,
-// run_checkpoints.h, run_sharding.h (dist.shard, dist.offload).
+// run_checkpoints.h, run_sharding.h (dist.shard, dist.offload), run_evaluation.h.
 constexpr int kExitFailed = 1, kExitInterrupted = 130;  // and kExitUsage (status.h)
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
@@ -243,7 +244,6 @@ class Trainer {
   void Progress(const StepRecord& r, bool force);
   // trainer_eval.cpp: held-out loss and accuracy (every rank its share).
   Status SetupEval();
-  bool EvaluationDue() const;
   Status Evaluate(nlohmann::json* out);  // out: empty when there was nothing to evaluate
   Status EvaluateShare(nlohmann::json* out);
   // What the run records goes through records_ (run_recording.h): the store,
@@ -268,7 +268,6 @@ class Trainer {
   Status CheckProgramParts();
   // The program's tensors, or its dataset's sample 0 as a batch of one.
   std::optional<TensorData> program_first_;
-  std::string ResolvedValPath() const;
   void Finish(const std::string& status, int code);
   CheckpointState Snapshot();
   // cfg_.Set, and set_ read again from it.
@@ -285,11 +284,9 @@ class Trainer {
   StepContext ctx_;
   SourceSpec spec_;
   std::unique_ptr<BatchSource> source_;
-  std::unique_ptr<BatchSource> eval_source_;  // null: no evaluation
-  int64_t eval_every_steps_ = 0, eval_every_epoch_steps_ = 0;
-  double best_val_loss_ = INFINITY;  // checkpoint.keep_best
-  int64_t best_step_ = -1;
-  std::string best_checkpoint_;
+  // The held-out source, the evaluations' schedule and the best loss so far
+  // (run_evaluation.h).
+  RunEvaluation evaluation_;
   void KeepIfBest(nlohmann::json* eval);
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<LossScaler> scaler_;

@@ -312,7 +312,7 @@ Status Trainer::Loop() {
     Progress(rec, false);
     FlushSteps(false);
     // Evaluation first, so a checkpoint of this step holds its best-so-far.
-    if (EvaluationDue()) {
+    if (evaluation_.Due(step_, total_steps_)) {
       nlohmann::json eval;
       if (Status e = Evaluate(&eval); !e.ok()) {
         return e;

@@ -431,7 +431,7 @@ Status Trainer::Setup() {
     if (Status s = BuildModel(*source_); !s.ok()) return s;
   SetupOptimization(oo);
   if (Status s = SetupEval(); !s.ok()) return s;
-  if (set_.checkpoint.keep_best && !eval_source_) {
+  if (set_.checkpoint.keep_best && !evaluation_.enabled()) {
     return Status::InvalidArgument(
         "checkpoint.keep_best needs evaluations: set eval.every_steps or eval.every_epochs, with "
         "held-out data (data.val_path)");
