@@ -259,12 +259,35 @@ void Trainer::Finish(const std::string& status, int code) {
                  said.substr(at, nl - at).c_str());
 }
 
+// The order of operations; each step is a method or a part of its own.
 Status Trainer::Run() {
   if (Status s = OpenStoreAndResume(); !s.ok()) return s;
   if (opt_.print_config) {
     std::fputs(cfg_.ToToml().c_str(), stdout);
     return Status::Ok();
   }
+  if (Status s = SetupCatching(); !s.ok()) return s;
+  if (resume_)
+    if (Status r = Restore(); !r.ok()) return r;
+  if (Status r = SetupMemoryAndSharding(); !r.ok()) return r;
+  if (Status b = BeginRun(); !b.ok()) return b;
+  if (rank_.rank == 0) PrintStart();
+  started_ = true;
+  Status s = Loop();
+  if (!s.ok() && checkpoints_) checkpoints_->CancelParts();  // a rank may be gone: its part will not come
+  // A failed step leaves the weights suspect: the last good checkpoint stands.
+  if (s.ok() && (set_.checkpoint.at_end || interrupted_)) s = Checkpoint(true);
+  nlohmann::json eval;
+  if (s.ok() && !interrupted_ && set_.eval.at_end) s = Evaluate(&eval);
+  Finish(s.ok() ? "finished" : "failed", TrainingExitCode(s, interrupted_, started_));
+  if (!s.ok()) return s;
+  if (!opt_.quiet && rank_.rank == 0) PrintSummary(eval);
+  return Status::Ok();
+}
+
+// Setup, with an exception that escaped it as a Status: an out-of-memory
+// names what to make smaller.
+Status Trainer::SetupCatching() {
   Status s;
   try {
     s = Setup();
@@ -290,11 +313,10 @@ Status Trainer::Run() {
     else
       s = Status::Internal("setting up training failed: " + what);
   }
-  if (!s.ok()) return s;
-  if (resume_)
-    if (Status r = Restore(); !r.ok()) {
-      return r;
-    }
+  return s;
+}
+
+Status Trainer::SetupMemoryAndSharding() {
   // dist.shard = full probes first: a probe step with most parameters
   // released would count what it gathers as activations. Every rank probes
   // (the gathers are collectives).
@@ -310,60 +332,54 @@ Status Trainer::Run() {
   }
   if (!probe_first)
     if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
-  if (Status b = BeginRun(); !b.ok()) {
-    return b;
-  }
-  if (rank_.rank == 0)
-    std::fprintf(
-        stderr,
-        "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
-        static_cast<long long>(run_.id), ModelLabel().c_str(),
-        static_cast<long long>(sharding_.parameters() ? sharding_.parameters()->total_numel()
-                                               : ParameterCount(*ctx_.model)),
-        static_cast<long long>(batch_), static_cast<long long>(accumulate_),
-        static_cast<long long>(total_steps_), ctx_.device.str().c_str(),
-        set_.train.precision.c_str());
-  started_ = true;
-  s = Loop();
-  if (!s.ok() && checkpoints_) checkpoints_->CancelParts();  // a rank may be gone: its part will not come
-  // A failed step leaves the weights suspect: the last good checkpoint stands.
-  if (s.ok() && (set_.checkpoint.at_end || interrupted_)) s = Checkpoint(true);
-  nlohmann::json eval;
-  if (s.ok() && !interrupted_ && set_.eval.at_end) s = Evaluate(&eval);
-  Finish(s.ok() ? "finished" : "failed", TrainingExitCode(s, interrupted_, started_));
-  if (!s.ok()) return s;
-  if (!opt_.quiet && rank_.rank == 0) {
-    auto steps = store_->LoadSteps(run_.id);
-    if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
-    if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok()) {
-      std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
-      RunTraces traces = AnalyzeRunTraces(*stored);  // profile.steps
-      if (!traces.error.empty())
-        std::fprintf(stderr, "  the profiler trace could not be analysed: %s\n",
-                     traces.error.c_str());
-      else if (!traces.paths.empty())
-        std::fprintf(stderr, "  from the profiler trace of steps %s (fullburn analyze %s):\n%s",
-                     traces.steps.c_str(), traces.paths.front().c_str(),
-                     RenderFindings(traces.findings, traces.findings.size()).c_str());
-    }
-    if (!eval.empty()) std::fprintf(stderr, "  %s\n", EvaluationLine(eval).c_str());
-    if (const RunEvaluation::Best& best = evaluation_.best();
-        !best.checkpoint.empty() && std::filesystem::exists(best.checkpoint))
-      std::fprintf(stderr, "  best held-out loss %.4f: %s\n", best.val_loss,
-                   best.checkpoint.c_str());
-    if (skipped_)
-      std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
-    auto cks = store_->LoadCheckpoints(run_.id);
-    if (cks.ok() && !cks->empty())
-      std::fprintf(stderr, "  checkpoint: %s (loop blocked %.1f ms)\n", cks->back().path.c_str(),
-                   cks->back().stall_s * 1e3);
-    std::fprintf(stderr,
-                 "fullburn: stored as run %lld in %s (fullburn runs show %lld; runs export %lld "
-                 "--table steps)\n",
-                 static_cast<long long>(run_.id), store_->path().c_str(),
-                 static_cast<long long>(run_.id), static_cast<long long>(run_.id));
-  }
   return Status::Ok();
+}
+
+// The run's first line: what trains, at which micro-batch, how long, where.
+void Trainer::PrintStart() const {
+  std::fprintf(
+      stderr,
+      "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
+      static_cast<long long>(run_.id), ModelLabel().c_str(),
+      static_cast<long long>(sharding_.parameters() ? sharding_.parameters()->total_numel()
+                                                    : ParameterCount(*ctx_.model)),
+      static_cast<long long>(batch_), static_cast<long long>(accumulate_),
+      static_cast<long long>(total_steps_), ctx_.device.str().c_str(),
+      set_.train.precision.c_str());
+}
+
+// After a run that finished: the steps' summary, the findings (and the
+// profiler trace's), the held-out result, the best and last checkpoints.
+void Trainer::PrintSummary(const nlohmann::json& eval) const {
+  auto steps = store_->LoadSteps(run_.id);
+  if (steps.ok() && !steps->empty()) std::fputs(RenderStepsSummary(*steps).c_str(), stderr);
+  if (Result<RunData> stored = store_->LoadRun(std::to_string(run_.id)); stored.ok()) {
+    std::fputs(RenderFindings(Diagnose(*stored)).c_str(), stderr);
+    RunTraces traces = AnalyzeRunTraces(*stored);  // profile.steps
+    if (!traces.error.empty())
+      std::fprintf(stderr, "  the profiler trace could not be analysed: %s\n",
+                   traces.error.c_str());
+    else if (!traces.paths.empty())
+      std::fprintf(stderr, "  from the profiler trace of steps %s (fullburn analyze %s):\n%s",
+                   traces.steps.c_str(), traces.paths.front().c_str(),
+                   RenderFindings(traces.findings, traces.findings.size()).c_str());
+  }
+  if (!eval.empty()) std::fprintf(stderr, "  %s\n", EvaluationLine(eval).c_str());
+  if (const RunEvaluation::Best& best = evaluation_.best();
+      !best.checkpoint.empty() && std::filesystem::exists(best.checkpoint))
+    std::fprintf(stderr, "  best held-out loss %.4f: %s\n", best.val_loss,
+                 best.checkpoint.c_str());
+  if (skipped_)
+    std::fprintf(stderr, "  loss scaler: %lld steps skipped\n", static_cast<long long>(skipped_));
+  auto cks = store_->LoadCheckpoints(run_.id);
+  if (cks.ok() && !cks->empty())
+    std::fprintf(stderr, "  checkpoint: %s (loop blocked %.1f ms)\n", cks->back().path.c_str(),
+                 cks->back().stall_s * 1e3);
+  std::fprintf(stderr,
+               "fullburn: stored as run %lld in %s (fullburn runs show %lld; runs export %lld "
+               "--table steps)\n",
+               static_cast<long long>(run_.id), store_->path().c_str(),
+               static_cast<long long>(run_.id), static_cast<long long>(run_.id));
 }
 
 bool IsOutOfMemory(const std::exception& e) {

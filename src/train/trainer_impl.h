@@ -155,6 +155,11 @@ class Trainer {
 
  private:
   Status OpenStoreAndResume();
+  Status SetupCatching();
+  // The memory probe and dist.shard / dist.offload, in the order stage 3 needs.
+  Status SetupMemoryAndSharding();
+  void PrintStart() const;
+  void PrintSummary(const nlohmann::json& eval) const;
   // trainer_setup.cpp
   Status Setup();
   Status SetupDevice();
