@@ -49,8 +49,8 @@ CheckpointState Trainer::Snapshot() {
     s.tensors.emplace_back(name, gen.get_state());
   }
   nlohmann::json meta{{"step", step_},
-                      {"epoch", epoch_},
-                      {"epoch_samples", EpochSamplesRead()},
+                      {"epoch", input_.epoch()},
+                      {"epoch_samples", input_.EpochSamplesRead()},
                       {"optim_steps", optim_->steps()},
                       {"loss_scale", scaler_->scale()},
                       {"scaler_growth_tracker", scaler_->growth_tracker()},
@@ -102,11 +102,10 @@ Status Trainer::Restore() {
   scaler_->Restore(m.value("loss_scale", scaler_->scale()),
                    m.value("scaler_growth_tracker", int64_t{0}));
   step_ = m.value("step", int64_t{0});
-  epoch_ = m.value("epoch", int64_t{0});
   // epoch_samples: the samples of this epoch every rank together read.
   // Checkpoints from before it counted batches of this run's size (next_batch).
-  epoch_skip_ = m.value("epoch_samples", int64_t{0});
-  next_batch_ = m.contains("epoch_samples") ? 0 : m.value("next_batch", int64_t{0});
+  input_.Restore(m.value("epoch", int64_t{0}), m.value("epoch_samples", int64_t{0}),
+                 m.contains("epoch_samples") ? 0 : m.value("next_batch", int64_t{0}));
   skipped_ = m.value("skipped_steps", int64_t{0});
   evaluation_.RestoreBest({m.value("best_val_loss", INFINITY),  // checkpoint.keep_best goes on
                            m.value("best_step", int64_t{-1}),
@@ -114,7 +113,7 @@ Status Trainer::Restore() {
   last_ckpt_step_ = step_;
   std::fprintf(stderr, "fullburn: resuming from %s (step %lld, epoch %lld)\n",
                resume_->path.c_str(), static_cast<long long>(step_),
-               static_cast<long long>(epoch_));
+               static_cast<long long>(input_.epoch()));
   return Status::Ok();
 }
 

@@ -16,7 +16,7 @@ std::string Trainer::DatasetsDir() const { return StoreLayout(store_->path()).Da
 Status Trainer::SetupEval() {
   return evaluation_.Open(
       set_, {spec_, DatasetsDir(), opt_.val_data ? &*opt_.val_data : nullptr, opt_.val_dataset},
-      StepsPerEpoch());
+      input_.StepsPerEpoch(accumulate_));
 }
 
 Status Trainer::Evaluate(nlohmann::json* out) {
@@ -47,7 +47,7 @@ Status Trainer::EvaluateShare(nlohmann::json* out) {
     return s;
   if (held_out.empty()) return Status::Ok();
   *out = std::move(held_out);
-  out->update({{"step", step_}, {"epoch", epoch_}, {"duration_s", MonoNow() - started}});
+  out->update({{"step", step_}, {"epoch", input_.epoch()}, {"duration_s", MonoNow() - started}});
   KeepIfBest(out);
   if (rank_.rank != 0) return Status::Ok();
   RunEvent event{Env::Default()->UnixSeconds() - run_.start_time, "evaluation", out->dump()};

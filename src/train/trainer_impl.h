@@ -22,6 +22,7 @@
 #include "memory_model.h"
 #include "run_checkpoints.h"
 #include "run_evaluation.h"
+#include "run_input.h"
 #include "run_recording.h"
 #include "run_sharding.h"
 #include "sharded_params.h"
@@ -127,7 +128,8 @@ int PendingStopSignal();
 // (the memory model's probe and advice), trainer_eval.cpp,
 // trainer_records.cpp (through the Recorder, to rank 0), trainer_graph.cpp
 // (CUDA graphs), trainer_profile.cpp; and its parts: run_recording.h,
-// run_checkpoints.h, run_sharding.h (dist.shard, dist.offload), run_evaluation.h.
+// run_checkpoints.h, run_sharding.h (dist.shard, dist.offload), run_evaluation.h,
+// run_input.h (the training data).
 constexpr int kExitFailed = 1, kExitInterrupted = 130;  // and kExitUsage (status.h)
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
@@ -197,7 +199,6 @@ class Trainer {
   bool MemoryReportWanted() const;
   std::string WholeModelShortfall() const;  // dist.shard = full's probe and search
   Status ProbeOrShare();
-  Status DrawProbeBatch(TrainBatch* probe);
   Status ProbeMemory(int64_t batch);
   Status ProbeMemoryIfWanted();  // train.memory_report, the batch search's table
   // The model's parameter parts for this run (`optimizer` gives the state's
@@ -288,7 +289,8 @@ class Trainer {
   double mono_start_ = 0;
   StepContext ctx_;
   SourceSpec spec_;
-  std::unique_ptr<BatchSource> source_;
+  // The training source and the run's position in it (run_input.h).
+  RunInput input_;
   // The held-out source, the evaluations' schedule and the best loss so far
   // (run_evaluation.h).
   RunEvaluation evaluation_;
@@ -315,14 +317,7 @@ class Trainer {
   bool forward_ = false;                  // a rank after 0 that cannot write rank 0's store
   double last_flush_ = 0, last_progress_ = 0, last_ckpt_time_ = 0, last_plain_ = 0,
          last_loader_event_ = 0;
-  int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0, epoch_ = 0, next_batch_ = 0;
-  // Samples of the epoch read before next_batch_ counted from 0 (a resumed
-  // run's start); the position a checkpoint saves is EpochSamplesRead().
-  int64_t epoch_skip_ = 0;
-  int64_t StepsPerEpoch() const {
-    return std::max<int64_t>(1, source_->batches_per_epoch() / accumulate_);
-  }
-  int64_t EpochSamplesRead() const { return epoch_skip_ + next_batch_ * batch_ * rank_.world_size; }
+  int64_t batch_ = 0, accumulate_ = 1, total_steps_ = 0, step_ = 0;
   int64_t consecutive_skips_ = 0, skipped_ = 0, last_ckpt_step_ = -1;
   double recent_samples_ = 0, recent_step_s_ = 0, recent_wait_s_ = 0;  // Progress's averages
 };

@@ -38,15 +38,9 @@ torch::Tensor ForwardBackward(const StepContext& ctx, const TrainBatch& b, int a
 Status Trainer::NextBatch(TrainBatch* b, double* wait_s) {
   auto traced = ProfileScope("fullburn.next_batch");  // a data-loader span to the analysis
   double w0 = MonoNow();
-  while (!source_->Next(b)) {
-    if (!source_->status().ok()) return source_->status();
-    ++epoch_;
-    epoch_skip_ = next_batch_ = 0;
-    source_->StartEpoch(static_cast<int>(epoch_), 0);
-  }
-  ++next_batch_;
+  Status s = input_.Next(b);
   *wait_s += MonoNow() - w0;
-  return Status::Ok();
+  return s;
 }
 
 Status Trainer::TrainStep(bool timed, StepRecord* rec) {
@@ -131,7 +125,7 @@ Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
   }
   rec->rank = rank_.rank;
   rec->step = step_;
-  rec->epoch = static_cast<int>(epoch_);
+  rec->epoch = static_cast<int>(input_.epoch());
   rec->t = Env::Default()->UnixSeconds() - run_.start_time;
   rec->loss = o.loss;
   rec->lr = o.lr;
@@ -158,7 +152,7 @@ void Trainer::FlushSteps(bool force) {
   last_flush_ = now;
   // The loader's own view (workers, queue depth, stage times) every ~10 s,
   // so a data wait can be traced to decode, augment or too few workers.
-  if (auto ls = source_->loader_stats(); ls && (force || now - last_loader_event_ >= 10)) {
+  if (auto ls = input_.loader_stats(); ls && (force || now - last_loader_event_ >= 10)) {
     last_loader_event_ = now;
     nlohmann::json j{{"threads", ls->threads},
                      {"prefetch", ls->prefetch},
@@ -269,9 +263,7 @@ Status Trainer::Loop() {
   int64_t time_every = set_.train.time_every;
   // A resumed run continues after the samples its checkpoint's run read,
   // whatever world size and batch that run had.
-  epoch_skip_ += next_batch_ * batch_ * rank_.world_size;
-  next_batch_ = 0;
-  source_->StartEpoch(static_cast<int>(epoch_), epoch_skip_);
+  input_.StartAtPosition();
   ctx_.model->train();
   StartMemoryCount();
   StepRecord last;

@@ -99,26 +99,12 @@ std::string Trainer::WholeModelShortfall() const {
       mib(free), ctx_.device.str());
 }
 
-// A batch of the run's own source (a second source would hold a second
-// copy of an in-memory dataset); the loop starts the epoch over after it.
-Status Trainer::DrawProbeBatch(TrainBatch* probe) {
-  source_->StartEpoch(static_cast<int>(epoch_), epoch_skip_);
-  if (source_->Next(probe)) return Status::Ok();
-  if (!source_->status().ok()) return source_->status();
-  // A checkpoint at an epoch's end resumes with nothing left of it: any
-  // batch does for a probe.
-  source_->StartEpoch(static_cast<int>(epoch_) + 1, 0);
-  if (source_->Next(probe)) return Status::Ok();
-  return source_->status().ok() ? Status::Internal("the data source gave no batch to probe")
-                                : source_->status();
-}
-
 // Fits the activations of the model's checkpoint mode and, for a model with
 // blocks, of checkpointing each block. Sync is off: no rank waits for this
 // one's gradients.
 Status Trainer::ProbeMemory(int64_t batch) {
   TrainBatch probe;
-  if (Status s = DrawProbeBatch(&probe); !s.ok()) return s;
+  if (Status s = input_.DrawProbe(&probe); !s.ok()) return s;
   // Half and all of `batch`: the run's own micro-batch at start, so the line
   // is read where it is used; after an out-of-memory a quarter of it.
   int64_t small = std::max<int64_t>(1, batch / 2), large = std::max(small + 1, batch);

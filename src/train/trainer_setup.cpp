@@ -397,7 +397,7 @@ void Trainer::SetupOptimization(const OptimizerOptions& oo) {
   scaler_ = std::make_unique<LossScaler>(so);
 
   total_steps_ = set_.train.steps > 0 ? set_.train.steps
-                                             : StepsPerEpoch() * set_.train.epochs;
+                                             : input_.StepsPerEpoch(accumulate_) * set_.train.epochs;
   schedule_.peak = set_.optim.lr;
   if (set_.optim.scale_lr)
     schedule_.peak *= static_cast<double>(batch_ * accumulate_ * rank_.world_size) /
@@ -426,9 +426,9 @@ Status Trainer::Setup() {
   spec_.batch_size = static_cast<int>(batch_);
   auto src = OpenSource(set_, spec_);
   if (!src.ok()) return src.status();
-  source_ = std::move(*src);
+  input_.Open(std::move(*src), batch_ * rank_.world_size);
   if (!ctx_.model)  // the batch-size search built it already
-    if (Status s = BuildModel(*source_); !s.ok()) return s;
+    if (Status s = BuildModel(input_.source()); !s.ok()) return s;
   SetupOptimization(oo);
   if (Status s = SetupEval(); !s.ok()) return s;
   if (set_.checkpoint.keep_best && !evaluation_.enabled()) {
