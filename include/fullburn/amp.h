@@ -11,6 +11,8 @@
 
 #include <optional>
 
+#include "fullburn/train_options.h"
+
 namespace fullburn {
 
 // Turns autocast on for `device` with `dtype` for its lifetime and restores the
@@ -35,11 +37,6 @@ class AutocastGuard {
 // clipping) and checked for inf/NaN; a step with non-finite gradients is
 // skipped and the scale multiplied by backoff_factor; after growth_interval
 // finite steps in a row it is multiplied by growth_factor.
-struct LossScalerOptions {
-  bool enabled = false;
-  double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-};
 class LossScaler {
  public:
   explicit LossScaler(const LossScalerOptions& o) : o_(o), scale_(o.init_scale) {}

@@ -60,18 +60,10 @@
 
 #include "fullburn/dist.h"
 #include "fullburn/status.h"
+#include "fullburn/train_options.h"
 
 namespace fullburn {
 
-struct DistOptions {
-  std::string backend = "auto";  // auto (nccl for CUDA when built in, else gloo) | gloo | nccl
-  double timeout_s = 120;        // rendezvous and every collective
-  double bucket_mb = 25;
-  double first_bucket_mb = 1;
-  bool overlap = true;            // false: every bucket starts after backward (for comparison)
-  std::string compress = "none";  // none | fp16 | bf16: gradients sent in 16 bits
-  std::string config_hash;        // ranks must agree; empty: not checked
-};
 
 struct DistStats {
   int64_t buckets = 0;

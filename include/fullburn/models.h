@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fullburn/status.h"
+#include "fullburn/train_options.h"
 
 namespace fullburn {
 
@@ -123,44 +124,6 @@ int CheckpointSegment(const std::string& checkpoint);
 std::vector<torch::Tensor> ParametersOutside(const torch::nn::Module& m,
                                              const std::vector<torch::Tensor>& inside);
 
-struct ModelSpec {
-  std::string name = "resnet18";  // resnet18 | resnet50 | mlp | lstm | gpt
-  int64_t num_classes = 10;       // classes, or the vocabulary for gpt
-  double width = 1.0;             // ResNet width multiplier
-  int64_t in_features = 0;        // mlp: flattened input size
-  int64_t vocab = 256;            // lstm/gpt token vocabulary
-  // gpt: embedding/output rows rounded up to a multiple of this (64 turns
-  // 50257 into 50304, a shape the matrix units run much faster); the padded
-  // rows start at zero and are cut from the logits, so the loss and the
-  // outputs equal the unpadded model's. 1: none.
-  int64_t pad_vocab = 1;
-  // gpt: the output layer and the loss in one function over chunks of
-  // positions (loss_rows each; 0: about 256 MiB of fp32 logits on a GPU,
-  // 32 MiB on a CPU), keeping no
-  // logits for backward, which recomputes them chunk by chunk.
-  bool fused_loss = false;
-  int64_t loss_rows = 0;
-  // gpt: "cuda" computes the cross-entropy with fullburn's own kernels
-  // (builds with FULLBURN_CUDA_KERNELS, on CUDA tensors): the logits read in
-  // their own dtype, no fp32 copy of them, the gradient written once. "aten":
-  // libtorch's log-softmax over an fp32 copy. Where "cuda" cannot run the
-  // model uses aten (the trainer says so at start).
-  std::string loss_kernel = "aten";
-  // gpt: "cuda" computes each block's layer norms, the second with the
-  // residual add before it, with fullburn's own kernels (builds with
-  // FULLBURN_CUDA_KERNELS, on CUDA tensors): the fp32 residual stream read
-  // and written once each way, the normed output written in autocast's
-  // dtype. "aten": libtorch's add, layer norm and cast. Where "cuda" cannot
-  // run the model uses aten (the trainer says so at start).
-  std::string norm_kernel = "aten";
-  int64_t seq_len = 128;  // gpt context (positional table size)
-  int64_t hidden = 512, layers = 2, heads = 4;
-  double dropout = 0;
-  // Activation checkpointing: "none"; "blocks" (each GPT block, each ResNet
-  // stage recomputed in backward); "every_K" (segments of K blocks or stages,
-  // each keeping only its input: less memory, a larger recompute at a time).
-  std::string checkpoint = "none";
-};
 
 Result<std::shared_ptr<Model>> MakeModel(const ModelSpec& spec);
 

@@ -24,6 +24,7 @@
 
 #include "fullburn/amp.h"
 #include "fullburn/status.h"
+#include "fullburn/train_options.h"
 
 namespace fullburn {
 
@@ -32,30 +33,6 @@ namespace fullburn {
 // top of momentum SGD, skipped for 1-D parameters as is usual). Their state
 // is plain named tensors so checkpoints can snapshot it without a copy of the
 // optimizer.
-struct OptimizerOptions {
-  std::string name = "sgd";
-  double momentum = 0.9, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, trust = 0.001;
-  bool nesterov = false;
-  // AdamW and SGD: one multi-tensor kernel per operation over every
-  // parameter (torch's _foreach_*) instead of a loop over parameters, for
-  // fewer kernel launches on a GPU. The same update up to rounding (an
-  // operation's order within the formula differs). LARS always loops.
-  bool foreach = false;
-  // The multi-tensor update runs over groups of parameters of about this
-  // many bytes (a group closes at the parameter that reaches it): AdamW's
-  // denominator is one temporary the size of a group, so a 1.5B-parameter
-  // model holds 256 MiB for it, not 6 GB (the whole-list temporary was the
-  // step's peak, docs/memory.md).
-  int64_t foreach_group_bytes = int64_t{256} << 20;
-  // AdamW and SGD on a CUDA device: each group's update in one kernel
-  // (torch's _fused_adamw_, libtorch 2.1 or later; _fused_sgd_, 2.3), reading
-  // each parameter, gradient and state once and writing them once, with no
-  // temporaries, where the multi-tensor path makes about nine passes
-  // (AdamW) or three (SGD). The same formulas up to rounding. Set only
-  // where it runs (FusedUpdateUnused); the groups are the multi-tensor
-  // path's, and SGD's first step, which makes the momentum, loops.
-  bool fused = false;
-};
 // Why optim.fused = true cannot run for these options on `device`: nullptr
 // when it can.
 const char* FusedUpdateUnused(const OptimizerOptions& o, const torch::Device& device);

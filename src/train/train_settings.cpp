@@ -60,6 +60,15 @@ constexpr OptionType TypeOf<bool>() { return OptionType::kBool; }
         [](const TrainSettings& s, nlohmann::json& j) { WriteFrom(j, #path, s.path); }   \
   }
 
+// A field whose name is not its key's (a base struct's field of another
+// meaning has the key's name).
+#define FULLBURN_FIELD_AS(key, path)                                                    \
+  Binding {                                                                              \
+    key, TypeOf<decltype(std::declval<TrainSettings&>().path)>(),                        \
+        [](const Config& c, TrainSettings& s) { ReadInto(c, key, s.path); },             \
+        [](const TrainSettings& s, nlohmann::json& j) { WriteFrom(j, key, s.path); }     \
+  }
+
 const std::vector<Binding>& Bindings() {
   static const std::vector<Binding> kBindings = {
       FULLBURN_FIELD(data.source), FULLBURN_FIELD(data.path), FULLBURN_FIELD(data.val_path),
@@ -85,7 +94,7 @@ const std::vector<Binding>& Bindings() {
       FULLBURN_FIELD(optim.base_batch), FULLBURN_FIELD(optim.momentum),
       FULLBURN_FIELD(optim.nesterov), FULLBURN_FIELD(optim.weight_decay), FULLBURN_FIELD(optim.beta1),
       FULLBURN_FIELD(optim.beta2), FULLBURN_FIELD(optim.eps),
-      FULLBURN_FIELD(optim.trust), FULLBURN_FIELD(optim.foreach), FULLBURN_FIELD(optim.fused),
+      FULLBURN_FIELD(optim.trust), FULLBURN_FIELD_AS("optim.foreach", optim.foreach_setting), FULLBURN_FIELD(optim.fused),
       FULLBURN_FIELD(optim.warmup_steps), FULLBURN_FIELD(optim.schedule),
       FULLBURN_FIELD(optim.min_lr),
       FULLBURN_FIELD(amp.init_scale), FULLBURN_FIELD(amp.growth_factor),
@@ -105,6 +114,7 @@ const std::vector<Binding>& Bindings() {
   return kBindings;
 }
 
+#undef FULLBURN_FIELD_AS
 #undef FULLBURN_FIELD
 
 }  // namespace
@@ -112,6 +122,10 @@ const std::vector<Binding>& Bindings() {
 TrainSettings ReadSettings(const Config& config) {
   TrainSettings s;
   for (const Binding& b : Bindings()) b.read(config, s);
+  // What a part's struct takes from another section.
+  s.model.vocab = s.data.vocab;
+  s.model.seq_len = s.data.seq_len;
+  s.amp.enabled = s.train.precision == "fp16";
   return s;
 }
 

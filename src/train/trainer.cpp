@@ -113,13 +113,7 @@ std::string Trainer::ModelLabel() const {
 
 Status Trainer::ConnectRanks() {
   if (rank_.world_size <= 1) return Status::Ok();
-  DistOptions o;
-  o.backend = set_.dist.backend;
-  o.timeout_s = set_.dist.timeout_s;
-  o.bucket_mb = set_.dist.bucket_mb;
-  o.first_bucket_mb = set_.dist.first_bucket_mb;
-  o.overlap = set_.dist.overlap;
-  o.compress = set_.dist.compress;
+  DistOptions o = set_.dist;
   // Ranks must train the same job; what describes a rank's machine may differ.
   o.config_hash = std::to_string(std::hash<std::string>{}(JobIdentity(set_)));
   auto dp = DataParallel::Connect(rank_, o, ctx_.device);

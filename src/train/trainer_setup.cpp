@@ -311,18 +311,9 @@ Status Trainer::CheckProgramParts() {
 }
 
 OptimizerOptions Trainer::OptimizerFromConfig() const {
-  OptimizerOptions oo;
-  oo.name = set_.optim.name;
-  oo.momentum = set_.optim.momentum;
-  oo.nesterov = set_.optim.nesterov;
-  oo.weight_decay = set_.optim.weight_decay;
-  oo.beta1 = set_.optim.beta1;
-  oo.beta2 = set_.optim.beta2;
-  oo.eps = set_.optim.eps;
-  oo.trust = set_.optim.trust;
-  oo.foreach = ForeachFor(set_.optim.foreach, ctx_.device.is_cuda());
-  oo.fused = set_.optim.fused;  // Setup turns it off where it cannot run
-  return oo;
+  OptimizerOptions oo = set_.optim;
+  oo.foreach = ForeachFor(set_.optim.foreach_setting, ctx_.device.is_cuda());
+  return oo;  // oo.fused as set: Setup turns it off where it cannot run
 }
 
 // Why optim.fused = true does not run in this run; nullptr when it does (or
@@ -388,13 +379,7 @@ void Trainer::SetupOptimization(const OptimizerOptions& oo) {
   for (auto& p : ctx_.model->named_parameters()) params.emplace_back(p.key(), p.value());
   optim_ = std::make_unique<Optimizer>(params, oo);
 
-  LossScalerOptions so;
-  so.enabled = set_.train.precision == "fp16";
-  so.init_scale = set_.amp.init_scale;
-  so.growth_factor = set_.amp.growth_factor;
-  so.backoff_factor = set_.amp.backoff_factor;
-  so.growth_interval = set_.amp.growth_interval;
-  scaler_ = std::make_unique<LossScaler>(so);
+  scaler_ = std::make_unique<LossScaler>(set_.amp);
 
   total_steps_ = set_.train.steps > 0 ? set_.train.steps
                                              : input_.StepsPerEpoch(accumulate_) * set_.train.epochs;
@@ -443,30 +428,17 @@ Status Trainer::BuildModel(const BatchSource& source) {
   if (opt_.model) {
     ctx_.model = opt_.model;
   } else {
-    ModelSpec ms;
-    ms.name = set_.model.name;
+    ModelSpec ms = set_.model;
     ms.num_classes = source.num_classes();
-    ms.width = set_.model.width;
     ms.in_features = source.in_features();
-    ms.vocab = set_.data.vocab;
-    ms.seq_len = set_.data.seq_len;
-    ms.hidden = set_.model.hidden;
-    ms.layers = set_.model.layers;
-    ms.heads = set_.model.heads;
-    ms.dropout = set_.model.dropout;
-    ms.pad_vocab = set_.model.pad_vocab;
-    ms.fused_loss = set_.model.fused_loss;
-    ms.loss_kernel = set_.model.loss_kernel;
     // Never a silent fallback: where the kernels cannot run, say what does.
     if (const char* why = CudaLossKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
       std::fprintf(stderr,
                    "fullburn: model.loss_kernel = cuda: %s: the ATen cross-entropy runs instead\n",
                    why);
-    ms.norm_kernel = set_.model.norm_kernel;
     if (const char* why = CudaNormKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
       std::fprintf(stderr,
                    "fullburn: model.norm_kernel = cuda: %s: ATen's layer norms run instead\n", why);
-    ms.checkpoint = set_.model.checkpoint;
     auto m = MakeModel(ms);
     if (!m.ok()) {
       return m.status();

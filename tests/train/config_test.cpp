@@ -188,6 +188,33 @@ TEST(TrainSettings, ReadOnceFromTheConfigTheyType) {
   EXPECT_EQ(again.train.batch_size.value, 48);
 }
 
+// The parts take their sections as they are (train_options.h): what a
+// part's struct takes from another section is filled by the reader too.
+TEST(TrainSettings, EachPartsSectionIsItsOwnOptionsStruct) {
+  auto c = Config::Load("", {"data.vocab=50257", "data.seq_len=64", "train.precision=fp16",
+                             "amp.growth_interval=7", "optim.foreach=true", "optim.momentum=0.8",
+                             "dist.bucket_mb=5", "model.hidden=96"},
+                        /*read_environment=*/false);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  TrainSettings s = ReadSettings(*c);
+  const ModelSpec& model = s.model;
+  EXPECT_EQ(model.vocab, 50257);
+  EXPECT_EQ(model.seq_len, 64);
+  EXPECT_EQ(model.hidden, 96);
+  const LossScalerOptions& amp = s.amp;
+  EXPECT_TRUE(amp.enabled);
+  EXPECT_EQ(amp.growth_interval, 7);
+  const OptimizerOptions& optim = s.optim;
+  EXPECT_DOUBLE_EQ(optim.momentum, 0.8);
+  EXPECT_EQ(s.optim.foreach_setting, "true");
+  EXPECT_FALSE(optim.foreach);  // the trainer's verdict for its device, not the reader's
+  const DistOptions& dist = s.dist;
+  EXPECT_DOUBLE_EQ(dist.bucket_mb, 5);
+  EXPECT_EQ(dist.config_hash, "");
+  ASSERT_TRUE(c->Set("train.precision", "bf16", "test").ok());
+  EXPECT_FALSE(ReadSettings(*c).amp.enabled);
+}
+
 // What a run stored is read back through the same table: diagnose and tune
 // see the run's values, the defaults where it left one out, and no
 // "resolved" (what the trainer chose at run time, no option).

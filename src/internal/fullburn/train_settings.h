@@ -4,7 +4,14 @@
 //
 // Contract
 // - One field per option of TrainOptions(), named as its key (data.path is
-//   `data.path`) and of its type; `ReadSettings` fills every field.
+//   `data.path`; one exception, optim.foreach is `optim.foreach_setting`)
+//   and of its type; `ReadSettings` fills every field.
+// - The sections a training part takes are that part's own options struct
+//   (train_options.h): settings.model is a ModelSpec, settings.optim an
+//   OptimizerOptions, settings.amp a LossScalerOptions, settings.dist a
+//   DistOptions, filled here once; a part is handed its section, never a
+//   copy made field by field. What such a struct holds beside the options
+//   (the model's classes, the resolved optim.foreach) is said below.
 //   `SettingsTableProblems` says where the two disagree (a config test runs
 //   it), so an option added without its field, or a field without its
 //   option, fails the tests.
@@ -21,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fullburn/config.h"
+#include "fullburn/train_options.h"
 
 namespace fullburn {
 
@@ -46,19 +54,12 @@ struct TrainSettings {
     int64_t classes = 0;
     int64_t vocab = 0;
   } data;
-  struct Model {
-    std::string name;
-    double width = 0;
+  // The part's own struct (train_options.h) with what only the trainer
+  // reads beside it. num_classes and in_features come from the training
+  // source when the model is built; vocab and seq_len are data.vocab and
+  // data.seq_len, copied in by ReadSettings; loss_rows has no option.
+  struct Model : ModelSpec {
     bool channels_last = false;
-    int64_t hidden = 0;
-    int64_t layers = 0;
-    int64_t heads = 0;
-    double dropout = 0;
-    int64_t pad_vocab = 0;
-    bool fused_loss = false;
-    std::string loss_kernel;
-    std::string norm_kernel;
-    std::string checkpoint;
   } model;
   struct Train {
     std::string device;
@@ -82,30 +83,19 @@ struct TrainSettings {
     int64_t max_batch_size = 0;
     int64_t max_skipped_steps = 0;
   } train;
-  struct Optim {
-    std::string name;
+  // foreach is optim.foreach's verdict for the run's device, which the
+  // trainer gives its copy (ForeachFor); the option's own value ("auto",
+  // "true", "false") is foreach_setting.
+  struct Optim : OptimizerOptions {
     double lr = 0;
     bool scale_lr = false;
     int64_t base_batch = 0;
-    double momentum = 0;
-    bool nesterov = false;
-    double weight_decay = 0;
-    double beta1 = 0;
-    double beta2 = 0;
-    double eps = 0;
-    double trust = 0;
-    std::string foreach;
-    bool fused = false;
+    std::string foreach_setting;
     int64_t warmup_steps = 0;
     std::string schedule;
     double min_lr = 0;
   } optim;
-  struct Amp {
-    double init_scale = 0;
-    double growth_factor = 0;
-    double backoff_factor = 0;
-    int64_t growth_interval = 0;
-  } amp;
+  LossScalerOptions amp;  // enabled: train.precision = fp16, set by ReadSettings
   struct Checkpoint {
     std::string dir;
     int64_t every_steps = 0;
@@ -124,13 +114,8 @@ struct TrainSettings {
     bool at_end = false;
     int64_t max_samples = 0;
   } eval;
-  struct Dist {
-    std::string backend;
-    double timeout_s = 0;
-    double bucket_mb = 0;
-    double first_bucket_mb = 0;
-    bool overlap = false;
-    std::string compress;
+  // config_hash is the trainer's to fill (JobIdentity).
+  struct Dist : DistOptions {
     std::string shard;
     bool prefetch = false;
     std::string offload;
