@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <string>
 #include <vector>
@@ -110,6 +111,14 @@ int64_t DeviceReservedPeakBytes(const torch::Device& device);
 // this stretch's own fragmentation, not what the probes and the batch
 // search left cached. Nothing elsewhere.
 void ReleaseDeviceCache(const torch::Device& device);
+// After an out-of-memory: waits for the device (CUDA), so the failed step's
+// tensors, released as its exception unwound, are free for what follows.
+void FreeDeviceCache(const torch::Device& device);
+// Whether libtorch's exception is an out-of-memory (CUDA's, or the CPU
+// budget's).
+bool IsOutOfMemory(const std::exception& e);
+// The one line of an out-of-memory error worth showing a user.
+std::string DescribeOutOfMemory(const std::exception& e);
 // What more this process may allocate on the device now: the budget less
 // what is in use on CPU, the driver's free memory and the allocator's cache
 // on CUDA; -1 when unknown (a CPU run without train.memory_budget_mb).

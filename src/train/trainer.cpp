@@ -315,8 +315,9 @@ Status Trainer::SetupMemoryAndSharding() {
   // released would count what it gathers as activations. Every rank probes
   // (the gathers are collectives).
   const bool probe_first = set_.dist.shard == "full";
+  AttachMemory();
   if (probe_first)
-    if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
+    if (Status r = memory_.ProbeIfWanted(); !r.ok()) return r;
   if (Status r = sharding_.Setup(set_,
                                  {optim_.get(), ctx_.model.get(), dp_.get(), ctx_.device,
                                   ctx_.channels_last, rank_.rank, opt_.quiet},
@@ -325,8 +326,25 @@ Status Trainer::SetupMemoryAndSharding() {
     return r;
   }
   if (!probe_first)
-    if (Status r = ProbeMemoryIfWanted(); !r.ok()) return r;
+    if (Status r = memory_.ProbeIfWanted(); !r.ok()) return r;
   return Status::Ok();
+}
+
+void Trainer::AttachMemory() {
+  RunMemory::Borrowed b;
+  b.settings = &set_;
+  b.ctx = &ctx_;
+  b.optimizer = optim_.get();
+  b.dp = dp_.get();
+  b.sharding = &sharding_;
+  b.input = &input_;
+  b.rank = rank_.rank;
+  b.world = rank_.world_size;
+  b.quiet = opt_.quiet;
+  b.batch = batch_;
+  b.accumulate = accumulate_;
+  b.batch_searched = batch_searched_;
+  memory_.Attach(b);
 }
 
 // The run's first line: what trains, at which micro-batch, how long, where.

@@ -24,9 +24,11 @@
 #include "run_evaluation.h"
 #include "run_input.h"
 #include "run_recording.h"
+#include "run_memory.h"
 #include "run_sharding.h"
 #include "sharded_params.h"
 #include "sources.h"
+#include "step_context.h"
 #include "fullburn/train_settings.h"
 
 namespace fullburn {
@@ -34,17 +36,6 @@ namespace fullburn {
 inline double MonoNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// The model plus what one step needs, built from the config.
-struct StepContext {
-  torch::Device device = torch::kCPU;
-  std::optional<torch::ScalarType> autocast;  // bf16 / fp16, none for fp32
-  // CUDA: timed steps' phases from device events; null on CPU (clocks).
-  std::shared_ptr<PhaseEvents> events;
-  std::shared_ptr<Model> model;
-  bool per_position = false;
-  bool channels_last = false;
-};
 
 // One micro-batch: forward and loss (divided by `accumulate`), backward.
 // Returns the undivided loss as a 0-dim tensor on the device (no sync).
@@ -114,9 +105,6 @@ Result<int64_t> SearchBatchSize(StepContext* ctx, const TrainBatch& probe,
                                 const BatchSearchOptions& o,
                                 const std::function<void(const BatchTrial&)>& trial);
 
-bool IsOutOfMemory(const std::exception& e);
-// The one line of an out-of-memory error worth showing a user.
-std::string DescribeOutOfMemory(const std::exception& e);
 
 // The signal (SIGINT/SIGTERM) that asked training to stop, or 0.
 int PendingStopSignal();
@@ -124,12 +112,11 @@ int PendingStopSignal();
 // `fullburn train`, its files split by seam: trainer.cpp (the store and
 // --resume, ranks, the run's start and end), trainer_setup.cpp (device,
 // data, model, optimizer, batch), trainer_loop.cpp (the step loop),
-// trainer_checkpoint.cpp (writers, snapshot, restore), trainer_memory.cpp
-// (the memory model's probe and advice), trainer_eval.cpp,
+// trainer_checkpoint.cpp (writers, snapshot, restore), trainer_eval.cpp,
 // trainer_records.cpp (through the Recorder, to rank 0), trainer_graph.cpp
 // (CUDA graphs), trainer_profile.cpp; and its parts: run_recording.h,
 // run_checkpoints.h, run_sharding.h (dist.shard, dist.offload), run_evaluation.h,
-// run_input.h (the training data).
+// run_input.h (the training data), run_memory.h (the memory model).
 constexpr int kExitFailed = 1, kExitInterrupted = 130;  // and kExitUsage (status.h)
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
@@ -195,28 +182,13 @@ class Trainer {
   // Sharded: this rank's optimizer state (and, with full, its parameters)
   // for its part beside the step's checkpoint (checkpoints_'s part writer).
   CheckpointState PartState();
-  // The memory model applied to the run (trainer_memory.cpp, docs/memory.md).
-  bool MemoryReportWanted() const;
-  std::string WholeModelShortfall() const;  // dist.shard = full's probe and search
+  // The memory model applied to the run (run_memory.h, docs/memory.md),
+  // attached once the optimizer and the micro-batch exist.
+  RunMemory memory_;
+  void AttachMemory();
+  // dist.shard = full: the probe and the search need the whole model on
+  // each device; where it does not fit, the run goes without the report.
   Status ProbeOrShare();
-  Status ProbeMemory(int64_t batch);
-  Status ProbeMemoryIfWanted();  // train.memory_report, the batch search's table
-  // The model's parameter parts for this run (`optimizer` gives the state's
-  // slots) and its activation lines probed at `small` and `large`.
-  MemoryModel ProbedModel(const Optimizer& optimizer, const TrainBatch& probe, int64_t small,
-                          int64_t large);
-  void ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large, MemoryModel* m);
-  void StartMemoryCount();
-  void CountOtherMemory(const MemoryModel& m);
-  int64_t ModelBudget() const;  // bytes the model's prediction may take
-  nlohmann::json MemoryJson(bool measured) const;
-  void RecordMemory();
-  void PrintBatchTable();
-  // After an out-of-memory in a step: the model's parts and the setting that
-  // would fit, for the error; records a `memory` event. "" if it cannot tell.
-  std::string OutOfMemoryAdvice();
-  std::optional<MemoryModel> memory_;
-  int64_t memory_other_ = 0;       // in use at the start besides weights and buckets
   bool batch_searched_ = false;    // train.batch_size = auto (the config then holds the size)
   // dist.shard and dist.offload (run_sharding.h), set up once the optimizer
   // and the memory probe are done.
@@ -322,7 +294,6 @@ class Trainer {
   double recent_samples_ = 0, recent_step_s_ = 0, recent_wait_s_ = 0;  // Progress's averages
 };
 
-void FreeDeviceCache(const torch::Device& device);
 // "held-out at step N: loss L, accuracy A% (S samples, T s)".
 std::string EvaluationLine(const nlohmann::json& eval);
 

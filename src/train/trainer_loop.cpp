@@ -265,7 +265,7 @@ Status Trainer::Loop() {
   // whatever world size and batch that run had.
   input_.StartAtPosition();
   ctx_.model->train();
-  StartMemoryCount();
+  memory_.StartCount();
   StepRecord last;
   while (step_ < total_steps_) {
     Result<bool> stop = StopHere(limit_s);
@@ -283,7 +283,10 @@ Status Trainer::Loop() {
     } catch (const std::exception& e) {
       if (IsOutOfMemory(e)) {
         for (torch::Tensor& p : ctx_.model->parameters()) p.mutable_grad() = torch::Tensor();
-        std::string advice = OutOfMemoryAdvice();
+        nlohmann::json event;
+        std::string advice = memory_.OutOfMemoryAdvice(&event);
+        if (!event.is_null())
+          RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", event.dump()});
         if (advice.empty())
           advice =
               ": lower train.batch_size (or use auto) and raise train.accumulate to keep the "
@@ -319,7 +322,8 @@ Status Trainer::Loop() {
   }
   ProfileAfterStep(true);  // the loop ended (steps, signal, time limit) before step B
   optim_->WaitForUpdate();
-  RecordMemory();
+  if (std::optional<nlohmann::json> j = memory_.MeasuredEvent())
+    RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j->dump()});
   if (dp_) {  // what each rank holds: 1/N of the state (and gradients) when sharded
     const ShardedParameters* own = sharding_.parameters();
     nlohmann::json j{

@@ -199,7 +199,7 @@ Status Trainer::SetupDevice() {
   }
   // Counting from before the model is built, so the measured peak includes
   // the weights.
-  if (MemoryReportWanted() && !ctx_.device.is_cuda()) ResetCpuPeakBytes();
+  if (RunMemory::Wanted(set_, batch_searched_) && !ctx_.device.is_cuda()) ResetCpuPeakBytes();
   return Status::Ok();
 }
 
@@ -455,9 +455,9 @@ Status Trainer::BuildModel(const BatchSource& source) {
   // on the device (the search's trials then release the others' share);
   // without them, stage 3 never needs it there.
   const bool full = dp_ && set_.dist.shard == "full";
-  if (full && MemoryReportWanted())
+  if (full && RunMemory::Wanted(set_, batch_searched_))
     if (Status s = ProbeOrShare(); !s.ok()) return s;
-  share_to_device_ = full && !MemoryReportWanted();
+  share_to_device_ = full && !RunMemory::Wanted(set_, batch_searched_);
   if (!share_to_device_) {
     ctx_.model->to(ctx_.device);
     if (ctx_.channels_last)
@@ -487,7 +487,7 @@ Status Trainer::BuildModel(const BatchSource& source) {
 // report, and a search, which cannot, is refused. The ranks agree (the probe
 // is collective).
 Status Trainer::ProbeOrShare() {
-  std::string shortfall = WholeModelShortfall();
+  std::string shortfall = RunMemory::WholeModelShortfall(ctx_);
   Result<bool> any = dp_->AnyRank(!shortfall.empty());
   if (!any.ok()) return any.status();
   if (!*any) return Status::Ok();

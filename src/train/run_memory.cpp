@@ -1,13 +1,12 @@
-// `fullburn train`: the memory model applied to the run (docs/memory.md):
-// train.memory_report's probe and `memory` event, the batch search's table
-// of the largest micro-batch by setting, and the advice after an
-// out-of-memory.
+// RunMemory (run_memory.h): the memory model applied to one run (docs/memory.md).
+#include "run_memory.h"
+
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
-#include "memory_model.h"
-#include "trainer_impl.h"
+#include "fullburn/report.h"  // FormatBytes
 
 namespace fullburn {
 namespace {
@@ -77,73 +76,71 @@ std::vector<Setting> TableSettings(const MemoryModel& m, const std::string& ckpt
 
 }  // namespace
 
-bool Trainer::MemoryReportWanted() const {
-  return set_.train.memory_report || batch_searched_ || set_.train.batch_size.automatic;
+bool RunMemory::Wanted(const TrainSettings& settings, bool batch_searched) {
+  return settings.train.memory_report || batch_searched || settings.train.batch_size.automatic;
 }
 
-// Empty when the weights and a gradient for each fit on the device next to
-// what it holds (or its memory is unknown), else how much is missing. On the
-// CPU the weights are in that memory already.
-std::string Trainer::WholeModelShortfall() const {
-  const int64_t free = DeviceBytesFree(ctx_.device);
+std::string RunMemory::WholeModelShortfall(const StepContext& ctx) {
+  const int64_t free = DeviceBytesFree(ctx.device);
   if (free < 0) return "";
   int64_t weights = 0;
-  for (const torch::Tensor& p : ctx_.model->parameters())
+  for (const torch::Tensor& p : ctx.model->parameters())
     weights += p.numel() * static_cast<int64_t>(p.element_size());
-  const int64_t need = ctx_.device.is_cuda() ? 2 * weights : weights;
+  const int64_t need = ctx.device.is_cuda() ? 2 * weights : weights;
   if (need <= free) return "";
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
   return fmt::format(
       "{} {:.1f} MiB, {:.1f} MiB free on {}",
-      ctx_.device.is_cuda() ? "weights and gradients" : "gradients beside the weights", mib(need),
-      mib(free), ctx_.device.str());
+      ctx.device.is_cuda() ? "weights and gradients" : "gradients beside the weights", mib(need),
+      mib(free), ctx.device.str());
 }
 
 // Fits the activations of the model's checkpoint mode and, for a model with
 // blocks, of checkpointing each block. Sync is off: no rank waits for this
 // one's gradients.
-Status Trainer::ProbeMemory(int64_t batch) {
+Status RunMemory::Probe(int64_t batch) {
   TrainBatch probe;
-  if (Status s = input_.DrawProbe(&probe); !s.ok()) return s;
+  if (Status s = b_.input->DrawProbe(&probe); !s.ok()) return s;
   // Half and all of `batch`: the run's own micro-batch at start, so the line
   // is read where it is used; after an out-of-memory a quarter of it.
   int64_t small = std::max<int64_t>(1, batch / 2), large = std::max(small + 1, batch);
-  memory_ = ProbedModel(*optim_, probe, small, large);
+  model_ = ProbedModel(*b_.optimizer, probe, small, large);
   return Status::Ok();
 }
 
-MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& probe, int64_t small,
-                                 int64_t large) {
-  if (dp_) dp_->SetSync(false);
-  MemoryModel m = MemoryModelFor(ctx_.model->parameters(), optimizer, rank_.world_size,
-                                 set_.dist.bucket_mb,
-                                 ctx_.device.is_cuda() && set_.train.cuda_graphs);
-  m.accumulate = accumulate_;
-  m.state_on_host = ctx_.device.is_cuda() && set_.dist.offload == "optimizer";
+MemoryModel RunMemory::ProbedModel(const Optimizer& optimizer, const TrainBatch& probe,
+                                   int64_t small, int64_t large) {
+  if (b_.dp) b_.dp->SetSync(false);
+  MemoryModel m =
+      MemoryModelFor(b_.ctx->model->parameters(), optimizer, b_.world, b_.settings->dist.bucket_mb,
+                     b_.ctx->device.is_cuda() && b_.settings->train.cuda_graphs);
+  m.accumulate = b_.accumulate;
+  m.state_on_host = b_.ctx->device.is_cuda() && b_.settings->dist.offload == "optimizer";
   std::vector<std::vector<torch::Tensor>> blocks;  // (the run's own gather set again)
-  if (ctx_.model->SetParameterGather(sharding_.gather(), &blocks)) {
+  if (b_.ctx->model->SetParameterGather(b_.sharding->gather(), &blocks)) {
     // model.checkpoint = every_K: stage 3 gathers K blocks at a time (the
     // table's rows for other modes reuse it: over-counted for fewer blocks).
-    BlockSplit split = SplitByBlocks(*ctx_.model, blocks,
-                                     std::max(1, CheckpointSegment(set_.model.checkpoint)));
+    BlockSplit split = SplitByBlocks(*b_.ctx->model, blocks,
+                                     std::max(1, CheckpointSegment(b_.settings->model.checkpoint)));
     m.gather_bytes =
         TensorBytes(split.outside) +
-        (set_.dist.prefetch ? split.largest_pair_bytes : split.largest_block_bytes);
+        (b_.settings->dist.prefetch ? split.largest_pair_bytes : split.largest_block_bytes);
   }
-  CountOtherMemory(m);
+  CountOther(m);
   m.probed_small = small;
   m.probed_large = large;
-  const int64_t knee = LossKnee(*ctx_.model, probe);
-  const std::string current = set_.model.checkpoint;
-  m.activations[current] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, knee);
-  if (current != "blocks" && ctx_.model->SetCheckpointing("blocks")) {
+  const int64_t knee = LossKnee(*b_.ctx->model, probe);
+  const std::string current = b_.settings->model.checkpoint;
+  m.activations[current] = ProbeActivations(b_.ctx, probe, small, large, b_.dp != nullptr, knee);
+  if (current != "blocks" && b_.ctx->model->SetCheckpointing("blocks")) {
     try {
-      m.activations["blocks"] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr, knee);
+      m.activations["blocks"] =
+          ProbeActivations(b_.ctx, probe, small, large, b_.dp != nullptr, knee);
     } catch (...) {
-      ctx_.model->SetCheckpointing(current);
+      b_.ctx->model->SetCheckpointing(current);
       throw;
     }
-    ctx_.model->SetCheckpointing(current);
+    b_.ctx->model->SetCheckpointing(current);
   }
   if (knee == 0) ProbeFusedLoss(probe, small, large, &m);
   return m;
@@ -153,24 +150,24 @@ MemoryModel Trainer::ProbedModel(const Optimizer& optimizer, const TrainBatch& p
 // run does not fuse (LossChunkRows() == 0: off, by Model's contract, so off
 // is what is put back), in the line Predict reads for the run's setting.
 // Advice only: where it runs out of memory, the advice goes without it.
-void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
-                             MemoryModel* m) {
-  const std::string current = set_.model.checkpoint;
-  const std::string mode = ActivationMode(set_.dist.shard, current, rank_.world_size);
-  if (!ctx_.model->SetFusedLoss(true)) return;
-  const bool switched = mode != current && ctx_.model->SetCheckpointing(mode);
+void RunMemory::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t large,
+                               MemoryModel* m) {
+  const std::string current = b_.settings->model.checkpoint;
+  const std::string mode = ActivationMode(b_.settings->dist.shard, current, b_.world);
+  if (!b_.ctx->model->SetFusedLoss(true)) return;
+  const bool switched = mode != current && b_.ctx->model->SetCheckpointing(mode);
   auto restore = [&] {
-    ctx_.model->SetFusedLoss(false);
-    if (switched) ctx_.model->SetCheckpointing(current);
+    b_.ctx->model->SetFusedLoss(false);
+    if (switched) b_.ctx->model->SetCheckpointing(current);
   };
   try {
     if (mode == current || switched)
-      m->fused_activations[mode] = ProbeActivations(&ctx_, probe, small, large, dp_ != nullptr,
-                                                    LossKnee(*ctx_.model, probe));
+      m->fused_activations[mode] = ProbeActivations(b_.ctx, probe, small, large, b_.dp != nullptr,
+                                                    LossKnee(*b_.ctx->model, probe));
   } catch (const std::exception& e) {
     restore();
     if (!IsOutOfMemory(e)) throw;
-    FreeDeviceCache(ctx_.device);
+    FreeDeviceCache(b_.ctx->device);
     return;
   } catch (...) {
     restore();
@@ -181,68 +178,67 @@ void Trainer::ProbeFusedLoss(const TrainBatch& probe, int64_t small, int64_t lar
 
 // What the run holds besides the training state (the data source's
 // buffers, the evaluation set): not the model's, but within the same limit.
-void Trainer::CountOtherMemory(const MemoryModel& m) {
+void RunMemory::CountOther(const MemoryModel& m) {
   // (A resumed run's optimizer state is the model's, already in use.)
   // dist.shard = full: only the rank's own parameters are whole here.
-  const ShardedParameters* own = sharding_.parameters();
+  const ShardedParameters* own = b_.sharding->parameters();
   const int64_t weights = own ? own->held_bytes() : m.weight_bytes;
-  const int64_t state = m.state_on_host || !optim_ ? 0 : optim_->StateBytes();
-  memory_other_ =
-      DeviceBytesInUse(ctx_.device) - weights - state - (RunSharding::BucketsHeld(set_, dp_ != nullptr) ? m.grad_bytes : 0);
+  const int64_t state = m.state_on_host || !b_.optimizer ? 0 : b_.optimizer->StateBytes();
+  other_bytes_ = DeviceBytesInUse(b_.ctx->device) - weights - state -
+                 (RunSharding::BucketsHeld(*b_.settings, b_.dp != nullptr) ? m.grad_bytes : 0);
 }
 
-int64_t Trainer::ModelBudget() const {
+int64_t RunMemory::Budget() const {
   // The batch-size search's 10% headroom, less what the run holds besides.
-  return DeviceMemoryLimit(ctx_.device) * 9 / 10 - std::max<int64_t>(0, memory_other_);
+  return DeviceMemoryLimit(b_.ctx->device) * 9 / 10 - std::max<int64_t>(0, other_bytes_);
 }
 
-void Trainer::StartMemoryCount() {
-  if (!memory_) return;
-  ReleaseDeviceCache(ctx_.device);
-  CountOtherMemory(*memory_);
-  ResetDevicePeak(ctx_.device);
+void RunMemory::StartCount() {
+  if (!model_) return;
+  ReleaseDeviceCache(b_.ctx->device);
+  CountOther(*model_);
+  ResetDevicePeak(b_.ctx->device);
 }
 
-nlohmann::json Trainer::MemoryJson(bool measured) const {
-  const std::string shard = set_.dist.shard, ckpt = set_.model.checkpoint;
-  const int64_t limit = DeviceMemoryLimit(ctx_.device);
-  nlohmann::json j{{"rank", rank_.rank},
-                   {"world", rank_.world_size},
-                   {"batch", batch_},
+nlohmann::json RunMemory::Json(bool measured) const {
+  const std::string shard = b_.settings->dist.shard, ckpt = b_.settings->model.checkpoint;
+  const int64_t limit = DeviceMemoryLimit(b_.ctx->device);
+  nlohmann::json j{{"rank", b_.rank},
+                   {"world", b_.world},
+                   {"batch", b_.batch},
                    {"shard", shard},
                    {"checkpoint", ckpt},
                    {"limit_bytes", limit},
-                   {"per_sample_bytes", memory_->activations.at(ckpt).per_sample},
-                   {"predicted", PartsJson(memory_->Predict(batch_, shard, ckpt))}};
+                   {"per_sample_bytes", model_->activations.at(ckpt).per_sample},
+                   {"predicted", PartsJson(model_->Predict(b_.batch, shard, ckpt))}};
   if (measured) {
-    j["measured_peak_bytes"] = DevicePeakBytes(ctx_.device) - memory_other_;
+    j["measured_peak_bytes"] = DevicePeakBytes(b_.ctx->device) - other_bytes_;
     // On CUDA, what the allocator took from the driver for it: the gap is
     // fragmentation, which the model has no term for (docs/memory.md).
-    if (int64_t reserved = DeviceReservedPeakBytes(ctx_.device); reserved >= 0)
-      j["measured_reserved_peak_bytes"] = reserved - memory_other_;
+    if (int64_t reserved = DeviceReservedPeakBytes(b_.ctx->device); reserved >= 0)
+      j["measured_reserved_peak_bytes"] = reserved - other_bytes_;
   }
-  j["probed_at"] = {memory_->probed_small, memory_->probed_large};
-  for (const auto& [mode, fit] : memory_->activations) j["activation_fit"][mode] = FitJson(fit);
-  for (const auto& [mode, fit] : memory_->fused_activations)
+  j["probed_at"] = {model_->probed_small, model_->probed_large};
+  for (const auto& [mode, fit] : model_->activations) j["activation_fit"][mode] = FitJson(fit);
+  for (const auto& [mode, fit] : model_->fused_activations)
     j["fused_loss_fit"][mode] = FitJson(fit);
   nlohmann::json settings = nlohmann::json::array();
-  for (const Setting& o : TableSettings(*memory_, ckpt)) {
+  for (const Setting& o : TableSettings(*model_, ckpt)) {
     nlohmann::json one{{"shard", o.shard},
                        {"checkpoint", o.checkpoint},
-                       {"bytes", o.Predict(*memory_, batch_).total()}};
+                       {"bytes", o.Predict(*model_, b_.batch).total()}};
     if (o.fused) one["fused_loss"] = true;
-    if (limit > 0) one["largest_batch"] = o.LargestBatch(*memory_, ModelBudget());
+    if (limit > 0) one["largest_batch"] = o.LargestBatch(*model_, Budget());
     settings.push_back(one);
   }
   j["settings"] = settings;
   return j;
 }
 
-void Trainer::RecordMemory() {
-  if (!memory_) return;
-  nlohmann::json j = MemoryJson(true);
-  RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j.dump()});
-  if (rank_.rank == 0 && !opt_.quiet) {
+std::optional<nlohmann::json> RunMemory::MeasuredEvent() const {
+  if (!model_) return std::nullopt;
+  nlohmann::json j = Json(true);
+  if (b_.rank == 0 && !b_.quiet) {
     std::string reserved;
     if (j.contains("measured_reserved_peak_bytes"))
       reserved = " (" + FormatBytes(j["measured_reserved_peak_bytes"].get<int64_t>()) +
@@ -251,39 +247,39 @@ void Trainer::RecordMemory() {
                  FormatBytes(j["predicted"]["total"].get<int64_t>()).c_str(),
                  FormatBytes(j["measured_peak_bytes"].get<int64_t>()).c_str(), reserved.c_str());
   }
+  return j;
 }
 
-void Trainer::PrintBatchTable() {
-  if (!memory_ || rank_.rank != 0) return;
-  const int64_t limit = DeviceMemoryLimit(ctx_.device);
+void RunMemory::PrintTable() {
+  if (!model_ || b_.rank != 0) return;
+  const int64_t limit = DeviceMemoryLimit(b_.ctx->device);
   if (limit <= 0) return;
-  const std::string shard = set_.dist.shard, ckpt = set_.model.checkpoint;
+  const std::string shard = b_.settings->dist.shard, ckpt = b_.settings->model.checkpoint;
   std::fprintf(stderr,
                "fullburn: the largest micro-batch by memory setting (memory model: %s limit, 10%% "
                "headroom, %s held besides the model):\n",
-               FormatBytes(limit).c_str(),
-               FormatBytes(std::max<int64_t>(0, memory_other_)).c_str());
-  for (const Setting& o : TableSettings(*memory_, ckpt)) {
+               FormatBytes(limit).c_str(), FormatBytes(std::max<int64_t>(0, other_bytes_)).c_str());
+  for (const Setting& o : TableSettings(*model_, ckpt)) {
     std::string label = o.Describe(shard, ckpt);
     std::fprintf(stderr, "  %-48s %lld\n", label.empty() ? "as configured" : label.c_str(),
-                 static_cast<long long>(o.LargestBatch(*memory_, ModelBudget())));
+                 static_cast<long long>(o.LargestBatch(*model_, Budget())));
   }
 }
 
-std::string Trainer::OutOfMemoryAdvice() {
-  const std::string shard = set_.dist.shard, ckpt = set_.model.checkpoint;
-  if (!memory_ || !memory_->activations.count(ckpt)) {
+std::string RunMemory::OutOfMemoryAdvice(nlohmann::json* event) {
+  const std::string shard = b_.settings->dist.shard, ckpt = b_.settings->model.checkpoint;
+  if (!model_ || !model_->activations.count(ckpt)) {
     // dist.shard = full: a probe now would gather on this rank alone.
-    if (sharding_.parameters()) return "";
+    if (b_.sharding->parameters()) return "";
     try {
-      if (ctx_.device.is_cuda()) FreeDeviceCache(ctx_.device);
-      if (Status s = ProbeMemory(std::max<int64_t>(2, batch_ / 4)); !s.ok()) return "";
+      if (b_.ctx->device.is_cuda()) FreeDeviceCache(b_.ctx->device);
+      if (Status s = Probe(std::max<int64_t>(2, b_.batch / 4)); !s.ok()) return "";
     } catch (const std::exception&) {
       return "";  // even a quarter of the batch does not fit: the plain advice
     }
   }
-  const int64_t limit = DeviceMemoryLimit(ctx_.device);
-  MemoryParts now = memory_->Predict(batch_, shard, ckpt);
+  const int64_t limit = DeviceMemoryLimit(b_.ctx->device);
+  MemoryParts now = model_->Predict(b_.batch, shard, ckpt);
   std::string advice = fmt::format(
       " (memory model: {} per rank, weights {}, gradients {}, optimizer {}, activations {}{}{})",
       FormatBytes(now.total()), FormatBytes(now.weights), FormatBytes(now.gradients),
@@ -297,49 +293,48 @@ std::string Trainer::OutOfMemoryAdvice() {
   // communication than the others.
   std::vector<Setting> order;
   bool full_offered = false;
-  for (const std::string& s : memory_->ShardSettings()) {
+  for (const std::string& s : model_->ShardSettings()) {
     full_offered = full_offered || s == "full";
     if (s != shard && s != "full") order.push_back({s, ckpt});
   }
   // The fused loss recomputes the output layer's product, less than
   // checkpointing's every block: at this shard setting, then the others.
-  if (memory_->CanPredictFused(shard, ckpt)) order.push_back({shard, ckpt, true});
-  for (const std::string& s : memory_->ShardSettings())
-    if (s != shard && s != "full" && memory_->CanPredictFused(s, ckpt))
+  if (model_->CanPredictFused(shard, ckpt)) order.push_back({shard, ckpt, true});
+  for (const std::string& s : model_->ShardSettings())
+    if (s != shard && s != "full" && model_->CanPredictFused(s, ckpt))
       order.push_back({s, ckpt, true});
-  for (const auto& [c, fit] : memory_->activations)
+  for (const auto& [c, fit] : model_->activations)
     if (c != ckpt) {
       order.push_back({shard, c});
-      for (const std::string& s : memory_->ShardSettings())
+      for (const std::string& s : model_->ShardSettings())
         if (s != shard && s != "full") order.push_back({s, c});
     }
   if (full_offered && shard != "full") {
     order.push_back({"full", ckpt});
-    if (memory_->CanPredictFused("full", ckpt)) order.push_back({"full", ckpt, true});
+    if (model_->CanPredictFused("full", ckpt)) order.push_back({"full", ckpt, true});
   }
   // With a known limit the first (cheapest) that fits; without one the
   // smallest, if it saves at least a tenth.
   std::string fix;
   int64_t fix_bytes = 0;
   for (const Setting& o : order) {
-    int64_t bytes = o.Predict(*memory_, batch_).total();
-    bool better = limit > 0 ? fix.empty() && bytes <= ModelBudget()
+    int64_t bytes = o.Predict(*model_, b_.batch).total();
+    bool better = limit > 0 ? fix.empty() && bytes <= Budget()
                             : bytes < now.total() * 9 / 10 && (fix.empty() || bytes < fix_bytes);
     if (!better) continue;
     fix = o.Describe(shard, ckpt);
     fix_bytes = bytes;
   }
-  MemoryModel accumulating = *memory_;  // the advice raises train.accumulate
-  accumulating.accumulate = std::max<int64_t>(2, accumulate_);
-  int64_t smaller =
-      limit > 0 ? accumulating.LargestBatch(ModelBudget(), shard, ckpt, batch_ - 1) : 0;
+  MemoryModel accumulating = *model_;  // the advice raises train.accumulate
+  accumulating.accumulate = std::max<int64_t>(2, b_.accumulate);
+  int64_t smaller = limit > 0 ? accumulating.LargestBatch(Budget(), shard, ckpt, b_.batch - 1) : 0;
   std::string out = advice + ": ";
   if (!fix.empty())
     out += fmt::format("{} {} ({} per rank), or ", fix, limit > 0 ? "fits" : "needs least",
                        FormatBytes(fix_bytes));
   if (smaller > 0) {
     // A divisor of the effective batch keeps it exactly, if one is near.
-    const int64_t effective = batch_ * accumulate_;
+    const int64_t effective = b_.batch * b_.accumulate;
     int64_t micro = smaller;
     for (int64_t k = smaller; k * 2 > smaller; --k)
       if (effective % k == 0) {
@@ -355,26 +350,26 @@ std::string Trainer::OutOfMemoryAdvice() {
         "lower train.batch_size (or use auto) and raise train.accumulate to keep the effective "
         "batch";
   }
-  nlohmann::json j = MemoryJson(false);
+  nlohmann::json j = Json(false);
   j["oom"] = true;
   j["fix"] = fix;
   j["fix_bytes"] = fix_bytes;
   if (smaller > 0) j["fits_batch"] = smaller;
-  RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j.dump()});
+  *event = std::move(j);
   return out;
 }
 
-Status Trainer::ProbeMemoryIfWanted() {
-  if (!MemoryReportWanted()) return Status::Ok();
+Status RunMemory::ProbeIfWanted() {
+  if (!Wanted(*b_.settings, b_.batch_searched)) return Status::Ok();
   // The report is advice: a probe that does not fit (the run holds more than
   // the search's trials did, or, sharded, every gradient and for stage 3
   // every weight whole) is read at a quarter of the micro-batch, and left out
   // when that does not fit either; training goes on.
   std::string first_oom;
-  for (int64_t size : {batch_, batch_ >= 4 ? batch_ / 4 : int64_t{0}}) {
+  for (int64_t size : {b_.batch, b_.batch >= 4 ? b_.batch / 4 : int64_t{0}}) {
     if (size == 0) break;
     try {
-      if (Status r = ProbeMemory(size); !r.ok()) {
+      if (Status r = Probe(size); !r.ok()) {
         return r;
       }
       first_oom.clear();
@@ -384,8 +379,8 @@ Status Trainer::ProbeMemoryIfWanted() {
         std::string what = e.what();
         return Status::Internal("memory probe failed: " + what.substr(0, what.find('\n')));
       }
-      memory_.reset();
-      FreeDeviceCache(ctx_.device);
+      model_.reset();
+      FreeDeviceCache(b_.ctx->device);
       if (first_oom.empty()) first_oom = DescribeOutOfMemory(e);
     }
   }
@@ -393,8 +388,8 @@ Status Trainer::ProbeMemoryIfWanted() {
     std::fprintf(stderr,
                  "fullburn: rank %d: no memory report: probing the micro-batch ran out of "
                  "memory (%s); the steps may too\n",
-                 rank_.rank, first_oom.c_str());
-  if (batch_searched_) PrintBatchTable();
+                 b_.rank, first_oom.c_str());
+  if (b_.batch_searched) PrintTable();
   return Status::Ok();
 }
 
