@@ -116,7 +116,7 @@ Status Trainer::ConnectRanks() {
   DistOptions o = set_.dist;
   // Ranks must train the same job; what describes a rank's machine may differ.
   o.config_hash = std::to_string(std::hash<std::string>{}(JobIdentity(set_)));
-  auto dp = DataParallel::Connect(rank_, o, ctx_.device);
+  auto dp = DataParallel::Connect(rank_, o, model_.ctx().device);
   if (!dp.ok()) {
     return dp.status();
   }
@@ -198,7 +198,7 @@ Status Trainer::BeginRun() {
   if (resume_) config["resumed_from"] = resume_->path;
   // What "auto" and the empty defaults became on this machine (the tuner reads
   // the device, and packs the data it was given).
-  config["resolved"] = {{"device", ctx_.device.str()},
+  config["resolved"] = {{"device", model_.ctx().device.str()},
                         {"threads", torch::get_num_threads()},
                         {"ranks_per_node", rank_.local_world_size},
                         {"data_path", spec_.path},
@@ -301,7 +301,7 @@ Status Trainer::SetupCatching() {
           "the model, its optimizer state and the data held in memory do not fit ({}): {}use a "
           "smaller model (model.width, model.hidden, model.layers) or less data in memory{}",
           DescribeOutOfMemory(e), share,
-          ctx_.device.is_cuda()   ? ", or a GPU with more memory"
+          model_.ctx().device.is_cuda()   ? ", or a GPU with more memory"
           : CpuMemoryBudget() > 0 ? ", or raise train.memory_budget_mb"
                                   : ""));
     else
@@ -319,8 +319,8 @@ Status Trainer::SetupMemoryAndSharding() {
   if (probe_first)
     if (Status r = memory_.ProbeIfWanted(); !r.ok()) return r;
   if (Status r = sharding_.Setup(set_,
-                                 {optim_.get(), ctx_.model.get(), dp_.get(), ctx_.device,
-                                  ctx_.channels_last, rank_.rank, opt_.quiet},
+                                 {&model_.optimizer(), model_.ctx().model.get(), dp_.get(), model_.ctx().device,
+                                  model_.ctx().channels_last, rank_.rank, opt_.quiet},
                                  share_to_device_);
       !r.ok()) {
     return r;
@@ -333,8 +333,8 @@ Status Trainer::SetupMemoryAndSharding() {
 void Trainer::AttachMemory() {
   RunMemory::Borrowed b;
   b.settings = &set_;
-  b.ctx = &ctx_;
-  b.optimizer = optim_.get();
+  b.ctx = &model_.ctx();
+  b.optimizer = &model_.optimizer();
   b.dp = dp_.get();
   b.sharding = &sharding_;
   b.input = &input_;
@@ -354,9 +354,9 @@ void Trainer::PrintStart() const {
       "fullburn: run %lld: %s, %lld parameters, micro-batch %lld x %lld, %lld steps on %s (%s)\n",
       static_cast<long long>(run_.id), ModelLabel().c_str(),
       static_cast<long long>(sharding_.parameters() ? sharding_.parameters()->total_numel()
-                                                    : ParameterCount(*ctx_.model)),
+                                                    : ParameterCount(*model_.ctx().model)),
       static_cast<long long>(batch_), static_cast<long long>(accumulate_),
-      static_cast<long long>(total_steps_), ctx_.device.str().c_str(),
+      static_cast<long long>(total_steps_), model_.ctx().device.str().c_str(),
       set_.train.precision.c_str());
 }
 

@@ -31,29 +31,29 @@ std::vector<std::pair<std::string, at::Generator>> Generators(const torch::Devic
 }  // namespace
 
 CheckpointState Trainer::Snapshot() {
-  optim_->WaitForUpdate();  // dist.offload: the step's update in the weights
+  model_.optimizer().WaitForUpdate();  // dist.offload: the step's update in the weights
   CheckpointState s;
   // Weights and optimizer state change only in the optimizer step: they are
   // copied while the next forward/backward runs. Buffers (BatchNorm running
   // statistics) change in forward, so they are copied now.
   // With dist.shard = full each rank's part holds its own parameters too.
   if (!sharding_.parameters())
-    for (auto& p : ctx_.model->named_parameters())
+    for (auto& p : model_.ctx().model->named_parameters())
       s.until_update.emplace_back("model." + p.key(), p.value());
-  for (auto& b : ctx_.model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
+  for (auto& b : model_.ctx().model->named_buffers()) s.tensors.emplace_back("model." + b.key(), b.value());
   // Sharded, each rank wrote its own part beside this file (WriteOptimizerShard).
   if (!sharding_.optimizer_sharded())
-    for (auto& [name, t] : optim_->State()) s.until_update.emplace_back("optim." + name, t);
-  for (auto& [name, gen] : Generators(ctx_.device)) {
+    for (auto& [name, t] : model_.optimizer().State()) s.until_update.emplace_back("optim." + name, t);
+  for (auto& [name, gen] : Generators(model_.ctx().device)) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     s.tensors.emplace_back(name, gen.get_state());
   }
   nlohmann::json meta{{"step", step_},
                       {"epoch", input_.epoch()},
                       {"epoch_samples", input_.EpochSamplesRead()},
-                      {"optim_steps", optim_->steps()},
-                      {"loss_scale", scaler_->scale()},
-                      {"scaler_growth_tracker", scaler_->growth_tracker()},
+                      {"optim_steps", model_.optimizer().steps()},
+                      {"loss_scale", model_.scaler().scale()},
+                      {"scaler_growth_tracker", model_.scaler().growth_tracker()},
                       {"skipped_steps", skipped_},
                       {"run_id", run_.id},
                       {"optim_shards", sharding_.optimizer_sharded() ? rank_.world_size : 0},
@@ -85,21 +85,21 @@ Status Trainer::Restore() {
     dst.copy_(it->second);
     return Status::Ok();
   };
-  for (auto& p : ctx_.model->named_parameters())
+  for (auto& p : model_.ctx().model->named_parameters())
     if (Status s = load_into(p.key(), p.value()); !s.ok()) return s;
-  for (auto& b : ctx_.model->named_buffers())
+  for (auto& b : model_.ctx().model->named_buffers())
     if (Status s = load_into(b.key(), b.value()); !s.ok()) return s;
   std::map<std::string, torch::Tensor> optim;
   for (auto& [name, t] : byname)
     if (name.rfind("optim.", 0) == 0) optim[name.substr(6)] = t;
   const nlohmann::json& m = resume_->meta;
-  if (Status s = optim_->LoadState(optim, m.value("optim_steps", int64_t{0})); !s.ok()) return s;
-  for (auto& [name, gen] : Generators(ctx_.device))
+  if (Status s = model_.optimizer().LoadState(optim, m.value("optim_steps", int64_t{0})); !s.ok()) return s;
+  for (auto& [name, gen] : Generators(model_.ctx().device))
     if (auto it = byname.find(name); it != byname.end()) {
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(it->second);
     }
-  scaler_->Restore(m.value("loss_scale", scaler_->scale()),
+  model_.scaler().Restore(m.value("loss_scale", model_.scaler().scale()),
                    m.value("scaler_growth_tracker", int64_t{0}));
   step_ = m.value("step", int64_t{0});
   // epoch_samples: the samples of this epoch every rank together read.
@@ -204,9 +204,9 @@ Status Trainer::OpenCheckpoints() {
 // BeforeUpdate fences the step behind the copy).
 CheckpointState Trainer::PartState() {
   CheckpointState mine;
-  for (auto& [name, t] : optim_->State()) mine.until_update.emplace_back("optim." + name, t);
+  for (auto& [name, t] : model_.optimizer().State()) mine.until_update.emplace_back("optim." + name, t);
   if (ShardedParameters* own = sharding_.parameters())  // the others are empty here
-    for (auto& p : ctx_.model->named_parameters())
+    for (auto& p : model_.ctx().model->named_parameters())
       if (own->Owns(p.value()))
         mine.until_update.emplace_back("model." + p.key(), p.value());
   mine.state_json = ShardIdentityJson(checkpoints_->PartIdentity(step_));

@@ -37,11 +37,11 @@ Status Trainer::Evaluate(nlohmann::json* out) {
 
 Status Trainer::EvaluateShare(nlohmann::json* out) {
   if (!evaluation_.enabled()) return Status::Ok();
-  optim_->WaitForUpdate();
+  model_.optimizer().WaitForUpdate();
   double started = MonoNow();
   nlohmann::json held_out;
-  if (Status s = evaluation_.Evaluate({ctx_.model.get(), dp_.get(), sharding_.parameters(),
-                                       ctx_.device, ctx_.autocast, rank_.rank, rank_.world_size},
+  if (Status s = evaluation_.Evaluate({model_.ctx().model.get(), dp_.get(), sharding_.parameters(),
+                                       model_.ctx().device, model_.ctx().autocast, rank_.rank, rank_.world_size},
                                       &held_out);
       !s.ok())
     return s;

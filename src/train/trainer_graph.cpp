@@ -29,12 +29,12 @@ void Trainer::StepBody(const std::vector<TrainBatch>& micro) {
     // The captured step begins from zero gradients in place: after the
     // warm-up the .grad tensors exist and keep their addresses.
     torch::NoGradGuard no_grad;
-    for (const torch::Tensor& p : optim_->params())
+    for (const torch::Tensor& p : model_.optimizer().params())
       if (p.grad().defined()) p.grad().zero_();
   }
   torch::Tensor loss_sum;
   for (const TrainBatch& b : micro) {
-    torch::Tensor loss = ForwardLoss(ctx_, b);
+    torch::Tensor loss = ForwardLoss(model_.ctx(), b);
     device_step_->Scale(micro.size() > 1 ? loss / static_cast<double>(micro.size()) : loss)
         .backward();
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
@@ -53,13 +53,13 @@ Status Trainer::GraphedTrainStep(bool timed, StepRecord* rec) {
     samples += b.samples;
   }
   if (!device_step_) {
-    device_step_ = std::make_unique<DeviceStep>(optim_.get(), scaler_.get(),
-                                                set_.train.clip_grad_norm, ctx_.device);
+    device_step_ = std::make_unique<DeviceStep>(&model_.optimizer(), &model_.scaler(),
+                                                set_.train.clip_grad_norm, model_.ctx().device);
     graph_ = std::make_unique<CudaGraph>();
     for (const TrainBatch& b : micro)
       static_batches_.push_back({b.inputs.clone(), b.targets.clone(), b.samples});
   }
-  double lr = schedule_.At(step_ + 1);
+  double lr = model_.schedule().At(step_ + 1);
   device_step_->SetLearningRate(lr);
   checkpoints_->BeforeUpdate();  // the step writes the weights a checkpoint may still be copying
   if (!SameShapes(micro, static_batches_)) {

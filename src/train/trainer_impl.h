@@ -25,6 +25,7 @@
 #include "run_input.h"
 #include "run_recording.h"
 #include "run_memory.h"
+#include "run_model.h"
 #include "run_sharding.h"
 #include "sharded_params.h"
 #include "sources.h"
@@ -116,7 +117,8 @@ int PendingStopSignal();
 // trainer_records.cpp (through the Recorder, to rank 0), trainer_graph.cpp
 // (CUDA graphs), trainer_profile.cpp; and its parts: run_recording.h,
 // run_checkpoints.h, run_sharding.h (dist.shard, dist.offload), run_evaluation.h,
-// run_input.h (the training data), run_memory.h (the memory model).
+// run_input.h (the training data), run_memory.h (the memory model), run_model.h
+// (the model, optimizer, loss scaler and schedule).
 constexpr int kExitFailed = 1, kExitInterrupted = 130;  // and kExitUsage (status.h)
 // The one place a run's outcome becomes its exit code (trainer.h's
 // contract): every failure is a Status, and a signal's stop is not one.
@@ -153,11 +155,7 @@ class Trainer {
   Status Setup();
   Status SetupDevice();
   Status SetupData();
-  OptimizerOptions OptimizerFromConfig() const;
-  const char* FusedUpdateUnusedHere(const OptimizerOptions& oo) const;
-  void ReportAttentionKernel(const ModelSpec& ms) const;
   Status ChooseBatch(const OptimizerOptions& oo);
-  void SetupOptimization(const OptimizerOptions& oo);
   Status BuildModel(const BatchSource& source);
   Status SearchBatch(const OptimizerOptions& oo);
   Status BeginRun();
@@ -259,7 +257,9 @@ class Trainer {
   std::optional<Resume> resume_;
   RunInfo run_;
   double mono_start_ = 0;
-  StepContext ctx_;
+  // The model on its device, the optimizer, the loss scaler and the
+  // learning-rate schedule (run_model.h).
+  RunModel model_;
   SourceSpec spec_;
   // The training source and the run's position in it (run_input.h).
   RunInput input_;
@@ -267,9 +267,6 @@ class Trainer {
   // (run_evaluation.h).
   RunEvaluation evaluation_;
   void KeepIfBest(nlohmann::json* eval);
-  std::unique_ptr<Optimizer> optim_;
-  std::unique_ptr<LossScaler> scaler_;
-  LrSchedule schedule_;
   std::shared_ptr<GpuSource> gpus_;  // shared with records_, whose sampler reads it
   // Every record of the run goes through it; the training loop never waits
   // on the store. Null until the run is begun.

@@ -50,14 +50,14 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   MicroTimes mt;
   torch::Tensor loss_sum;
   int64_t samples = 0;
-  PhaseEvents* events = timed ? ctx_.events.get() : nullptr;
+  PhaseEvents* events = timed ? model_.ctx().events.get() : nullptr;
   if (events) events->Start();
   for (int64_t micro = 0; micro < accumulate_; ++micro) {
     TrainBatch b;
     if (Status s = NextBatch(&b, &wait); !s.ok()) return s;
     if (dp_) dp_->SetSync(micro == accumulate_ - 1);  // no_sync until the last micro-batch
     torch::Tensor loss =
-        ForwardBackward(ctx_, b, static_cast<int>(accumulate_), *scaler_, timed, &mt);
+        ForwardBackward(model_.ctx(), b, static_cast<int>(accumulate_), model_.scaler(), timed, &mt);
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
     samples += b.samples;
   }
@@ -70,7 +70,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   // orders the streams, so the host's clock cannot see it).
   if (events) events->Mark(dp_ ? "comm" : "");
   // Averaged gradients are the same on every rank, so is the inf/NaN verdict.
-  torch::Tensor found_inf = scaler_->UnscaleAndCheck(optim_->params(), optim_->options().foreach);
+  torch::Tensor found_inf = model_.scaler().UnscaleAndCheck(model_.optimizer().params(), model_.optimizer().options().foreach);
   // One host read per step, for the loss and the inf/NaN flag together (as
   // GradScaler's step does).
   torch::Tensor both =
@@ -82,8 +82,8 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
     if (!any.ok()) return any.status();
     bad = *any;
   }
-  bool skip = scaler_->Update(bad);
-  double lr = schedule_.At(step_ + 1);
+  bool skip = model_.scaler().Update(bad);
+  double lr = model_.schedule().At(step_ + 1);
   if (!skip) {
     if (double clip = set_.train.clip_grad_norm; clip > 0)
       if (Status s = sharding_.ClipGradients(clip); !s.ok()) return s;
@@ -95,7 +95,7 @@ Status Trainer::TrainStep(bool timed, StepRecord* rec) {
   if (dp_)
     dp_->ZeroGradients();  // in place: the gradients are views of the buckets
   else
-    optim_->ZeroGrad();
+    model_.optimizer().ZeroGrad();
   // Communication not hidden behind backward, as the host saw it: Gloo's
   // wait blocks until the sum is there, NCCL's does not (timed steps only).
   if (dp_ && dp_->backend() != "nccl") rec->comm_s = comm;
@@ -129,7 +129,7 @@ Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
   rec->t = Env::Default()->UnixSeconds() - run_.start_time;
   rec->loss = o.loss;
   rec->lr = o.lr;
-  if (scaler_->enabled()) rec->loss_scale = scaler_->scale();
+  if (model_.scaler().enabled()) rec->loss_scale = model_.scaler().scale();
   rec->samples = o.samples;
   rec->step_s = end - o.start;
   rec->skipped = o.skipped;
@@ -140,7 +140,7 @@ Status Trainer::CloseStep(const StepOutcome& o, StepRecord* rec) {
         "lower optim.lr, set train.clip_grad_norm, or use bf16 instead of fp16. Checkpoints before "
         "this point are intact",
         consecutive_skips_, step_,
-        scaler_->enabled() ? fmt::format(", the loss scale fell to {:g}", scaler_->scale()) : ""));
+        model_.scaler().enabled() ? fmt::format(", the loss scale fell to {:g}", model_.scaler().scale()) : ""));
   }
   return Status::Ok();
 }
@@ -264,7 +264,7 @@ Status Trainer::Loop() {
   // A resumed run continues after the samples its checkpoint's run read,
   // whatever world size and batch that run had.
   input_.StartAtPosition();
-  ctx_.model->train();
+  model_.ctx().model->train();
   memory_.StartCount();
   StepRecord last;
   while (step_ < total_steps_) {
@@ -282,7 +282,7 @@ Status Trainer::Loop() {
       s = TrainStep(timed, &rec);
     } catch (const std::exception& e) {
       if (IsOutOfMemory(e)) {
-        for (torch::Tensor& p : ctx_.model->parameters()) p.mutable_grad() = torch::Tensor();
+        for (torch::Tensor& p : model_.ctx().model->parameters()) p.mutable_grad() = torch::Tensor();
         nlohmann::json event;
         std::string advice = memory_.OutOfMemoryAdvice(&event);
         if (!event.is_null())
@@ -321,26 +321,26 @@ Status Trainer::Loop() {
       Checkpoint(false);
   }
   ProfileAfterStep(true);  // the loop ended (steps, signal, time limit) before step B
-  optim_->WaitForUpdate();
+  model_.optimizer().WaitForUpdate();
   if (std::optional<nlohmann::json> j = memory_.MeasuredEvent())
     RecordEvent({Env::Default()->UnixSeconds() - run_.start_time, "memory", j->dump()});
   if (dp_) {  // what each rank holds: 1/N of the state (and gradients) when sharded
     const ShardedParameters* own = sharding_.parameters();
     nlohmann::json j{
         {"rank", rank_.rank},
-        {"state_bytes", optim_->StateBytes()},
+        {"state_bytes", model_.optimizer().StateBytes()},
         {"grad_bytes", dp_->stats().grad_bytes},
         // the gradient hooks fired: buckets reduced during backward
         {"buckets_in_backward", dp_->stats().started_in_backward},
         {"buckets_after_backward", dp_->stats().started_after},
         // between steps: every parameter, or with dist.shard =
         // full the rank's own (the largest gather on top while used)
-        {"param_bytes", own ? own->held_bytes() : TensorBytes(ctx_.model->parameters())},
+        {"param_bytes", own ? own->held_bytes() : TensorBytes(model_.ctx().model->parameters())},
         {"largest_gather_bytes", own ? own->largest_gather_bytes() : 0},
         {"block_gathers", own ? own->block_gathers() : 0},
         {"prefetched_gathers", own ? own->prefetched_gathers() : 0},
         {"shard", set_.dist.shard},
-        {"offloaded", optim_->offloaded()},                   // state_bytes then in host memory
+        {"offloaded", model_.optimizer().offloaded()},                   // state_bytes then in host memory
         {"shard_write_s", checkpoints_->part_blocked_s()},     // the loop blocked for its parts
         {"shard_part_write_s", checkpoints_->part_write_s()},  // their writer
         {"sharded", sharding_.optimizer_sharded()}};

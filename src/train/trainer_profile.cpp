@@ -33,7 +33,7 @@ void Trainer::ProfileBeforeStep() {
   if (profile_first_ == 0 || profiling_ || step_ + 1 != profile_first_) return;
   impl::ProfilerConfig config(impl::ProfilerState::KINETO);
   std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
-  if (ctx_.device.is_cuda()) activities.insert(impl::ActivityType::CUDA);
+  if (model_.ctx().device.is_cuda()) activities.insert(impl::ActivityType::CUDA);
   try {
     prof::prepareProfiler(config, activities);
     prof::enableProfiler(config, activities);

@@ -98,40 +98,15 @@ class RankTrialShape : public TrialShape {
   std::shared_ptr<ShardedParameters> gather_;
 };
 
-// Why fullburn's own CUDA kernels cannot run on `device`; nullptr when they can.
-const char* CudaKernelsUnavailable(const torch::Device& device) {
-  if (!CudaKernelsBuilt())
-    return "this build has no CUDA kernels (configure with -DFULLBURN_CUDA_KERNELS=ON where nvcc "
-           "and a CUDA libtorch are)";
-  if (!device.is_cuda()) return "the kernels run on CUDA devices only";
-  return nullptr;
-}
-
-// Why a gpt asked for model.loss_kernel = cuda computes its loss with ATen
-// instead; nullptr when the kernels run (or were not asked for).
-const char* CudaLossKernelUnused(const ModelSpec& ms, const torch::Device& device) {
-  if (ms.loss_kernel != "cuda" || ms.name != "gpt") return nullptr;
-  if (const char* why = CudaKernelsUnavailable(device)) return why;
-  if (ms.fused_loss) return "model.fused_loss = true computes the loss chunk by chunk";
-  return nullptr;
-}
-
-// Why a gpt asked for model.norm_kernel = cuda runs ATen's layer norms
-// instead; nullptr when the kernels run (or were not asked for).
-const char* CudaNormKernelUnused(const ModelSpec& ms, const torch::Device& device) {
-  if (ms.norm_kernel != "cuda" || ms.name != "gpt") return nullptr;
-  return CudaKernelsUnavailable(device);
-}
-
 }  // namespace
 
 Status Trainer::CheckCudaGraphs() {
   if (std::string why = CudaGraph::Unsupported(); !why.empty())
     return Status::InvalidArgument("train.cuda_graphs needs CUDA, but " + why +
                                    ": set train.cuda_graphs = false");
-  if (!ctx_.device.is_cuda())
+  if (!model_.ctx().device.is_cuda())
     return Status::InvalidArgument("train.cuda_graphs needs train.device = cuda, not " +
-                                   ctx_.device.str() + ": set train.cuda_graphs = false");
+                                   model_.ctx().device.str() + ": set train.cuda_graphs = false");
   if (rank_.world_size > 1)
     return Status::InvalidArgument(
         "train.cuda_graphs works on one rank only (Gloo's all-reduce cannot be captured in a "
@@ -147,20 +122,20 @@ Status Trainer::SetupDevice() {
   std::string dev = set_.train.device;
   if (dev == "auto") dev = torch::cuda::is_available() ? "cuda" : "cpu";
   try {
-    ctx_.device = torch::Device(dev);
+    model_.ctx().device = torch::Device(dev);
   } catch (const c10::Error&) {
     return Status::InvalidArgument("train.device = " + dev +
                                    " is not a device: use auto, cpu, cuda or cuda:N");
   }
-  if (ctx_.device.is_cuda() && !torch::cuda::is_available())
+  if (model_.ctx().device.is_cuda() && !torch::cuda::is_available())
     return Status::InvalidArgument("train.device = " + dev + " but this libtorch sees no GPU (" +
                                    TorchDescription() + "): use train.device=cpu");
   auto ranks = RankFromEnvironment(EnvironmentMap());
   if (!ranks.ok()) return ranks.status();
   if (ranks->has_value()) rank_ = **ranks;
   // One GPU per local rank, unless the config names one.
-  if (ctx_.device.is_cuda() && rank_.world_size > 1 && !ctx_.device.has_index())
-    ctx_.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+  if (model_.ctx().device.is_cuda() && rank_.world_size > 1 && !model_.ctx().device.has_index())
+    model_.ctx().device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
                                                   rank_.local_rank % torch::cuda::device_count()));
   // Every CPU of this rank's share, the loader's too: its threads sleep
   // whenever it keeps ahead, and a core held back for it sat idle (the demo
@@ -173,24 +148,24 @@ Status Trainer::SetupDevice() {
   torch::manual_seed(static_cast<uint64_t>(set_.train.seed));
 
   const std::string& precision = set_.train.precision;
-  if (precision == "bf16") ctx_.autocast = torch::kBFloat16;
+  if (precision == "bf16") model_.ctx().autocast = torch::kBFloat16;
   if (precision == "fp16") {
-    if (!ctx_.device.is_cuda())
+    if (!model_.ctx().device.is_cuda())
       return Status::InvalidArgument(
           "train.precision = fp16 needs a CUDA device (CPU autocast has no fp16 "
           "in libtorch 1.13): use bf16 on CPU");
-    ctx_.autocast = torch::kHalf;
+    model_.ctx().autocast = torch::kHalf;
   }
   if (set_.train.cuda_graphs)
     if (Status s = CheckCudaGraphs(); !s.ok()) return s;
-  ctx_.events = PhaseEvents::ForDevice(ctx_.device);
-  if (ctx_.device.is_cuda()) {
+  model_.ctx().events = PhaseEvents::ForDevice(model_.ctx().device);
+  if (model_.ctx().device.is_cuda()) {
     at::globalContext().setAllowTF32CuBLAS(set_.train.tf32);
     at::globalContext().setAllowTF32CuDNN(set_.train.tf32);
     at::globalContext().setBenchmarkCuDNN(set_.train.cudnn_benchmark);
   }
   if (int64_t mb = set_.train.memory_budget_mb; mb > 0) {
-    if (ctx_.device.is_cuda())
+    if (model_.ctx().device.is_cuda())
       std::fprintf(stderr,
                    "fullburn: train.memory_budget_mb applies to CPU training only; ignored on %s\n",
                    dev.c_str());
@@ -199,7 +174,7 @@ Status Trainer::SetupDevice() {
   }
   // Counting from before the model is built, so the measured peak includes
   // the weights.
-  if (RunMemory::Wanted(set_, batch_searched_) && !ctx_.device.is_cuda()) ResetCpuPeakBytes();
+  if (RunMemory::Wanted(set_, batch_searched_) && !model_.ctx().device.is_cuda()) ResetCpuPeakBytes();
   return Status::Ok();
 }
 
@@ -221,8 +196,8 @@ Status Trainer::SetupData() {
         "model.name = " + model + " does not train on data.source = " + source +
         ": resnet* and mlp take images or synthetic, lstm takes synthetic, gpt takes tokens");
   }
-  ctx_.per_position = source == "tokens" || (program_first_ && program_first_->targets.dim() > 1);
-  ctx_.channels_last =
+  model_.ctx().per_position = source == "tokens" || (program_first_ && program_first_->targets.dim() > 1);
+  model_.ctx().channels_last =
       set_.model.channels_last && (model.rfind("resnet", 0) == 0 || model == "custom");
 
   spec_.path = set_.data.path;
@@ -251,8 +226,8 @@ Status Trainer::SetupData() {
   if (opt_.train_data) spec_.tensors = &*opt_.train_data;
   spec_.dataset = opt_.dataset;
   spec_.seed = static_cast<uint64_t>(set_.train.seed);
-  spec_.device = ctx_.device;
-  spec_.channels_last = ctx_.channels_last;
+  spec_.device = model_.ctx().device;
+  spec_.channels_last = model_.ctx().channels_last;
   return Status::Ok();
 }
 
@@ -310,45 +285,6 @@ Status Trainer::CheckProgramParts() {
   return Status::Ok();
 }
 
-OptimizerOptions Trainer::OptimizerFromConfig() const {
-  OptimizerOptions oo = set_.optim;
-  oo.foreach = ForeachFor(set_.optim.foreach_setting, ctx_.device.is_cuda());
-  return oo;  // oo.fused as set: Setup turns it off where it cannot run
-}
-
-// Why optim.fused = true does not run in this run; nullptr when it does (or
-// was not asked for).
-const char* Trainer::FusedUpdateUnusedHere(const OptimizerOptions& oo) const {
-  if (!oo.fused) return nullptr;
-  if (const char* why = FusedUpdateUnused(oo, ctx_.device)) return why;
-  if (set_.dist.offload == "optimizer")
-    return "dist.offload = optimizer updates on the host";
-  if (set_.train.cuda_graphs)
-    return "train.cuda_graphs = true updates inside the graph, with its own AdamW";
-  return nullptr;
-}
-
-// Which SDPA kernel gpt's attention runs on this GPU, on one line; the math
-// fallback (fp32 on a GPU without a fused fp32 kernel, an unusual head
-// size) with what would take a fused one.
-void Trainer::ReportAttentionKernel(const ModelSpec& ms) const {
-  const torch::ScalarType dtype = ctx_.autocast.value_or(torch::kFloat);
-  std::string kernel;
-  try {
-    kernel =
-        AttentionKernel(ms.heads, ms.hidden / ms.heads, ms.seq_len, dtype, ctx_.device, ms.dropout);
-  } catch (const std::exception& e) {  // advice only
-    std::string what = e.what();
-    kernel = "unknown (" + what.substr(0, what.find('\n')) + ")";
-  }
-  if (kernel.empty()) return;
-  std::fprintf(stderr, "fullburn: gpt attention: SDPA's %s kernel (%s, head size %lld)%s\n",
-               kernel.c_str(), c10::toString(dtype), static_cast<long long>(ms.hidden / ms.heads),
-               kernel == "math" ? ": the unfused fallback, which holds every head's positions x "
-                                  "positions scores; train.precision = bf16 takes a fused one"
-                                : "");
-}
-
 // The micro-batch: as configured, or searched (and agreed over the ranks).
 Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
   if (!set_.train.batch_size.automatic) {
@@ -372,27 +308,6 @@ Status Trainer::ChooseBatch(const OptimizerOptions& oo) {
   return Status::Ok();
 }
 
-// Optimizer, loss scaler and learning-rate schedule, once the model and the
-// source (which fixes the steps per epoch) exist.
-void Trainer::SetupOptimization(const OptimizerOptions& oo) {
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  for (auto& p : ctx_.model->named_parameters()) params.emplace_back(p.key(), p.value());
-  optim_ = std::make_unique<Optimizer>(params, oo);
-
-  scaler_ = std::make_unique<LossScaler>(set_.amp);
-
-  total_steps_ = set_.train.steps > 0 ? set_.train.steps
-                                             : input_.StepsPerEpoch(accumulate_) * set_.train.epochs;
-  schedule_.peak = set_.optim.lr;
-  if (set_.optim.scale_lr)
-    schedule_.peak *= static_cast<double>(batch_ * accumulate_ * rank_.world_size) /
-                      static_cast<double>(set_.optim.base_batch);
-  schedule_.min_lr = set_.optim.min_lr;
-  schedule_.warmup = std::min(set_.optim.warmup_steps, total_steps_);
-  schedule_.total = total_steps_;
-  schedule_.cosine = set_.optim.schedule == "cosine";
-}
-
 Status Trainer::Setup() {
   if (Status s = SetupDevice(); !s.ok()) return s;
   if (Status s = SetupProfile(); !s.ok()) return s;
@@ -400,21 +315,17 @@ Status Trainer::Setup() {
   if (Status s = ConnectRanks(); !s.ok()) return s;
   if (Status s = RunSharding::Refused(set_, dp_ != nullptr); !s.ok()) return s;
   accumulate_ = set_.train.accumulate;
-  OptimizerOptions oo = OptimizerFromConfig();
-  if (const char* why = FusedUpdateUnusedHere(oo)) {
-    oo.fused = false;
-    if (rank_.rank == 0)
-      std::fprintf(stderr, "fullburn: optim.fused = true: %s: the %s update runs instead\n", why,
-                   oo.foreach ? "multi-tensor (optim.foreach)" : "per-parameter");
-  }
+  const OptimizerOptions oo = RunModel::UpdateOptions(set_, model_.ctx().device, rank_.rank == 0);
   if (Status s = ChooseBatch(oo); !s.ok()) return s;
   spec_.batch_size = static_cast<int>(batch_);
   auto src = OpenSource(set_, spec_);
   if (!src.ok()) return src.status();
   input_.Open(std::move(*src), batch_ * rank_.world_size);
-  if (!ctx_.model)  // the batch-size search built it already
+  if (!model_.built())  // the batch-size search built it already
     if (Status s = BuildModel(input_.source()); !s.ok()) return s;
-  SetupOptimization(oo);
+  total_steps_ = set_.train.steps > 0 ? set_.train.steps
+                                      : input_.StepsPerEpoch(accumulate_) * set_.train.epochs;
+  model_.SetupUpdate(set_, oo, total_steps_, batch_ * accumulate_ * rank_.world_size);
   if (Status s = SetupEval(); !s.ok()) return s;
   if (set_.checkpoint.keep_best && !evaluation_.enabled()) {
     return Status::InvalidArgument(
@@ -425,30 +336,10 @@ Status Trainer::Setup() {
 }
 
 Status Trainer::BuildModel(const BatchSource& source) {
-  if (opt_.model) {
-    ctx_.model = opt_.model;
-  } else {
-    ModelSpec ms = set_.model;
-    ms.num_classes = source.num_classes();
-    ms.in_features = source.in_features();
-    // Never a silent fallback: where the kernels cannot run, say what does.
-    if (const char* why = CudaLossKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
-      std::fprintf(stderr,
-                   "fullburn: model.loss_kernel = cuda: %s: the ATen cross-entropy runs instead\n",
-                   why);
-    if (const char* why = CudaNormKernelUnused(ms, ctx_.device); why && rank_.rank == 0)
-      std::fprintf(stderr,
-                   "fullburn: model.norm_kernel = cuda: %s: ATen's layer norms run instead\n", why);
-    auto m = MakeModel(ms);
-    if (!m.ok()) {
-      return m.status();
-    }
-    ctx_.model = *m;
-    if (ms.name == "gpt" && ctx_.device.is_cuda() && rank_.rank == 0) ReportAttentionKernel(ms);
-  }
+  if (Status s = model_.Build(set_, source, opt_.model, rank_.rank == 0); !s.ok()) return s;
   std::vector<std::vector<torch::Tensor>> blocks;  // (a null gather only names them)
   if (dp_ && set_.dist.shard == "full" &&
-      !ctx_.model->SetParameterGather(nullptr, &blocks)) {
+      !model_.ctx().model->SetParameterGather(nullptr, &blocks)) {
     return RunSharding::NoBlocksToGather(set_.model.name);
   }
   // The batch-size search and the memory probe start from the whole model
@@ -459,9 +350,9 @@ Status Trainer::BuildModel(const BatchSource& source) {
     if (Status s = ProbeOrShare(); !s.ok()) return s;
   share_to_device_ = full && !RunMemory::Wanted(set_, batch_searched_);
   if (!share_to_device_) {
-    ctx_.model->to(ctx_.device);
-    if (ctx_.channels_last)
-      for (auto& p : ctx_.model->parameters())
+    model_.ctx().model->to(model_.ctx().device);
+    if (model_.ctx().channels_last)
+      for (auto& p : model_.ctx().model->parameters())
         if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
   }
   if (dp_) {
@@ -471,10 +362,10 @@ Status Trainer::BuildModel(const BatchSource& source) {
     // backward reduces them.
     // (Stage 3 from the host attaches in RunSharding::Setup, once on the device.)
     if (!share_to_device_) {
-      std::vector<torch::Tensor> state = ctx_.model->parameters();
-      for (const torch::Tensor& b : ctx_.model->buffers()) state.push_back(b);
+      std::vector<torch::Tensor> state = model_.ctx().model->parameters();
+      for (const torch::Tensor& b : model_.ctx().model->buffers()) state.push_back(b);
       if (Status s = dp_->Broadcast(state); !s.ok()) return s;
-      if (Status s = dp_->Attach(ctx_.model->parameters(), RunSharding::BucketsHeld(set_, true)); !s.ok()) return s;
+      if (Status s = dp_->Attach(model_.ctx().model->parameters(), RunSharding::BucketsHeld(set_, true)); !s.ok()) return s;
     }
     dp_->SetSync(false);
   }
@@ -487,7 +378,7 @@ Status Trainer::BuildModel(const BatchSource& source) {
 // report, and a search, which cannot, is refused. The ranks agree (the probe
 // is collective).
 Status Trainer::ProbeOrShare() {
-  std::string shortfall = RunMemory::WholeModelShortfall(ctx_);
+  std::string shortfall = RunMemory::WholeModelShortfall(model_.ctx());
   Result<bool> any = dp_->AnyRank(!shortfall.empty());
   if (!any.ok()) return any.status();
   if (!*any) return Status::Ok();
@@ -522,13 +413,13 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
   bo.optimizer = oo;
   if (dp_) {
     std::vector<torch::Tensor> trainable;  // the optimizer's parameters, in its order
-    for (const torch::Tensor& p : ctx_.model->parameters())
+    for (const torch::Tensor& p : model_.ctx().model->parameters())
       if (p.requires_grad()) trainable.push_back(p);
     std::vector<int> owners = DataParallel::ShardOwners(trainable, dp_->world_size());
     // A trial holds the optimizer state this rank will: its owners' share.
     if (set_.dist.shard != "none")
       for (int owner : owners) bo.owned.push_back(owner == dp_->rank());
-    bo.shape = std::make_shared<RankTrialShape>(dp_.get(), ctx_.model.get(), set_.dist.shard,
+    bo.shape = std::make_shared<RankTrialShape>(dp_.get(), model_.ctx().model.get(), set_.dist.shard,
                                                 set_.dist.prefetch, trainable, owners);
   }
   // The probe source stays open through the search: what it holds (an
@@ -537,7 +428,7 @@ Status Trainer::SearchBatch(const OptimizerOptions& oo) {
       stderr,
       "fullburn: searching for the largest micro-batch that fits (train.batch_size = auto)\n");
   std::vector<BatchTrial> trials;
-  auto chosen = SearchBatchSize(&ctx_, probe, bo, [&](const BatchTrial& t) {
+  auto chosen = SearchBatchSize(&model_.ctx(), probe, bo, [&](const BatchTrial& t) {
     trials.push_back(t);
     if (t.fits)
       std::fprintf(stderr, "  batch %-6lld fits   %8.1f samples/s\n",
